@@ -1,0 +1,1 @@
+"""The `gpuckpt` command for people: install, doctor, inspect."""

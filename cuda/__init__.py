@@ -1,0 +1,1 @@
+"""The CUDA driver binding and the GPU checkpoint engine."""

@@ -1,0 +1,1 @@
+"""OCI hooks shipped with gpuckpt."""

@@ -1,0 +1,1 @@
+"""Every file format gpuckpt reads or writes: config, manifest, archives."""

@@ -1,0 +1,1 @@
+"""The OCI runtime shim: runc's command line in front of runc or crun."""
