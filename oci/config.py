@@ -1,0 +1,84 @@
+"""The node configuration, /etc/gpuckpt/config.toml: model, defaults and loader.
+
+Every key is validated; an unknown key or a bad value is a ConfigError naming
+the file, the key and what is allowed. No file means the defaults.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpuckpt.errors import ConfigError
+from gpuckpt.oci.paths import config_path
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CudaConfig(_Section):
+    # Lock waits for the process's CUDA calls in flight; a stuck kernel must not hang the engine.
+    lock_timeout_ms: int = Field(default=10_000, ge=1, le=600_000)
+    # Restore on a node whose driver differs: "equal" refuses any difference,
+    # "same-major" accepts another release of the same branch (580.x -> 580.y).
+    driver_version_policy: Literal["equal", "same-major"] = "same-major"
+    # Allow checkpointing processes the driver is known not to restore (NCCL with P2P/cuMem).
+    allow_unrestorable: bool = False
+
+
+class Config(_Section):
+    # runc, crun, another runc-compatible name looked up on PATH, or an absolute path.
+    delegate: str = "runc"
+    cuda: CudaConfig = CudaConfig()
+
+    @field_validator("delegate")
+    @classmethod
+    def _delegate_is_name_or_absolute(cls, value: str) -> str:
+        if not value or ("/" in value and not value.startswith("/")):
+            raise ValueError("must be a program name looked up on PATH (runc, crun) or an absolute path")
+        return value
+
+
+def _describe(error: dict, model: type[BaseModel]) -> str:
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "extra_forbidden":
+        section: type[BaseModel] = model
+        for part in error["loc"][:-1]:
+            section = section.model_fields[str(part)].annotation  # type: ignore[assignment]
+        allowed = ", ".join(section.model_fields)
+        return f"unknown key {key!r} (allowed: {allowed})"
+    message = error["msg"].removeprefix("Value error, ")
+    return f"key {key!r}: {message}"
+
+
+def parse_config(text: str, source: str) -> Config:
+    """Validate TOML text; `source` names the file in errors."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{source}: not valid TOML: {error}") from None
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(f"{source}: {_describe(error.errors()[0], Config)}") from None
+
+
+def load_config(path: str | None = None) -> Config:
+    """Read and validate the configuration; the defaults where no file exists."""
+    path = path or config_path()
+    try:
+        with open(path, "rb") as config_file:
+            status = os.fstat(config_file.fileno())
+            text = config_file.read().decode("utf-8")
+    except FileNotFoundError:
+        return Config()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot read: {error}") from None
+    # The shim runs as root on every container operation: its config must be as
+    # trusted as the shim itself.
+    if os.geteuid() == 0 and (status.st_uid != 0 or status.st_mode & 0o022):
+        raise ConfigError(f"{path}: must be owned by root and writable by root only")
+    return parse_config(text, path)

@@ -1,0 +1,22 @@
+"""Where gpuckpt's node files live; light enough for the shim's start-up path.
+
+Each location can be moved by an environment variable, for tests and packagers.
+"""
+
+from __future__ import annotations
+
+import os
+
+DEFAULT_CONFIG_PATH = "/etc/gpuckpt/config.toml"
+CONFIG_PATH_ENV = "GPUCKPT_CONFIG"
+DEFAULT_STATE_DIR = "/run/gpuckpt"
+STATE_DIR_ENV = "GPUCKPT_STATE_DIR"
+
+
+def config_path() -> str:
+    return os.environ.get(CONFIG_PATH_ENV) or DEFAULT_CONFIG_PATH
+
+
+def state_dir() -> str:
+    """Root-only runtime state (caches, suspend records); on tmpfs, gone at reboot."""
+    return os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR

@@ -1,0 +1,147 @@
+"""runc's command line as the shim sees it: global flags, the verb, the verb's flags.
+
+Parsing is read-only: the argv reaches the delegate unchanged unless a verb
+module adds options of its own. Anything unknown is left for the delegate to judge.
+
+Plain classes, not dataclasses: this is on every container operation's start-up
+path, and `dataclasses` costs ~14 ms to import.
+"""
+
+from __future__ import annotations
+
+# runc's global flags (main.go) that take a value; the others are booleans.
+GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless"})
+GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
+
+# Value-taking flags of the verbs the shim owns (runc checkpoint.go, restore.go).
+CHECKPOINT_VALUE_FLAGS = frozenset(
+    {"image-path", "work-path", "parent-path", "status-fd", "page-server",
+     "manage-cgroups-mode", "empty-ns"}
+)
+RESTORE_VALUE_FLAGS = frozenset(
+    {"console-socket", "image-path", "work-path", "manage-cgroups-mode", "bundle", "b",
+     "pid-file", "empty-ns", "lsm-profile", "lsm-mount-context"}
+)
+
+
+def _split_flag(arg: str) -> tuple[str, str | None]:
+    """'--root=/x' -> ('root', '/x'); '-debug' -> ('debug', None) (urfave/cli takes both dashes)."""
+    name = arg.lstrip("-")
+    if "=" in name:
+        name, value = name.split("=", 1)
+        return name, value
+    return name, None
+
+
+class RuntimeArgs:
+    """The global part of a runc command line and where the verb starts."""
+
+    def __init__(self, argv: list[str]) -> None:
+        self.argv = argv  # everything after the program name, unchanged
+        self.globals_: dict[str, str] = {}
+        self.command_index: int | None = None  # index in argv of the verb, None if none
+        self.unknown_global: str | None = None  # a global flag runc does not have
+
+    @property
+    def global_argv(self) -> list[str]:
+        """The global flags as given, for the shim's own calls of the delegate."""
+        end = self.command_index if self.command_index is not None else len(self.argv)
+        return self.argv[:end]
+
+    @property
+    def command(self) -> str | None:
+        return None if self.command_index is None else self.argv[self.command_index]
+
+    @property
+    def command_args(self) -> list[str]:
+        return [] if self.command_index is None else self.argv[self.command_index + 1:]
+
+    @property
+    def log_path(self) -> str | None:
+        return self.globals_.get("log") or None
+
+    @property
+    def log_format(self) -> str:
+        return self.globals_.get("log-format", "text")
+
+    @property
+    def debug(self) -> bool:
+        return self.globals_.get("debug", "false") not in ("false", "0")
+
+    @property
+    def wants_version(self) -> bool:
+        return "version" in self.globals_ or "v" in self.globals_
+
+
+def parse_runtime_args(argv: list[str]) -> RuntimeArgs:
+    """Find runc's global flags and the verb in argv (program name excluded)."""
+    parsed = RuntimeArgs(argv=argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            break
+        if not arg.startswith("-") or arg == "-":
+            parsed.command_index = i
+            return parsed
+        name, value = _split_flag(arg)
+        if name in GLOBAL_VALUE_FLAGS:
+            if value is None:
+                i += 1
+                value = argv[i] if i < len(argv) else ""
+            parsed.globals_[name] = value
+        elif name in GLOBAL_BOOL_FLAGS:
+            parsed.globals_[name] = value if value is not None else "true"
+        else:
+            # Whether it takes a value is unknown: leave the rest to the delegate.
+            parsed.unknown_global = arg
+            return parsed
+        i += 1
+    return parsed
+
+
+class VerbArgs:
+    """A verb's flags (name -> values, last one wins for scalars) and positionals."""
+
+    def __init__(self, flags: dict[str, list[str]], positionals: list[str]) -> None:
+        self.flags = flags
+        self.positionals = positionals
+
+    def value(self, *names: str) -> str | None:
+        for name in names:
+            if self.flags.get(name):
+                return self.flags[name][-1]
+        return None
+
+    def has(self, name: str) -> bool:
+        values = self.flags.get(name)
+        return bool(values) and values[-1] not in ("false", "0")
+
+    @property
+    def container_id(self) -> str | None:
+        return self.positionals[0] if self.positionals else None
+
+
+def parse_verb_args(args: list[str], value_flags: frozenset[str]) -> VerbArgs:
+    """Split a verb's arguments into flags and positionals, as urfave/cli does."""
+    flags: dict[str, list[str]] = {}
+    positionals: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            positionals.extend(args[i + 1:])
+            break
+        if arg.startswith("-") and arg != "-":
+            name, value = _split_flag(arg)
+            if value is None:
+                if name in value_flags:
+                    i += 1
+                    value = args[i] if i < len(args) else ""
+                else:
+                    value = "true"
+            flags.setdefault(name, []).append(value)
+        else:
+            positionals.append(arg)
+        i += 1
+    return VerbArgs(flags=flags, positionals=positionals)

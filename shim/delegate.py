@@ -1,0 +1,122 @@
+"""Every call of the delegate runtime (runc, crun, ...), through the process seam.
+
+Pass-through replaces the shim with the delegate (exec); owned verbs run it as a
+child with the caller's stdio and fds, forwarding signals, and pass its status on.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuckpt import process
+from gpuckpt.errors import DelegateError
+
+TYPE_CHECKING = False  # typing and signal (enum) cost start-up time on pass-through
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Sequence
+
+# Signals an engine may send to the runtime; runc forwards them to the container.
+FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
+TERMINATING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def exec_delegate(delegate: str, argv: Sequence[str]) -> None:
+    """Become the delegate with argv unchanged; returns only by raising."""
+    try:
+        process.exec_program(delegate, argv)
+    except process.CommandError as error:
+        raise DelegateError(f"delegate runtime: {error}") from None
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: 128+N for death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class DelegateRun:
+    """The delegate running as the shim's child, stdio and fds inherited.
+
+    Signals the shim receives go to the child; terminating ones are remembered in
+    `interrupted_by` so the caller can roll back once the child has ended.
+    """
+
+    def __init__(self, delegate: str, argv: Sequence[str]) -> None:
+        self.delegate = delegate
+        self.argv = list(argv)
+        self.interrupted_by: int | None = None
+        self.returncode: int | None = None
+        self._child: subprocess.Popen | None = None
+
+    def _forward(self, signum: int, _frame: object) -> None:
+        import signal
+
+        if signal.Signals(signum).name in TERMINATING_SIGNALS and self.interrupted_by is None:
+            self.interrupted_by = signum
+        if self._child is not None and self._child.returncode is None:
+            try:
+                self._child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        """Run to the end; the child's exit status (128+N if killed by signal N)."""
+        import signal
+
+        previous = {sig: signal.signal(sig, self._forward)
+                    for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
+        try:
+            try:
+                self._child = process.spawn([self.delegate, *self.argv])
+            except process.CommandError as error:
+                raise DelegateError(f"delegate runtime: {error}") from None
+            while True:
+                try:
+                    self.returncode = exit_status(self._child.wait())
+                    return self.returncode
+                except InterruptedError:
+                    continue
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def run_delegate(delegate: str, argv: Sequence[str]) -> DelegateRun:
+    """Run the delegate as a child and wait; the finished run (status in .returncode)."""
+    run = DelegateRun(delegate, argv)
+    run.wait()
+    return run
+
+
+def _query(delegate: str, argv: Sequence[str]) -> str:
+    """A short read-only delegate call (state, ps, --version); its stdout."""
+    try:
+        return process.run([delegate, *argv], timeout_s=60).stdout
+    except process.CommandError as error:
+        raise DelegateError(str(error), error.returncode) from None
+
+
+def delegate_version(delegate: str) -> str:
+    return _query(delegate, ["--version"])
+
+
+def container_state(delegate: str, global_argv: Sequence[str], container_id: str) -> dict:
+    """`RT state ID` as a dict (status, pid, bundle, annotations, ...)."""
+    import json
+
+    output = _query(delegate, [*global_argv, "state", container_id])
+    try:
+        return json.loads(output)
+    except ValueError:
+        raise DelegateError(f"{os.path.basename(delegate)} state {container_id}: output is not JSON") from None
+
+
+def container_pids(delegate: str, global_argv: Sequence[str], container_id: str) -> list[int]:
+    """Host PIDs of every process in the container (`RT ps --format json ID`)."""
+    import json
+
+    output = _query(delegate, [*global_argv, "ps", "--format", "json", container_id])
+    try:
+        return [int(pid) for pid in json.loads(output) or []]
+    except (ValueError, TypeError):
+        raise DelegateError(f"{os.path.basename(delegate)} ps {container_id}: output is not a JSON list of PIDs") from None

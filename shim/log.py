@@ -1,0 +1,45 @@
+"""The shim's messages, written where runc writes its own.
+
+With `--log FILE --log-format json` runc appends logrus JSON lines (level, msg,
+time) that podman and containerd show to the user; errors also go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from gpuckpt.shim.argv import RuntimeArgs
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime()).replace("+0000", "Z")
+
+
+def format_line(level: str, message: str, log_format: str) -> str:
+    if log_format == "json":
+        return json.dumps({"level": level, "msg": message, "time": _timestamp()})
+    return f'time="{_timestamp()}" level={level} msg={json.dumps(message)}'
+
+
+def log(args: RuntimeArgs, level: str, message: str) -> None:
+    """Append one line to runc's log (stderr when no --log was given)."""
+    if level == "debug" and not args.debug:
+        return
+    line = format_line(level, message, args.log_format) + "\n"
+    if args.log_path:
+        try:
+            with open(args.log_path, "a", encoding="utf-8") as log_file:
+                log_file.write(line)
+            return
+        except OSError:
+            pass
+    sys.stderr.write(line)
+
+
+def report_error(args: RuntimeArgs, message: str) -> None:
+    """An error as runc reports one: to its log, and the bare line on stderr."""
+    if args.log_path:
+        log(args, "error", message)
+    sys.stderr.write(f"{message}\n")

@@ -1,0 +1,64 @@
+"""`gpuckpt-runtime`: runc's command line; owned verbs here, the rest exec'd unchanged.
+
+This module is on the path of every container operation: it imports only the
+argv parser and the delegate seam until it knows the verb is one it owns.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gpuckpt.errors import GpuckptError
+from gpuckpt.shim.argv import RuntimeArgs, parse_runtime_args
+from gpuckpt.shim.delegate import exec_delegate
+from gpuckpt.shim.resolve import delegate_path
+
+OWNED_VERBS = frozenset({"checkpoint", "restore"})
+
+
+def _run_owned(args: RuntimeArgs, delegate: str) -> int:
+    if args.command == "checkpoint":
+        from gpuckpt.shim import checkpoint as verb
+    else:
+        from gpuckpt.shim import restore as verb
+    return verb.run(args, delegate)
+
+
+def _print_version(delegate: str) -> int:
+    from gpuckpt import __version__
+    from gpuckpt.shim.delegate import delegate_version
+
+    sys.stdout.write(f"gpuckpt-runtime version {__version__}\ndelegate: {delegate}\n")
+    sys.stdout.write(delegate_version(delegate))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_runtime_args(argv)
+    try:
+        delegate = delegate_path()
+        if args.wants_version and args.command is None and args.unknown_global is None:
+            return _print_version(delegate)
+        if args.command in OWNED_VERBS and args.unknown_global is None:
+            return _run_owned(args, delegate)
+        exec_delegate(delegate, argv)
+        return 1  # not reached: exec replaced us
+    except GpuckptError as error:
+        from gpuckpt.shim.log import report_error
+
+        report_error(args, str(error))
+        return error.exit_status
+    except Exception as error:  # a bug: still one line for the engine, the trace only on --debug
+        if args.debug:
+            import traceback
+
+            traceback.print_exc()
+        from gpuckpt.shim.log import report_error
+
+        report_error(args, f"gpuckpt-runtime internal error: {type(error).__name__}: {error}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

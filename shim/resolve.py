@@ -1,0 +1,103 @@
+"""Which delegate runtime to run: from the config, with a start-up cache.
+
+Validating the config needs pydantic (~100 ms to import), too slow for the
+`state` calls engines make all the time. The validated answer is cached in
+the state directory, keyed by the config file's identity, PATH and the shim's
+own path; any change to one of them validates again. The cache is a few
+NUL-separated fields, not JSON: `json` costs ~7 ms of start-up.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from gpuckpt.errors import DelegateError
+from gpuckpt.oci.paths import config_path, state_dir
+
+CACHE_NAME = "delegate.cache"
+CACHE_VERSION = "1"
+
+
+def _cache_key(config_file: str) -> list[str]:
+    try:
+        status = os.stat(config_file)
+        identity = f"{status.st_dev}:{status.st_ino}:{status.st_size}:{status.st_mtime_ns}:{status.st_ctime_ns}"
+    except FileNotFoundError:
+        identity = "absent"
+    own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return [CACHE_VERSION, config_file, identity, os.environ.get("PATH", ""), own_path]
+
+
+def _read_cache(key: list[str]) -> str | None:
+    try:
+        fd = os.open(os.path.join(state_dir(), CACHE_NAME), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    try:
+        status = os.fstat(fd)
+        # Only trust a cache written by us and writable by nobody else.
+        if status.st_uid != os.geteuid() or status.st_mode & 0o022:
+            return None
+        fields = os.read(fd, 65536).decode("utf-8", "replace").split("\0")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if fields[:-1] != key:
+        return None
+    delegate = fields[-1]
+    return delegate if delegate.startswith("/") and os.access(delegate, os.X_OK) else None
+
+
+def _write_cache(key: list[str], delegate: str) -> None:
+    directory = state_dir()
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        temporary = os.path.join(directory, f".{CACHE_NAME}.{os.getpid()}")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as cache_file:
+            cache_file.write("\0".join([*key, delegate]))
+        os.replace(temporary, os.path.join(directory, CACHE_NAME))
+    except OSError:
+        pass  # a cache we cannot write only costs start-up time
+
+
+def find_program(name: str, skip: str | None = None) -> str | None:
+    """Look `name` up on PATH like execvp, never returning the shim itself (`skip`)."""
+    if "/" in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            if skip and os.path.realpath(candidate) == skip:
+                continue
+            return os.path.abspath(candidate)
+    return None
+
+
+def resolve_delegate(delegate: str, config_file: str) -> str:
+    """The executable path of the configured delegate, or a DelegateError naming where it was set."""
+    own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    found = find_program(delegate, skip=own_path)
+    if found is None:
+        where = "absolute path" if delegate.startswith("/") else f"name on PATH ({os.environ.get('PATH', os.defpath)})"
+        raise DelegateError(
+            f"delegate runtime {delegate!r} not found or not executable as an {where}; "
+            f"set 'delegate' in {config_file} to runc, crun or the path of a runc-compatible runtime"
+        )
+    return found
+
+
+def delegate_path() -> str:
+    """The delegate's path for this call: from the cache when nothing it depends on changed."""
+    config_file = config_path()
+    key = _cache_key(config_file)
+    cached = _read_cache(key)
+    if cached:
+        return cached
+    from gpuckpt.oci.config import load_config  # pydantic: only on a cache miss
+
+    path = resolve_delegate(load_config(config_file).delegate, config_file)
+    _write_cache(key, path)
+    return path
