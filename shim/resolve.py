@@ -81,10 +81,11 @@ def resolve_delegate(delegate: str, config_file: str) -> str:
     own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None
     found = find_program(delegate, skip=own_path)
     if found is None:
-        where = "absolute path" if delegate.startswith("/") else f"name on PATH ({os.environ.get('PATH', os.defpath)})"
+        problem = (f"{delegate} is not an executable file" if delegate.startswith("/")
+                   else f"{delegate!r} not found on PATH ({os.environ.get('PATH', os.defpath)})")
         raise DelegateError(
-            f"delegate runtime {delegate!r} not found or not executable as an {where}; "
-            f"set 'delegate' in {config_file} to runc, crun or the path of a runc-compatible runtime"
+            f"delegate runtime {problem}; set 'delegate' in {config_file} "
+            "to runc, crun or the absolute path of a runc-compatible runtime"
         )
     return found
 

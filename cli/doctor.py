@@ -1,0 +1,127 @@
+"""`gpuckpt doctor`: does this node have what checkpoint/restore needs?
+
+One pass/fail line per check, with the fix on failure; exit status 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Iterator
+
+from gpuckpt import process
+from gpuckpt.errors import GpuckptError
+
+MIN_CRIU_MAJOR = 4
+
+
+class CheckFailed(Exception):
+    """A failed check: the message says what is wrong, `fix` what to do."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("doctor", help="check this node for what checkpoint/restore needs")
+    parser.set_defaults(handler=run)
+
+
+def check_kernel() -> str:
+    if not os.path.exists("/proc/sys/kernel/ns_last_pid"):
+        raise CheckFailed("the kernel lacks CONFIG_CHECKPOINT_RESTORE", "boot a kernel built with CONFIG_CHECKPOINT_RESTORE=y")
+    return "kernel has checkpoint/restore support"
+
+
+def check_criu() -> str:
+    install_fix = "install CRIU >= 4 (integration/testbed/install-system.sh shows how on Debian 12)"
+    try:
+        version_text = process.run(["criu", "--version"], timeout_s=30).stdout
+    except process.CommandError as error:
+        raise CheckFailed(f"criu: {error}", install_fix) from None
+    match = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", version_text)
+    if not match or int(match.group(1)) < MIN_CRIU_MAJOR:
+        raise CheckFailed(f"criu {match.group(0) if match else version_text.strip()!r} is older than {MIN_CRIU_MAJOR}", install_fix)
+    check = process.run(["criu", "check"], timeout_s=60, check=False)
+    if check.returncode != 0 or "Looks good" not in check.stdout + check.stderr:
+        last = (check.stderr.strip() or check.stdout.strip() or "no output").splitlines()[-1]
+        raise CheckFailed(f"criu check failed: {last}", "run `criu check` and fix what it reports")
+    return f"criu {match.group(1)}.{match.group(2)}: criu check looks good"
+
+
+def check_config_and_delegate() -> str:
+    from gpuckpt.oci.config import load_config
+    from gpuckpt.oci.paths import config_path
+    from gpuckpt.shim.delegate import delegate_version
+    from gpuckpt.shim.resolve import resolve_delegate
+
+    path = config_path()
+    try:
+        config = load_config(path)
+        delegate = resolve_delegate(config.delegate, path)
+        version = delegate_version(delegate).splitlines()[0]
+    except GpuckptError as error:
+        raise CheckFailed(str(error), f"fix {path} (see README: Configuration)") from None
+    source = path if os.path.exists(path) else "defaults"
+    return f"config {source}: delegate {delegate} ({version})"
+
+
+def check_network_lock() -> str:
+    from gpuckpt.shim.resolve import find_program
+
+    if not (find_program("iptables-restore") or find_program("nft")):
+        raise CheckFailed("neither iptables-restore nor nft found: CRIU cannot lock the network",
+                          "apt-get install iptables")
+    return "CRIU network lock tool present"
+
+
+def check_podman() -> str | None:
+    from gpuckpt.oci.engines import podman_registration
+    from gpuckpt.shim.resolve import find_program
+
+    if not find_program("podman"):
+        return None
+    paths, default = podman_registration()
+    if not paths:
+        raise CheckFailed("podman: gpuckpt-runtime is not registered", "gpuckpt install --engine podman")
+    return f"podman: gpuckpt-runtime registered ({paths[0]}){', the default' if default else ''}"
+
+
+def check_docker() -> str | None:
+    from gpuckpt.oci.engines import docker_registration
+    from gpuckpt.shim.resolve import find_program
+
+    if not find_program("dockerd"):
+        return None
+    path, default = docker_registration()
+    if not path:
+        raise CheckFailed("docker: gpuckpt-runtime is not registered", "gpuckpt install --engine docker")
+    return f"docker: gpuckpt-runtime registered ({path}){', the default' if default else ''}"
+
+
+CHECKS: list[Callable[[], str | None]] = [
+    check_kernel, check_criu, check_config_and_delegate, check_network_lock, check_podman, check_docker,
+]
+
+
+def results() -> Iterator[tuple[bool, str]]:
+    for check in CHECKS:
+        try:
+            line = check()
+        except CheckFailed as failure:
+            yield False, f"{failure}\n       fix: {failure.fix}"
+        except GpuckptError as error:
+            yield False, str(error)
+        else:
+            if line is not None:
+                yield True, line
+
+
+def run(options: argparse.Namespace) -> int:
+    failed = 0
+    for passed, line in results():
+        print(f"{'ok  ' if passed else 'FAIL'}   {line}")
+        failed += not passed
+    return 1 if failed else 0

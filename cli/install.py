@@ -1,0 +1,64 @@
+"""`gpuckpt install --engine podman|docker`: register gpuckpt-runtime with an engine.
+
+Edits the engine's own config idempotently (backup first, other settings kept)
+and, for a running dockerd, asks it to reload its runtimes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+
+from gpuckpt.errors import UsageError
+from gpuckpt.oci import engines
+
+DOCKER_PID_FILE = "/var/run/docker.pid"
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("install", help="register gpuckpt-runtime with podman or docker")
+    parser.add_argument("--engine", required=True, choices=["podman", "docker"])
+    parser.add_argument("--default", action="store_true", help="make gpuckpt-runtime the engine's default runtime")
+    parser.add_argument("--runtime-path", help="path of gpuckpt-runtime (default: found on PATH)")
+    parser.add_argument("--config", help="the engine config file to edit (default: the engine's system file)")
+    parser.set_defaults(handler=run)
+
+
+def _runtime_path(given: str | None) -> str:
+    from gpuckpt.shim.resolve import find_program
+
+    path = given or find_program(engines.RUNTIME_NAME)
+    if not path or not os.path.isabs(path) or not os.access(path, os.X_OK):
+        raise UsageError(f"--runtime-path: {path or engines.RUNTIME_NAME + ' on PATH'} is not an executable absolute path")
+    return path
+
+
+def _reload_dockerd() -> str:
+    """SIGHUP makes dockerd re-read `runtimes` and `default-runtime`."""
+    try:
+        with open(DOCKER_PID_FILE) as pid_file:
+            pid = int(pid_file.read().strip())
+        os.kill(pid, signal.SIGHUP)
+    except (OSError, ValueError):
+        return "dockerd is not running: it reads the runtime when it starts"
+    return f"dockerd (pid {pid}) reloaded its runtimes"
+
+
+def run(options: argparse.Namespace) -> int:
+    runtime_path = _runtime_path(options.runtime_path)
+    if options.engine == "podman":
+        change = engines.register_podman(runtime_path, default=options.default,
+                                         conf_path=options.config or engines.PODMAN_CONF)
+    else:
+        change = engines.register_docker(runtime_path, default=options.default,
+                                         daemon_json=options.config or engines.DOCKER_DAEMON_JSON)
+    if not change.changed:
+        print(f"{change.path}: {engines.RUNTIME_NAME} already registered ({runtime_path}); nothing changed")
+        return 0
+    backup = f" (backup: {change.backup})" if change.backup else ""
+    print(f"{change.path}: registered {engines.RUNTIME_NAME} -> {runtime_path}{backup}")
+    if options.engine == "docker" and not options.config:
+        print(_reload_dockerd())
+    return 0
+

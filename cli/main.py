@@ -1,0 +1,42 @@
+"""`gpuckpt`: the command for people. One module per subcommand; this one dispatches.
+
+Errors print as one line on stderr with exit status 1; `--debug` adds the trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpuckpt.errors import GpuckptError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from gpuckpt import __version__
+    from gpuckpt.cli import doctor, install
+
+    parser = argparse.ArgumentParser(prog="gpuckpt", description="Transparent checkpoint/restore of GPU containers.")
+    parser.add_argument("--version", action="version", version=f"gpuckpt {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (install, doctor):
+        module.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    try:
+        return options.handler(options)
+    except GpuckptError as error:
+        if options.debug:
+            raise
+        print(f"gpuckpt {options.command}: {error}", file=sys.stderr)
+        return error.exit_status
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

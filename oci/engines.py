@@ -1,0 +1,144 @@
+"""The engines' own config files, as far as gpuckpt edits them.
+
+podman's containers.conf (TOML, edited with tomlkit so comments and the user's
+other settings survive) and docker's daemon.json. Every edit is idempotent and
+backs the file up once before its first change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuckpt.errors import EngineConfigError
+
+RUNTIME_NAME = "gpuckpt-runtime"
+PODMAN_CONF = "/etc/containers/containers.conf"
+DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
+# containers/common's default list of runtimes that take --log-format=json; a
+# configured list replaces it, so ours carries the defaults along.
+PODMAN_JSON_RUNTIMES = ["crun", "runc", "kata", "runsc", "youki", "krun"]
+
+
+class DockerRuntime(BaseModel):
+    """One entry of daemon.json's `runtimes`."""
+
+    model_config = ConfigDict(extra="allow")
+    path: str
+    runtimeArgs: list[str] = []
+
+
+def _write_with_backup(path: str, old_text: str | None, new_text: str) -> str | None:
+    """Replace `path` atomically; the backup's path when there was a file to keep."""
+    backup = None
+    if old_text is not None:
+        backup = f"{path}.gpuckpt-backup-{time.strftime('%Y%m%d%H%M%S')}"
+        shutil.copy2(path, backup)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temporary = f"{path}.gpuckpt-tmp"
+    with open(temporary, "w", encoding="utf-8") as new_file:
+        new_file.write(new_text)
+    if old_text is not None:
+        shutil.copymode(path, temporary)
+    os.replace(temporary, path)
+    return backup
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as existing:
+            return existing.read()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise EngineConfigError(f"{path}: cannot read: {error.strerror}") from None
+
+
+class Change:
+    """What an edit did: whether the file changed and where the backup went."""
+
+    def __init__(self, path: str, changed: bool, backup: str | None) -> None:
+        self.path, self.changed, self.backup = path, changed, backup
+
+
+def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN_CONF) -> Change:
+    """Add `[engine.runtimes] gpuckpt-runtime = [PATH]` (and make it the default)."""
+    import tomlkit
+    from tomlkit.exceptions import TOMLKitError
+
+    old_text = _read(conf_path)
+    try:
+        document = tomlkit.parse(old_text or "")
+    except TOMLKitError as error:
+        raise EngineConfigError(f"{conf_path}: not valid TOML: {error}") from None
+    engine = document.setdefault("engine", tomlkit.table())
+    runtimes = engine.setdefault("runtimes", tomlkit.table())
+    if not isinstance(engine, dict) or not isinstance(runtimes, dict):
+        raise EngineConfigError(f"{conf_path}: [engine] and [engine.runtimes] must be tables")
+    runtimes[RUNTIME_NAME] = [runtime_path]
+    json_runtimes = list(engine.get("runtime_supports_json", PODMAN_JSON_RUNTIMES))
+    if RUNTIME_NAME not in json_runtimes:
+        engine["runtime_supports_json"] = [*json_runtimes, RUNTIME_NAME]
+    if default:
+        engine["runtime"] = RUNTIME_NAME
+    new_text = tomlkit.dumps(document)
+    if new_text == old_text:
+        return Change(conf_path, False, None)
+    return Change(conf_path, True, _write_with_backup(conf_path, old_text, new_text))
+
+
+def register_docker(runtime_path: str, *, default: bool, daemon_json: str = DOCKER_DAEMON_JSON) -> Change:
+    """Add `runtimes.gpuckpt-runtime.path` to daemon.json (and `default-runtime`)."""
+    old_text = _read(daemon_json)
+    try:
+        settings = json.loads(old_text) if old_text and old_text.strip() else {}
+    except ValueError as error:
+        raise EngineConfigError(f"{daemon_json}: not valid JSON: {error}") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("runtimes", {}), dict):
+        raise EngineConfigError(f"{daemon_json}: must be a JSON object whose 'runtimes' is an object")
+    runtimes = settings.setdefault("runtimes", {})
+    try:
+        entry = DockerRuntime.model_validate(runtimes.get(RUNTIME_NAME, {"path": runtime_path}))
+    except ValidationError as error:
+        raise EngineConfigError(f"{daemon_json}: runtimes.{RUNTIME_NAME}: {error.errors()[0]['msg']}") from None
+    entry.path = runtime_path
+    runtimes[RUNTIME_NAME] = entry.model_dump(exclude_defaults=True) | {"path": runtime_path}
+    # `docker checkpoint` is an experimental feature of dockerd.
+    settings["experimental"] = True
+    if default:
+        settings["default-runtime"] = RUNTIME_NAME
+    new_text = json.dumps(settings, indent=2) + "\n"
+    if old_text is not None and json.loads(old_text or "{}") == settings:
+        return Change(daemon_json, False, None)
+    return Change(daemon_json, True, _write_with_backup(daemon_json, old_text, new_text))
+
+
+def podman_registration(conf_path: str = PODMAN_CONF) -> tuple[list[str] | None, bool]:
+    """The registered runtime's path list (None if absent) and whether it is the default."""
+    text = _read(conf_path)
+    if text is None:
+        return None, False
+    import tomllib
+
+    try:
+        engine = tomllib.loads(text).get("engine", {})
+    except tomllib.TOMLDecodeError as error:
+        raise EngineConfigError(f"{conf_path}: not valid TOML: {error}") from None
+    return engine.get("runtimes", {}).get(RUNTIME_NAME), engine.get("runtime") == RUNTIME_NAME
+
+
+def docker_registration(daemon_json: str = DOCKER_DAEMON_JSON) -> tuple[str | None, bool]:
+    """The registered runtime's path (None if absent) and whether it is the default."""
+    text = _read(daemon_json)
+    if not text or not text.strip():
+        return None, False
+    try:
+        settings = json.loads(text)
+    except ValueError as error:
+        raise EngineConfigError(f"{daemon_json}: not valid JSON: {error}") from None
+    entry = settings.get("runtimes", {}).get(RUNTIME_NAME) or {}
+    return entry.get("path"), settings.get("default-runtime") == RUNTIME_NAME

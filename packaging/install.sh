@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Install gpuckpt from this source tree into /opt/gpuckpt/venv (Debian's python3) and put
+# `gpuckpt` and `gpuckpt-runtime` in /usr/local/bin. Idempotent; run as root.
+#
+# The runtime's launcher starts the interpreter directly with -I -S and adds only our
+# site-packages: engines run it for every container operation, and a pyenv shim or
+# site's .pth processing would cost more than the work itself (../README: Speed).
+set -euo pipefail
+
+src=$(cd "$(dirname "$0")/.." && pwd)
+prefix=${GPUCKPT_PREFIX:-/opt/gpuckpt}
+bindir=${GPUCKPT_BINDIR:-/usr/local/bin}
+python=${GPUCKPT_PYTHON:-/usr/bin/python3}
+extras=${GPUCKPT_EXTRAS:-gpu}
+
+[ -x "$python" ] || { echo "install.sh: $python not found (apt-get install python3 python3-venv)" >&2; exit 1; }
+if [ ! -x "$prefix/venv/bin/python3" ]; then
+    "$python" -m venv "$prefix/venv"
+fi
+"$prefix/venv/bin/python3" -m pip install -q --disable-pip-version-check --upgrade "$src[$extras]"
+site=$("$prefix/venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+write_launcher() {  # NAME MODULE
+    local target="$bindir/$1" tmp
+    tmp=$(mktemp "$bindir/.$1.XXXXXX")
+    cat >"$tmp" <<LAUNCHER
+#!$prefix/venv/bin/python3 -IS
+import sys
+sys.path.insert(0, "$site")
+from $2 import main
+sys.exit(main())
+LAUNCHER
+    chmod 0755 "$tmp"
+    mv -f "$tmp" "$target"
+}
+mkdir -p "$bindir"
+write_launcher gpuckpt-runtime gpuckpt.shim.main
+write_launcher gpuckpt gpuckpt.cli.main
+install -d -m 0755 /etc/gpuckpt
+echo "gpuckpt $("$bindir/gpuckpt" --version | cut -d' ' -f2) installed in $prefix; $bindir/gpuckpt-runtime ready"
