@@ -1,0 +1,37 @@
+"""Shared fixtures of the unit tests: an isolated config and state directory."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests' own helpers (fake_driver)
+
+
+@pytest.fixture
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private config path and state dir; the config file does not exist yet."""
+    monkeypatch.setenv("GPUCKPT_CONFIG", str(tmp_path / "config.toml"))
+    monkeypatch.setenv("GPUCKPT_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path
+
+
+@pytest.fixture
+def recording_runtime(tmp_path: Path) -> Path:
+    """An executable that records its argv, one per line, and exits with $REC_STATUS."""
+    script = tmp_path / "bin" / "runc"
+    script.parent.mkdir()
+    script.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/argv"\nexit "${REC_STATUS:-0}"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return script
+
+
+def write_config(node: Path, text: str) -> Path:
+    path = node / "config.toml"
+    path.write_text(text)
+    os.chmod(path, 0o644)
+    return path

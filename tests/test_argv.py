@@ -1,0 +1,40 @@
+"""runc command-line parsing: globals, the verb, and the verb's flags."""
+
+from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RESTORE_VALUE_FLAGS, parse_runtime_args, parse_verb_args
+
+
+def test_containerd_style_globals_then_verb() -> None:
+    argv = ["--root", "/run/x", "--log", "/l.json", "--log-format", "json", "--systemd-cgroup",
+            "checkpoint", "--image-path", "/img", "--work-path", "/w", "ctr1"]
+    args = parse_runtime_args(argv)
+    assert args.command == "checkpoint"
+    assert args.log_path == "/l.json" and args.log_format == "json"
+    assert args.global_argv == argv[:7]
+    verb = parse_verb_args(args.command_args, CHECKPOINT_VALUE_FLAGS)
+    assert verb.value("image-path") == "/img" and verb.container_id == "ctr1"
+
+
+def test_equals_form_and_single_dash() -> None:
+    args = parse_runtime_args(["-root=/r", "--debug", "state", "c"])
+    assert args.globals_["root"] == "/r" and args.debug and args.command == "state"
+
+
+def test_unknown_global_flag_stops_parsing_for_the_delegate() -> None:
+    args = parse_runtime_args(["--no-such", "x", "state", "c"])
+    assert args.unknown_global == "--no-such" and args.command is None
+
+
+def test_restore_flags_with_values_are_not_taken_for_the_id() -> None:
+    verb = parse_verb_args(["--bundle", "/b", "-d", "--pid-file", "/p", "--image-path", "/i", "ctr"],
+                           RESTORE_VALUE_FLAGS)
+    assert verb.container_id == "ctr" and verb.has("d") and verb.value("bundle", "b") == "/b"
+
+
+def test_bool_flag_false_is_not_set() -> None:
+    verb = parse_verb_args(["--leave-running=false", "c"], CHECKPOINT_VALUE_FLAGS)
+    assert not verb.has("leave-running")
+
+
+def test_version_flag() -> None:
+    assert parse_runtime_args(["--version"]).wants_version
+    assert not parse_runtime_args(["state", "--version"]).wants_version

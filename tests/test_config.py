@@ -1,0 +1,35 @@
+"""The node config: defaults, validation messages that name file, key and allowed values."""
+
+import pytest
+
+from conftest import write_config
+from gpuckpt.errors import ConfigError
+from gpuckpt.oci.config import Config, load_config
+
+
+def test_no_file_gives_defaults(node) -> None:
+    assert load_config() == Config()
+    assert load_config().delegate == "runc"
+
+
+def test_valid_file(node) -> None:
+    write_config(node, 'delegate = "crun"\n[cuda]\nlock_timeout_ms = 500\ndriver_version_policy = "equal"\n')
+    config = load_config()
+    assert config.delegate == "crun" and config.cuda.lock_timeout_ms == 500
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('delegat = "crun"\n', "unknown key 'delegat' (allowed: delegate, cuda)"),
+    ('[cuda]\nlock_timeout = 5\n', "unknown key 'cuda.lock_timeout' (allowed: lock_timeout_ms"),
+    ('[cuda]\ndriver_version_policy = "any"\n', "key 'cuda.driver_version_policy': Input should be 'equal' or 'same-major'"),
+    ('[cuda]\nlock_timeout_ms = 0\n', "key 'cuda.lock_timeout_ms'"),
+    ('delegate = "bin/runc"\n', "must be a program name looked up on PATH"),
+    ('delegate = \n', "not valid TOML"),
+])
+def test_errors_name_file_key_and_allowed(node, text: str, expected: str) -> None:
+    path = write_config(node, text)
+    with pytest.raises(ConfigError) as raised:
+        load_config()
+    message = str(raised.value)
+    assert message.startswith(f"{path}: ") and expected in message
+    assert "\n" not in message

@@ -1,0 +1,86 @@
+"""The shim's entry point: pass-through, owned verbs, errors as runc reports them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import write_config
+
+SHIM = [sys.executable, "-m", "gpuckpt.shim.main"]
+
+
+def run_shim(argv: list[str], env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([*SHIM, *argv], capture_output=True, text=True, env=env, timeout=30)
+
+
+def recorded(runtime: Path) -> list[str]:
+    return (runtime.parent / "argv").read_text().splitlines()
+
+
+@pytest.mark.parametrize("argv", [
+    ["--root", "/run/r", "state", "c1"],
+    ["--log", "/x", "--log-format", "json", "create", "--bundle", "/b", "--pid-file", "/p", "c1"],
+    ["--unknown-global", "v", "state", "c1"],
+    ["exec", "--no-such-flag", "c1", "sh"],
+])
+def test_pass_through_keeps_argv_unchanged(node, recording_runtime, argv) -> None:
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    result = run_shim(argv)
+    assert result.returncode == 0, result.stderr
+    assert recorded(recording_runtime) == argv
+
+
+@pytest.mark.parametrize("verb", ["checkpoint", "restore"])
+def test_owned_verbs_pass_the_delegates_status(node, recording_runtime, verb) -> None:
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    argv = ["--root", "/r", verb, "--image-path", "/i", "c1"]
+    result = run_shim(argv, {"REC_STATUS": "3"})
+    assert result.returncode == 3
+    assert recorded(recording_runtime) == argv
+
+
+def test_delegate_found_on_path_and_cached(node, recording_runtime) -> None:
+    path_env = f"{recording_runtime.parent}:{os.environ['PATH']}"
+    assert run_shim(["state", "c"], {"PATH": path_env}).returncode == 0
+    cache = node / "state" / "delegate.cache"
+    assert cache.read_text().endswith(str(recording_runtime))
+    assert oct(cache.stat().st_mode & 0o777) == "0o600"
+    # A config change invalidates the cache: the new (broken) delegate is reported.
+    write_config(node, 'delegate = "/nonexistent/crun"\n')
+    result = run_shim(["state", "c"], {"PATH": path_env})
+    assert result.returncode == 1
+    assert "delegate runtime /nonexistent/crun is not an executable file" in result.stderr
+    assert str(node / "config.toml") in result.stderr
+
+
+def test_missing_delegate_is_one_line_json_log(node) -> None:
+    write_config(node, 'delegate = "no-such-runtime"\n')
+    log = node / "runtime.log"
+    result = run_shim(["--log", str(log), "--log-format", "json", "state", "c"])
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    entry = json.loads(log.read_text())
+    assert entry["level"] == "error" and "'no-such-runtime' not found on PATH" in entry["msg"]
+    assert set(entry) == {"level", "msg", "time"}
+
+
+def test_broken_config_names_the_file(node) -> None:
+    path = write_config(node, "delegate = 3\n")
+    result = run_shim(["state", "c"])
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"{path}: key 'delegate'")
+
+
+def test_version_names_shim_and_delegate(node, recording_runtime) -> None:
+    recording_runtime.write_text('#!/bin/sh\necho "runc version 9.9"\n')
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    result = run_shim(["--version"])
+    assert result.returncode == 0
+    assert result.stdout.startswith("gpuckpt-runtime version ") and "runc version 9.9" in result.stdout
