@@ -1,0 +1,111 @@
+"""podman through gpuckpt-runtime: run/exec/stop/rm and checkpoint/restore, runc and crun."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+
+from conftest import COUNTER_SOURCE, TCP_HOLDER_SOURCE, PODMAN_IMAGE, RUNTIME, assert_continues, sh, wait_counter
+
+_names = itertools.count()
+
+
+class PodmanContainer:
+    def __init__(self, runtime_flag: list[str]) -> None:
+        self.name = f"gpuckpt-it-{os.getpid()}-{next(_names)}"
+        self.podman = ["podman", *runtime_flag]
+
+    def run(self) -> None:
+        sh(*self.podman, "run", "-d", "--name", self.name, "--network", "none",
+           PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+
+    def state(self) -> str:
+        return sh(*self.podman, "exec", self.name, "cat", "/tmp/state").stdout
+
+    def status(self) -> str:
+        return sh("podman", "inspect", "--format", "{{.State.Status}}", self.name).stdout.strip()
+
+    def runtime_used(self) -> str:
+        return sh("podman", "inspect", "--format", "{{.OCIRuntime}}", self.name).stdout.strip()
+
+    def remove(self) -> None:
+        sh("podman", "rm", "-f", "-t", "0", self.name, check=False)
+
+
+@pytest.fixture(params=["flag", "default"])
+def container(request, delegate):
+    """A counter container run through the shim, by --runtime or as podman's default runtime."""
+    runtime_flag = ["--runtime", "gpuckpt-runtime"] if request.param == "flag" else []
+    if request.param == "default":
+        conf = Path("/etc/containers/containers.conf").read_text()
+        assert 'runtime = "gpuckpt-runtime"' in conf, "gpuckpt install --engine podman --default did not run"
+    box = PodmanContainer(runtime_flag)
+    box.run()
+    yield box
+    box.remove()
+
+
+def test_run_exec_stop_rm(container) -> None:
+    assert container.runtime_used() == "gpuckpt-runtime"
+    first = wait_counter(container.state)
+    assert_continues(first, container.state)
+    sh(*container.podman, "stop", "-t", "1", container.name)
+    assert container.status() == "exited"
+    sh("podman", "rm", container.name)
+    assert sh("podman", "container", "exists", container.name, check=False).returncode == 1
+
+
+def test_checkpoint_restore_continues(container) -> None:
+    before = wait_counter(container.state, minimum=3)
+    sh(*container.podman, "container", "checkpoint", container.name)
+    assert container.status() == "exited"
+    sh(*container.podman, "container", "restore", container.name)
+    assert container.status() == "running"
+    assert_continues(before, container.state)
+
+
+def test_export_import_leave_running(container, tmp_path) -> None:
+    archive = tmp_path / "ckpt.tar.gz"
+    before = wait_counter(container.state, minimum=3)
+    sh(*container.podman, "container", "checkpoint", "--leave-running", "--export", str(archive), container.name)
+    # --leave-running: the same process goes on
+    assert container.status() == "running"
+    assert_continues(before, container.state)
+    container.remove()
+    sh(*container.podman, "container", "restore", "--import", str(archive))
+    assert container.status() == "running"
+    assert_continues(before, container.state)
+
+
+def test_keep_keeps_the_checkpoint_files(container) -> None:
+    before = wait_counter(container.state, minimum=3)
+    sh(*container.podman, "container", "checkpoint", "--keep", container.name)
+    userdata = Path(sh("podman", "inspect", "--format", "{{.StaticDir}}", container.name).stdout.strip())
+    assert (userdata / "checkpoint" / "inventory.img").exists()
+    sh(*container.podman, "container", "restore", "--keep", container.name)
+    assert (userdata / "checkpoint" / "inventory.img").exists()
+    assert_continues(before, container.state)
+
+
+def test_failed_checkpoint_leaves_container_running(delegate) -> None:
+    """A dump CRIU refuses (an established TCP connection, no --tcp-established) fails; the workload goes on."""
+    box = PodmanContainer(["--runtime", "gpuckpt-runtime"])
+    try:
+        sh(*box.podman, "run", "-d", "--name", box.name, "--network", "none",
+           PODMAN_IMAGE, "python3", "-c", TCP_HOLDER_SOURCE + COUNTER_SOURCE)
+        before = wait_counter(box.state, minimum=3)
+        failed = sh(*box.podman, "container", "checkpoint", box.name, check=False)
+        assert failed.returncode != 0
+        assert box.status() == "running"
+        assert_continues(before, box.state)
+    finally:
+        box.remove()
+
+
+def test_runtime_version_names_shim_and_delegate(delegate) -> None:
+    output = sh(RUNTIME, "--version").stdout
+    assert output.startswith("gpuckpt-runtime version")
+    assert f"{delegate} version" in output

@@ -1,0 +1,67 @@
+"""An OCI bundle checkpointed and restored through gpuckpt-runtime at runc level."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from conftest import COUNTER_SOURCE, ROOTFS_TAR, RUNTIME, assert_continues, sh, wait_counter
+
+RUNTIME_ROOT = "/run/gpuckpt-it"
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("rootfs") / "rootfs"
+    root.mkdir()
+    with tarfile.open(ROOTFS_TAR) as archive:
+        archive.extractall(root, filter="fully_trusted")  # our own debootstrap output (device nodes)
+    return root
+
+
+@pytest.fixture
+def bundle(rootfs, tmp_path, delegate):
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    sh(RUNTIME, "spec", cwd=bundle)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = ["python3", "-c", COUNTER_SOURCE]
+    spec["root"] = {"path": str(rootfs), "readonly": False}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    container_id = f"gpuckpt-it-{os.getpid()}-{delegate}"
+    yield bundle, container_id
+    sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
+
+
+def runtime(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return sh(RUNTIME, "--root", RUNTIME_ROOT, *argv, **kwargs)
+
+
+def detached(*argv: str, cwd: Path) -> None:
+    """Start a detached container with stdio on /dev/null (CRIU cannot dump host files as stdio)."""
+    with open(os.devnull, "r+b") as null:
+        result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, *argv], stdin=null, stdout=null,
+                                stderr=subprocess.PIPE, cwd=cwd, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()
+
+
+def test_bundle_checkpoint_restore(bundle, tmp_path) -> None:
+    bundle_dir, container_id = bundle
+    detached("run", "-d", "--pid-file", str(tmp_path / "pid"), container_id, cwd=bundle_dir)
+    read_state = lambda: (bundle_dir / "rootfs" / "tmp" / "state").read_text()  # noqa: E731
+    before = wait_counter(read_state, minimum=3)
+    images = tmp_path / "images"
+    runtime("checkpoint", "--image-path", str(images), container_id)
+    assert runtime("state", container_id, check=False).returncode != 0  # gone after the dump
+    pid_file = tmp_path / "restored.pid"
+    detached("restore", "-d", "--bundle", str(bundle_dir), "--image-path", str(images),
+             "--pid-file", str(pid_file), container_id, cwd=bundle_dir)
+    state = json.loads(runtime("state", container_id).stdout)
+    assert state["status"] == "running" and int(pid_file.read_text()) == state["pid"]
+    assert_continues(before, read_state)
