@@ -1,0 +1,85 @@
+"""The parts of an OCI runtime spec (bundle config.json) that gpuckpt reads.
+
+Unknown fields are kept and ignored: the spec is the engine's, not ours.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuckpt.errors import ImageError
+
+NVIDIA_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
+MAX_SPEC_BYTES = 16 << 20
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Device(_Part):
+    path: str
+    type: str = ""
+    major: int | None = None
+    minor: int | None = None
+
+
+class Mount(_Part):
+    destination: str
+    source: str = ""
+
+
+class Linux(_Part):
+    devices: list[Device] = []
+
+
+class Process(_Part):
+    env: list[str] = []
+
+
+class Spec(_Part):
+    process: Process = Process()
+    mounts: list[Mount] = []
+    linux: Linux = Linux()
+    annotations: dict[str, str] = {}
+
+    def env(self, name: str) -> str | None:
+        for entry in self.process.env:
+            key, _, value = entry.partition("=")
+            if key == name:
+                return value
+        return None
+
+    def nvidia_device_paths(self) -> list[str]:
+        paths = [device.path for device in self.linux.devices if device.path.startswith("/dev/nvidia")]
+        paths += [mount.destination for mount in self.mounts if mount.destination.startswith("/dev/nvidia")]
+        return sorted(set(paths))
+
+    def gpu_minors(self) -> list[int]:
+        """Minor numbers of the /dev/nvidiaN GPUs the container is given."""
+        minors = {int(match.group(1)) for path in self.nvidia_device_paths() if (match := NVIDIA_DEVICE.match(path))}
+        return sorted(minors)
+
+    def wants_gpu(self) -> bool:
+        """Whether the spec gives the container an NVIDIA GPU (devices, or the toolkit's variable)."""
+        visible = self.env("NVIDIA_VISIBLE_DEVICES")
+        return bool(self.nvidia_device_paths()) or (visible not in (None, "", "void", "none"))
+
+
+def read_spec(bundle: str) -> Spec:
+    path = os.path.join(bundle, "config.json")
+    try:
+        with open(path, "rb") as spec_file:
+            text = spec_file.read(MAX_SPEC_BYTES + 1)
+        if len(text) > MAX_SPEC_BYTES:
+            raise ImageError(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
+        return Spec.model_validate(json.loads(text))
+    except OSError as error:
+        raise ImageError(f"{path}: cannot read: {error.strerror}") from None
+    except ValueError as error:  # JSON and pydantic errors
+        detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
+        raise ImageError(f"{path}: invalid OCI spec: {detail}") from None
