@@ -1,17 +1,179 @@
 """`gpuckpt-runtime checkpoint`: the delegate's checkpoint, wrapped with the GPU steps.
 
-Phases, in order: find the container's CUDA processes, lock and checkpoint them,
-the delegate's dump, then (with --leave-running) restore and unlock them.
+Phases, in order: find the container's CUDA processes, refuse what the driver
+could not restore, lock and checkpoint them (thawing a frozen container for
+that), the delegate's dump, then with --leave-running restore and unlock them.
+Any failure or SIGTERM/SIGINT after the first lock rolls every process back to
+running; the container keeps running and the engine gets one line.
 """
 
 from __future__ import annotations
 
-from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, parse_verb_args
-from gpuckpt.shim.delegate import run_delegate
+import os
+import time
+
+from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
+from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, parse_verb_args
+from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, run_delegate
+from gpuckpt.shim.interrupt import interruptible, uninterruptible
+from gpuckpt.shim.log import log
+
+ALLOW_UNRESTORABLE_ANNOTATION = "io.gpuckpt.allow-unrestorable"
 
 
 def run(args: RuntimeArgs, delegate: str) -> int:
     verb = parse_verb_args(args.command_args, CHECKPOINT_VALUE_FLAGS)
     if verb.has("help") or verb.has("h") or verb.container_id is None:
         return run_delegate(delegate, args.argv).returncode  # usage: the delegate's own answer
-    return run_delegate(delegate, args.argv).returncode
+    try:
+        state = container_state(delegate, args.global_argv, verb.container_id)
+    except DelegateError:
+        return run_delegate(delegate, args.argv).returncode  # no such container: runc's own error
+    from gpuckpt.oci.spec import read_spec
+
+    spec = read_spec(state["bundle"])
+    if not spec.wants_gpu():
+        return run_delegate(delegate, args.argv).returncode  # no GPU: no driver, no extra step
+    return GpuCheckpoint(args, verb, delegate, state, spec).run()
+
+
+def image_dir_of(verb: VerbArgs) -> str:
+    """Where the dump goes: --image-path, or runc's default ./checkpoint."""
+    return os.path.abspath(verb.value("image-path") or "checkpoint")
+
+
+class GpuCheckpoint:
+    """One checkpoint of a GPU container, from discovery to manifest."""
+
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict, spec) -> None:
+        from gpuckpt.oci.config import load_config
+
+        self.args, self.verb, self.delegate, self.state, self.spec = args, verb, delegate, state, spec
+        self.container_id = verb.container_id
+        self.config = load_config()
+        self.leave_running = verb.has("leave-running")
+
+    def _refuse_unrestorable(self, cuda_pids: list[int]) -> None:
+        from gpuckpt.cuda.discovery import unrestorable_reason
+
+        allowed = (self.config.cuda.allow_unrestorable
+                   or self.spec.annotations.get(ALLOW_UNRESTORABLE_ANNOTATION) == "true")
+        for pid in cuda_pids:
+            reason = unrestorable_reason(pid)
+            if reason and not allowed:
+                raise GpuCheckpointError(f"checkpoint of {self.container_id} refused: {reason}")
+            if reason:
+                log(self.args, "warning", f"{reason} (allowed by the operator)")
+
+    def run(self) -> int:
+        from gpuckpt.cuda.discovery import find_cuda_pids
+        from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins
+        from gpuckpt.shim.freezer import Freezer
+
+        if self.verb.has("pre-dump"):
+            raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty tracking")
+        started = time.monotonic()
+        pids = container_pids(self.delegate, self.args.global_argv, self.container_id)
+        cuda_pids = find_cuda_pids(pids)
+        self._refuse_unrestorable(cuda_pids)
+        plugin = criu_cuda_plugin()
+        if plugin:
+            # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
+            # must not also try (it would find the processes already checkpointed).
+            disable_criu_plugins()
+            log(self.args, "info", f"CRIU CUDA plugin {plugin} disabled for this dump; gpuckpt handles the GPU")
+        if not cuda_pids:
+            log(self.args, "info", f"{self.container_id}: GPU container without CUDA processes: plain dump")
+            return self._dump_plain(started)
+        freezer = Freezer.of_process(int(self.state["pid"]))
+        return self._checkpoint_gpu(cuda_pids, freezer, started)
+
+    def _dump_plain(self, started: float) -> int:
+        from gpuckpt.cuda.inventory import describe_container_gpus
+
+        status = run_delegate(self.delegate, self.args.argv).returncode
+        if status == 0:
+            self._write_manifest(describe_container_gpus(self.spec, []), [], started, dump_s=time.monotonic() - started)
+        return status
+
+    def _checkpoint_gpu(self, cuda_pids: list[int], freezer, started: float) -> int:
+        from gpuckpt.cuda.driver import load_driver
+        from gpuckpt.cuda.engine import CudaSession
+        from gpuckpt.cuda.inventory import describe_container_gpus
+        from gpuckpt.shim.freezer import thawed
+
+        inventory = describe_container_gpus(self.spec, cuda_pids)
+        session = CudaSession(load_driver(), cuda_pids)
+        lock_timeout_ms = self.config.cuda.lock_timeout_ms
+        dump_s = 0.0
+        first_lock = time.monotonic()
+        try:
+            with interruptible():
+                with thawed(freezer):  # a frozen process cannot be locked (docker pauses first)
+                    session.require_running()
+                    session.lock(lock_timeout_ms)
+                    session.checkpoint()
+                dump_started = time.monotonic()
+                dump = DelegateRun(self.delegate, self.args.argv)
+                dump.wait()
+                dump_s = time.monotonic() - dump_started
+            if dump.interrupted_by is not None:
+                raise GpuCheckpointError(f"interrupted by signal {dump.interrupted_by} during the dump")
+            if dump.returncode != 0:
+                raise DelegateError(f"{os.path.basename(self.delegate)} checkpoint exited {dump.returncode}", dump.returncode)
+        except (GpuckptError, KeyboardInterrupt) as error:
+            self._roll_back(session, freezer, error)
+        downtime_s = None
+        if self.leave_running:
+            with uninterruptible(), thawed(freezer):
+                try:
+                    session.restore()
+                    session.unlock()
+                except GpuckptError as error:
+                    self._roll_back(session, freezer, error)
+            downtime_s = time.monotonic() - first_lock
+            log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s "
+                f"({len(cuda_pids)} CUDA process(es))")
+        self._write_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
+                             timings=session.timings)
+        return 0
+
+    def _roll_back(self, session, freezer, cause: BaseException) -> None:
+        from gpuckpt.shim.freezer import thawed
+
+        with uninterruptible(), thawed(freezer):
+            leftovers = session.rollback()
+        what = "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
+        if leftovers:
+            raise GpuCheckpointError(f"checkpoint of {self.container_id} failed ({what}); "
+                                     f"rollback could not resume {'; '.join(leftovers)}")
+        status = getattr(cause, "exit_status", 1)
+        raise DelegateError(f"checkpoint of {self.container_id} failed ({what}); its CUDA processes were "
+                            "restored and unlocked and the container keeps running", status)
+
+    def _write_manifest(self, inventory, cuda_pids: list[int], started: float, *, dump_s: float,
+                        downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
+        from gpuckpt.cuda.discovery import container_pid
+        from gpuckpt.cuda.plugin import gpu_handler
+        from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
+
+        timings = timings or {}
+        manifest = Manifest(
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            container_id=self.container_id,
+            driver_version=inventory.driver_version,
+            cuda_driver_version=inventory.cuda_driver_version,
+            gpus=inventory.gpus,
+            processes=[CudaProcessRecord(host_pid=pid, container_pid=container_pid(pid),
+                                         checkpointed_bytes=inventory.memory_bytes.get(pid, 0),
+                                         gpu_uuids=inventory.process_gpus.get(pid, []))
+                       for pid in cuda_pids],
+            gpu_handler=gpu_handler(bool(cuda_pids)),
+            delegate=self.delegate,
+            delegate_args=self.args.argv,
+            leave_running=self.leave_running,
+            timings=Timings(lock_s=timings.get("lock_s", 0.0),
+                            device_checkpoint_s=timings.get("device_checkpoint_s", 0.0),
+                            dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
+        )
+        write_manifest(image_dir_of(self.verb), manifest)

@@ -1,0 +1,82 @@
+"""Which processes of a container are CUDA processes, and can the driver restore them?
+
+A CUDA process holds /dev/nvidia* open or mapped (the /proc scan also finds
+those with no device memory yet); NVML's compute processes are added when NVML
+answers. All from /proc and NVML, read-only.
+"""
+
+from __future__ import annotations
+
+import os
+
+from gpuckpt.errors import DriverError
+
+# NCCL's P2P and cuMem transports leave state the driver cannot restore (error 801,
+# seen on 2x H200): a job must run with both of these to be checkpointable.
+NCCL_SAFE_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
+
+
+def container_pid(host_pid: int) -> int:
+    """The PID a process has inside its own PID namespace (NSpid's last field)."""
+    try:
+        with open(f"/proc/{host_pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return host_pid
+
+
+def find_cuda_pids(pids: list[int]) -> list[int]:
+    """The CUDA processes among `pids`: the /proc scan, plus NVML's compute processes."""
+    from gpuckpt.cuda.devices import compute_pids, pids_holding_nvidia_devices
+
+    found = set(pids_holding_nvidia_devices(pids))
+    try:
+        found.update(pid for pid in compute_pids() if pid in set(pids))
+    except DriverError:
+        pass  # NVML missing or failing: the /proc scan still found every process holding the driver
+    return sorted(found)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as environ:
+            entries = environ.read().split(b"\0")
+    except OSError:
+        return {}
+    pairs = (entry.decode("utf-8", "replace").partition("=") for entry in entries if entry)
+    return {key: value for key, _, value in pairs}
+
+
+def _uses_nccl(pid: int) -> bool:
+    """libnccl is mapped and NCCL's own threads run: a live communicator, not just the library."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            if "libnccl" not in maps.read():
+                return False
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return False
+    for tid in threads:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as comm:
+                if comm.read().startswith("NCCL"):
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def unrestorable_reason(pid: int) -> str | None:
+    """Why the driver could checkpoint this process but never restore it, or None."""
+    if not _uses_nccl(pid):
+        return None
+    environ = _environ(pid)
+    missing = [f"{key}={value}" for key, value in NCCL_SAFE_ENV.items() if environ.get(key) != value]
+    if not missing:
+        return None
+    return (f"CUDA process {pid} runs NCCL without {' and '.join(missing)}: the driver can checkpoint it "
+            f"but not restore it; start the job with {' '.join(f'{k}={v}' for k, v in NCCL_SAFE_ENV.items())} "
+            "or allow it with the annotation io.gpuckpt.allow-unrestorable=true")

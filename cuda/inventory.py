@@ -1,0 +1,65 @@
+"""The GPUs a container has and what its CUDA processes hold on them, from NVML.
+
+Feeds the manifest at checkpoint time and the node check and UUID remap at
+restore time. GPUs are matched by the minor number of /dev/nvidiaN.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
+from gpuckpt.oci.manifest import GpuRecord
+
+NVIDIA_DEVICE_LINK = re.compile(r"^/dev/nvidia(\d+)$")
+
+
+@dataclass
+class Inventory:
+    driver_version: str
+    cuda_driver_version: int
+    gpus: list[GpuRecord]
+    memory_bytes: dict[int, int] = field(default_factory=dict)  # pid -> device bytes
+    process_gpus: dict[int, list[str]] = field(default_factory=dict)  # pid -> GPU UUIDs
+
+
+def minors_held_by(pids: list[int]) -> set[int]:
+    """Minor numbers of the /dev/nvidiaN a process has open (when the spec does not list them)."""
+    minors: set[int] = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                match = NVIDIA_DEVICE_LINK.match(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+            if match:
+                minors.add(int(match.group(1)))
+    return minors
+
+
+def container_gpus(spec, cuda_pids: list[int]) -> list[GpuInfo]:
+    """The node's GPUs that the container is given, in index order."""
+    gpus = list_gpus()
+    minors = set(spec.gpu_minors()) or minors_held_by(cuda_pids)
+    if not minors:  # e.g. NVIDIA_VISIBLE_DEVICES=all through a hook: every GPU
+        return gpus
+    return [gpu for gpu in gpus if gpu.minor in minors]
+
+
+def describe_container_gpus(spec, cuda_pids: list[int]) -> Inventory:
+    gpus = container_gpus(spec, cuda_pids)
+    usage = compute_processes()
+    return Inventory(
+        driver_version=driver_version_string(),
+        cuda_driver_version=cuda_driver_version(),
+        gpus=[GpuRecord(index=gpu.index, uuid=gpu.uuid, name=gpu.name, memory_total_bytes=gpu.memory_total_bytes)
+              for gpu in gpus],
+        memory_bytes={pid: sum(usage.get(pid, {}).values()) for pid in cuda_pids},
+        process_gpus={pid: sorted(usage.get(pid, {})) for pid in cuda_pids},
+    )
