@@ -59,17 +59,28 @@ class DelegateRun:
             except ProcessLookupError:
                 pass
 
-    def wait(self) -> int:
-        """Run to the end; the child's exit status (128+N if killed by signal N)."""
+    def start(self) -> None:
+        """Start the child; from now until finish() our signals go to it."""
         import signal
 
-        previous = {sig: signal.signal(sig, self._forward)
-                    for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
+        self._previous = {sig: signal.signal(sig, self._forward)
+                          for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
         try:
-            try:
-                self._child = process.spawn([self.delegate, *self.argv])
-            except process.CommandError as error:
-                raise DelegateError(f"delegate runtime: {error}") from None
+            self._child = process.spawn([self.delegate, *self.argv])
+        except process.CommandError as error:
+            self._restore_handlers()
+            raise DelegateError(f"delegate runtime: {error}") from None
+
+    def poll(self) -> int | None:
+        """The exit status if the child has ended, else None."""
+        assert self._child is not None
+        code = self._child.poll()
+        return None if code is None else exit_status(code)
+
+    def finish(self) -> int:
+        """Wait for the child; its exit status (128+N if killed by signal N)."""
+        assert self._child is not None
+        try:
             while True:
                 try:
                     self.returncode = exit_status(self._child.wait())
@@ -77,8 +88,19 @@ class DelegateRun:
                 except InterruptedError:
                     continue
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            self._restore_handlers()
+
+    def _restore_handlers(self) -> None:
+        import signal
+
+        for sig, handler in getattr(self, "_previous", {}).items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def wait(self) -> int:
+        """Run to the end; the child's exit status."""
+        self.start()
+        return self.finish()
 
 
 def run_delegate(delegate: str, argv: Sequence[str]) -> DelegateRun:
@@ -120,3 +142,9 @@ def container_pids(delegate: str, global_argv: Sequence[str], container_id: str)
         return [int(pid) for pid in json.loads(output) or []]
     except (ValueError, TypeError):
         raise DelegateError(f"{os.path.basename(delegate)} ps {container_id}: output is not a JSON list of PIDs") from None
+
+
+def kill_container(delegate: str, global_argv: Sequence[str], container_id: str) -> None:
+    """SIGKILL a container and delete it: for a restore that cannot be completed."""
+    process.run([delegate, *global_argv, "kill", container_id, "KILL"], check=False)
+    process.run([delegate, *global_argv, "delete", "--force", container_id], check=False)

@@ -1,17 +1,114 @@
 """`gpuckpt-runtime restore`: the delegate's restore, then the GPU steps.
 
-Phases, in order: check the node against the manifest, the delegate's restore,
-then restore and unlock the container's CUDA processes.
+Phases, in order: read the image's manifest and check this node against it
+(before touching anything), the delegate's restore, then find the restored CUDA
+processes and restore (remapped if the GPUs changed) and unlock them in
+parallel. If the GPU steps fail, the half-restored container is killed rather
+than left hanging.
 """
 
 from __future__ import annotations
 
-from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, parse_verb_args
-from gpuckpt.shim.delegate import run_delegate
+import os
+import time
+
+from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
+from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, parse_verb_args
+from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, kill_container, run_delegate
+from gpuckpt.shim.interrupt import uninterruptible
+from gpuckpt.shim.log import log
+
+START_TIMEOUT_S = 600.0
 
 
 def run(args: RuntimeArgs, delegate: str) -> int:
     verb = parse_verb_args(args.command_args, RESTORE_VALUE_FLAGS)
     if verb.has("help") or verb.has("h") or verb.container_id is None:
         return run_delegate(delegate, args.argv).returncode
-    return run_delegate(delegate, args.argv).returncode
+    from gpuckpt.oci.manifest import read_manifest
+
+    manifest = read_manifest(os.path.abspath(verb.value("image-path") or "checkpoint"))
+    if manifest is None or not manifest.processes:
+        return run_delegate(delegate, args.argv).returncode  # no GPU state to bring back
+    return GpuRestore(args, verb, delegate, manifest).run()
+
+
+class GpuRestore:
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, manifest) -> None:
+        from gpuckpt.oci.config import load_config
+
+        self.args, self.verb, self.delegate, self.manifest = args, verb, delegate, manifest
+        self.container_id = verb.container_id
+        self.config = load_config()
+        self.detach = verb.has("detach") or verb.has("d")
+
+    def _target_gpus(self):
+        from gpuckpt.cuda.compat import check_node
+        from gpuckpt.cuda.devices import driver_version_string
+        from gpuckpt.cuda.inventory import container_gpus
+        from gpuckpt.oci.spec import read_spec
+
+        spec = read_spec(os.path.abspath(self.verb.value("bundle", "b") or "."))
+        target = container_gpus(spec, [])
+        check_node(self.manifest, target, driver_version_string(), self.config.cuda.driver_version_policy)
+        return target
+
+    def run(self) -> int:
+        from gpuckpt.cuda.compat import gpu_pairs
+        from gpuckpt.cuda.driver import load_driver
+
+        target = self._target_gpus()
+        driver = load_driver()
+        driver.init()  # the controlling process must have initialised CUDA before a restore
+        started = time.monotonic()
+        delegate_run = DelegateRun(self.delegate, self.args.argv)
+        if self.detach:
+            if delegate_run.wait() != 0:
+                return delegate_run.returncode  # the delegate reported why; nothing of ours to undo
+        else:
+            delegate_run.start()
+            if not self._wait_running(delegate_run):
+                return delegate_run.finish()
+        try:
+            self._restore_gpu(driver, gpu_pairs(self.manifest, target))
+        except GpuckptError as error:
+            kill_container(self.delegate, self.args.global_argv, self.container_id)
+            if not self.detach:
+                delegate_run.finish()
+            raise GpuCheckpointError(f"restore of {self.container_id} failed: {error}; the container was stopped") from None
+        log(self.args, "info", f"{self.container_id}: restored {len(self.manifest.processes)} CUDA process(es) "
+            f"in {time.monotonic() - started:.3f} s")
+        return 0 if self.detach else delegate_run.finish()
+
+    def _wait_running(self, delegate_run: DelegateRun) -> bool:
+        """Foreground restore: wait until the container runs (or the delegate gave up)."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if delegate_run.poll() is not None:
+                return False
+            try:
+                if container_state(self.delegate, self.args.global_argv, self.container_id)["status"] == "running":
+                    return True
+            except DelegateError:
+                pass
+            time.sleep(0.05)
+        return False
+
+    def _restore_gpu(self, driver, pairs) -> None:
+        from gpuckpt.cuda.discovery import container_pid
+        from gpuckpt.cuda.driver import ProcessState
+        from gpuckpt.cuda.engine import CudaSession
+
+        wanted = {record.container_pid for record in self.manifest.processes}
+        host_pids = container_pids(self.delegate, self.args.global_argv, self.container_id)
+        found = [pid for pid in host_pids if container_pid(pid) in wanted]
+        if len(found) != len(wanted):
+            raise GpuCheckpointError(f"found {len(found)} of the {len(wanted)} checkpointed CUDA processes")
+        for pid in found:
+            state = driver.state(pid)
+            if state != ProcessState.CHECKPOINTED:
+                raise GpuCheckpointError(f"restored process {pid} is {state.name.lower()}, not checkpointed")
+        session = CudaSession(driver, found)
+        with uninterruptible():  # a half-done restore is killed below, never left locked
+            session.restore(pairs)
+            session.unlock()

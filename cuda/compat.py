@@ -1,0 +1,59 @@
+"""Can this node take a checkpoint's GPU state, and onto which GPUs?
+
+Pure functions over the manifest and the node's inventory: the restore refuses
+before touching anything, with every difference named.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from gpuckpt.cuda.devices import GpuInfo
+from gpuckpt.cuda.driver import GpuPair
+from gpuckpt.errors import GpuCheckpointError
+from gpuckpt.oci.manifest import Manifest
+
+
+def _major(version: str) -> str:
+    return version.split(".", 1)[0]
+
+
+def node_differences(manifest: Manifest, target: list[GpuInfo], driver_version: str, policy: str) -> list[str]:
+    """What keeps this node from restoring the manifest's processes; empty if nothing."""
+    problems = []
+    if policy == "equal" and driver_version != manifest.driver_version:
+        problems.append(f"driver {driver_version} differs from the checkpoint's {manifest.driver_version} "
+                        "(policy 'equal')")
+    elif policy == "same-major" and _major(driver_version) != _major(manifest.driver_version):
+        problems.append(f"driver {driver_version} is not of the checkpoint's branch {_major(manifest.driver_version)} "
+                        "(policy 'same-major')")
+    if len(target) != len(manifest.gpus):
+        problems.append(f"the container is given {len(target)} GPU(s), the checkpoint had {len(manifest.gpus)}")
+    for old, new in zip(manifest.gpus, target):
+        if old.name != new.name:
+            problems.append(f"GPU {new.index} is a {new.name}, the checkpoint's GPU {old.index} was a {old.name}")
+    needed: dict[str, int] = defaultdict(int)
+    for process in manifest.processes:
+        for uuid in process.gpu_uuids[:1]:  # NVML reports a process's memory on its first GPU
+            needed[uuid] += process.checkpointed_bytes
+    for old, new in zip(manifest.gpus, target):
+        if needed.get(old.uuid, 0) > new.memory_free_bytes:
+            problems.append(f"GPU {new.index} ({new.uuid}) has {new.memory_free_bytes >> 20} MiB free, "
+                            f"the checkpoint needs {needed[old.uuid] >> 20} MiB")
+    return problems
+
+
+def check_node(manifest: Manifest, target: list[GpuInfo], driver_version: str, policy: str) -> None:
+    problems = node_differences(manifest, target, driver_version, policy)
+    if problems:
+        raise GpuCheckpointError(f"restore of {manifest.container_id} refused: " + "; ".join(problems))
+
+
+def gpu_pairs(manifest: Manifest, target: list[GpuInfo]) -> list[GpuPair]:
+    """Old->new UUID pairs covering every GPU the processes saw; none when nothing moved.
+
+    The driver requires the pairs to cover every visible GPU, so all are listed
+    as soon as one differs (LAB: a list naming one of two GPUs failed).
+    """
+    pairs = [GpuPair(old.uuid, new.uuid) for old, new in zip(manifest.gpus, target)]
+    return [] if all(pair.old_uuid == pair.new_uuid for pair in pairs) else pairs
