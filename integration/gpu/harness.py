@@ -1,0 +1,195 @@
+"""GPU test bed on the lent machine: install the carried tools, build GPU bundles, drive them.
+
+Used by integration/gpu/run_tests.py and bench_engine.py, which run as root on
+the GPU machine from the repository root (see integration/gpu/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CARRY = REPO / ".carry"
+SITE = Path("/tmp/gpuckpt-site")
+TORCH_PYTHON = "/opt/torch/.venv/bin/python3"
+RUNTIME = "/usr/local/bin/gpuckpt-runtime"
+RUNTIME_ROOT = "/run/gpuckpt-gpu"
+WORK = Path("/tmp/gpuckpt-gpu")
+GPU_DIR = REPO / "integration" / "gpu"
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:6])} exited {result.returncode}: {result.stderr.strip()[-2000:]}")
+    return result
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def install() -> dict:
+    """Put the carried runc/CRIU first on PATH, gpuckpt and its wheels on a private path, the launcher."""
+    os.environ["PATH"] = f"{CARRY / 'bin'}:{os.environ['PATH']}"
+    SITE.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(str(path) for path in (CARRY / "wheels").glob("*.whl"))
+    if wheels:
+        sh(TORCH_PYTHON, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+           "--target", str(SITE), "--upgrade", *wheels)
+    link = SITE / "gpuckpt"
+    if not link.exists():
+        link.symlink_to(REPO)
+    torch_site = sh(TORCH_PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
+    Path(RUNTIME).write_text(
+        f"#!{TORCH_PYTHON} -IS\nimport sys\nsys.path[:0] = [{str(SITE)!r}, {torch_site!r}]\n"
+        "from gpuckpt.shim.main import main\nsys.exit(main())\n")
+    os.chmod(RUNTIME, 0o755)
+    Path("/etc/gpuckpt").mkdir(exist_ok=True)
+    runc = shutil.which("runc")
+    Path("/etc/gpuckpt/config.toml").write_text(f'delegate = "{runc}"\n')
+    os.chmod("/etc/gpuckpt/config.toml", 0o644)
+    facts = {
+        "runc": sh("runc", "--version").stdout.splitlines()[0],
+        "criu": sh("criu", "--version").stdout.strip().splitlines()[0],
+        "criu_check": sh("criu", "check", check=False).stdout.strip()[-200:] or "(see stderr)",
+        "gpuckpt_runtime": sh(RUNTIME, "--version").stdout.splitlines()[0],
+        "nvidia_smi": sh("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader").stdout.strip(),
+        "thp": Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip(),
+    }
+    log(f"installed: {json.dumps(facts)}")
+    return facts
+
+
+def _device_rule(path: str) -> dict:
+    status = os.stat(path)
+    return {"path": path, "type": "c", "major": os.major(status.st_rdev), "minor": os.minor(status.st_rdev),
+            "fileMode": 0o666, "uid": 0, "gid": 0}
+
+
+def nvidia_devices(gpu_minors: list[int]) -> list[dict]:
+    paths = [f"/dev/nvidia{minor}" for minor in gpu_minors]
+    paths += [p for p in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools") if os.path.exists(p)]
+    return [_device_rule(path) for path in paths]
+
+
+class Bundle:
+    """An OCI bundle whose rootfs borrows the host's userland (torch, the driver) read-only."""
+
+    def __init__(self, name: str, args: list[str], env: dict[str, str], gpu_minors: list[int] = [0]) -> None:
+        self.name = f"gpu-{name}-{os.getpid()}"
+        self.dir = WORK / self.name
+        self.rootfs = self.dir / "rootfs"
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        for sub in ("usr", "opt/torch", "etc", "proc", "dev", "sys", "tmp", "work", "root"):
+            (self.rootfs / sub).mkdir(parents=True, exist_ok=True)
+        # Ubuntu's /lib, /bin... are links into /usr: CRIU restores links, not bind mounts of them.
+        for link in ("lib", "lib64", "bin", "sbin"):
+            target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else f"usr/{link}"
+            (self.rootfs / link).symlink_to(target)
+        sh(RUNTIME, "spec", cwd=self.dir)
+        spec = json.loads((self.dir / "config.json").read_text())
+        spec["root"] = {"path": str(self.rootfs), "readonly": False}
+        process = spec["process"]
+        process["terminal"] = False
+        process["args"] = args
+        process["cwd"] = "/work"
+        base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
+                    "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
+        process["env"] = [f"{k}={v}" for k, v in {**base_env, **env}.items()]
+        spec["mounts"] += [
+            {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["bind", "ro"]},
+            # its own mount: through a recursive bind of /usr, CRIU refuses to dump it (LAB)
+            {"destination": "/usr/local/nvidia", "type": "bind", "source": "/usr/local/nvidia", "options": ["bind", "ro"]},
+            {"destination": "/opt/torch", "type": "bind", "source": "/opt/torch", "options": ["rbind", "ro"]},
+            {"destination": "/etc", "type": "bind", "source": "/etc", "options": ["bind", "ro"]},
+            {"destination": "/work", "type": "bind", "source": str(GPU_DIR), "options": ["bind", "ro"]},
+        ]
+        linux = spec["linux"]
+        # Host network: no network namespace, so CRIU needs no network lock (no iptables here).
+        linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
+        linux["devices"] = nvidia_devices(gpu_minors)
+        linux.setdefault("resources", {})["devices"] = [{"allow": True, "access": "rwm"}]
+        spec["process"]["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}]
+        (self.dir / "config.json").write_text(json.dumps(spec, indent=1))
+
+    def runtime(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        with open(os.devnull, "r+b") as null:
+            result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, *argv], stdin=null, stdout=null,
+                                    stderr=subprocess.PIPE, cwd=self.dir, timeout=timeout)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"gpuckpt-runtime {' '.join(argv[:3])} exited {result.returncode}: "
+                               f"{result.stderr.decode(errors='replace').strip()[-3000:]}")
+        return subprocess.CompletedProcess(result.args, result.returncode, "", result.stderr.decode(errors="replace"))
+
+    def start(self) -> None:
+        self.runtime("run", "-d", "--pid-file", str(self.dir / "pid"), self.name)
+
+    def checkpoint(self, image_dir: Path, *extra: str, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
+        started = time.monotonic()
+        result = self.runtime("checkpoint", "--image-path", str(image_dir), *extra, self.name, check=check)
+        return time.monotonic() - started, result
+
+    def restore(self, image_dir: Path) -> float:
+        started = time.monotonic()
+        self.runtime("restore", "-d", "--bundle", str(self.dir), "--image-path", str(image_dir),
+                     "--pid-file", str(self.dir / "restored.pid"), self.name)
+        return time.monotonic() - started
+
+    def state(self) -> dict:
+        return json.loads(sh(RUNTIME, "--root", RUNTIME_ROOT, "state", self.name).stdout)
+
+    def read(self, name: str) -> str:
+        try:
+            return (self.rootfs / "tmp" / name).read_text()
+        except FileNotFoundError:
+            return ""
+
+    def destroy(self) -> None:
+        sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
+
+
+def counter_states(bundle: Bundle, procs: int) -> list[tuple[str, int, str]]:
+    states = []
+    for rank in range(procs):
+        fields = bundle.read(f"state.{rank}").split()
+        if len(fields) != 3:
+            return []
+        states.append((fields[0], int(fields[1]), fields[2]))
+    return states
+
+
+def wait_counters(bundle: Bundle, procs: int, minimum: int, timeout_s: float = 300) -> list[tuple[str, int, str]]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        states = counter_states(bundle, procs)
+        if states and all(count >= minimum for _, count, _ in states):
+            bad = [s for s in states if s[2] != "ok"]
+            if bad:
+                raise AssertionError(f"GPU data corrupted: {bad}")
+            return states
+        time.sleep(0.2)
+    raise AssertionError(f"{bundle.name}: counters did not reach {minimum} in {timeout_s} s: {counter_states(bundle, procs)}")
+
+
+def assert_continues(bundle: Bundle, before: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    after = wait_counters(bundle, len(before), max(count for _, count, _ in before) + 3)
+    for (token_before, count_before, _), (token_after, count_after, verdict) in zip(before, after):
+        assert token_after == token_before, f"process restarted, not restored: {token_before} -> {token_after}"
+        assert count_after > count_before and verdict == "ok"
+    return after
+
+
+def manifest(image_dir: Path) -> dict:
+    return json.loads((image_dir / "gpuckpt-manifest.json").read_text())
+
+
+def image_bytes(image_dir: Path) -> int:
+    return sum(path.stat().st_size for path in image_dir.rglob("*") if path.is_file())

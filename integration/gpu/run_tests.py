@@ -1,0 +1,166 @@
+"""GPU checkpoint/restore tests through gpuckpt-runtime, run on the GPU machine in one call.
+
+Each scenario asserts that the workload continues from its checkpointed state
+(same token, counter going on, device data checksum intact) and records figures.
+Usage (root, repository root): python3 integration/gpu/run_tests.py OUT_DIR [scenario ...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from harness import (TORCH_PYTHON, Bundle, assert_continues, image_bytes, install, log, manifest,  # noqa: E402
+                     sh, wait_counters)
+
+COUNTER = ["python3", "/work/gpu_counter.py"]
+
+
+def scenario_disk_and_shm(results: dict) -> None:
+    """Checkpoint to disk and to /dev/shm; restore; the workload verifies its GPU data and goes on."""
+    for where in ("/var/tmp", "/dev/shm"):
+        bundle = Bundle("basic", COUNTER, {"GIB": "2"})
+        try:
+            bundle.start()
+            before = wait_counters(bundle, 1, 3)
+            images = Path(where) / f"gpuckpt-img-{bundle.name}"
+            checkpoint_s, _ = bundle.checkpoint(images)
+            info = manifest(images)
+            assert info["processes"] and info["gpu_handler"] == "gpuckpt", info
+            restore_s = bundle.restore(images)
+            after = assert_continues(bundle, before)
+            key = "shm" if where == "/dev/shm" else "disk"
+            results[f"basic_{key}"] = {"checkpoint_s": round(checkpoint_s, 3), "restore_s": round(restore_s, 3),
+                                       "image_bytes": image_bytes(images), "before": before, "after": after,
+                                       "manifest_timings": info["timings"]}
+            log(f"basic {key}: checkpoint {checkpoint_s:.2f} s, restore {restore_s:.2f} s, {before} -> {after}")
+            shutil.rmtree(images)
+        finally:
+            bundle.destroy()
+
+
+def scenario_leave_running(results: dict) -> None:
+    bundle = Bundle("live", COUNTER, {"GIB": "2"})
+    images = Path("/dev/shm/gpuckpt-img-live")
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3)
+        checkpoint_s, _ = bundle.checkpoint(images, "--leave-running")
+        after = assert_continues(bundle, before)  # the same process goes on
+        downtime = manifest(images)["timings"]["downtime_s"]
+        assert downtime is not None and downtime > 0
+        # and the image restores too, after the original is gone
+        bundle.destroy()
+        bundle.restore(images)
+        assert_continues(bundle, before)
+        results["leave_running"] = {"checkpoint_s": round(checkpoint_s, 3), "downtime_s": round(downtime, 3),
+                                    "after": after}
+        log(f"leave-running: checkpoint {checkpoint_s:.2f} s, downtime {downtime:.2f} s")
+    finally:
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+
+
+def scenario_four_processes(results: dict) -> None:
+    bundle = Bundle("four", COUNTER, {"GIB": "1", "PROCS": "4"})
+    images = Path("/dev/shm/gpuckpt-img-four")
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 4, 3)
+        checkpoint_s, _ = bundle.checkpoint(images)
+        info = manifest(images)
+        assert len(info["processes"]) == 4, info["processes"]
+        restore_s = bundle.restore(images)
+        assert_continues(bundle, before)
+        results["four_processes"] = {"checkpoint_s": round(checkpoint_s, 3), "restore_s": round(restore_s, 3),
+                                     "manifest_timings": info["timings"]}
+        log(f"four processes: checkpoint {checkpoint_s:.2f} s, restore {restore_s:.2f} s")
+    finally:
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+
+
+def scenario_failed_dump(results: dict) -> None:
+    """The dump fails after the GPU was checkpointed: the shim restores and unlocks; the workload goes on."""
+    bundle = Bundle("faildump", COUNTER, {"GIB": "2"})
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3)
+        _, result = bundle.checkpoint(Path("/proc/gpuckpt-cannot-write-here"), check=False)
+        assert result.returncode != 0, "the dump should have failed"
+        assert bundle.state()["status"] == "running"
+        assert_continues(bundle, before)
+        results["failed_dump"] = {"exit_status": result.returncode, "message": result.stderr.strip()[-400:],
+                                  "workload_continued": True}
+        log(f"failed dump: exit {result.returncode}, workload continued; message: {result.stderr.strip()[-200:]}")
+    finally:
+        bundle.destroy()
+
+
+def scenario_training_bit_exact(results: dict) -> None:
+    """A training loop checkpointed mid-run, killed, restored and run to the end equals an uninterrupted run."""
+    steps = "300"
+    reference_dir = Path("/tmp/gpuckpt-train-ref")
+    reference_dir.mkdir(exist_ok=True)
+    env = dict(os.environ, STEPS=steps, STATE=str(reference_dir / "state"), RESULT=str(reference_dir / "result"),
+               CUBLAS_WORKSPACE_CONFIG=":4096:8")
+    sh(TORCH_PYTHON, str(Path(__file__).parent / "train.py"), env=env, timeout=600)
+    reference = (reference_dir / "result").read_text().strip()
+    bundle = Bundle("train", ["python3", "/work/train.py"],
+                    {"STEPS": steps, "PAUSE_AT": "60", "STATE": "/tmp/train_state", "RESULT": "/tmp/train_result",
+                     "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
+    images = Path("/dev/shm/gpuckpt-img-train")
+    try:
+        bundle.start()
+        deadline = time.monotonic() + 300
+        while not bundle.read("train_state").strip() or int(bundle.read("train_state")) < 80:
+            assert time.monotonic() < deadline, "training did not reach step 80"
+            time.sleep(0.1)
+        bundle.checkpoint(images)  # the dump ends the process: "killed"
+        step_at_checkpoint = int(bundle.read("train_state"))
+        bundle.restore(images)
+        deadline = time.monotonic() + 600
+        while not bundle.read("train_result").strip():
+            assert time.monotonic() < deadline, "restored training did not finish"
+            time.sleep(0.2)
+        restored = bundle.read("train_result").strip()
+        results["training"] = {"steps": int(steps), "checkpointed_at_step": step_at_checkpoint,
+                               "reference_sha256": reference, "restored_sha256": restored,
+                               "bit_exact": restored == reference}
+        log(f"training: checkpoint at step {step_at_checkpoint}, bit exact: {restored == reference}")
+        assert restored == reference, "final weights differ from the uninterrupted run"
+    finally:
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+
+
+SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")}
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    chosen = sys.argv[2:] or list(SCENARIOS)
+    results: dict = {"machine": "", "facts": install(), "passed": [], "failed": {}}
+    results["machine"] = results["facts"]["nvidia_smi"]
+    for name in chosen:
+        log(f"--- {name}")
+        try:
+            SCENARIOS[name](results)
+            results["passed"].append(name)
+        except Exception as error:  # record and go on: one call must bring back every result
+            traceback.print_exc()
+            results["failed"][name] = f"{type(error).__name__}: {error}"[-2000:]
+        (out / "gpu_tests.json").write_text(json.dumps(results, indent=2))
+    log(f"passed {len(results['passed'])}, failed {len(results['failed'])}: {list(results['failed'])}")
+    print(f"{len(results['passed'])} passed, {len(results['failed'])} failed")
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
