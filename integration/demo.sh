@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The README's main job: set up the node, then checkpoint and restore a stateful container
+# through gpuckpt-runtime, showing that it continues from its checkpointed state.
+# With an NVIDIA GPU present, the GPU scenarios run too (integration/gpu/run_tests.py).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+bash "$repo/integration/testbed/setup.sh"
+
+name=gpuckpt-demo-$$
+image=localhost/gpuckpt-test:latest
+now() { date +%s.%N; }
+elapsed() { printf '%.2f' "$(echo "$(now) - $1" | bc)"; }
+state() { podman exec "$name" cat /tmp/state; }
+trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true' EXIT
+
+echo "== starting a stateful container (a counter and a 16 MiB buffer with its checksum) through gpuckpt-runtime"
+podman run -d --name "$name" --runtime gpuckpt-runtime --network none "$image" \
+    python3 -c "$(cat "$repo/integration/workloads/counter.py")" >/dev/null
+until state 2>/dev/null | awk '{exit !($2 >= 10)}'; do sleep 0.2; done
+before=$(state); echo "   state before checkpoint: $before"
+
+t=$(now); podman container checkpoint "$name" >/dev/null
+echo "== checkpointed in $(elapsed "$t") s; status: $(podman inspect -f '{{.State.Status}}' "$name")"
+t=$(now); podman container restore "$name" >/dev/null
+echo "== restored in $(elapsed "$t") s; status: $(podman inspect -f '{{.State.Status}}' "$name")"
+sleep 1
+after=$(state); echo "   state after restore:     $after"
+
+read -r token_before count_before sum_before <<<"$before"
+read -r token_after count_after sum_after <<<"$after"
+if [ "$token_after" = "$token_before" ] && [ "$count_after" -gt "$count_before" ] && [ "$sum_after" = "$sum_before" ]; then
+    echo "== OK: the restored process is the checkpointed one (same token and checksum), counter went on $count_before -> $count_after"
+else
+    echo "== FAILED: the workload did not continue from its checkpointed state" >&2; exit 1
+fi
+
+if [ -e /dev/nvidia0 ]; then
+    echo "== NVIDIA GPU present: running the GPU scenarios"
+    python3 "$repo/integration/gpu/run_tests.py" "${OUT:-/tmp}"
+fi
