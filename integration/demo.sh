@@ -9,7 +9,7 @@ bash "$repo/integration/testbed/setup.sh"
 name=gpuckpt-demo-$$
 image=localhost/gpuckpt-test:latest
 now() { date +%s.%N; }
-elapsed() { printf '%.2f' "$(echo "$(now) - $1" | bc)"; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 state() { podman exec "$name" cat /tmp/state; }
 trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true' EXIT
 
