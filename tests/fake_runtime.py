@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""A runc stand-in for unit tests of the owned verbs: `state`, `ps`, `checkpoint`, `restore`, `kill`, `delete`.
+
+Driven by a JSON file next to it (runtime.json): the container's state, its PIDs and
+the exit status each verb should return. Every call is appended to calls.log.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+here = Path(__file__).resolve().parent
+setup = json.loads((here / "runtime.json").read_text())
+argv = sys.argv[1:]
+with open(here / "calls.log", "a") as calls:
+    calls.write(json.dumps(argv) + "\n")
+words = [arg for arg in argv if not arg.startswith("-")]
+verb = next((word for word in words if word in ("state", "ps", "checkpoint", "restore", "kill", "delete")), None)
+if verb == "state":
+    print(json.dumps(setup["state"]))
+elif verb == "ps":
+    print(json.dumps(setup["pids"]))
+elif verb == "checkpoint":
+    if "--image-path" in argv and setup.get("checkpoint_status", 0) == 0:
+        os.makedirs(argv[argv.index("--image-path") + 1], exist_ok=True)
+    sys.exit(setup.get("checkpoint_status", 0))
+elif verb == "restore":
+    sys.exit(setup.get("restore_status", 0))
+sys.exit(0)
