@@ -1,0 +1,312 @@
+"""The owned verbs' GPU orchestration, driven through the fake driver at the binding seam.
+
+The delegate is tests/fake_runtime.py (a runc stand-in answering state/ps and
+returning the configured status); container processes are real `sleep`s, so
+/proc reads are real. NVML's inventory is replaced by a fixed one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from fake_driver import FakeDriver
+from gpuckpt.cuda import discovery, driver as driver_module, inventory
+from gpuckpt.cuda.devices import GpuInfo
+from gpuckpt.cuda.driver import ProcessState
+from gpuckpt.errors import DelegateError, GpuCheckpointError
+from gpuckpt.oci.manifest import GpuRecord, read_manifest
+from gpuckpt.shim import checkpoint, freezer, restore
+from gpuckpt.shim.argv import parse_runtime_args
+
+H100 = "NVIDIA H100 80GB HBM3"
+UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
+UUID1 = "GPU-66666666-7777-8888-9999-000000000000"
+
+
+class Node:
+    """A fake container: real sleep processes, a bundle with /dev/nvidia0, the fake runtime and driver."""
+
+    def __init__(self, tmp_path: Path, processes: int, monkeypatch: pytest.MonkeyPatch, gpu: bool = True) -> None:
+        self.dir = tmp_path
+        self.sleeps = [subprocess.Popen(["sleep", "60"]) for _ in range(processes)]
+        self.pids = [p.pid for p in self.sleeps]
+        self.bundle = tmp_path / "bundle"
+        self.bundle.mkdir()
+        devices = [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}] if gpu else []
+        (self.bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "linux": {"devices": devices},
+                                                             "annotations": {}}))
+        self.runtime = tmp_path / "runc"
+        shutil.copy(Path(__file__).parent / "fake_runtime.py", self.runtime)
+        self.images = tmp_path / "images"
+        self.set_runtime()
+        self.driver = FakeDriver(self.pids, visible_gpus={pid: [UUID0] for pid in self.pids})
+        monkeypatch.setattr(driver_module, "load_driver", lambda: self.driver)
+        monkeypatch.setattr(discovery, "find_cuda_pids", lambda pids: [pid for pid in pids if pid in self.driver.states])
+        monkeypatch.setattr(inventory, "describe_container_gpus", lambda spec, pids: inventory.Inventory(
+            driver_version="580.159.04", cuda_driver_version=13000,
+            gpus=[GpuRecord(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30)],
+            memory_bytes={pid: 1 << 30 for pid in pids}, process_gpus={pid: [UUID0] for pid in pids}))
+        monkeypatch.setattr(freezer.Freezer, "of_process", classmethod(lambda cls, pid: None))
+
+    def set_runtime(self, **overrides) -> None:
+        setup = {"state": {"status": "running", "pid": self.pids[0] if self.pids else 1, "bundle": str(self.bundle),
+                           "id": "ctr"}, "pids": self.pids, **overrides}
+        (self.dir / "runtime.json").write_text(json.dumps(setup))
+
+    def calls(self) -> list[list[str]]:
+        log = self.dir / "calls.log"
+        return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+
+    def verbs_called(self) -> list[str]:
+        return [next(a for a in call if not a.startswith("-") and a not in ("/r",)) for call in self.calls()]
+
+    def checkpoint(self, *extra: str) -> int:
+        args = parse_runtime_args(["--root", "/r", "checkpoint", "--image-path", str(self.images), *extra, "ctr"])
+        return checkpoint.run(args, str(self.runtime))
+
+    def all_running(self) -> bool:
+        return all(self.driver.states[pid] == ProcessState.RUNNING for pid in self.pids)
+
+    def stop(self) -> None:
+        for sleep in self.sleeps:
+            sleep.kill()
+            sleep.wait()
+
+
+@pytest.fixture
+def make_node(tmp_path, monkeypatch, node):
+    made = []
+
+    def make(processes: int = 2, gpu: bool = True) -> Node:
+        made.append(Node(tmp_path, processes, monkeypatch, gpu))
+        return made[-1]
+    yield make
+    for each in made:
+        each.stop()
+
+
+class BarrierDriver(FakeDriver):
+    """Each checkpoint waits until every process's checkpoint has started: passes only if run in parallel."""
+
+    def __init__(self, pids, **kwargs) -> None:
+        super().__init__(pids, **kwargs)
+        self.barrier = threading.Barrier(len(list(pids)), timeout=5)
+
+    def checkpoint(self, pid: int) -> None:
+        self.barrier.wait()
+        super().checkpoint(pid)
+
+
+def test_happy_path_checkpoints_all_in_parallel_then_dumps(make_node, monkeypatch) -> None:
+    node = make_node(4)
+    node.driver = BarrierDriver(node.pids)
+    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
+    assert node.checkpoint() == 0
+    assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
+    assert "checkpoint" in node.verbs_called()
+    manifest = read_manifest(str(node.images))
+    assert sorted(p.host_pid for p in manifest.processes) == sorted(node.pids)
+    assert manifest.gpu_handler == "gpuckpt" and manifest.gpus[0].uuid == UUID0
+    assert manifest.timings.downtime_s is None and not manifest.leave_running
+    assert oct((node.images / "gpuckpt-manifest.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_leave_running_restores_unlocks_and_reports_downtime(make_node) -> None:
+    node = make_node(3)
+    assert node.checkpoint("--leave-running") == 0
+    assert node.all_running()
+    assert node.driver.initialized  # cuInit before restore
+    manifest = read_manifest(str(node.images))
+    assert manifest.leave_running and manifest.timings.downtime_s is not None
+
+
+def test_lock_timeout_unlocks_the_others_and_never_dumps(make_node) -> None:
+    node = make_node(3)
+    node.driver.fail_on[("lock", node.pids[1])] = "CUDA_ERROR_TIMEOUT"
+    with pytest.raises(DelegateError) as raised:
+        node.checkpoint()
+    assert "keeps running" in str(raised.value) and "CUDA_ERROR_TIMEOUT" in str(raised.value)
+    assert node.all_running()
+    assert "checkpoint" not in node.verbs_called()
+
+
+def test_failure_of_the_nth_process_rolls_back_every_one(make_node) -> None:
+    node = make_node(4)
+    node.driver.fail_on[("checkpoint", node.pids[2])] = "CUDA_ERROR_OUT_OF_MEMORY"
+    with pytest.raises(DelegateError, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        node.checkpoint()
+    assert node.all_running()
+    assert "checkpoint" not in node.verbs_called()
+
+
+def test_delegate_failure_restores_and_passes_its_status(make_node) -> None:
+    node = make_node(2)
+    node.set_runtime(checkpoint_status=7)
+    with pytest.raises(DelegateError) as raised:
+        node.checkpoint()
+    assert raised.value.exit_status == 7
+    assert node.all_running()
+    assert not (node.images / "gpuckpt-manifest.json").exists()
+
+
+class SigtermDriver(FakeDriver):
+    """Sends the shim SIGTERM as soon as the device checkpoint has started."""
+
+    def checkpoint(self, pid: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        super().checkpoint(pid)
+
+
+def test_sigterm_midway_rolls_back(make_node, monkeypatch) -> None:
+    node = make_node(2)
+    node.driver = SigtermDriver(node.pids, delay_s={"checkpoint": 0.3})
+    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
+    with pytest.raises(DelegateError, match="interrupted"):
+        node.checkpoint()
+    assert node.all_running()
+    assert "checkpoint" not in node.verbs_called()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers put back
+
+
+class FakeFreezer:
+    """A frozen cgroup whose thawing lets the fake driver lock its processes."""
+
+    def __init__(self, driver: FakeDriver, pids: list[int], events: list[str]) -> None:
+        self.driver, self.pids, self.events, self.frozen = driver, pids, events, True
+        driver.frozen_pids.update(pids)
+
+    def is_frozen(self) -> bool:
+        return self.frozen
+
+    def set_frozen(self, frozen: bool) -> None:
+        self.frozen = frozen
+        self.events.append("freeze" if frozen else "thaw")
+        for pid in self.pids:
+            if frozen:
+                self.driver.frozen_pids.add(pid)
+            else:
+                self.driver.thaw(pid)
+
+
+def test_frozen_container_is_thawed_for_the_gpu_steps_and_refrozen_before_the_dump(make_node, monkeypatch) -> None:
+    node = make_node(2)
+    events: list[str] = []
+    fake_freezer = FakeFreezer(node.driver, node.pids, events)
+    monkeypatch.setattr(freezer.Freezer, "of_process", classmethod(lambda cls, pid: fake_freezer))
+    original_run = checkpoint.DelegateRun.wait
+    monkeypatch.setattr(checkpoint.DelegateRun, "wait",
+                        lambda self: (events.append(f"dump(frozen={fake_freezer.frozen})"), original_run(self))[1])
+    assert node.checkpoint() == 0
+    assert events == ["thaw", "freeze", "dump(frozen=True)"]
+    assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
+
+
+def test_frozen_container_without_thaw_would_time_out(make_node) -> None:
+    """The reason for the thaw: a frozen process cannot be locked (the fake blocks like the driver)."""
+    node = make_node(1)
+    node.driver.frozen_pids.add(node.pids[0])
+    with pytest.raises(Exception, match="CUDA_ERROR_TIMEOUT"):
+        node.driver.lock(node.pids[0], timeout_ms=50)
+
+
+def test_unrestorable_process_is_refused_before_any_lock(make_node, monkeypatch) -> None:
+    node = make_node(2)
+    monkeypatch.setattr(discovery, "unrestorable_reason",
+                        lambda pid: "runs NCCL without NCCL_P2P_DISABLE=1" if pid == node.pids[1] else None)
+    with pytest.raises(GpuCheckpointError, match="refused: runs NCCL"):
+        node.checkpoint()
+    assert node.driver.calls_of("lock") == [] and node.all_running()
+    assert node.calls()[-1][2:3] != ["checkpoint"] and "checkpoint" not in node.verbs_called()
+
+
+def test_annotation_allows_an_unrestorable_process(make_node, monkeypatch) -> None:
+    node = make_node(1)
+    spec = json.loads((node.bundle / "config.json").read_text())
+    spec["annotations"] = {"io.gpuckpt.allow-unrestorable": "true"}
+    (node.bundle / "config.json").write_text(json.dumps(spec))
+    monkeypatch.setattr(discovery, "unrestorable_reason", lambda pid: "runs NCCL without NCCL_P2P_DISABLE=1")
+    assert node.checkpoint() == 0
+
+
+def test_already_suspended_processes_are_left_alone(make_node) -> None:
+    node = make_node(2)
+    node.driver.states[node.pids[0]] = ProcessState.CHECKPOINTED
+    with pytest.raises(DelegateError, match="checkpointed, not running"):
+        node.checkpoint()
+    assert node.driver.states[node.pids[0]] == ProcessState.CHECKPOINTED  # not ours to resume
+    assert node.driver.states[node.pids[1]] == ProcessState.RUNNING
+
+
+def test_container_without_gpu_takes_the_plain_path(make_node, monkeypatch) -> None:
+    node = make_node(1, gpu=False)
+
+    def no_driver():
+        raise AssertionError("the driver must not be loaded for a container without GPU")
+    monkeypatch.setattr(driver_module, "load_driver", no_driver)
+    assert node.checkpoint() == 0
+    assert "checkpoint" in node.verbs_called()
+    assert not (node.images / "gpuckpt-manifest.json").exists()
+
+
+# -- restore --------------------------------------------------------------------------
+
+
+def checkpointed_node(make_node, monkeypatch, processes: int = 2) -> Node:
+    node = make_node(processes)
+    assert node.checkpoint() == 0
+    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids: [
+        GpuInfo(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=0)])
+    from gpuckpt.cuda import devices
+    monkeypatch.setattr(devices, "driver_version_string", lambda: "580.159.04")
+    node.driver.initialized = False  # a new shim process: cuInit not called yet
+    return node
+
+
+def restore_args(node: Node):
+    return parse_runtime_args(["--root", "/r", "restore", "-d", "--bundle", str(node.bundle),
+                               "--image-path", str(node.images), "ctr"])
+
+
+def test_restore_brings_every_process_back_and_unlocks(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 3)
+    assert restore.run(restore_args(node), str(node.runtime)) == 0
+    assert node.all_running()
+    assert node.driver.restored_pairs == {pid: [] for pid in node.pids}  # same GPU: no remap
+
+
+def test_restore_onto_another_gpu_remaps_every_uuid(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 1)
+    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids: [
+        GpuInfo(index=1, uuid=UUID1, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=1)])
+    assert restore.run(restore_args(node), str(node.runtime)) == 0
+    pairs = node.driver.restored_pairs[node.pids[0]]
+    assert [(p.old_uuid, p.new_uuid) for p in pairs] == [(UUID0, UUID1)]
+    assert node.driver.visible_gpus[node.pids[0]] == [UUID1]
+
+
+def test_restore_refused_on_another_chip_touches_nothing(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 1)
+    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids: [
+        GpuInfo(index=0, uuid=UUID1, name="NVIDIA A100-SXM4-80GB", memory_total_bytes=80 << 30,
+                memory_free_bytes=79 << 30, minor=0)])
+    before = len(node.calls())
+    with pytest.raises(GpuCheckpointError, match="is a NVIDIA A100-SXM4-80GB, the checkpoint's GPU 0 was a NVIDIA H100"):
+        restore.run(restore_args(node), str(node.runtime))
+    assert len(node.calls()) == before  # the delegate was never called
+    assert node.driver.states[node.pids[0]] == ProcessState.CHECKPOINTED
+
+
+def test_failed_gpu_restore_kills_the_half_restored_container(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 2)
+    node.driver.fail_on[("restore", node.pids[1])] = "CUDA_ERROR_OUT_OF_MEMORY"
+    with pytest.raises(GpuCheckpointError, match="the container was stopped"):
+        restore.run(restore_args(node), str(node.runtime))
+    assert node.verbs_called()[-2:] == ["kill", "delete"]
