@@ -15,7 +15,6 @@ import platform
 import shutil
 import statistics
 import subprocess
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -55,8 +54,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as bundle:
         rootfs = Path(bundle) / "rootfs"
         rootfs.mkdir()
-        with tarfile.open(ROOTFS_TAR) as archive:
-            archive.extractall(rootfs, filter="fully_trusted")
+        subprocess.run(["tar", "-C", str(rootfs), "-xf", ROOTFS_TAR], check=True)
         subprocess.run([delegate, "spec"], cwd=bundle, check=True)
         spec = json.loads((Path(bundle) / "config.json").read_text())
         spec["process"].update(terminal=False, args=["sleep", "3600"])

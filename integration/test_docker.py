@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from conftest import COUNTER_SOURCE, DOCKER, DOCKER_IMAGE, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, DOCKER, DOCKER_IMAGE, assert_continues, sh, wait_counter
 
 _names = itertools.count()
 

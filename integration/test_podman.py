@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import COUNTER_SOURCE, TCP_HOLDER_SOURCE, PODMAN_IMAGE, RUNTIME, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, TCP_HOLDER_SOURCE, PODMAN_IMAGE, RUNTIME, assert_continues, sh, wait_counter
 
 _names = itertools.count()
 

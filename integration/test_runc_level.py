@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
-from conftest import COUNTER_SOURCE, ROOTFS_TAR, RUNTIME, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, ROOTFS_TAR, RUNTIME, assert_continues, sh, wait_counter
 
 RUNTIME_ROOT = "/run/gpuckpt-it"
 
@@ -19,8 +18,7 @@ RUNTIME_ROOT = "/run/gpuckpt-it"
 def rootfs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("rootfs") / "rootfs"
     root.mkdir()
-    with tarfile.open(ROOTFS_TAR) as archive:
-        archive.extractall(root, filter="fully_trusted")  # our own debootstrap output (device nodes)
+    sh("tar", "-C", str(root), "-xf", ROOTFS_TAR)
     return root
 
 
@@ -35,7 +33,7 @@ def bundle(rootfs, tmp_path, delegate):
     spec["root"] = {"path": str(rootfs), "readonly": False}
     (bundle / "config.json").write_text(json.dumps(spec))
     container_id = f"gpuckpt-it-{os.getpid()}-{delegate}"
-    yield bundle, container_id
+    yield bundle, rootfs, container_id
     sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
 
 
@@ -44,17 +42,19 @@ def runtime(*argv: str, **kwargs) -> subprocess.CompletedProcess:
 
 
 def detached(*argv: str, cwd: Path) -> None:
-    """Start a detached container with stdio on /dev/null (CRIU cannot dump host files as stdio)."""
+    """Start a detached container. Its stdio is /dev/null (CRIU cannot dump host files or our
+    pipes as a container's stdio), so the runtime's errors come through its --log file."""
+    log = cwd / "runtime.log"
     with open(os.devnull, "r+b") as null:
-        result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, *argv], stdin=null, stdout=null,
-                                stderr=subprocess.PIPE, cwd=cwd, timeout=120)
-    assert result.returncode == 0, result.stderr.decode()
+        result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, "--log", str(log), *argv], stdin=null,
+                                stdout=null, stderr=null, cwd=cwd, timeout=120)
+    assert result.returncode == 0, log.read_text() if log.exists() else f"exit {result.returncode}"
 
 
 def test_bundle_checkpoint_restore(bundle, tmp_path) -> None:
-    bundle_dir, container_id = bundle
+    bundle_dir, rootfs, container_id = bundle
     detached("run", "-d", "--pid-file", str(tmp_path / "pid"), container_id, cwd=bundle_dir)
-    read_state = lambda: (bundle_dir / "rootfs" / "tmp" / "state").read_text()  # noqa: E731
+    read_state = lambda: (rootfs / "tmp" / "state").read_text()  # noqa: E731
     before = wait_counter(read_state, minimum=3)
     images = tmp_path / "images"
     runtime("checkpoint", "--image-path", str(images), container_id)

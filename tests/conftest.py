@@ -28,10 +28,3 @@ def recording_runtime(tmp_path: Path) -> Path:
     script.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/argv"\nexit "${REC_STATUS:-0}"\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
-
-
-def write_config(node: Path, text: str) -> Path:
-    path = node / "config.toml"
-    path.write_text(text)
-    os.chmod(path, 0o644)
-    return path

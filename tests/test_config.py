@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import write_config
+from support import write_config
 from gpuckpt.errors import ConfigError
 from gpuckpt.oci.config import Config, load_config
 

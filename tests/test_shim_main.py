@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_config
+from support import write_config
 
 SHIM = [sys.executable, "-m", "gpuckpt.shim.main"]
 

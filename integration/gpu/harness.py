@@ -121,13 +121,17 @@ class Bundle:
         (self.dir / "config.json").write_text(json.dumps(spec, indent=1))
 
     def runtime(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        """Call the shim for this bundle. stdio is /dev/null: a detached container inherits it, and
+        CRIU cannot dump our pipes; the runtime's own messages come back through its --log file."""
+        log = self.dir / "runtime.log"
+        log.write_text("")
         with open(os.devnull, "r+b") as null:
-            result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, *argv], stdin=null, stdout=null,
-                                    stderr=subprocess.PIPE, cwd=self.dir, timeout=timeout)
+            result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, "--log", str(log), *argv], stdin=null,
+                                    stdout=null, stderr=null, cwd=self.dir, timeout=timeout)
+        messages = log.read_text()
         if check and result.returncode != 0:
-            raise RuntimeError(f"gpuckpt-runtime {' '.join(argv[:3])} exited {result.returncode}: "
-                               f"{result.stderr.decode(errors='replace').strip()[-3000:]}")
-        return subprocess.CompletedProcess(result.args, result.returncode, "", result.stderr.decode(errors="replace"))
+            raise RuntimeError(f"gpuckpt-runtime {' '.join(argv[:3])} exited {result.returncode}: {messages[-3000:]}")
+        return subprocess.CompletedProcess(result.args, result.returncode, "", messages)
 
     def start(self) -> None:
         self.runtime("run", "-d", "--pid-file", str(self.dir / "pid"), self.name)

@@ -1,0 +1,73 @@
+"""The integration tests' helpers: constants of the test bed, running commands, the counter workload's state."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+COUNTER_SOURCE = (HERE / "workloads" / "counter.py").read_text()
+# Prepended to the counter: an established TCP connection on the container's own
+# loopback, which CRIU refuses to dump without --tcp-established.
+TCP_HOLDER_SOURCE = (
+    "import socket\n"
+    "server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen()\n"
+    "client = socket.create_connection(server.getsockname()); peer, _ = server.accept()\n"
+)
+PODMAN_IMAGE = "localhost/gpuckpt-test:latest"
+DOCKER_IMAGE = "gpuckpt-test:latest"
+DOCKER = "/usr/bin/docker"  # Debian's client; /usr/local/bin may hold an unrelated one
+ROOTFS_TAR = "/var/cache/gpuckpt-testbed/rootfs-python.tar"
+CONFIG = Path("/etc/gpuckpt/config.toml")
+RUNTIME = shutil.which("gpuckpt-runtime") or "/usr/local/bin/gpuckpt-runtime"
+
+
+def sh(*argv: str, check: bool = True, timeout: float = 180, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kwargs)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+class Counter:
+    """The counter workload's state as read from a container: token, count, checksum."""
+
+    def __init__(self, line: str) -> None:
+        self.token, count, self.digest = line.split()
+        self.count = int(count)
+
+    def __repr__(self) -> str:
+        return f"Counter({self.token}, {self.count}, {self.digest[:8]})"
+
+
+def wait_counter(read_state, minimum: int = 1, timeout_s: float = 30) -> Counter:
+    """Poll the workload's state until its counter reaches `minimum`."""
+    deadline = time.monotonic() + timeout_s
+    last_error = ""
+    while time.monotonic() < deadline:
+        try:
+            line = read_state()
+            if line.strip():
+                state = Counter(line)
+                assert state.digest != "CORRUPT", "workload found its buffer corrupted"
+                if state.count >= minimum:
+                    return state
+        except (AssertionError, ValueError, OSError) as error:
+            if "CORRUPT" in str(error):
+                raise
+            last_error = str(error)
+        time.sleep(0.2)
+    raise AssertionError(f"counter did not reach {minimum} within {timeout_s} s: {last_error}")
+
+
+def assert_continues(before: Counter, read_state) -> Counter:
+    """The restored workload is the checkpointed one, going on: same token, same buffer, counter advancing."""
+    after = wait_counter(read_state, minimum=before.count + 3)
+    assert after.token == before.token, f"workload restarted instead of restored: {before} -> {after}"
+    assert after.digest == before.digest
+    return after
+
+
