@@ -28,6 +28,25 @@ def container_pid(host_pid: int) -> int:
     return host_pid
 
 
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc's children lists (independent of cgroups)."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as children:
+                    pending.extend(int(child) for child in children.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
 def find_cuda_pids(pids: list[int]) -> list[int]:
     """The CUDA processes among `pids`: the /proc scan, plus NVML's compute processes."""
     from gpuckpt.cuda.devices import compute_pids, pids_holding_nvidia_devices

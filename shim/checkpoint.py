@@ -73,8 +73,11 @@ class GpuCheckpoint:
         if self.verb.has("pre-dump"):
             raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty tracking")
         started = time.monotonic()
-        pids = container_pids(self.delegate, self.args.global_argv, self.container_id)
-        cuda_pids = find_cuda_pids(pids)
+        from gpuckpt.cuda.discovery import descendants
+
+        pids = set(container_pids(self.delegate, self.args.global_argv, self.container_id))
+        pids.update(descendants(int(self.state["pid"])))
+        cuda_pids = find_cuda_pids(sorted(pids))
         self._refuse_unrestorable(cuda_pids)
         plugin = criu_cuda_plugin()
         if plugin:

@@ -95,15 +95,20 @@ class GpuRestore:
         return False
 
     def _restore_gpu(self, driver, pairs) -> None:
-        from gpuckpt.cuda.discovery import container_pid
+        from gpuckpt.cuda.discovery import container_pid, descendants
         from gpuckpt.cuda.driver import ProcessState
         from gpuckpt.cuda.engine import CudaSession
 
         wanted = {record.container_pid for record in self.manifest.processes}
-        host_pids = container_pids(self.delegate, self.args.global_argv, self.container_id)
-        found = [pid for pid in host_pids if container_pid(pid) in wanted]
+        state = container_state(self.delegate, self.args.global_argv, self.container_id)
+        # The delegate lists the cgroup's processes; the process tree finds those CRIU put elsewhere.
+        host_pids = set(container_pids(self.delegate, self.args.global_argv, self.container_id))
+        host_pids.update(descendants(int(state["pid"])))
+        found = sorted(pid for pid in host_pids if container_pid(pid) in wanted)
         if len(found) != len(wanted):
-            raise GpuCheckpointError(f"found {len(found)} of the {len(wanted)} checkpointed CUDA processes")
+            seen = sorted(container_pid(pid) for pid in host_pids)
+            raise GpuCheckpointError(f"found {len(found)} of the {len(wanted)} checkpointed CUDA processes "
+                                     f"(container PIDs wanted {sorted(wanted)}, present {seen})")
         for pid in found:
             state = driver.state(pid)
             if state != ProcessState.CHECKPOINTED:

@@ -117,7 +117,6 @@ class Bundle:
         linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
         linux["devices"] = nvidia_devices(gpu_minors)
         linux.setdefault("resources", {})["devices"] = [{"allow": True, "access": "rwm"}]
-        spec["process"]["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": 65536, "soft": 65536}]
         (self.dir / "config.json").write_text(json.dumps(spec, indent=1))
 
     def runtime(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
