@@ -53,6 +53,7 @@ def detached(*argv: str, cwd: Path) -> None:
 
 def test_bundle_checkpoint_restore(bundle, tmp_path) -> None:
     bundle_dir, rootfs, container_id = bundle
+    (rootfs / "tmp" / "state").unlink(missing_ok=True)  # the rootfs is shared by the runc and crun runs
     detached("run", "-d", "--pid-file", str(tmp_path / "pid"), container_id, cwd=bundle_dir)
     read_state = lambda: (rootfs / "tmp" / "state").read_text()  # noqa: E731
     before = wait_counter(read_state, minimum=3)

@@ -52,6 +52,7 @@ class GpuCheckpoint:
         self.container_id = verb.container_id
         self.config = load_config()
         self.leave_running = verb.has("leave-running")
+        self.pid_in_container: dict[int, int] = {}
 
     def _refuse_unrestorable(self, cuda_pids: list[int]) -> None:
         from gpuckpt.cuda.discovery import unrestorable_reason
@@ -100,12 +101,14 @@ class GpuCheckpoint:
         return status
 
     def _checkpoint_gpu(self, cuda_pids: list[int], freezer, started: float) -> int:
+        from gpuckpt.cuda.discovery import container_pid
         from gpuckpt.cuda.driver import load_driver
         from gpuckpt.cuda.engine import CudaSession
         from gpuckpt.cuda.inventory import describe_container_gpus
         from gpuckpt.shim.freezer import thawed
 
         inventory = describe_container_gpus(self.spec, cuda_pids)
+        self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
         session = CudaSession(load_driver(), cuda_pids)
         lock_timeout_ms = self.config.cuda.lock_timeout_ms
         dump_s = 0.0
@@ -156,7 +159,6 @@ class GpuCheckpoint:
 
     def _write_manifest(self, inventory, cuda_pids: list[int], started: float, *, dump_s: float,
                         downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
-        from gpuckpt.cuda.discovery import container_pid
         from gpuckpt.cuda.plugin import gpu_handler
         from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
 
@@ -167,7 +169,7 @@ class GpuCheckpoint:
             driver_version=inventory.driver_version,
             cuda_driver_version=inventory.cuda_driver_version,
             gpus=inventory.gpus,
-            processes=[CudaProcessRecord(host_pid=pid, container_pid=container_pid(pid),
+            processes=[CudaProcessRecord(host_pid=pid, container_pid=self.pid_in_container[pid],
                                          checkpointed_bytes=inventory.memory_bytes.get(pid, 0),
                                          gpu_uuids=inventory.process_gpus.get(pid, []))
                        for pid in cuda_pids],
