@@ -27,6 +27,9 @@ class CudaConfig(_Section):
     driver_version_policy: Literal["equal", "same-major"] = "same-major"
     # Allow checkpointing processes the driver is known not to restore (NCCL with P2P/cuMem).
     allow_unrestorable: bool = False
+    # "always": transparent hugepages node-wide while GPU state moves (faster, see README);
+    # "leave": never touch the node's setting.
+    host_hugepages: Literal["leave", "always"] = "leave"
 
 
 class Config(_Section):

@@ -104,13 +104,20 @@ class GpuCheckpoint:
         from gpuckpt.cuda.discovery import container_pid
         from gpuckpt.cuda.driver import load_driver
         from gpuckpt.cuda.engine import CudaSession
+        from gpuckpt.cuda.hugepages import hugepages_always
         from gpuckpt.cuda.inventory import describe_container_gpus
-        from gpuckpt.shim.freezer import thawed
 
         inventory = describe_container_gpus(self.spec, cuda_pids)
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
         session = CudaSession(load_driver(), cuda_pids)
         lock_timeout_ms = self.config.cuda.lock_timeout_ms
+        with hugepages_always(self.config.cuda.host_hugepages == "always"):
+            return self._lock_checkpoint_dump(session, freezer, lock_timeout_ms, inventory, cuda_pids, started)
+
+    def _lock_checkpoint_dump(self, session, freezer, lock_timeout_ms: int, inventory, cuda_pids: list[int],
+                              started: float) -> int:
+        from gpuckpt.shim.freezer import thawed
+
         dump_s = 0.0
         first_lock = time.monotonic()
         try:

@@ -41,6 +41,7 @@ class GpuRestore:
         self.container_id = verb.container_id
         self.config = load_config()
         self.detach = verb.has("detach") or verb.has("d")
+        self.phases: dict[str, float] = {}
 
     def _target_gpus(self):
         from gpuckpt.cuda.compat import check_node
@@ -54,13 +55,27 @@ class GpuRestore:
         return target
 
     def run(self) -> int:
+        from gpuckpt.cuda.hugepages import hugepages_always
+
+        with hugepages_always(self.config.cuda.host_hugepages == "always"):
+            return self._run()
+
+    def _run(self) -> int:
+        import threading
+
         from gpuckpt.cuda.compat import gpu_pairs
         from gpuckpt.cuda.driver import load_driver
 
-        target = self._target_gpus()
-        driver = load_driver()
-        driver.init()  # the controlling process must have initialised CUDA before a restore
         started = time.monotonic()
+        driver = load_driver()
+        # The controlling process must have initialised CUDA before a restore; cuInit takes
+        # a while, so it runs beside the node check and the delegate's restore.
+        init_errors: list[BaseException] = []
+        initialising = threading.Thread(target=lambda: _collect(driver.init, init_errors), daemon=True)
+        initialising.start()
+        target = self._target_gpus()
+        self.phases["check_s"] = time.monotonic() - started
+        mark = time.monotonic()
         delegate_run = DelegateRun(self.delegate, self.args.argv)
         if self.detach:
             if delegate_run.wait() != 0:
@@ -69,15 +84,20 @@ class GpuRestore:
             delegate_run.start()
             if not self._wait_running(delegate_run):
                 return delegate_run.finish()
+        self.phases["delegate_restore_s"] = time.monotonic() - mark
         try:
+            initialising.join()
+            if init_errors:
+                raise init_errors[0]
             self._restore_gpu(driver, gpu_pairs(self.manifest, target))
         except GpuckptError as error:
             kill_container(self.delegate, self.args.global_argv, self.container_id)
             if not self.detach:
                 delegate_run.finish()
             raise GpuCheckpointError(f"restore of {self.container_id} failed: {error}; the container was stopped") from None
-        log(self.args, "info", f"{self.container_id}: restored {len(self.manifest.processes)} CUDA process(es) "
-            f"in {time.monotonic() - started:.3f} s")
+        self.phases["total_s"] = time.monotonic() - started
+        phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in self.phases.items())
+        log(self.args, "info", f"{self.container_id}: restored {len(self.manifest.processes)} CUDA process(es): {phases}")
         return 0 if self.detach else delegate_run.finish()
 
     def _wait_running(self, delegate_run: DelegateRun) -> bool:
@@ -117,3 +137,11 @@ class GpuRestore:
         with uninterruptible():  # a half-done restore is killed below, never left locked
             session.restore(pairs)
             session.unlock()
+        self.phases.update(session.timings)
+
+
+def _collect(action, errors: list[BaseException]) -> None:
+    try:
+        action()
+    except BaseException as error:  # handed to the main thread, which reports it
+        errors.append(error)

@@ -106,8 +106,10 @@ def shim_sequence(gib: str, procs: int, images: Path) -> dict:
         checkpoint_s, _ = bundle.checkpoint(images)
         timings = manifest(images)["timings"]
         restore_s = bundle.restore(images)
+        restore_phases = [line for line in bundle.last_messages.splitlines() if "restored" in line]
         assert_continues(bundle, before)
-        return {"checkpoint_total_s": checkpoint_s, "restore_total_s": restore_s, **timings}
+        return {"checkpoint_total_s": checkpoint_s, "restore_total_s": restore_s, **timings,
+                "restore_phases": restore_phases[-1][-300:] if restore_phases else ""}
     finally:
         bundle.destroy()
         shutil.rmtree(images, ignore_errors=True)
@@ -151,13 +153,18 @@ def main() -> int:
                   four_over_one_total=round(four["checkpoint_total_s"] / one["checkpoint_total_s"], 2))
     save()
     log(f"one: {one}; four: {four}")
-    previous = THP.read_text().split("[")[1].split("]")[0]
+    config = Path("/etc/gpuckpt/config.toml")
+    plain_config = config.read_text()
+    before_mode = THP.read_text().strip()
     try:
-        THP.write_text("always")
-        log(f"--- shim, {gib} GiB, THP always (was {previous})")
+        config.write_text(plain_config + '[cuda]\nhost_hugepages = "always"\n')
+        log(f"--- shim, {gib} GiB, cuda.host_hugepages = always (node: {before_mode})")
         result["shim_thp_always"] = rounded(shim_sequence(gib, 1, images))
     finally:
-        THP.write_text(previous)
+        config.write_text(plain_config)
+    result["thp_setting_restored"] = THP.read_text().strip() == before_mode
+    result["shim_thp_checkpoint_s"] = result["shim_thp_always"]["checkpoint_total_s"]
+    result["shim_thp_restore_s"] = result["shim_thp_always"]["restore_total_s"]
     save()
     log(f"shim THP always: {result['shim_thp_always']}")
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, dict)}, indent=1))

@@ -85,6 +85,7 @@ class Bundle:
     def __init__(self, name: str, args: list[str], env: dict[str, str], gpu_minors: list[int] = [0]) -> None:
         self.name = f"gpu-{name}-{os.getpid()}"
         self.dir = WORK / self.name
+        self.last_messages = ""
         self.rootfs = self.dir / "rootfs"
         if self.dir.exists():
             shutil.rmtree(self.dir)
@@ -142,8 +143,8 @@ class Bundle:
 
     def restore(self, image_dir: Path) -> float:
         started = time.monotonic()
-        self.runtime("restore", "-d", "--bundle", str(self.dir), "--image-path", str(image_dir),
-                     "--pid-file", str(self.dir / "restored.pid"), self.name)
+        self.last_messages = self.runtime("restore", "-d", "--bundle", str(self.dir), "--image-path", str(image_dir),
+                     "--pid-file", str(self.dir / "restored.pid"), self.name).stderr
         return time.monotonic() - started
 
     def state(self) -> dict:
