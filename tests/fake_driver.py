@@ -35,6 +35,8 @@ class FakeDriver(CudaDriver):
              (("lock", pid): "CUDA_ERROR_TIMEOUT" raises LockTimeout).
     delay_s: seconds each lock/checkpoint/restore/unlock takes, or {method: seconds}.
     frozen_pids: a lock on these waits until `thaw(pid)` or its timeout, then LockTimeout.
+             (The real driver, r580 on an H100, ignored a 1.5 s timeout on a SIGSTOPped
+             process and locked it once continued: only a thaw ends that wait.)
     visible_gpus: {pid: [GPU UUIDs]}; a restore with pairs must name every one.
     """
 
@@ -95,7 +97,8 @@ class FakeDriver(CudaDriver):
     def _state_of(self, method: str, pid: int) -> ProcessState:
         """The caller holds self._lock."""
         if pid not in self.states:
-            raise call_error(method, pid, "CUDA_ERROR_INVALID_VALUE")  # not a CUDA process
+            # r580 says this for a pid that does not exist (a live non-CUDA one: NOT_INITIALIZED)
+            raise call_error(method, pid, "CUDA_ERROR_OPERATING_SYSTEM")
         return self.states[pid]
 
     def _transition(self, method: str, pid: int) -> None:

@@ -312,7 +312,7 @@ def test_fake_driver_refuses_wrong_transitions(state, method):
 
 
 def test_fake_driver_unknown_pid():
-    with pytest.raises(DriverError, match=r"cuCheckpointProcessGetState\(pid 99\) failed: CUDA_ERROR_INVALID_VALUE"):
+    with pytest.raises(DriverError, match=r"cuCheckpointProcessGetState\(pid 99\) failed: CUDA_ERROR_OPERATING_SYSTEM"):
         FakeDriver([10]).state(99)
 
 
