@@ -82,7 +82,8 @@ def nvidia_devices(gpu_minors: list[int]) -> list[dict]:
 class Bundle:
     """An OCI bundle whose rootfs borrows the host's userland (torch, the driver) read-only."""
 
-    def __init__(self, name: str, args: list[str], env: dict[str, str], gpu_minors: list[int] = [0]) -> None:
+    def __init__(self, name: str, args: list[str], env: dict[str, str], gpu_minors: list[int] = [0],
+                 own_network: bool = False) -> None:
         self.name = f"gpu-{name}-{os.getpid()}"
         self.dir = WORK / self.name
         self.last_messages = ""
@@ -114,8 +115,10 @@ class Bundle:
             {"destination": "/work", "type": "bind", "source": str(GPU_DIR), "options": ["bind", "ro"]},
         ]
         linux = spec["linux"]
-        # Host network: no network namespace, so CRIU needs no network lock (no iptables here).
-        linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
+        # Host network unless asked: no network namespace, so CRIU needs no network lock (no
+        # iptables here). With its own, loopback TCP inside it is dumped with --tcp-established.
+        if not own_network:
+            linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
         linux["devices"] = nvidia_devices(gpu_minors)
         linux.setdefault("resources", {})["devices"] = [{"allow": True, "access": "rwm"}]
         (self.dir / "config.json").write_text(json.dumps(spec, indent=1))
@@ -141,9 +144,9 @@ class Bundle:
         result = self.runtime("checkpoint", "--image-path", str(image_dir), *extra, self.name, check=check)
         return time.monotonic() - started, result
 
-    def restore(self, image_dir: Path) -> float:
+    def restore(self, image_dir: Path, *extra: str) -> float:
         started = time.monotonic()
-        self.last_messages = self.runtime("restore", "-d", "--bundle", str(self.dir), "--image-path", str(image_dir),
+        self.last_messages = self.runtime("restore", "-d", *extra, "--bundle", str(self.dir), "--image-path", str(image_dir),
                      "--pid-file", str(self.dir / "restored.pid"), self.name).stderr
         return time.monotonic() - started
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import (TORCH_PYTHON, Bundle, assert_continues, image_bytes, install, log, manifest,  # noqa: E402
-                     sh, wait_counters)
+                     nvidia_devices, sh, wait_counters)
 
 COUNTER = ["python3", "/work/gpu_counter.py"]
 
@@ -138,6 +138,81 @@ def scenario_training_bit_exact(results: dict) -> None:
     finally:
         bundle.destroy()
         shutil.rmtree(images, ignore_errors=True)
+
+
+def gpu_count() -> int:
+    return len(sh("nvidia-smi", "-L").stdout.strip().splitlines())
+
+
+def scenario_restore_on_other_gpu(results: dict) -> None:
+    """Checkpointed on GPU 0, restored in a bundle that gives the container GPU 1: the shim remaps the UUID."""
+    if gpu_count() < 2:
+        results["restore_on_other_gpu"] = "not run: this machine has one GPU"
+        return
+    bundle = Bundle("remap", COUNTER, {"GIB": "2"}, gpu_minors=[0])
+    images = Path("/dev/shm/gpuckpt-img-remap")
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3)
+        bundle.checkpoint(images)
+        spec = json.loads((bundle.dir / "config.json").read_text())
+        spec["linux"]["devices"] = nvidia_devices([1])
+        (bundle.dir / "config.json").write_text(json.dumps(spec, indent=1))
+        restore_s = bundle.restore(images)
+        assert_continues(bundle, before)
+        on_gpu1 = sh("nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader").stdout
+        results["restore_on_other_gpu"] = {"restore_s": round(restore_s, 3), "compute_apps": on_gpu1.strip(),
+                                           "log": bundle.last_messages.strip()[-500:]}
+        log(f"restore on GPU 1: {restore_s:.2f} s; compute apps now: {on_gpu1.strip()}")
+    finally:
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+
+
+NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
+NCCL_KEEP = {key: os.environ[key] for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+                                                  "NVSHMEM_DISABLE_NVLS") if key in os.environ}
+
+
+def scenario_nccl(results: dict) -> None:
+    """A live 2-rank NCCL job: refused without the safe settings (and keeps running); checkpointed,
+    restored and still all-reducing correctly with them."""
+    if gpu_count() < 2:
+        results["nccl"] = "not run: this machine has one GPU"
+        return
+    record: dict = {}
+    unsafe = Bundle("nccl-unsafe", ["python3", "/work/nccl_job.py"], {"NCCL_NVLS_ENABLE": "0", **NCCL_KEEP},
+                    gpu_minors=[0, 1], own_network=True)
+    try:
+        unsafe.start()
+        before = wait_counters(unsafe, 2, 3, timeout_s=300)
+        _, refused = unsafe.checkpoint(Path("/dev/shm/gpuckpt-img-nccl-unsafe"), check=False)
+        assert refused.returncode != 0 and "NCCL_P2P_DISABLE=1" in refused.stderr, refused.stderr
+        assert_continues(unsafe, before)
+        record["refused_message"] = refused.stderr.strip()[-400:]
+        log(f"nccl without safe settings: refused, job goes on: {refused.stderr.strip()[-200:]}")
+    finally:
+        unsafe.destroy()
+    # The job's own network namespace holds its loopback TCP connections; there is no iptables
+    # binary here, so CRIU (through runc's config file) locks it with libnftables.
+    Path("/etc/criu").mkdir(exist_ok=True)
+    Path("/etc/criu/runc.conf").write_text("network-lock nftables\n")
+    safe = Bundle("nccl-safe", ["python3", "/work/nccl_job.py"], {"NCCL_NVLS_ENABLE": "0", **NCCL_KEEP, **NCCL_SAFE},
+                  gpu_minors=[0, 1], own_network=True)
+    images = Path("/dev/shm/gpuckpt-img-nccl")
+    try:
+        safe.start()
+        before = wait_counters(safe, 2, 3, timeout_s=300)
+        checkpoint_s, _ = safe.checkpoint(images, "--tcp-established")
+        restore_s = safe.restore(images, "--tcp-established")
+        after = assert_continues(safe, before)
+        record.update(checkpoint_s=round(checkpoint_s, 3), restore_s=round(restore_s, 3), after=after)
+        log(f"nccl with safe settings: checkpoint {checkpoint_s:.2f} s, restore {restore_s:.2f} s, {before} -> {after}")
+    finally:
+        safe.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+        Path("/etc/criu/runc.conf").unlink(missing_ok=True)
+    results["nccl"] = record
 
 
 SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")}
