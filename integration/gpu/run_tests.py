@@ -22,7 +22,7 @@ from harness import (TORCH_PYTHON, Bundle, assert_continues, image_bytes, instal
 COUNTER = ["python3", "/work/gpu_counter.py"]
 
 
-def scenario_disk_and_shm(results: dict) -> None:
+def scenario_disk_and_shm(results: dict) -> str | None:
     """Checkpoint to disk and to /dev/shm; restore; the workload verifies its GPU data and goes on."""
     for where in ("/var/tmp", "/dev/shm"):
         bundle = Bundle("basic", COUNTER, {"GIB": "2"})
@@ -45,7 +45,7 @@ def scenario_disk_and_shm(results: dict) -> None:
             bundle.destroy()
 
 
-def scenario_leave_running(results: dict) -> None:
+def scenario_leave_running(results: dict) -> str | None:
     bundle = Bundle("live", COUNTER, {"GIB": "2"})
     images = Path("/dev/shm/gpuckpt-img-live")
     try:
@@ -67,7 +67,7 @@ def scenario_leave_running(results: dict) -> None:
         shutil.rmtree(images, ignore_errors=True)
 
 
-def scenario_four_processes(results: dict) -> None:
+def scenario_four_processes(results: dict) -> str | None:
     bundle = Bundle("four", COUNTER, {"GIB": "1", "PROCS": "4"})
     images = Path("/dev/shm/gpuckpt-img-four")
     try:
@@ -86,7 +86,7 @@ def scenario_four_processes(results: dict) -> None:
         shutil.rmtree(images, ignore_errors=True)
 
 
-def scenario_failed_dump(results: dict) -> None:
+def scenario_failed_dump(results: dict) -> str | None:
     """The dump fails after the GPU was checkpointed: the shim restores and unlocks; the workload goes on."""
     bundle = Bundle("faildump", COUNTER, {"GIB": "2"})
     try:
@@ -103,7 +103,7 @@ def scenario_failed_dump(results: dict) -> None:
         bundle.destroy()
 
 
-def scenario_training_bit_exact(results: dict) -> None:
+def scenario_training_bit_exact(results: dict) -> str | None:
     """A training loop checkpointed mid-run, killed, restored and run to the end equals an uninterrupted run."""
     steps = "300"
     reference_dir = Path("/tmp/gpuckpt-train-ref")
@@ -144,11 +144,10 @@ def gpu_count() -> int:
     return len(sh("nvidia-smi", "-L").stdout.strip().splitlines())
 
 
-def scenario_restore_on_other_gpu(results: dict) -> None:
+def scenario_restore_on_other_gpu(results: dict) -> str | None:
     """Checkpointed on GPU 0, restored in a bundle that gives the container GPU 1: the shim remaps the UUID."""
     if gpu_count() < 2:
-        results["restore_on_other_gpu"] = "not run: this machine has one GPU"
-        return
+        return "this machine has one GPU"
     bundle = Bundle("remap", COUNTER, {"GIB": "2"}, gpu_minors=[0])
     images = Path("/dev/shm/gpuckpt-img-remap")
     try:
@@ -174,12 +173,11 @@ NCCL_KEEP = {key: os.environ[key] for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_ME
                                                   "NVSHMEM_DISABLE_NVLS") if key in os.environ}
 
 
-def scenario_nccl(results: dict) -> None:
+def scenario_nccl(results: dict) -> str | None:
     """A live 2-rank NCCL job: refused without the safe settings (and keeps running); checkpointed,
     restored and still all-reducing correctly with them."""
     if gpu_count() < 2:
-        results["nccl"] = "not run: this machine has one GPU"
-        return
+        return "this machine has one GPU"
     record: dict = {}
     unsafe = Bundle("nccl-unsafe", ["python3", "/work/nccl_job.py"], {"NCCL_NVLS_ENABLE": "0", **NCCL_KEEP},
                     gpu_minors=[0, 1], own_network=True)
@@ -221,18 +219,22 @@ SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items(
 def main() -> int:
     out = Path(sys.argv[1])
     chosen = sys.argv[2:] or list(SCENARIOS)
-    results: dict = {"machine": "", "facts": install(), "passed": [], "failed": {}}
+    results: dict = {"machine": "", "facts": install(), "passed": [], "failed": {}, "not_run": {}}
     results["machine"] = results["facts"]["nvidia_smi"]
     for name in chosen:
         log(f"--- {name}")
         try:
-            SCENARIOS[name](results)
-            results["passed"].append(name)
+            not_run = SCENARIOS[name](results)
+            if not_run:
+                results["not_run"][name] = not_run
+            else:
+                results["passed"].append(name)
         except Exception as error:  # record and go on: one call must bring back every result
             traceback.print_exc()
             results["failed"][name] = f"{type(error).__name__}: {error}"[-2000:]
         (out / "gpu_tests.json").write_text(json.dumps(results, indent=2))
-    log(f"passed {len(results['passed'])}, failed {len(results['failed'])}: {list(results['failed'])}")
+    log(f"passed {len(results['passed'])}, failed {len(results['failed'])}: {list(results['failed'])}, "
+        f"not run: {results['not_run']}")
     print(f"{len(results['passed'])} passed, {len(results['failed'])} failed")
     return 1 if results["failed"] else 0
 
