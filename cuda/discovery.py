@@ -70,14 +70,18 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def _uses_nccl(pid: int) -> bool:
-    """libnccl is mapped and NCCL's own threads run: a live communicator, not just the library."""
+    """A live NCCL communicator, not just the library (PyTorch maps libnccl in every CUDA process):
+    libnccl mapped, and NCCL's own threads or its /dev/shm segments present."""
     try:
         with open(f"/proc/{pid}/maps") as maps:
-            if "libnccl" not in maps.read():
-                return False
+            mapped = maps.read()
         threads = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False
+    if "libnccl" not in mapped:
+        return False
+    if "/dev/shm/nccl-" in mapped:
+        return True
     for tid in threads:
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as comm:

@@ -169,7 +169,7 @@ def scenario_restore_on_other_gpu(results: dict) -> str | None:
 
 
 NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
-NCCL_KEEP = {key: os.environ[key] for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+NCCL_KEEP = {"NCCL_SOCKET_IFNAME": "lo"} | {key: os.environ[key] for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                   "NVSHMEM_DISABLE_NVLS") if key in os.environ}
 
 
