@@ -49,11 +49,20 @@ def check_node(manifest: Manifest, target: list[GpuInfo], driver_version: str, p
         raise GpuCheckpointError(f"restore of {manifest.container_id} refused: " + "; ".join(problems))
 
 
-def gpu_pairs(manifest: Manifest, target: list[GpuInfo]) -> list[GpuPair]:
-    """Old->new UUID pairs covering every GPU the processes saw; none when nothing moved.
+def gpu_pairs(manifest: Manifest, target: list[GpuInfo], node_gpu_uuids: list[str]) -> list[GpuPair]:
+    """Old->new UUID pairs covering every GPU the processes may see; none when nothing moved.
 
-    The driver requires the pairs to cover every visible GPU, so all are listed
-    as soon as one differs (LAB: a list naming one of two GPUs failed).
+    The driver requires the pairs to cover every GPU visible to the process (LAB:
+    a list naming one of two GPUs failed), and a process sees every GPU of the node
+    at driver level even when its container has one device node (seen on 2x H200:
+    GPU 0 -> 1 alone failed with CUDA_ERROR_INVALID_VALUE). So the container's
+    mapping is completed into a permutation of the node's GPUs.
     """
     pairs = [GpuPair(old.uuid, new.uuid) for old, new in zip(manifest.gpus, target)]
-    return [] if all(pair.old_uuid == pair.new_uuid for pair in pairs) else pairs
+    if all(pair.old_uuid == pair.new_uuid for pair in pairs):
+        return []
+    old_rest = [uuid for uuid in manifest.node_gpu_uuids if uuid not in {p.old_uuid for p in pairs}]
+    new_rest = [uuid for uuid in node_gpu_uuids if uuid not in {p.new_uuid for p in pairs}]
+    if len(old_rest) == len(new_rest):
+        pairs += [GpuPair(old, new) for old, new in zip(old_rest, new_rest)]
+    return pairs

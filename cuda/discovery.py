@@ -92,9 +92,22 @@ def _uses_nccl(pid: int) -> bool:
     return False
 
 
-def unrestorable_reason(pid: int) -> str | None:
-    """Why the driver could checkpoint this process but never restore it, or None."""
-    if not _uses_nccl(pid):
+def _maps_nccl(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return "libnccl" in maps.read()
+    except OSError:
+        return False
+
+
+def unrestorable_reason(pid: int, spans_gpus: bool = False) -> str | None:
+    """Why the driver could checkpoint this process but never restore it, or None.
+
+    NCCL's threads are unnamed unless NCCL_SET_THREAD_NAME=1 and PyTorch maps libnccl
+    in every CUDA process, so a job is taken as NCCL when libnccl is mapped and either
+    NCCL's own traces are seen or the container's CUDA processes span several GPUs.
+    """
+    if not (_uses_nccl(pid) or (spans_gpus and _maps_nccl(pid))):
         return None
     environ = _environ(pid)
     missing = [f"{key}={value}" for key, value in NCCL_SAFE_ENV.items() if environ.get(key) != value]

@@ -21,6 +21,7 @@ class Inventory:
     driver_version: str
     cuda_driver_version: int
     gpus: list[GpuRecord]
+    node_gpu_uuids: list[str] = field(default_factory=list)
     memory_bytes: dict[int, int] = field(default_factory=dict)  # pid -> device bytes
     process_gpus: dict[int, list[str]] = field(default_factory=dict)  # pid -> GPU UUIDs
 
@@ -43,9 +44,9 @@ def minors_held_by(pids: list[int]) -> set[int]:
     return minors
 
 
-def container_gpus(spec, cuda_pids: list[int]) -> list[GpuInfo]:
+def container_gpus(spec, cuda_pids: list[int], gpus: list[GpuInfo] | None = None) -> list[GpuInfo]:
     """The node's GPUs that the container is given, in index order."""
-    gpus = list_gpus()
+    gpus = list_gpus() if gpus is None else gpus
     minors = set(spec.gpu_minors()) or minors_held_by(cuda_pids)
     if not minors:  # e.g. NVIDIA_VISIBLE_DEVICES=all through a hook: every GPU
         return gpus
@@ -53,13 +54,15 @@ def container_gpus(spec, cuda_pids: list[int]) -> list[GpuInfo]:
 
 
 def describe_container_gpus(spec, cuda_pids: list[int]) -> Inventory:
-    gpus = container_gpus(spec, cuda_pids)
+    node_gpus = list_gpus()
+    gpus = container_gpus(spec, cuda_pids, node_gpus)
     usage = compute_processes()
     return Inventory(
         driver_version=driver_version_string(),
         cuda_driver_version=cuda_driver_version(),
         gpus=[GpuRecord(index=gpu.index, uuid=gpu.uuid, name=gpu.name, memory_total_bytes=gpu.memory_total_bytes)
               for gpu in gpus],
+        node_gpu_uuids=[gpu.uuid for gpu in node_gpus],
         memory_bytes={pid: sum(usage.get(pid, {}).values()) for pid in cuda_pids},
         process_gpus={pid: sorted(usage.get(pid, {})) for pid in cuda_pids},
     )

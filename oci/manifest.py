@@ -55,7 +55,9 @@ class Manifest(_Record):
     container_id: str
     driver_version: str = ""
     cuda_driver_version: int = 0
-    gpus: list[GpuRecord] = []
+    gpus: list[GpuRecord] = []  # the container's GPUs, in index order
+    # Every GPU of the node: the driver may see them all, and a remap must cover each.
+    node_gpu_uuids: list[str] = []
     processes: list[CudaProcessRecord] = []
     # What handled the GPU state: this shim, or CRIU's own CUDA plugin.
     gpu_handler: Literal["gpuckpt", "criu-cuda-plugin", "none"] = "gpuckpt"

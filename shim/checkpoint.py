@@ -54,13 +54,16 @@ class GpuCheckpoint:
         self.leave_running = verb.has("leave-running")
         self.pid_in_container: dict[int, int] = {}
 
-    def _refuse_unrestorable(self, cuda_pids: list[int]) -> None:
+    def _refuse_unrestorable(self, cuda_pids: list[int], inventory) -> None:
         from gpuckpt.cuda.discovery import unrestorable_reason
+
+        # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
+        spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
 
         allowed = (self.config.cuda.allow_unrestorable
                    or self.spec.annotations.get(ALLOW_UNRESTORABLE_ANNOTATION) == "true")
         for pid in cuda_pids:
-            reason = unrestorable_reason(pid)
+            reason = unrestorable_reason(pid, spans_gpus)
             if reason and not allowed:
                 raise GpuCheckpointError(f"checkpoint of {self.container_id} refused: {reason}")
             if reason:
@@ -79,7 +82,6 @@ class GpuCheckpoint:
         pids = set(container_pids(self.delegate, self.args.global_argv, self.container_id))
         pids.update(descendants(int(self.state["pid"])))
         cuda_pids = find_cuda_pids(sorted(pids))
-        self._refuse_unrestorable(cuda_pids)
         plugin = criu_cuda_plugin()
         if plugin:
             # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
@@ -108,6 +110,7 @@ class GpuCheckpoint:
         from gpuckpt.cuda.inventory import describe_container_gpus
 
         inventory = describe_container_gpus(self.spec, cuda_pids)
+        self._refuse_unrestorable(cuda_pids, inventory)
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
         session = CudaSession(load_driver(), cuda_pids)
         lock_timeout_ms = self.config.cuda.lock_timeout_ms
@@ -176,6 +179,7 @@ class GpuCheckpoint:
             driver_version=inventory.driver_version,
             cuda_driver_version=inventory.cuda_driver_version,
             gpus=inventory.gpus,
+            node_gpu_uuids=inventory.node_gpu_uuids,
             processes=[CudaProcessRecord(host_pid=pid, container_pid=self.pid_in_container[pid],
                                          checkpointed_bytes=inventory.memory_bytes.get(pid, 0),
                                          gpu_uuids=inventory.process_gpus.get(pid, []))

@@ -42,16 +42,19 @@ class GpuRestore:
         self.config = load_config()
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
+        self.node_gpu_uuids: list[str] = []
 
     def _target_gpus(self):
         from gpuckpt.cuda.compat import check_node
-        from gpuckpt.cuda.devices import driver_version_string
+        from gpuckpt.cuda.devices import driver_version_string, list_gpus
         from gpuckpt.cuda.inventory import container_gpus
         from gpuckpt.oci.spec import read_spec
 
         spec = read_spec(os.path.abspath(self.verb.value("bundle", "b") or "."))
-        target = container_gpus(spec, [])
+        node_gpus = list_gpus()
+        target = container_gpus(spec, [], node_gpus)
         check_node(self.manifest, target, driver_version_string(), self.config.cuda.driver_version_policy)
+        self.node_gpu_uuids = [gpu.uuid for gpu in node_gpus]
         return target
 
     def run(self) -> int:
@@ -89,7 +92,7 @@ class GpuRestore:
             initialising.join()
             if init_errors:
                 raise init_errors[0]
-            self._restore_gpu(driver, gpu_pairs(self.manifest, target))
+            self._restore_gpu(driver, gpu_pairs(self.manifest, target, self.node_gpu_uuids))
         except GpuckptError as error:
             kill_container(self.delegate, self.args.global_argv, self.container_id)
             if not self.detach:

@@ -53,6 +53,7 @@ class Node:
         monkeypatch.setattr(inventory, "describe_container_gpus", lambda spec, pids: inventory.Inventory(
             driver_version="580.159.04", cuda_driver_version=13000,
             gpus=[GpuRecord(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30)],
+            node_gpu_uuids=[UUID0, UUID1],
             memory_bytes={pid: 1 << 30 for pid in pids}, process_gpus={pid: [UUID0] for pid in pids}))
         monkeypatch.setattr(freezer.Freezer, "of_process", classmethod(lambda cls, pid: None))
 
@@ -220,7 +221,7 @@ def test_frozen_container_without_thaw_would_time_out(make_node) -> None:
 def test_unrestorable_process_is_refused_before_any_lock(make_node, monkeypatch) -> None:
     node = make_node(2)
     monkeypatch.setattr(discovery, "unrestorable_reason",
-                        lambda pid: "runs NCCL without NCCL_P2P_DISABLE=1" if pid == node.pids[1] else None)
+                        lambda pid, spans_gpus=False: "runs NCCL without NCCL_P2P_DISABLE=1" if pid == node.pids[1] else None)
     with pytest.raises(GpuCheckpointError, match="refused: runs NCCL"):
         node.checkpoint()
     assert node.driver.calls_of("lock") == [] and node.all_running()
@@ -232,7 +233,7 @@ def test_annotation_allows_an_unrestorable_process(make_node, monkeypatch) -> No
     spec = json.loads((node.bundle / "config.json").read_text())
     spec["annotations"] = {"io.gpuckpt.allow-unrestorable": "true"}
     (node.bundle / "config.json").write_text(json.dumps(spec))
-    monkeypatch.setattr(discovery, "unrestorable_reason", lambda pid: "runs NCCL without NCCL_P2P_DISABLE=1")
+    monkeypatch.setattr(discovery, "unrestorable_reason", lambda pid, spans_gpus=False: "runs NCCL without NCCL_P2P_DISABLE=1")
     assert node.checkpoint() == 0
 
 
@@ -262,10 +263,13 @@ def test_container_without_gpu_takes_the_plain_path(make_node, monkeypatch) -> N
 def checkpointed_node(make_node, monkeypatch, processes: int = 2) -> Node:
     node = make_node(processes)
     assert node.checkpoint() == 0
-    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids: [
+    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids, gpus=None: [
         GpuInfo(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=0)])
     from gpuckpt.cuda import devices
     monkeypatch.setattr(devices, "driver_version_string", lambda: "580.159.04")
+    monkeypatch.setattr(devices, "list_gpus", lambda: [
+        GpuInfo(index=i, uuid=u, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=i)
+        for i, u in enumerate((UUID0, UUID1))])
     node.driver.initialized = False  # a new shim process: cuInit not called yet
     return node
 
@@ -284,17 +288,18 @@ def test_restore_brings_every_process_back_and_unlocks(make_node, monkeypatch) -
 
 def test_restore_onto_another_gpu_remaps_every_uuid(make_node, monkeypatch) -> None:
     node = checkpointed_node(make_node, monkeypatch, 1)
-    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids: [
+    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids, gpus=None: [
         GpuInfo(index=1, uuid=UUID1, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=1)])
     assert restore.run(restore_args(node), str(node.runtime)) == 0
     pairs = node.driver.restored_pairs[node.pids[0]]
-    assert [(p.old_uuid, p.new_uuid) for p in pairs] == [(UUID0, UUID1)]
+    # completed into a permutation of the node's GPUs: the driver sees them all
+    assert [(p.old_uuid, p.new_uuid) for p in pairs] == [(UUID0, UUID1), (UUID1, UUID0)]
     assert node.driver.visible_gpus[node.pids[0]] == [UUID1]
 
 
 def test_restore_refused_on_another_chip_touches_nothing(make_node, monkeypatch) -> None:
     node = checkpointed_node(make_node, monkeypatch, 1)
-    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids: [
+    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids, gpus=None: [
         GpuInfo(index=0, uuid=UUID1, name="NVIDIA A100-SXM4-80GB", memory_total_bytes=80 << 30,
                 memory_free_bytes=79 << 30, minor=0)])
     before = len(node.calls())
