@@ -106,6 +106,9 @@ class Bundle:
         base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
                     "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
         process["env"] = [f"{k}={v}" for k, v in {**base_env, **env}.items()]
+        for mount in spec["mounts"]:
+            if mount["destination"] == "/dev/shm":  # NCCL's SHM transport needs more than 64 MiB
+                mount["options"] = [o for o in mount["options"] if not o.startswith("size=")] + ["size=4g"]
         spec["mounts"] += [
             {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["bind", "ro"]},
             # its own mount: through a recursive bind of /usr, CRIU refuses to dump it (LAB)
