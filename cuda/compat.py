@@ -53,10 +53,11 @@ def gpu_pairs(manifest: Manifest, target: list[GpuInfo], node_gpu_uuids: list[st
     """Old->new UUID pairs covering every GPU the processes may see; none when nothing moved.
 
     The driver requires the pairs to cover every GPU visible to the process (LAB:
-    a list naming one of two GPUs failed), and a process sees every GPU of the node
-    at driver level even when its container has one device node (seen on 2x H200:
-    GPU 0 -> 1 alone failed with CUDA_ERROR_INVALID_VALUE). So the container's
-    mapping is completed into a permutation of the node's GPUs.
+    a list naming one of two GPUs failed; {0->1, 1->0} worked for a process that
+    saw both). The container's mapping is completed into a permutation of the
+    node's GPUs so that such a process is covered. A container given only one GPU
+    and restored onto another still fails with CUDA_ERROR_INVALID_VALUE on 2x H200
+    (integration/gpu/results/run_tests-h200x2.log); the cause is not established.
     """
     pairs = [GpuPair(old.uuid, new.uuid) for old, new in zip(manifest.gpus, target)]
     if all(pair.old_uuid == pair.new_uuid for pair in pairs):

@@ -43,7 +43,6 @@ class GpuRestore:
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
         self.node_gpu_uuids: list[str] = []
-        self.target_minors: list[int] = []
 
     def _target_gpus(self):
         from gpuckpt.cuda.compat import check_node
@@ -56,7 +55,6 @@ class GpuRestore:
         target = container_gpus(spec, [], node_gpus)
         check_node(self.manifest, target, driver_version_string(), self.config.cuda.driver_version_policy)
         self.node_gpu_uuids = [gpu.uuid for gpu in node_gpus]
-        self.target_minors = [gpu.minor for gpu in target if gpu.minor >= 0]
         return target
 
     def run(self) -> int:
@@ -135,11 +133,9 @@ class GpuRestore:
             raise GpuCheckpointError(f"found {len(found)} of the {len(wanted)} checkpointed CUDA processes "
                                      f"(container PIDs wanted {sorted(wanted)}, present {seen})")
         for pid in found:
-            state = driver.state(pid)
-            if state != ProcessState.CHECKPOINTED:
-                raise GpuCheckpointError(f"restored process {pid} is {state.name.lower()}, not checkpointed")
-        if pairs:
-            provide_device_nodes(int(state["pid"]), self.target_minors)
+            process_state = driver.state(pid)
+            if process_state != ProcessState.CHECKPOINTED:
+                raise GpuCheckpointError(f"restored process {pid} is {process_state.name.lower()}, not checkpointed")
         session = CudaSession(driver, found)
         with uninterruptible():  # a half-done restore is killed below, never left locked
             session.restore(pairs)
@@ -152,21 +148,3 @@ def _collect(action, errors: list[BaseException]) -> None:
         action()
     except BaseException as error:  # handed to the main thread, which reports it
         errors.append(error)
-
-
-def provide_device_nodes(init_pid: int, minors: list[int]) -> None:
-    """Create the new GPUs' /dev/nvidiaN in a restored container that lacks them.
-
-    CRIU brings /dev back from the image, so a container restored onto another GPU
-    has the old GPU's node and not the new one's; the driver's remap then fails.
-    The node is made inside the container's own root, with the host node's numbers.
-    """
-    import stat
-
-    for minor in minors:
-        host_node = f"/dev/nvidia{minor}"
-        inside = f"/proc/{init_pid}/root/dev/nvidia{minor}"
-        if os.path.exists(inside) or not os.path.exists(host_node):
-            continue
-        status = os.stat(host_node)
-        os.mknod(inside, stat.S_IFCHR | 0o666, status.st_rdev)
