@@ -14,7 +14,7 @@ _names = itertools.count()
 
 
 @pytest.fixture
-def container(delegate):
+def container(docker_delegate):
     name = f"gpuckpt-it-{os.getpid()}-{next(_names)}"
     sh(DOCKER, "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
        DOCKER_IMAGE, "python3", "-c", COUNTER_SOURCE)

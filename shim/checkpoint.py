@@ -14,7 +14,7 @@ import time
 
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
 from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, parse_verb_args
-from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, run_delegate
+from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids, container_state, run_delegate
 from gpuckpt.shim.interrupt import interruptible, uninterruptible
 from gpuckpt.shim.log import log
 
@@ -25,6 +25,7 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     verb = parse_verb_args(args.command_args, CHECKPOINT_VALUE_FLAGS)
     if verb.has("help") or verb.has("h") or verb.container_id is None:
         return run_delegate(delegate, args.argv).returncode  # usage: the delegate's own answer
+    ensure_work_path(verb.value("work-path"))
     try:
         state = container_state(delegate, args.global_argv, verb.container_id)
     except DelegateError:

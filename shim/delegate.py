@@ -148,3 +148,15 @@ def kill_container(delegate: str, global_argv: Sequence[str], container_id: str)
     """SIGKILL a container and delete it: for a restore that cannot be completed."""
     process.run([delegate, *global_argv, "kill", container_id, "KILL"], check=False)
     process.run([delegate, *global_argv, "delete", "--force", container_id], check=False)
+
+
+def ensure_work_path(work_path: str | None) -> None:
+    """Create a missing --work-path as runc does; crun does not, and containerd relies on it."""
+    if not work_path:
+        return
+    try:
+        os.mkdir(work_path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        pass  # the delegate reports the path it cannot use
