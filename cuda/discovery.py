@@ -28,6 +28,15 @@ def container_pid(host_pid: int) -> int:
     return host_pid
 
 
+def is_stopped(pid: int) -> bool:
+    """Stopped by a signal or a tracer (state T or t in /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 def descendants(pid: int) -> list[int]:
     """`pid` and every process below it, from /proc's children lists (independent of cgroups)."""
     found, pending = [], [pid]

@@ -128,6 +128,7 @@ class GpuCheckpoint:
             with interruptible():
                 with thawed(freezer):  # a frozen process cannot be locked (docker pauses first)
                     session.require_running()
+                    refuse_stopped(session.pids)
                     session.lock(lock_timeout_ms)
                     session.checkpoint()
                 dump_started = time.monotonic()
@@ -194,3 +195,14 @@ class GpuCheckpoint:
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
         )
         write_manifest(image_dir_of(self.verb), manifest)
+
+
+def refuse_stopped(pids: list[int]) -> None:
+    """The driver's lock ignores its timeout for a stopped process and waits for ever (seen on an
+    H100, driver 580): refuse rather than hang the engine."""
+    from gpuckpt.cuda.discovery import is_stopped
+
+    stopped = [pid for pid in pids if is_stopped(pid)]
+    if stopped:
+        raise GpuCheckpointError(f"CUDA process(es) {', '.join(map(str, stopped))} are stopped (SIGSTOP or a "
+                                 "tracer): the driver cannot lock them; continue them (SIGCONT) and retry")

@@ -218,6 +218,17 @@ def test_frozen_container_without_thaw_would_time_out(make_node) -> None:
         node.driver.lock(node.pids[0], timeout_ms=50)
 
 
+def test_stopped_process_is_refused_before_any_lock(make_node) -> None:
+    node = make_node(2)
+    os.kill(node.pids[1], signal.SIGSTOP)
+    try:
+        with pytest.raises(DelegateError, match=f"{node.pids[1]} are stopped"):
+            node.checkpoint()
+        assert node.driver.calls_of("lock") == [] and node.all_running()
+    finally:
+        os.kill(node.pids[1], signal.SIGCONT)
+
+
 def test_unrestorable_process_is_refused_before_any_lock(make_node, monkeypatch) -> None:
     node = make_node(2)
     monkeypatch.setattr(discovery, "unrestorable_reason",
