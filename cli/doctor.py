@@ -101,8 +101,22 @@ def check_docker() -> str | None:
     return f"docker: gpuckpt-runtime registered ({path}){', the default' if default else ''}"
 
 
+def check_driver() -> str | None:
+    """Only on a node with an NVIDIA GPU: the driver's checkpoint API must be there."""
+    if not os.path.exists("/dev/nvidiactl"):
+        return None
+    from gpuckpt.cuda.driver import load_driver, version_text
+
+    try:
+        version = load_driver().driver_version()
+    except GpuckptError as error:
+        raise CheckFailed(str(error), "install NVIDIA driver 570 or newer (580+ to restore onto other GPUs)") from None
+    return f"CUDA driver {version_text(version)} has the process checkpoint API"
+
+
 CHECKS: list[Callable[[], str | None]] = [
     check_kernel, check_criu, check_config_and_delegate, check_network_lock, check_podman, check_docker,
+    check_driver,
 ]
 
 
