@@ -109,3 +109,21 @@ def test_runtime_version_names_shim_and_delegate(delegate) -> None:
     output = sh(RUNTIME, "--version").stdout
     assert output.startswith("gpuckpt-runtime version")
     assert f"{delegate} version" in output
+
+
+def test_container_cannot_point_criu_at_its_own_config(delegate, tmp_path) -> None:
+    """runc honours org.criu.config; through the shim the annotation is refused and nothing happens."""
+    evil = tmp_path / "evil.conf"
+    evil.write_text("leave-running\n")  # harmless here; any CRIU option could stand in this file
+    box = PodmanContainer(["--runtime", "gpuckpt-runtime"])
+    try:
+        sh(*box.podman, "run", "-d", "--name", box.name, "--network", "none",
+           "--annotation", f"org.criu.config={evil}", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+        before = wait_counter(box.state, minimum=3)
+        refused = sh(*box.podman, "container", "checkpoint", box.name, check=False)
+        assert refused.returncode != 0
+        assert "a CRIU configuration chosen by the container is refused" in refused.stderr
+        assert box.status() == "running"
+        assert_continues(before, box.state)
+    finally:
+        box.remove()

@@ -32,10 +32,18 @@ class CudaConfig(_Section):
     host_hugepages: Literal["leave", "always"] = "leave"
 
 
+class CriuConfig(_Section):
+    # runc honours a container's `org.criu.config` annotation: a CRIU config file chosen by
+    # whoever made the container. CRIU's configuration is the operator's, so it is refused
+    # unless the operator allows it here.
+    allow_container_config: bool = False
+
+
 class Config(_Section):
     # runc, crun, another runc-compatible name looked up on PATH, or an absolute path.
     delegate: str = "runc"
     cuda: CudaConfig = CudaConfig()
+    criu: CriuConfig = CriuConfig()
 
     @field_validator("delegate")
     @classmethod

@@ -83,3 +83,18 @@ def read_spec(bundle: str) -> Spec:
     except ValueError as error:  # JSON and pydantic errors
         detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
         raise ImageError(f"{path}: invalid OCI spec: {detail}") from None
+
+
+def read_annotations(bundle: str) -> dict[str, str]:
+    """The bundle's annotations, read as leniently as the runtime reads them; {} if it has none.
+
+    Policy checks use this rather than `read_spec`, so that a spec our model finds odd
+    cannot slip an annotation past them; a file no runtime could parse yields {}.
+    """
+    try:
+        with open(os.path.join(bundle, "config.json"), "rb") as spec_file:
+            raw = json.loads(spec_file.read(MAX_SPEC_BYTES))
+    except (OSError, ValueError):
+        return {}
+    annotations = raw.get("annotations") if isinstance(raw, dict) else None
+    return {str(k): str(v) for k, v in annotations.items()} if isinstance(annotations, dict) else {}

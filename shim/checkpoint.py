@@ -30,8 +30,15 @@ def run(args: RuntimeArgs, delegate: str) -> int:
         state = container_state(delegate, args.global_argv, verb.container_id)
     except DelegateError:
         return run_delegate(delegate, args.argv).returncode  # no such container: runc's own error
-    from gpuckpt.oci.spec import read_spec
+    from gpuckpt.oci.config import load_config
+    from gpuckpt.oci.paths import config_path
+    from gpuckpt.oci.spec import read_annotations, read_spec
+    from gpuckpt.shim.policy import refuse_container_criu_config
 
+    # runc's state holds the annotations the container was created with: those are what it uses.
+    annotations = {**read_annotations(state["bundle"]), **(state.get("annotations") or {})}
+    refuse_container_criu_config(annotations, verb.container_id, load_config().criu.allow_container_config,
+                                 config_path())
     spec = read_spec(state["bundle"])
     if not spec.wants_gpu():
         return run_delegate(delegate, args.argv).returncode  # no GPU: no driver, no extra step

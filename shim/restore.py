@@ -26,7 +26,15 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     if verb.has("help") or verb.has("h") or verb.container_id is None:
         return run_delegate(delegate, args.argv).returncode
     ensure_work_path(verb.value("work-path"))
+    from gpuckpt.oci.config import load_config
     from gpuckpt.oci.manifest import read_manifest
+    from gpuckpt.oci.paths import config_path
+    from gpuckpt.oci.spec import read_annotations
+    from gpuckpt.shim.policy import refuse_container_criu_config
+
+    annotations = read_annotations(os.path.abspath(verb.value("bundle", "b") or "."))
+    refuse_container_criu_config(annotations, verb.container_id,
+                                 load_config().criu.allow_container_config, config_path())
 
     manifest = read_manifest(os.path.abspath(verb.value("image-path") or "checkpoint"))
     if manifest is None or not manifest.processes:

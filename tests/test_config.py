@@ -19,7 +19,7 @@ def test_valid_file(node) -> None:
 
 
 @pytest.mark.parametrize("text, expected", [
-    ('delegat = "crun"\n', "unknown key 'delegat' (allowed: delegate, cuda)"),
+    ('delegat = "crun"\n', "unknown key 'delegat' (allowed: delegate, cuda, criu)"),
     ('[cuda]\nlock_timeout = 5\n', "unknown key 'cuda.lock_timeout' (allowed: lock_timeout_ms"),
     ('[cuda]\ndriver_version_policy = "any"\n', "key 'cuda.driver_version_policy': Input should be 'equal' or 'same-major'"),
     ('[cuda]\nlock_timeout_ms = 0\n', "key 'cuda.lock_timeout_ms'"),

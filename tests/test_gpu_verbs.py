@@ -326,3 +326,37 @@ def test_failed_gpu_restore_kills_the_half_restored_container(make_node, monkeyp
     with pytest.raises(GpuCheckpointError, match="the container was stopped"):
         restore.run(restore_args(node), str(node.runtime))
     assert node.verbs_called()[-2:] == ["kill", "delete"]
+
+
+# -- CRIU configuration belongs to the operator ----------------------------------------
+
+
+def test_container_criu_config_annotation_is_refused_before_anything_runs(make_node) -> None:
+    node = make_node(1, gpu=False)
+    state = json.loads((node.dir / "runtime.json").read_text())
+    state["state"]["annotations"] = {"org.criu.config": "/tmp/evil.conf"}
+    (node.dir / "runtime.json").write_text(json.dumps(state))
+    with pytest.raises(Exception, match="org.criu.config='/tmp/evil.conf': a CRIU configuration chosen by the container is refused"):
+        node.checkpoint()
+    assert "checkpoint" not in node.verbs_called()
+
+
+def test_restore_from_a_bundle_with_the_annotation_is_refused(make_node) -> None:
+    node = make_node(1, gpu=False)
+    spec = json.loads((node.bundle / "config.json").read_text())
+    spec["annotations"] = {"org.criu.config": "/tmp/evil.conf"}
+    (node.bundle / "config.json").write_text(json.dumps(spec))
+    with pytest.raises(Exception, match="criu.allow_container_config = true"):
+        restore.run(restore_args(node), str(node.runtime))
+    assert "restore" not in node.verbs_called()
+
+
+def test_operator_may_allow_the_annotation(make_node) -> None:
+    from support import write_config
+
+    node = make_node(1, gpu=False)
+    write_config(node.dir, f'delegate = "{node.runtime}"\n[criu]\nallow_container_config = true\n')
+    state = json.loads((node.dir / "runtime.json").read_text())
+    state["state"]["annotations"] = {"org.criu.config": "/etc/criu/site.conf"}
+    (node.dir / "runtime.json").write_text(json.dumps(state))
+    assert node.checkpoint() == 0
