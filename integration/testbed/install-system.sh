@@ -67,7 +67,8 @@ if [ ${#missing[@]} -gt 0 ]; then
         made_policy=1
     fi
     apt-get update -q
-    apt-get install -y -q --no-install-recommends "${missing[@]}"
+    # With recommends: the test bed was built and tested that way (netavark among them).
+    apt-get install -y -q "${missing[@]}"
     [ -z "$made_policy" ] || rm -f /usr/sbin/policy-rc.d
 else
     echo "all ${#packages[@]} packages already installed"
