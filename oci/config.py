@@ -37,6 +37,13 @@ class CriuConfig(_Section):
     # whoever made the container. CRIU's configuration is the operator's, so it is refused
     # unless the operator allows it here.
     allow_container_config: bool = False
+    # Options added to a checkpoint from what the container's sockets and locks are doing:
+    # "auto" adds them when needed, "always"/"never" as said. The engine's own are kept.
+    tcp_established: Literal["auto", "always", "never"] = "auto"
+    ext_unix_sk: Literal["auto", "never"] = "auto"
+    file_locks: Literal["auto", "never"] = "auto"
+    # How CRIU locks the network during a dump with TCP connections.
+    network_lock: Literal["iptables", "nftables"] = "iptables"
 
 
 class Config(_Section):

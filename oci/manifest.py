@@ -48,6 +48,19 @@ class Timings(_Record):
     downtime_s: float | None = None
 
 
+class NetworkPolicy(_Record):
+    """What the container's sockets were doing at checkpoint time and what the shim chose."""
+
+    tcp_connected: list[str] = []
+    tcp_listening: list[str] = []
+    unix_external: int = 0
+    file_locks: int = 0
+    engine_options: list[str] = []  # passed by the engine itself: respected as they were
+    added_options: list[str] = []  # added by the shim; restore adds them again
+    network_lock: str = "iptables"
+    sockets_unreadable: str = ""  # set when sock_diag could not be read: nothing was added for sockets
+
+
 class Manifest(_Record):
     kind: Literal["gpuckpt-manifest"] = "gpuckpt-manifest"
     schema_version: int = Field(default=SCHEMA_VERSION)
@@ -64,6 +77,7 @@ class Manifest(_Record):
     delegate: str = ""
     delegate_args: list[str] = []
     leave_running: bool = False
+    network: NetworkPolicy = NetworkPolicy()
     timings: Timings = Timings()
 
 

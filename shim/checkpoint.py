@@ -1,10 +1,11 @@
-"""`gpuckpt-runtime checkpoint`: the delegate's checkpoint, wrapped with the GPU steps.
+"""`gpuckpt-runtime checkpoint`: the delegate's checkpoint, wrapped with the policy and GPU steps.
 
-Phases, in order: find the container's CUDA processes, refuse what the driver
-could not restore, lock and checkpoint them (thawing a frozen container for
-that), the delegate's dump, then with --leave-running restore and unlock them.
-Any failure or SIGTERM/SIGINT after the first lock rolls every process back to
-running; the container keeps running and the engine gets one line.
+Phases, in order: refuse what the operator does not allow, choose CRIU's network
+options from the container's sockets, find the CUDA processes and refuse what the
+driver could not restore, lock and checkpoint them (thawing a frozen container for
+that), the delegate's dump, then with --leave-running restore and unlock them, and
+write the manifest. Any failure or SIGTERM/SIGINT after the first lock rolls every
+process back to running; the container keeps running and the engine gets one line.
 """
 
 from __future__ import annotations
@@ -30,19 +31,13 @@ def run(args: RuntimeArgs, delegate: str) -> int:
         state = container_state(delegate, args.global_argv, verb.container_id)
     except DelegateError:
         return run_delegate(delegate, args.argv).returncode  # no such container: runc's own error
-    from gpuckpt.oci.config import load_config
-    from gpuckpt.oci.paths import config_path
-    from gpuckpt.oci.spec import read_annotations, read_spec
-    from gpuckpt.shim.policy import refuse_container_criu_config
+    return Checkpoint(args, verb, delegate, state).run()
 
-    # runc's state holds the annotations the container was created with: those are what it uses.
-    annotations = {**read_annotations(state["bundle"]), **(state.get("annotations") or {})}
-    refuse_container_criu_config(annotations, verb.container_id, load_config().criu.allow_container_config,
-                                 config_path())
-    spec = read_spec(state["bundle"])
-    if not spec.wants_gpu():
-        return run_delegate(delegate, args.argv).returncode  # no GPU: no driver, no extra step
-    return GpuCheckpoint(args, verb, delegate, state, spec).run()
+
+def with_options(args: RuntimeArgs, options: list[str]) -> list[str]:
+    """The caller's argv with `options` added right after the verb."""
+    at = (args.command_index or 0) + 1
+    return [*args.argv[:at], *options, *args.argv[at:]]
 
 
 def image_dir_of(verb: VerbArgs) -> str:
@@ -50,17 +45,51 @@ def image_dir_of(verb: VerbArgs) -> str:
     return os.path.abspath(verb.value("image-path") or "checkpoint")
 
 
-class GpuCheckpoint:
-    """One checkpoint of a GPU container, from discovery to manifest."""
+class Checkpoint:
+    """One checkpoint through the shim, from policy to manifest."""
 
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict, spec) -> None:
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict) -> None:
         from gpuckpt.oci.config import load_config
+        from gpuckpt.oci.spec import read_spec
 
-        self.args, self.verb, self.delegate, self.state, self.spec = args, verb, delegate, state, spec
+        self.args, self.verb, self.delegate, self.state = args, verb, delegate, state
         self.container_id = verb.container_id
         self.config = load_config()
+        self.spec = read_spec(state["bundle"])
         self.leave_running = verb.has("leave-running")
         self.pid_in_container: dict[int, int] = {}
+        self.argv = args.argv  # what the delegate gets: the caller's, plus chosen options
+        self.network = None
+        self.pids: list[int] = []
+
+    def _refuse_container_criu_config(self) -> None:
+        from gpuckpt.oci.paths import config_path
+        from gpuckpt.oci.spec import read_annotations
+        from gpuckpt.shim.policy import refuse_container_criu_config
+
+        # runc's state holds the annotations the container was created with: those are what it uses.
+        annotations = {**read_annotations(self.state["bundle"]), **(self.state.get("annotations") or {})}
+        refuse_container_criu_config(annotations, self.container_id, self.config.criu.allow_container_config,
+                                     config_path())
+
+    def _choose_network_options(self) -> None:
+        from gpuckpt.shim.network import choose, inspect_container
+
+        found = inspect_container(int(self.state["pid"]), self.pids)
+        self.network = choose(found, set(self.verb.flags), self.config.criu)
+        self.argv = with_options(self.args, self.network.added_options)
+        if self.network.added_options:
+            log(self.args, "info", f"{self.container_id}: added {' '.join(self.network.added_options)} "
+                f"({len(found.tcp_connected)} connected TCP, {len(found.unix_external)} external unix "
+                f"socket(s), {found.file_locks} file lock(s))")
+        if self.config.criu.network_lock != "iptables":
+            use_network_lock(self.config.criu.network_lock)
+
+    def _failure_hint(self) -> str:
+        from gpuckpt.shim.network import missing_option_hint
+
+        hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
+        return f"; {hint}" if hint else ""
 
     def _refuse_unrestorable(self, cuda_pids: list[int], inventory) -> None:
         from gpuckpt.cuda.discovery import unrestorable_reason
@@ -78,18 +107,26 @@ class GpuCheckpoint:
                 log(self.args, "warning", f"{reason} (allowed by the operator)")
 
     def run(self) -> int:
+        from gpuckpt.cuda.discovery import descendants
+
+        started = time.monotonic()
+        self._refuse_container_criu_config()
+        pids = set(container_pids(self.delegate, self.args.global_argv, self.container_id))
+        pids.update(descendants(int(self.state["pid"])))
+        self.pids = sorted(pids)
+        self._choose_network_options()
+        if not self.spec.wants_gpu():
+            return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step
+        return self._run_gpu(started)
+
+    def _run_gpu(self, started: float) -> int:
         from gpuckpt.cuda.discovery import find_cuda_pids
         from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins
         from gpuckpt.shim.freezer import Freezer
 
         if self.verb.has("pre-dump"):
             raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty tracking")
-        started = time.monotonic()
-        from gpuckpt.cuda.discovery import descendants
-
-        pids = set(container_pids(self.delegate, self.args.global_argv, self.container_id))
-        pids.update(descendants(int(self.state["pid"])))
-        cuda_pids = find_cuda_pids(sorted(pids))
+        cuda_pids = find_cuda_pids(self.pids)
         plugin = criu_cuda_plugin()
         if plugin:
             # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
@@ -98,17 +135,22 @@ class GpuCheckpoint:
             log(self.args, "info", f"CRIU CUDA plugin {plugin} disabled for this dump; gpuckpt handles the GPU")
         if not cuda_pids:
             log(self.args, "info", f"{self.container_id}: GPU container without CUDA processes: plain dump")
-            return self._dump_plain(started)
+            return self._dump_plain(started, gpu=True)
         freezer = Freezer.of_process(int(self.state["pid"]))
         return self._checkpoint_gpu(cuda_pids, freezer, started)
 
-    def _dump_plain(self, started: float) -> int:
-        from gpuckpt.cuda.inventory import describe_container_gpus
+    def _dump_plain(self, started: float, gpu: bool) -> int:
+        from gpuckpt.cuda.inventory import Inventory, describe_container_gpus
 
-        status = run_delegate(self.delegate, self.args.argv).returncode
-        if status == 0:
-            self._write_manifest(describe_container_gpus(self.spec, []), [], started, dump_s=time.monotonic() - started)
-        return status
+        status = run_delegate(self.delegate, self.argv).returncode
+        if status != 0:
+            hint = self._failure_hint()
+            if hint:
+                raise DelegateError(f"checkpoint of {self.container_id} failed{hint}", status)
+            return status
+        inventory = describe_container_gpus(self.spec, []) if gpu else Inventory("", 0, [])
+        self._write_manifest(inventory, [], started, dump_s=time.monotonic() - started)
+        return 0
 
     def _checkpoint_gpu(self, cuda_pids: list[int], freezer, started: float) -> int:
         from gpuckpt.cuda.discovery import container_pid
@@ -139,7 +181,7 @@ class GpuCheckpoint:
                     session.lock(lock_timeout_ms)
                     session.checkpoint()
                 dump_started = time.monotonic()
-                dump = DelegateRun(self.delegate, self.args.argv)
+                dump = DelegateRun(self.delegate, self.argv)
                 dump.wait()
                 dump_s = time.monotonic() - dump_started
             if dump.interrupted_by is not None:
@@ -174,7 +216,7 @@ class GpuCheckpoint:
                                      f"rollback could not resume {'; '.join(leftovers)}")
         status = getattr(cause, "exit_status", 1)
         raise DelegateError(f"checkpoint of {self.container_id} failed ({what}); its CUDA processes were "
-                            "restored and unlocked and the container keeps running", status)
+                            f"restored and unlocked and the container keeps running{self._failure_hint()}", status)
 
     def _write_manifest(self, inventory, cuda_pids: list[int], started: float, *, dump_s: float,
                         downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
@@ -195,8 +237,9 @@ class GpuCheckpoint:
                        for pid in cuda_pids],
             gpu_handler=gpu_handler(bool(cuda_pids)),
             delegate=self.delegate,
-            delegate_args=self.args.argv,
+            delegate_args=self.argv,
             leave_running=self.leave_running,
+            network=self.network,
             timings=Timings(lock_s=timings.get("lock_s", 0.0),
                             device_checkpoint_s=timings.get("device_checkpoint_s", 0.0),
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
@@ -213,3 +256,15 @@ def refuse_stopped(pids: list[int]) -> None:
     if stopped:
         raise GpuCheckpointError(f"CUDA process(es) {', '.join(map(str, stopped))} are stopped (SIGSTOP or a "
                                  "tracer): the driver cannot lock them; continue them (SIGCONT) and retry")
+
+
+def use_network_lock(method: str) -> None:
+    """runc has no flag for CRIU's network lock; CRIU reads a config file named by CRIU_CONFIG_FILE,
+    which the delegate's CRIU inherits. The file is the shim's own, in its root-only state dir."""
+    from gpuckpt.oci.paths import state_dir
+
+    os.makedirs(state_dir(), mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir(), f"criu-network-lock-{method}.conf")
+    with open(path, "w") as criu_config:
+        criu_config.write(f"network-lock {method}\n")
+    os.environ["CRIU_CONFIG_FILE"] = path

@@ -37,16 +37,24 @@ def run(args: RuntimeArgs, delegate: str) -> int:
                                  load_config().criu.allow_container_config, config_path())
 
     manifest = read_manifest(os.path.abspath(verb.value("image-path") or "checkpoint"))
+    argv = args.argv
+    if manifest is not None:
+        # CRIU restores TCP connections, external unix sockets and locks only when asked again.
+        from gpuckpt.shim.checkpoint import with_options
+
+        again = [option for option in manifest.network.added_options if option.lstrip("-") not in verb.flags]
+        argv = with_options(args, again)
+
     if manifest is None or not manifest.processes:
-        return run_delegate(delegate, args.argv).returncode  # no GPU state to bring back
-    return GpuRestore(args, verb, delegate, manifest).run()
+        return run_delegate(delegate, argv).returncode  # no GPU state to bring back
+    return GpuRestore(args, verb, delegate, manifest, argv).run()
 
 
 class GpuRestore:
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, manifest) -> None:
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, manifest, argv: list[str]) -> None:
         from gpuckpt.oci.config import load_config
 
-        self.args, self.verb, self.delegate, self.manifest = args, verb, delegate, manifest
+        self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
         self.container_id = verb.container_id
         self.config = load_config()
         self.detach = verb.has("detach") or verb.has("d")
@@ -88,7 +96,7 @@ class GpuRestore:
         target = self._target_gpus()
         self.phases["check_s"] = time.monotonic() - started
         mark = time.monotonic()
-        delegate_run = DelegateRun(self.delegate, self.args.argv)
+        delegate_run = DelegateRun(self.delegate, self.argv)
         if self.detach:
             if delegate_run.wait() != 0:
                 return delegate_run.returncode  # the delegate reported why; nothing of ours to undo

@@ -265,7 +265,8 @@ def test_container_without_gpu_takes_the_plain_path(make_node, monkeypatch) -> N
     monkeypatch.setattr(driver_module, "load_driver", no_driver)
     assert node.checkpoint() == 0
     assert "checkpoint" in node.verbs_called()
-    assert not (node.images / "gpuckpt-manifest.json").exists()
+    manifest = read_manifest(str(node.images))  # the network policy is recorded for every checkpoint
+    assert manifest.gpu_handler == "none" and not manifest.processes and not manifest.gpus
 
 
 # -- restore --------------------------------------------------------------------------

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Install the container test bed on a Debian 12 (bookworm) machine, as root:
 #   - podman, docker.io, runc, crun, containerd and tools from bookworm;
-#   - CRIU 4.x, crun 1.21 (bookworm's crun 1.8.1 is built without CRIU: podman says "configured
-#     runtime does not support checkpoint/restore") and checkpointctl from Debian trixie,
-#     unpacked into a private prefix (/opt/gpuckpt/criu) with trixie's own libc, run through
+#   - CRIU >= 4.2, crun (bookworm's crun 1.8.1 is built without CRIU: podman says "configured
+#     runtime does not support checkpoint/restore") and checkpointctl from a newer Debian suite
+#     ($GPUCKPT_CRIU_SUITE, default forky: CRIU 4.1 cannot dump TCP sockets on kernels >= 6.16,
+#     which refuse SO_PASSCRED on them; fixed in CRIU 4.2), unpacked into a private prefix
+#     (/opt/gpuckpt/criu) with that suite's own libc, run through
 #     that libc's loader by the wrappers /usr/local/sbin/criu, /usr/local/bin/crun and
 #     /usr/local/bin/checkpointctl; the machine's libc and packages are not touched;
 #   - podman and dockerd configuration for this kind of machine (no systemd, cgroup v1);
@@ -21,7 +23,12 @@ export DEBIAN_FRONTEND=noninteractive
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:$PATH
 
 criu_prefix=${GPUCKPT_CRIU_PREFIX:-/opt/gpuckpt/criu}
-state=/var/lib/gpuckpt-testbed          # private apt state for trixie downloads
+suite=${GPUCKPT_CRIU_SUITE:-forky}
+# crun stays at trixie's 1.21: forky's 1.28 fails to restore a bundle at runc level
+# ("mnt: No mapping for N:(null) mountpoint" from CRIU); 1.21 passes every test here.
+crun_suite=${GPUCKPT_CRUN_SUITE:-trixie}
+layout="criu=$suite crun=$crun_suite"
+state=/var/lib/gpuckpt-testbed          # private apt state for the newer suite's downloads
 cache=/var/cache/gpuckpt-testbed        # debs and the image tarball
 docker=/usr/bin/docker                  # Debian's client; /usr/local/bin/docker may be another one
 image_tar=$cache/rootfs-python.tar
@@ -74,32 +81,33 @@ else
     echo "all ${#packages[@]} packages already installed"
 fi
 
-# --- 2. CRIU 4.x from trixie in a private prefix ------------------------------------------
-step "CRIU from trixie into $criu_prefix"
+# --- 2. CRIU >= 4.2 from a newer suite in a private prefix --------------------------------
+step "CRIU from $suite into $criu_prefix"
 # A private apt configuration: the system's sources, preferences and dpkg status never see
-# trixie, so nothing on the machine can be upgraded from it by accident.
+# that suite, so nothing on the machine can be upgraded from it by accident.
 mkdir -p "$state/etc/parts" "$state/etc/prefs" "$state/lists/partial" \
          "$cache/apt/archives/partial" "$cache/debs"
-cat >"$state/etc/trixie.sources" <<EOF
+rm -f "$state/etc/trixie.sources"
+cat >"$state/etc/newer.sources" <<EOF
 Types: deb
 URIs: $mirror
-Suites: trixie
+Suites: $suite $crun_suite
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 EOF
 : >"$state/status.empty"
-tx_apt=(-o "Dir::Etc::SourceList=$state/etc/trixie.sources" -o "Dir::Etc::SourceParts=$state/etc/parts"
+tx_apt=(-o "Dir::Etc::SourceList=$state/etc/newer.sources" -o "Dir::Etc::SourceParts=$state/etc/parts"
         -o "Dir::Etc::Preferences=/dev/null" -o "Dir::Etc::PreferencesParts=$state/etc/prefs"
         -o "Dir::State::Lists=$state/lists" -o "Dir::State::status=$state/status.empty"
         -o "Dir::Cache=$cache/apt" -o "APT::Architecture=amd64" -o "APT::Architectures::=amd64"
         -o "APT::Sandbox::User=root")
 
 criu_ok() {
-    [ -x /usr/local/sbin/criu ] && /usr/local/sbin/criu --version 2>/dev/null | grep -q 'Version: [4-9]' &&
+    [ -x /usr/local/sbin/criu ] && /usr/local/sbin/criu --version 2>/dev/null | grep -qE 'Version: (4\.([2-9]|[1-9][0-9])|[5-9])' &&
     [ -x /usr/local/bin/crun ] && /usr/local/bin/crun --version 2>/dev/null | grep -q '+CRIU'
 }
 wrapper_src=$here/criu-wrapper.sh
-if criu_ok && [ -f "$criu_prefix/.complete" ] && cmp -s "$wrapper_src" /usr/local/sbin/criu; then
+if criu_ok && [ "$(cat "$criu_prefix/.complete" 2>/dev/null)" = "$layout" ] && cmp -s "$wrapper_src" /usr/local/sbin/criu; then
     echo "criu already installed: $(/usr/local/sbin/criu --version | head -n1)"
 else
     apt-get "${tx_apt[@]}" update -q
@@ -110,8 +118,9 @@ else
     mapfile -t debs < <(apt-cache "${tx_apt[@]}" depends --recurse --no-recommends --no-suggests \
             --no-conflicts --no-breaks --no-replaces --no-enhances "${want[@]}" \
         | grep -v '^ ' | grep -v '^<' | sort -u)
-    echo "trixie packages: ${debs[*]}"
-    (cd "$cache/debs" && rm -f ./*.deb && apt-get "${tx_apt[@]}" download -q "${debs[@]}")
+    echo "$suite packages: ${debs[*]}"
+    (cd "$cache/debs" && rm -f ./*.deb && apt-get "${tx_apt[@]}" download -q "${debs[@]}" &&
+        rm -f ./crun_*.deb && apt-get "${tx_apt[@]}" download -q "crun/$crun_suite")
     rm -rf "$criu_prefix.new"
     mkdir -p "$criu_prefix.new"
     for d in "$cache"/debs/*.deb; do dpkg-deb -x "$d" "$criu_prefix.new"; done
@@ -122,7 +131,7 @@ else
     # (if the package ships one) must not interfere with gpuckpt's own CUDA handling.
     cp "$wrapper_src" "$criu_prefix.new/criu"
     chmod 0755 "$criu_prefix.new/criu"
-    touch "$criu_prefix.new/.complete"
+    echo "$layout" >"$criu_prefix.new/.complete"
     rm -rf "$criu_prefix.old"
     [ ! -e "$criu_prefix" ] || mv "$criu_prefix" "$criu_prefix.old"
     mv "$criu_prefix.new" "$criu_prefix"
@@ -134,7 +143,7 @@ else
         lib=$criu_prefix/usr/lib/x86_64-linux-gnu
         cat >"/usr/local/bin/$prog.tmp" <<EOF
 #!/bin/sh
-# gpuckpt test bed: Debian trixie's $prog with its own libc (install-system.sh)
+# gpuckpt test bed: Debian $suite's $prog with its own libc (install-system.sh)
 exec $lib/ld-linux-x86-64.so.2 --library-path $lib $criu_prefix/usr/bin/$prog "\$@"
 EOF
         chmod 0755 "/usr/local/bin/$prog.tmp"
@@ -179,7 +188,7 @@ want = {
         "events_logger": '"file"',
     },
     "engine.runtimes": {
-        # trixie's crun (with CRIU) before bookworm's (without).
+        # the newer suite's crun (with CRIU) before bookworm's (without).
         "crun": '["/usr/local/bin/crun", "/usr/bin/crun"]',
     },
 }
@@ -286,7 +295,7 @@ if [ -x /usr/sbin/criu ] && [ "$(command -v criu)" = /usr/local/sbin/criu ]; the
 fi
 check=$(criu check 2>&1 | tail -n1)
 echo "criu check: $check"
-if [ -x /usr/local/bin/checkpointctl ]; then echo "checkpointctl: /usr/local/bin/checkpointctl (trixie)"; fi
+if [ -x /usr/local/bin/checkpointctl ]; then echo "checkpointctl: /usr/local/bin/checkpointctl ($suite)"; fi
 echo "images:   podman $(podman image inspect --format '{{.Id}}' localhost/gpuckpt-test:latest | cut -c1-12)," \
      "docker $("$docker" image inspect --format '{{.Id}}' gpuckpt-test:latest | cut -c8-19)"
 case $check in *"Looks good"*) ;; *) echo "install-system.sh: criu check failed" >&2; exit 1;; esac

@@ -1,0 +1,138 @@
+"""Which CRIU network options a checkpoint needs, from what the container's sockets are doing.
+
+The sockets are read through sock_diag (pyroute2's DiagSocket) inside the container's
+network namespace and matched to the container's processes by inode; file locks come
+from /proc/locks. The operator's policy (config `criu.*`) decides what is added; an
+option the engine passed itself is always left as it is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+
+from gpuckpt.oci.manifest import NetworkPolicy
+
+SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
+TCP_LISTEN, TCP_CLOSE = 10, 7
+UDIAG_SHOW_PEER = 0x04
+
+
+@dataclass
+class SocketsFound:
+    tcp_connected: list[str] = field(default_factory=list)  # "src:port -> dst:port state N"
+    tcp_listening: list[str] = field(default_factory=list)
+    tcp_remote: int = 0  # connected sockets whose peer is not on loopback
+    unix_external: list[int] = field(default_factory=list)  # our inodes whose peer is outside
+    file_locks: int = 0
+    unreadable: str = ""  # why the sockets could not be read (then nothing is added for them)
+
+
+def _is_loopback(address: str) -> bool:
+    import ipaddress
+
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    mapped = getattr(parsed, "ipv4_mapped", None)
+    return (mapped or parsed).is_loopback
+
+
+def socket_inodes(pids: list[int]) -> set[int]:
+    inodes: set[int] = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                match = SOCKET_LINK.match(os.readlink(f"/proc/{pid}/fd/{fd}"))
+            except OSError:
+                continue
+            if match:
+                inodes.add(int(match.group(1)))
+    return inodes
+
+
+def _locks_held(pids: list[int]) -> int:
+    wanted = {str(pid) for pid in pids}
+    try:
+        with open("/proc/locks") as locks:
+            return sum(1 for line in locks if len(line.split()) > 4 and line.split()[4] in wanted)
+    except OSError:
+        return 0
+
+
+def _diag(init_pid: int, inodes: set[int]) -> SocketsFound:
+    """sock_diag in the container's network namespace (this thread only, then back)."""
+    from pyroute2 import DiagSocket
+    from pyroute2.netns import popns, pushns
+
+    found = SocketsFound()
+    pushns(f"/proc/{init_pid}/ns/net")
+    try:
+        with DiagSocket() as diag:
+            diag.bind()
+            for family in (socket.AF_INET, socket.AF_INET6):
+                for entry in diag.get_sock_stats(family=family):
+                    if entry["idiag_inode"] not in inodes:
+                        continue
+                    state = entry["idiag_state"]
+                    where = f"{entry['idiag_src']}:{entry['idiag_sport']} -> {entry['idiag_dst']}:{entry['idiag_dport']}"
+                    if state == TCP_LISTEN:
+                        found.tcp_listening.append(where)
+                    elif state != TCP_CLOSE:
+                        found.tcp_connected.append(f"{where} state {state}")
+                        if not _is_loopback(entry["idiag_dst"]):
+                            found.tcp_remote += 1
+            for entry in diag.get_sock_stats(family=socket.AF_UNIX, show=UDIAG_SHOW_PEER):
+                inode = entry["udiag_ino"]
+                peer = entry.get_attr("UNIX_DIAG_PEER")
+                if inode in inodes and peer and peer not in inodes:
+                    found.unix_external.append(inode)
+    finally:
+        popns()
+    return found
+
+
+def inspect_container(init_pid: int, pids: list[int]) -> SocketsFound:
+    try:
+        found = _diag(init_pid, socket_inodes(pids))
+    except (OSError, ImportError) as error:  # not root, no pyroute2, the process gone
+        found = SocketsFound(unreadable=f"{type(error).__name__}: {error}")
+    found.file_locks = _locks_held(pids)
+    return found
+
+
+def choose(found: SocketsFound, engine_flags: set[str], policy) -> NetworkPolicy:
+    """The options to add, given what was found, what the engine passed and the operator's policy."""
+    # "auto" leaves loopback-only connections alone: runc 1.1 brings a restored namespace's
+    # lo up after CRIU reconnects sockets, so such a checkpoint would dump the container and
+    # then never restore ("Can't connect inet socket back: Network is unreachable"). Without
+    # the option the dump fails and the container keeps running; "always" forces it.
+    wanted = {
+        "tcp-established": policy.tcp_established == "always"
+        or (policy.tcp_established == "auto" and found.tcp_remote > 0),
+        "ext-unix-sk": policy.ext_unix_sk == "auto" and bool(found.unix_external),
+        "file-locks": policy.file_locks == "auto" and found.file_locks > 0,
+    }
+    added = [f"--{name}" for name, want in wanted.items() if want and name not in engine_flags]
+    return NetworkPolicy(
+        tcp_connected=found.tcp_connected, tcp_listening=found.tcp_listening,
+        unix_external=len(found.unix_external), file_locks=found.file_locks,
+        engine_options=sorted(f"--{name}" for name in engine_flags & set(wanted)),
+        added_options=added, network_lock=policy.network_lock, sockets_unreadable=found.unreadable)
+
+
+def missing_option_hint(chosen: NetworkPolicy, engine_flags: set[str]) -> str | None:
+    """For a failed dump: the option the container needed and did not get, as one sentence."""
+    if chosen.tcp_connected and "tcp-established" not in engine_flags and "--tcp-established" not in chosen.added_options:
+        return (f"the container has {len(chosen.tcp_connected)} established TCP connection(s) "
+                f"({chosen.tcp_connected[0]}): checkpoint with --tcp-established, or set "
+                "criu.tcp_established = \"always\" in the gpuckpt config (\"auto\" adds it only for "
+                "connections leaving the container: runc cannot restore loopback ones)")
+    return None

@@ -1,0 +1,83 @@
+"""CRIU network options from what the sockets are doing: real sockets read through sock_diag."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+
+import pytest
+
+from gpuckpt.oci.config import CriuConfig
+from gpuckpt.shim.network import SocketsFound, choose, inspect_container, missing_option_hint
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sock_diag in another netns needs CAP_SYS_ADMIN (setns)")
+
+
+@needs_root
+def test_finds_our_established_and_listening_tcp_and_locks(tmp_path) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    lock_file = open(tmp_path / "lock", "w")
+    fcntl.flock(lock_file, fcntl.LOCK_EX)
+    try:
+        found = inspect_container(os.getpid(), [os.getpid()])
+        assert not found.unreadable
+        port = server.getsockname()[1]
+        assert any(f":{port}" in where for where in found.tcp_listening)
+        assert len([c for c in found.tcp_connected if f":{port}" in c]) == 2  # both ends are ours
+        assert found.file_locks >= 1
+    finally:
+        for each in (client, peer, server, lock_file):
+            each.close()
+
+
+@needs_root
+def test_sockets_of_other_processes_are_not_counted() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        found = inspect_container(os.getpid(), [1])  # PID 1's sockets only
+        assert not any(f":{server.getsockname()[1]}" in where for where in found.tcp_listening)
+    finally:
+        server.close()
+
+
+def test_auto_adds_only_what_is_needed_and_keeps_the_engines_options() -> None:
+    found = SocketsFound(tcp_connected=["10.0.0.1:80 -> 10.0.0.2:5000 state 1"], tcp_remote=1, file_locks=1)
+    chosen = choose(found, {"file-locks"}, CriuConfig())
+    assert chosen.added_options == ["--tcp-established"]
+    assert chosen.engine_options == ["--file-locks"]
+    assert choose(SocketsFound(), set(), CriuConfig()).added_options == []
+
+
+def test_auto_leaves_loopback_only_connections_to_fail_safely() -> None:
+    found = SocketsFound(tcp_connected=["127.0.0.1:80 -> 127.0.0.1:5000 state 1"], tcp_remote=0)
+    chosen = choose(found, set(), CriuConfig())
+    assert chosen.added_options == []
+    assert "criu.tcp_established = \"always\"" in missing_option_hint(chosen, set())
+
+
+@needs_root
+def test_loopback_connections_are_told_apart() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        found = inspect_container(os.getpid(), [os.getpid()])
+        assert found.tcp_connected and found.tcp_remote == 0
+    finally:
+        for each in (client, peer, server):
+            each.close()
+
+
+def test_never_adds_nothing_and_the_failure_says_what_to_enable() -> None:
+    found = SocketsFound(tcp_connected=["10.0.0.1:80 -> 10.0.0.2:5000 state 1"], tcp_remote=1)
+    chosen = choose(found, set(), CriuConfig(tcp_established="never"))
+    assert chosen.added_options == []
+    hint = missing_option_hint(chosen, set())
+    assert "1 established TCP connection(s)" in hint and "--tcp-established" in hint
+
+
+def test_always_adds_even_without_connections() -> None:
+    assert choose(SocketsFound(), set(), CriuConfig(tcp_established="always")).added_options == ["--tcp-established"]
