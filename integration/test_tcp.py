@@ -66,19 +66,8 @@ def assert_one_unbroken_conversation(lines: list[str]) -> None:
     assert lines[:-1] == [f"ack {n}" for n in range(1, MESSAGES + 1)], "lost, repeated or reordered messages"
 
 
-# crun 1.28 cannot restore a bundle joined to a netns by path at runc level ("mnt: No mapping
-# for 99:(null) mountpoint" from CRIU); through podman it can (test_connection_survives_podman).
-@pytest.fixture(params=["runc"])
-def runc_level_delegate(request):
-    from conftest import configured_delegate
-
-    with configured_delegate(request.param) as name:
-        yield name
-
-
 @pytest.fixture
-def bundle(tmp_path, namespaces, runc_level_delegate):
-    delegate = runc_level_delegate
+def bundle(tmp_path, namespaces, delegate):
     server_ns, _ = namespaces
     bundle = tmp_path / "bundle"
     rootfs = bundle / "rootfs"
