@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from bed import PODMAN_IMAGE, ROOTFS_TAR, RUNTIME, sh
+from bed import CONFIG, PODMAN_IMAGE, ROOTFS_TAR, RUNTIME, sh
 
 HERE = Path(__file__).parent
 SERVER = (HERE / "workloads" / "ack_server.py").read_text()
@@ -92,8 +92,12 @@ def runtime(bundle: Path, *argv: str) -> None:
     assert result.returncode == 0, log.read_text() if log.exists() else f"exit {result.returncode}"
 
 
-def test_connection_survives_at_runc_level(bundle, namespaces, tmp_path) -> None:
+@pytest.mark.parametrize("network_lock", ["iptables", "nftables"])
+def test_connection_survives_at_runc_level(bundle, namespaces, tmp_path, network_lock) -> None:
     bundle_dir, container_id = bundle
+    if network_lock != "iptables":
+        with CONFIG.open("a") as config:
+            config.write(f'[criu]\nnetwork_lock = "{network_lock}"\n')
     runtime(bundle_dir, "run", "-d", container_id)
     time.sleep(0.5)  # the server listens
     record = tmp_path / "acks"
@@ -104,6 +108,10 @@ def test_connection_survives_at_runc_level(bundle, namespaces, tmp_path) -> None
         runtime(bundle_dir, "checkpoint", "--image-path", str(images), container_id)  # no option given
         manifest = json.loads((images / "gpuckpt-manifest.json").read_text())
         assert manifest["network"]["added_options"] == ["--tcp-established"]
+        assert manifest["network"]["network_lock"] == network_lock
+        # runc has no flag for it: CRIU got the method from the shim's own config file
+        parsed = "criu-network-lock-nftables.conf" in (images / "dump.log").read_text()
+        assert parsed == (network_lock == "nftables")
         assert any(f"{SERVER_ADDRESS}:{PORT}" in c for c in manifest["network"]["tcp_connected"])
         time.sleep(1)  # the client keeps sending into the locked connection
         runtime(bundle_dir, "restore", "-d", "--image-path", str(images), "--bundle", str(bundle_dir), container_id)
