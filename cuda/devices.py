@@ -5,13 +5,13 @@ pynvml is imported inside the functions that need it, so the shim's hot path nev
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from gpuckpt.errors import DriverError
+from gpuckpt.procfs import fd_targets
 
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"  # nvidiactl, nvidia-uvm, nvidia0..N: any means the driver is held
 
@@ -105,16 +105,8 @@ def cuda_driver_version() -> int:
 
 def _holds_nvidia_device(pid: int) -> bool:
     """An fd open on /dev/nvidia*, or a /dev/nvidia* mapping (which a checkpointed process keeps)."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        fds = []
-    for fd in fds:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(NVIDIA_DEVICE_PREFIX):
-                return True
-        except OSError:
-            continue  # closed meanwhile
+    if any(target.startswith(NVIDIA_DEVICE_PREFIX) for _, target in fd_targets([pid])):
+        return True
     try:
         with open(f"/proc/{pid}/maps") as maps:
             # the path is the last field; " /dev/nvidia" cannot occur earlier in a line

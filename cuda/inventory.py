@@ -6,12 +6,12 @@ restore time. GPUs are matched by the minor number of /dev/nvidiaN.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 
 from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
 from gpuckpt.oci.manifest import GpuRecord
+from gpuckpt.procfs import fd_targets
 
 NVIDIA_DEVICE_LINK = re.compile(r"^/dev/nvidia(\d+)$")
 
@@ -28,20 +28,8 @@ class Inventory:
 
 def minors_held_by(pids: list[int]) -> set[int]:
     """Minor numbers of the /dev/nvidiaN a process has open (when the spec does not list them)."""
-    minors: set[int] = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                match = NVIDIA_DEVICE_LINK.match(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                continue
-            if match:
-                minors.add(int(match.group(1)))
-    return minors
+    matches = (NVIDIA_DEVICE_LINK.match(target) for _, target in fd_targets(pids))
+    return {int(match.group(1)) for match in matches if match}
 
 
 def container_gpus(spec, cuda_pids: list[int], gpus: list[GpuInfo] | None = None) -> list[GpuInfo]:

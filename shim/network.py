@@ -8,12 +8,12 @@ option the engine passed itself is always left as it is.
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 from dataclasses import dataclass, field
 
 from gpuckpt.oci.manifest import NetworkPolicy
+from gpuckpt.procfs import fd_targets
 
 SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN, TCP_CLOSE = 10, 7
@@ -42,20 +42,8 @@ def _is_loopback(address: str) -> bool:
 
 
 def socket_inodes(pids: list[int]) -> set[int]:
-    inodes: set[int] = set()
-    for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                match = SOCKET_LINK.match(os.readlink(f"/proc/{pid}/fd/{fd}"))
-            except OSError:
-                continue
-            if match:
-                inodes.add(int(match.group(1)))
-    return inodes
+    matches = (SOCKET_LINK.match(target) for _, target in fd_targets(pids))
+    return {int(match.group(1)) for match in matches if match}
 
 
 def _locks_held(pids: list[int]) -> int:
