@@ -62,8 +62,13 @@ def gpu_pairs(manifest: Manifest, target: list[GpuInfo], node_gpu_uuids: list[st
     pairs = [GpuPair(old.uuid, new.uuid) for old, new in zip(manifest.gpus, target)]
     if all(pair.old_uuid == pair.new_uuid for pair in pairs):
         return []
-    old_rest = [uuid for uuid in manifest.node_gpu_uuids if uuid not in {p.old_uuid for p in pairs}]
-    new_rest = [uuid for uuid in node_gpu_uuids if uuid not in {p.new_uuid for p in pairs}]
-    if len(old_rest) == len(new_rest):
-        pairs += [GpuPair(old, new) for old, new in zip(old_rest, new_rest)]
-    return pairs
+    return complete_pairs(pairs, manifest.node_gpu_uuids, node_gpu_uuids)
+
+
+def complete_pairs(pairs: list[GpuPair], old_node: list[str], new_node: list[str]) -> list[GpuPair]:
+    """Extend the pairs of the moved GPUs to a permutation of all of the node's GPUs."""
+    old_rest = [uuid for uuid in old_node if uuid not in {p.old_uuid for p in pairs}]
+    new_rest = [uuid for uuid in new_node if uuid not in {p.new_uuid for p in pairs}]
+    if len(old_rest) != len(new_rest):
+        return pairs
+    return pairs + [GpuPair(old, new) for old, new in zip(old_rest, new_rest)]

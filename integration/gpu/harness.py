@@ -18,6 +18,7 @@ CARRY = REPO / ".carry"
 SITE = Path("/tmp/gpuckpt-site")
 TORCH_PYTHON = "/opt/torch/.venv/bin/python3"
 RUNTIME = "/usr/local/bin/gpuckpt-runtime"
+CLI = "/usr/local/bin/gpuckpt"
 RUNTIME_ROOT = "/run/gpuckpt-gpu"
 WORK = Path("/tmp/gpuckpt-gpu")
 GPU_DIR = REPO / "integration" / "gpu"
@@ -46,10 +47,11 @@ def install() -> dict:
     if not link.exists():
         link.symlink_to(REPO)
     torch_site = sh(TORCH_PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
-    Path(RUNTIME).write_text(
-        f"#!{TORCH_PYTHON} -IS\nimport sys\nsys.path[:0] = [{str(SITE)!r}, {torch_site!r}]\n"
-        "from gpuckpt.shim.main import main\nsys.exit(main())\n")
-    os.chmod(RUNTIME, 0o755)
+    for launcher, module in ((RUNTIME, "gpuckpt.shim.main"), (CLI, "gpuckpt.cli.main")):
+        Path(launcher).write_text(
+            f"#!{TORCH_PYTHON} -IS\nimport sys\nsys.path[:0] = [{str(SITE)!r}, {torch_site!r}]\n"
+            f"from {module} import main\nsys.exit(main())\n")
+        os.chmod(launcher, 0o755)
     Path("/etc/gpuckpt").mkdir(exist_ok=True)
     runc = shutil.which("runc")
     Path("/etc/gpuckpt/config.toml").write_text(f'delegate = "{runc}"\n')

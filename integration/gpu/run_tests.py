@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import (TORCH_PYTHON, Bundle, assert_continues, image_bytes, install, log, manifest,  # noqa: E402
+from harness import (CLI, RUNTIME_ROOT, TORCH_PYTHON, Bundle, assert_continues, image_bytes, install, log, manifest,  # noqa: E402
                      nvidia_devices, sh, wait_counters)
 
 COUNTER = ["python3", "/work/gpu_counter.py"]
@@ -138,6 +139,70 @@ def scenario_training_bit_exact(results: dict) -> str | None:
     finally:
         bundle.destroy()
         shutil.rmtree(images, ignore_errors=True)
+
+
+def gpu_memory_used_mib() -> int:
+    return int(sh("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits").stdout.split()[0])
+
+
+HOG = """
+import sys, torch
+gib = float(sys.argv[1])
+block = torch.ones(int(gib * 2**30) // 4, device="cuda")
+total = float(block.sum())
+assert total == block.numel(), total
+print(f"hog: {gib} GiB allocated and summed", flush=True)
+"""
+
+
+def scenario_suspend(results: dict) -> str | None:
+    """A 16 GiB workload suspended: its GPU memory is freed, another process allocates and computes
+    in it; resume is refused while that memory is taken (the workload stays suspended), then resumes
+    and the workload verifies its device data. The same container's full checkpoint/restore for scale."""
+    bundle = Bundle("suspend", COUNTER, {"GIB": "16"})
+    images = Path("/dev/shm/gpuckpt-img-suspend")
+    record: dict = {}
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3, timeout_s=300)
+        used_before = gpu_memory_used_mib()
+        started = time.monotonic()
+        out = sh(CLI, "suspend", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT).stdout.strip()
+        record["suspend_s"] = round(time.monotonic() - started, 3)
+        used_suspended = gpu_memory_used_mib()
+        status = sh(CLI, "status", "--json").stdout
+        assert bundle.name in status
+        total_mib = int(sh("nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits").stdout.split()[0])
+        hog_gib = (total_mib - used_suspended) / 1024 - 4
+        hog = subprocess.Popen([TORCH_PYTHON, "-c", HOG + "\nimport time; time.sleep(30)", str(hog_gib)],
+                               stdout=subprocess.PIPE, text=True)
+        assert "hog:" in hog.stdout.readline(), "the other job could not use the freed memory"
+        refused = subprocess.run([CLI, "resume", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT],
+                                 capture_output=True, text=True)
+        assert refused.returncode != 0 and "stays suspended" in refused.stderr, refused.stderr
+        assert bundle.name in sh(CLI, "status").stdout
+        hog.kill()
+        hog.wait()
+        time.sleep(1)
+        started = time.monotonic()
+        sh(CLI, "resume", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT)
+        record["resume_s"] = round(time.monotonic() - started, 3)
+        assert_continues(bundle, before)
+        record.update(gpu_used_mib_before=used_before, gpu_used_mib_suspended=used_suspended,
+                      other_job_gib=round(hog_gib, 1), refused_message=refused.stderr.strip()[-300:], suspend_output=out)
+        log(f"suspend: {record}")
+        current = wait_counters(bundle, 1, 1)
+        record["full_checkpoint_s"], _ = bundle.checkpoint(images)
+        record["full_restore_s"] = bundle.restore(images)
+        assert_continues(bundle, current)
+        record["full_checkpoint_s"] = round(record["full_checkpoint_s"], 3)
+        record["full_restore_s"] = round(record["full_restore_s"], 3)
+        log(f"full checkpoint {record['full_checkpoint_s']} s, restore {record['full_restore_s']} s")
+    finally:
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+    results["suspend"] = record
+    return None
 
 
 def gpu_count() -> int:

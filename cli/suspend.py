@@ -1,0 +1,91 @@
+"""`gpuckpt suspend|resume|status`: free a container's GPUs without stopping it, and give them back.
+
+The record of a suspension lives in the state directory, so it survives this command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gpuckpt.cli.containers import ENGINES, find_container
+from gpuckpt.errors import UsageError
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    for name, handler, text in (("suspend", run_suspend, "move a container's GPU state to host memory, freeing its GPUs"),
+                                ("resume", run_resume, "bring a suspended container's GPU state back")):
+        parser = commands.add_parser(name, help=text)
+        parser.add_argument("container", help="name or ID (podman, docker, or runc with --root)")
+        parser.add_argument("--engine", choices=ENGINES, default="auto")
+        parser.add_argument("--root", help="runc's --root, for containers run by runc or this shim directly")
+        if name == "resume":
+            parser.add_argument("--gpu", action="append", default=[], metavar="UUID",
+                                help="resume onto these GPUs, in the order of the container's GPUs")
+        parser.set_defaults(handler=handler)
+    status = commands.add_parser("status", help="suspended containers and since when")
+    status.add_argument("--json", action="store_true")
+    status.set_defaults(handler=run_status)
+
+
+def run_suspend(options: argparse.Namespace) -> int:
+    from gpuckpt.cuda.driver import load_driver
+    from gpuckpt.cuda.suspend import suspend
+    from gpuckpt.oci.config import load_config
+    from gpuckpt.oci.suspension import read_suspension, write_suspension
+
+    container = find_container(options.container, options.engine, options.root)
+    if read_suspension(container.container_id):
+        raise UsageError(f"container {options.container} is already suspended (gpuckpt resume {options.container})")
+    record = suspend(load_driver(), container.container_id, container.engine, container.init_pid,
+                     load_config().cuda.lock_timeout_ms)
+    write_suspension(record)
+    freed = sum(p.device_bytes for p in record.processes)
+    print(f"suspended {options.container}: {len(record.processes)} CUDA process(es), "
+          f"{freed / 2**30:.1f} GiB of GPU memory freed in {record.suspend_s:.2f} s")
+    return 0
+
+
+def _pairs(record, uuids: list[str]):
+    from gpuckpt.cuda.compat import complete_pairs
+    from gpuckpt.cuda.devices import list_gpus
+    from gpuckpt.cuda.driver import GpuPair
+
+    if not uuids:
+        return []
+    old = sorted({uuid for process in record.processes for uuid in process.gpu_uuids})
+    if len(uuids) != len(old):
+        raise UsageError(f"--gpu: give {len(old)} GPU UUID(s), one for each GPU the container used ({', '.join(old)})")
+    node = [gpu.uuid for gpu in list_gpus()]  # the driver wants every GPU the processes see covered
+    return complete_pairs([GpuPair(o, n) for o, n in zip(old, uuids)], node, node)
+
+
+def run_resume(options: argparse.Namespace) -> int:
+    from gpuckpt.cuda.driver import load_driver
+    from gpuckpt.cuda.suspend import resume
+    from gpuckpt.oci.suspension import read_suspension, remove_suspension
+
+    container = find_container(options.container, options.engine, options.root)
+    record = read_suspension(container.container_id)
+    if record is None:
+        raise UsageError(f"container {options.container} is not suspended")
+    seconds = resume(load_driver(), record, _pairs(record, options.gpu))
+    remove_suspension(container.container_id)
+    print(f"resumed {options.container}: {len(record.processes)} CUDA process(es) in {seconds:.2f} s")
+    return 0
+
+
+def run_status(options: argparse.Namespace) -> int:
+    from gpuckpt.oci.suspension import all_suspensions
+
+    records = all_suspensions()
+    if options.json:
+        print(json.dumps([record.model_dump() for record in records], indent=2))
+        return 0
+    if not records:
+        print("no suspended container")
+    for record in records:
+        gib = sum(p.device_bytes for p in record.processes) / 2**30
+        print(f"{record.container[:12]}  {record.engine:6}  suspended since {record.since}  "
+              f"{len(record.processes)} CUDA process(es), {gib:.1f} GiB in host memory")
+    return 0

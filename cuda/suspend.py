@@ -1,0 +1,100 @@
+"""Suspend a container's CUDA processes to host memory and resume them, without CRIU.
+
+Suspend: lock and checkpoint every CUDA process in parallel; the GPU is released and the
+processes stay where they are. Resume: check the GPUs have the memory back, restore
+(optionally onto other GPUs) and unlock. Any failure leaves the container either running
+or cleanly suspended, never half of each.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
+from gpuckpt.cuda.engine import CudaSession
+from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
+from gpuckpt.oci.suspension import SuspendedProcess, Suspension
+
+
+def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
+    """The processes the driver holds checkpointed (they no longer show up as GPU users)."""
+    found = []
+    for pid in pids:
+        try:
+            if driver.state(pid) == ProcessState.CHECKPOINTED:
+                found.append(pid)
+        except DriverError:
+            continue  # not a CUDA process
+    return found
+
+
+def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock_timeout_ms: int) -> Suspension:
+    from gpuckpt.cuda.devices import compute_processes
+    from gpuckpt.cuda.discovery import descendants, find_cuda_pids, is_stopped
+
+    cuda_pids = find_cuda_pids(descendants(init_pid))
+    if not cuda_pids:
+        raise GpuCheckpointError(f"container {container} has no CUDA process to suspend")
+    stopped = [pid for pid in cuda_pids if is_stopped(pid)]
+    if stopped:
+        raise GpuCheckpointError(f"CUDA process(es) {stopped} are stopped (paused or traced): resume them first")
+    usage = compute_processes()
+    session = CudaSession(driver, cuda_pids)
+    session.require_running()
+    started = time.monotonic()
+    try:
+        session.lock(lock_timeout_ms)
+        session.checkpoint()
+    except (GpuckptError, KeyboardInterrupt) as error:
+        leftovers = session.rollback()
+        state = f"rollback could not resume {'; '.join(leftovers)}" if leftovers else "the container keeps running"
+        raise GpuCheckpointError(f"suspend of {container} failed ({error}); {state}") from None
+    return Suspension(
+        container=container, engine=engine, init_pid=init_pid,
+        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        processes=[SuspendedProcess(pid=pid, gpu_uuids=sorted(usage.get(pid, {})),
+                                    device_bytes=sum(usage.get(pid, {}).values())) for pid in cuda_pids],
+        suspend_s=time.monotonic() - started)
+
+
+def _check_memory(record: Suspension, pairs: Sequence[GpuPair]) -> None:
+    """Refuse (and stay suspended) when the GPUs no longer have the memory the processes need."""
+    from gpuckpt.cuda.devices import list_gpus
+
+    moved = {pair.old_uuid: pair.new_uuid for pair in pairs}
+    needed: dict[str, int] = {}
+    for process in record.processes:
+        for uuid in process.gpu_uuids[:1]:
+            target = moved.get(uuid, uuid)
+            needed[target] = needed.get(target, 0) + process.device_bytes
+    free = {gpu.uuid: gpu.memory_free_bytes for gpu in list_gpus()}
+    short = [f"{uuid} has {free.get(uuid, 0) >> 20} MiB free, needs {want >> 20} MiB"
+             for uuid, want in needed.items() if want > free.get(uuid, 0)]
+    if short:
+        raise GpuCheckpointError(f"resume of {record.container} refused, it stays suspended: " + "; ".join(short))
+
+
+def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = ()) -> float:
+    """Bring the suspended processes back; the seconds it took."""
+    from gpuckpt.cuda.discovery import descendants
+
+    _check_memory(record, pairs)
+    pids = checkpointed_pids(driver, descendants(record.init_pid))
+    if not pids:
+        raise GpuCheckpointError(f"container {record.container} has no suspended CUDA process")
+    session = CudaSession(driver, pids)
+    started = time.monotonic()
+    try:
+        session.restore(pairs)
+    except GpuckptError as error:
+        # Cleanly suspended again: whatever came back goes back to host memory.
+        back = [pid for pid in pids if driver.state(pid) == ProcessState.LOCKED]
+        again = CudaSession(driver, back)
+        try:
+            again.checkpoint()
+        except GpuckptError:
+            pass
+        raise GpuCheckpointError(f"resume of {record.container} failed ({error}); it stays suspended") from None
+    session.unlock()
+    return time.monotonic() - started

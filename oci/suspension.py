@@ -1,0 +1,84 @@
+"""The record of a suspended container: which CUDA processes hold their GPU state in host
+memory, on which GPUs, since when. Kept root-only in the state directory so it outlives the
+CLI; the driver's own per-process state stays the authority.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.paths import state_dir
+
+SCHEMA_VERSION = 1
+
+
+class SuspendedProcess(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pid: int
+    gpu_uuids: list[str] = []
+    device_bytes: int = 0
+
+
+class Suspension(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    container: str
+    engine: str
+    init_pid: int
+    since: str
+    processes: list[SuspendedProcess]
+    suspend_s: float = 0.0
+
+
+def _directory() -> str:
+    return os.path.join(state_dir(), "suspended")
+
+
+def _path(container: str) -> str:
+    if not container or "/" in container or container.startswith("."):
+        raise ImageError(f"container name {container!r} cannot name a suspension record")
+    return os.path.join(_directory(), f"{container}.json")
+
+
+def write_suspension(record: Suspension) -> None:
+    os.makedirs(_directory(), mode=0o700, exist_ok=True)
+    path = _path(record.container)
+    temporary = f"{path}.tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as record_file:
+        record_file.write(record.model_dump_json(indent=2))
+    os.replace(temporary, path)
+
+
+def read_suspension(container: str) -> Suspension | None:
+    try:
+        with open(_path(container)) as record_file:
+            raw = json.load(record_file)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:
+        raise ImageError(f"{_path(container)}: unreadable suspension record: {error}") from None
+    try:
+        return Suspension.model_validate(raw)
+    except ValidationError as error:
+        raise ImageError(f"{_path(container)}: {error.errors()[0]['msg']}") from None
+
+
+def remove_suspension(container: str) -> None:
+    try:
+        os.unlink(_path(container))
+    except FileNotFoundError:
+        pass
+
+
+def all_suspensions() -> list[Suspension]:
+    try:
+        names = sorted(os.listdir(_directory()))
+    except FileNotFoundError:
+        return []
+    return [record for name in names if name.endswith(".json")
+            if (record := read_suspension(name[:-5])) is not None]
