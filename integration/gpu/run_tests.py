@@ -180,7 +180,7 @@ def scenario_suspend(results: dict) -> str | None:
         refused = subprocess.run([CLI, "resume", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT],
                                  capture_output=True, text=True)
         assert refused.returncode != 0 and "stays suspended" in refused.stderr, refused.stderr
-        assert bundle.name in sh(CLI, "status").stdout
+        assert bundle.name in sh(CLI, "status", "--json").stdout
         hog.kill()
         hog.wait()
         time.sleep(1)
