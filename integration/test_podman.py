@@ -108,6 +108,23 @@ def test_failed_checkpoint_leaves_container_running(delegate) -> None:
         box.remove()
 
 
+@pytest.mark.parametrize("opted_in", [False, True])
+def test_pause_unpause(delegate, opted_in) -> None:
+    """pause/unpause go through the shim (owned for suspend-on-pause): the workload freezes and goes on."""
+    box = PodmanContainer(["--runtime", "gpuckpt-runtime"])
+    annotation = ["--annotation", "io.gpuckpt.suspend-on-pause=true"] if opted_in else []
+    try:
+        sh(*box.podman, "run", "-d", "--name", box.name, "--network", "none", *annotation,
+           PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+        before = wait_counter(box.state, minimum=3)
+        sh(*box.podman, "pause", box.name)
+        assert box.status() == "paused"
+        sh(*box.podman, "unpause", box.name)
+        assert_continues(before, box.state)
+    finally:
+        box.remove()
+
+
 def test_runtime_version_names_shim_and_delegate(delegate) -> None:
     output = sh(RUNTIME, "--version").stdout
     assert output.startswith("gpuckpt-runtime version")

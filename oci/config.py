@@ -30,6 +30,9 @@ class CudaConfig(_Section):
     # "always": transparent hugepages node-wide while GPU state moves (faster, see README);
     # "leave": never touch the node's setting.
     host_hugepages: Literal["leave", "always"] = "leave"
+    # Suspend every GPU container's CUDA processes on `pause` (else only those annotated
+    # io.gpuckpt.suspend-on-pause=true).
+    suspend_on_pause: bool = False
 
 
 class CriuConfig(_Section):

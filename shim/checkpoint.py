@@ -126,6 +126,10 @@ class Checkpoint:
 
         if self.verb.has("pre-dump"):
             raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty tracking")
+        from gpuckpt.oci.suspension import read_suspension
+        from gpuckpt.shim.pause import PAUSE_ENGINE
+
+        paused = read_suspension(self.container_id)
         cuda_pids = find_cuda_pids(self.pids)
         plugin = criu_cuda_plugin()
         if plugin:
@@ -133,11 +137,34 @@ class Checkpoint:
             # must not also try (it would find the processes already checkpointed).
             disable_criu_plugins()
             log(self.args, "info", f"CRIU CUDA plugin {plugin} disabled for this dump; gpuckpt handles the GPU")
+        if paused is not None and paused.engine == PAUSE_ENGINE:
+            return self._dump_suspended(paused, started)
         if not cuda_pids:
             log(self.args, "info", f"{self.container_id}: GPU container without CUDA processes: plain dump")
             return self._dump_plain(started, gpu=True)
         freezer = Freezer.of_process(int(self.state["pid"]))
         return self._checkpoint_gpu(cuda_pids, freezer, started)
+
+    def _dump_suspended(self, record, started: float) -> int:
+        """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
+        from gpuckpt.cuda.discovery import container_pid
+        from gpuckpt.cuda.inventory import describe_container_gpus
+        from gpuckpt.oci.suspension import remove_suspension
+
+        cuda_pids = [process.pid for process in record.processes]
+        inventory = describe_container_gpus(self.spec, [])
+        inventory.memory_bytes = {p.pid: p.device_bytes for p in record.processes}
+        inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
+        self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}
+        dump_started = time.monotonic()
+        status = run_delegate(self.delegate, self.argv).returncode
+        if status != 0:
+            raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
+                                f"as the pause left them{self._failure_hint()}", status)
+        if not self.leave_running:
+            remove_suspension(self.container_id)  # the processes are gone; their image holds them
+        self._write_manifest(inventory, cuda_pids, started, dump_s=time.monotonic() - dump_started)
+        return 0
 
     def _dump_plain(self, started: float, gpu: bool) -> int:
         from gpuckpt.cuda.inventory import Inventory, describe_container_gpus

@@ -13,14 +13,16 @@ from gpuckpt.shim.argv import RuntimeArgs, parse_runtime_args
 from gpuckpt.shim.delegate import exec_delegate
 from gpuckpt.shim.resolve import delegate_path
 
-OWNED_VERBS = frozenset({"checkpoint", "restore"})
+OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume"})
 
 
 def _run_owned(args: RuntimeArgs, delegate: str) -> int:
     if args.command == "checkpoint":
         from gpuckpt.shim import checkpoint as verb
-    else:
+    elif args.command == "restore":
         from gpuckpt.shim import restore as verb
+    else:  # pause, resume: GPU suspension for containers that opted in
+        from gpuckpt.shim import pause as verb
     return verb.run(args, delegate)
 
 

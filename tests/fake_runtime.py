@@ -16,7 +16,8 @@ argv = sys.argv[1:]
 with open(here / "calls.log", "a") as calls:
     calls.write(json.dumps(argv) + "\n")
 words = [arg for arg in argv if not arg.startswith("-")]
-verb = next((word for word in words if word in ("state", "ps", "checkpoint", "restore", "kill", "delete")), None)
+verb = next((word for word in words if word in ("state", "ps", "checkpoint", "restore", "kill", "delete",
+                                                  "pause", "resume")), None)
 if verb == "state":
     print(json.dumps(setup["state"]))
 elif verb == "ps":
@@ -27,4 +28,6 @@ elif verb == "checkpoint":
     sys.exit(setup.get("checkpoint_status", 0))
 elif verb == "restore":
     sys.exit(setup.get("restore_status", 0))
+elif verb in ("pause", "resume"):
+    sys.exit(setup.get(f"{verb}_status", 0))
 sys.exit(0)

@@ -361,3 +361,66 @@ def test_operator_may_allow_the_annotation(make_node) -> None:
     state["state"]["annotations"] = {"org.criu.config": "/etc/criu/site.conf"}
     (node.dir / "runtime.json").write_text(json.dumps(state))
     assert node.checkpoint() == 0
+
+
+# -- suspend on pause (podman pause / docker pause of an opted-in container) ----------
+
+
+def opt_in_to_suspend_on_pause(node: Node) -> None:
+    setup = json.loads((node.dir / "runtime.json").read_text())
+    setup["state"]["annotations"] = {"io.gpuckpt.suspend-on-pause": "true"}
+    (node.dir / "runtime.json").write_text(json.dumps(setup))
+
+
+def run_verb(node: Node, verb: str) -> int:
+    from gpuckpt.shim import pause
+
+    return pause.run(parse_runtime_args(["--root", "/r", verb, "ctr"]), str(node.runtime))
+
+
+@pytest.fixture
+def suspendable(make_node, monkeypatch):
+    from gpuckpt.cuda import devices
+
+    node = make_node(2)
+    opt_in_to_suspend_on_pause(node)
+    monkeypatch.setattr(discovery, "descendants", lambda init: node.pids)
+    monkeypatch.setattr(devices, "compute_processes", lambda: {pid: {UUID0: 1 << 30} for pid in node.pids})
+    monkeypatch.setattr(devices, "list_gpus", lambda: [
+        GpuInfo(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=0)])
+    return node
+
+
+def test_pause_suspends_before_the_freeze_and_resume_brings_back_after_the_thaw(suspendable) -> None:
+    from gpuckpt.oci.suspension import read_suspension
+
+    node = suspendable
+    assert run_verb(node, "pause") == 0
+    assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
+    assert node.verbs_called()[-1] == "pause" and read_suspension("ctr") is not None
+    assert run_verb(node, "resume") == 0
+    assert node.verbs_called()[-1] == "resume"
+    assert node.all_running() and read_suspension("ctr") is None
+
+
+def test_failed_pause_gives_the_gpu_back(suspendable) -> None:
+    from gpuckpt.oci.suspension import read_suspension
+
+    node = suspendable
+    node.set_runtime(pause_status=1, state={"status": "running", "pid": node.pids[0], "bundle": str(node.bundle),
+                                            "id": "ctr", "annotations": {"io.gpuckpt.suspend-on-pause": "true"}})
+    assert run_verb(node, "pause") == 1
+    assert node.all_running() and read_suspension("ctr") is None
+
+
+def test_docker_checkpoint_of_a_suspended_pause_dumps_the_suspended_processes(suspendable) -> None:
+    """containerd: pause, checkpoint, resume. The pause moved the GPU state; the dump takes it as it is."""
+    from gpuckpt.oci.suspension import read_suspension
+
+    node = suspendable
+    assert run_verb(node, "pause") == 0
+    assert node.checkpoint() == 0
+    manifest = read_manifest(str(node.images))
+    assert sorted(p.host_pid for p in manifest.processes) == sorted(node.pids)
+    assert node.driver.calls_of("lock").count(node.pids[0]) == 1  # locked once, by the pause
+    assert read_suspension("ctr") is None  # the dump ended the processes; the image holds them

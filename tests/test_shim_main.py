@@ -29,6 +29,8 @@ def recorded(runtime: Path) -> list[str]:
     ["--log", "/x", "--log-format", "json", "create", "--bundle", "/b", "--pid-file", "/p", "c1"],
     ["--unknown-global", "v", "state", "c1"],
     ["exec", "--no-such-flag", "c1", "sh"],
+    ["--root", "/run/r", "pause", "c1"],  # not opted in to suspend-on-pause: the delegate's
+    ["resume", "c1"],
 ])
 def test_pass_through_keeps_argv_unchanged(node, recording_runtime, argv) -> None:
     write_config(node, f'delegate = "{recording_runtime}"\n')

@@ -1,0 +1,78 @@
+"""`gpuckpt-runtime pause|resume` for containers that opted in: suspend their CUDA processes
+before the freeze, resume them after the thaw (`podman pause`, `docker pause`).
+
+Opt-in is the annotation io.gpuckpt.suspend-on-pause=true or `cuda.suspend_on_pause` in
+the config; every other container's pause and resume go to the delegate unchanged.
+"""
+
+from __future__ import annotations
+
+from gpuckpt.errors import DelegateError, GpuckptError
+from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
+from gpuckpt.shim.delegate import container_state, exec_delegate, run_delegate
+from gpuckpt.shim.log import log
+
+SUSPEND_ON_PAUSE_ANNOTATION = "io.gpuckpt.suspend-on-pause"
+PAUSE_ENGINE = "pause"  # the suspension record's engine when a pause made it
+
+
+def run(args: RuntimeArgs, delegate: str) -> int:
+    verb = parse_verb_args(args.command_args, frozenset())
+    container_id = verb.container_id
+    try:
+        state = container_state(delegate, args.global_argv, container_id) if container_id else None
+    except DelegateError:
+        state = None
+    if state is None or not _opted_in(state):
+        exec_delegate(delegate, args.argv)
+    if args.command == "pause":
+        return _pause(args, delegate, container_id, int(state["pid"]))
+    return _resume(args, delegate, container_id)
+
+
+def _opted_in(state: dict) -> bool:
+    from gpuckpt.oci.config import load_config
+    from gpuckpt.oci.spec import read_annotations
+
+    annotations = {**read_annotations(state.get("bundle", "")), **(state.get("annotations") or {})}
+    return annotations.get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
+
+
+def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int) -> int:
+    from gpuckpt.cuda.discovery import descendants, find_cuda_pids
+    from gpuckpt.cuda.driver import load_driver
+    from gpuckpt.cuda.suspend import resume, suspend
+    from gpuckpt.oci.config import load_config
+    from gpuckpt.oci.suspension import remove_suspension, write_suspension
+
+    if not find_cuda_pids(descendants(init_pid)):
+        return run_delegate(delegate, args.argv).returncode
+    driver = load_driver()
+    record = suspend(driver, container_id, PAUSE_ENGINE, init_pid, load_config().cuda.lock_timeout_ms)
+    write_suspension(record)
+    status = run_delegate(delegate, args.argv).returncode
+    if status != 0:  # not frozen after all: give the GPU state back
+        resume(driver, record)
+        remove_suspension(container_id)
+        return status
+    log(args, "info", f"{container_id}: {len(record.processes)} CUDA process(es) suspended before the freeze "
+        f"in {record.suspend_s:.2f} s")
+    return 0
+
+
+def _resume(args: RuntimeArgs, delegate: str, container_id: str) -> int:
+    from gpuckpt.cuda.driver import load_driver
+    from gpuckpt.cuda.suspend import resume
+    from gpuckpt.oci.suspension import read_suspension, remove_suspension
+
+    status = run_delegate(delegate, args.argv).returncode
+    record = read_suspension(container_id)
+    if status != 0 or record is None or record.engine != PAUSE_ENGINE:
+        return status
+    try:
+        seconds = resume(load_driver(), record)
+    except GpuckptError as error:
+        raise DelegateError(f"{container_id} is thawed but its GPU state is not back: {error}") from None
+    remove_suspension(container_id)
+    log(args, "info", f"{container_id}: {len(record.processes)} CUDA process(es) resumed after the thaw in {seconds:.2f} s")
+    return 0
