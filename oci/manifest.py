@@ -103,6 +103,11 @@ def read_manifest(image_dir: str) -> Manifest | None:
         raise ImageError(f"{path}: cannot read: {error.strerror}") from None
     with os.fdopen(fd, "rb") as manifest_file:
         text = manifest_file.read(MAX_MANIFEST_BYTES + 1)
+    return parse_manifest(text, path)
+
+
+def parse_manifest(text: bytes, path: str) -> Manifest:
+    """Validate a manifest's bytes; `path` names where they came from in errors."""
     if len(text) > MAX_MANIFEST_BYTES:
         raise ImageError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes")
     try:

@@ -1,0 +1,162 @@
+"""Checkpoint archives: a checkpoint directory as one zstd-compressed tar stream, and back.
+
+Written as a stream (tar into a multithreaded zstd compressor, no intermediate copy),
+readable by root only: it holds process memory. Read defensively: the archive may come
+from another node, so only regular files and directories inside the target are
+accepted, sizes are bounded, a truncated or corrupt stream is an ImageError, and the
+first problem is reported before anything lands outside the target.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import tarfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from gpuckpt.errors import ImageError
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
+MAX_MEMBER_BYTES = 1 << 40
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    size: int
+    is_dir: bool
+
+
+def _walk(source: str) -> Iterator[str]:
+    for directory, subdirectories, files in os.walk(source):
+        subdirectories.sort()
+        for name in sorted(subdirectories) + sorted(files):
+            yield os.path.join(directory, name)
+
+
+def write_archive(source: str, archive: str, *, threads: int = 0, level: int = DEFAULT_LEVEL) -> int:
+    """Pack `source` into `archive` (created 0600); the compressed size in bytes.
+
+    `threads` 0 means one per CPU. Only regular files and directories are packed: a
+    checkpoint directory holds nothing else, and a link would not survive the reader.
+    """
+    import zstandard
+
+    threads = threads or os.cpu_count() or 1
+    # The checksum makes a corrupted archive an error rather than corrupted process memory.
+    compressor = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
+    fd = os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as raw, compressor.stream_writer(raw, closefd=False) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for path in _walk(source):
+            relative = os.path.relpath(path, source)
+            if os.path.islink(path) or not (os.path.isfile(path) or os.path.isdir(path)):
+                raise ImageError(f"{path}: only regular files and directories can be archived")
+            info = tar.gettarinfo(path, arcname=relative)
+            info.uid = info.gid = 0
+            info.uname = info.gname = "root"
+            if info.isfile():
+                with open(path, "rb") as member:
+                    tar.addfile(info, member)
+            else:
+                tar.addfile(info)
+    return os.path.getsize(archive)
+
+
+def _checked_name(member: tarfile.TarInfo) -> str:
+    name = member.name
+    normalized = posixpath.normpath(name)
+    if name.startswith("/") or normalized.startswith("..") or "/../" in f"/{name}/" or normalized == ".":
+        raise ImageError(f"archive entry {name!r} escapes the target directory")
+    if "\0" in name:
+        raise ImageError(f"archive entry {name!r} has a NUL byte in its name")
+    if member.issym() or member.islnk():
+        raise ImageError(f"archive entry {name!r} is a link ({member.linkname!r}): only files and directories are accepted")
+    if not (member.isfile() or member.isdir()):
+        raise ImageError(f"archive entry {name!r} is a device, FIFO or other special file: refused")
+    if member.size < 0 or member.size > MAX_MEMBER_BYTES:
+        raise ImageError(f"archive entry {name!r} declares {member.size} bytes: refused")
+    return normalized
+
+
+def _members(archive: str) -> Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]:
+    import zstandard
+
+    with open(archive, "rb") as raw:
+        if raw.read(4) != ZSTD_MAGIC:
+            raise ImageError(f"{archive}: not a zstd-compressed gpuckpt archive")
+        raw.seek(0)
+        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+        try:
+            with tarfile.open(fileobj=reader, mode="r|") as tar:
+                for member in tar:
+                    yield member, tar
+        except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+            raise ImageError(f"{archive}: truncated or corrupt archive: {error}") from None
+
+
+def list_archive(archive: str) -> list[Entry]:
+    entries = []
+    for member, _ in _members(archive):
+        entries.append(Entry(_checked_name(member), member.size, member.isdir()))
+    return entries
+
+
+def read_member(archive: str, wanted: str, max_bytes: int) -> bytes | None:
+    """One small member's bytes, without unpacking the rest; None if absent."""
+    for member, tar in _members(archive):
+        if _checked_name(member) == wanted and member.isfile():
+            if member.size > max_bytes:
+                raise ImageError(f"{archive}: {wanted} declares {member.size} bytes, more than {max_bytes}")
+            return tar.extractfile(member).read()
+    return None
+
+
+def read_archive(archive: str, target: str) -> list[Entry]:
+    """Unpack into `target` (created 0700, must not exist); what was unpacked.
+
+    On any problem, what was unpacked so far is removed and an ImageError names it.
+    """
+    import zstandard
+
+    os.mkdir(target, 0o700)
+    entries: list[Entry] = []
+    try:
+        for member, tar in _members(archive):
+            name = _checked_name(member)
+            path = os.path.join(target, name)
+            parent = os.path.dirname(path)
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            if os.path.realpath(parent) != os.path.join(os.path.realpath(target), os.path.dirname(name)).rstrip("/"):
+                raise ImageError(f"archive entry {name!r} escapes the target directory")
+            if member.isdir():
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            else:
+                source = tar.extractfile(member)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+                written = 0
+                with os.fdopen(fd, "wb") as out:
+                    while chunk := source.read(1 << 20):
+                        written += len(chunk)
+                        out.write(chunk)
+                if written != member.size:
+                    raise ImageError(f"archive entry {name!r}: {written} bytes instead of {member.size}")
+            entries.append(Entry(name, member.size, member.isdir()))
+    except FileExistsError as error:
+        _remove(target)
+        raise ImageError(f"archive entry {os.path.relpath(error.filename, target)!r} appears twice") from None
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+        _remove(target)
+        raise ImageError(f"{archive}: truncated or corrupt archive: {error}") from None
+    except BaseException:
+        _remove(target)
+        raise
+    return entries
+
+
+def _remove(target: str) -> None:
+    import shutil
+
+    shutil.rmtree(target, ignore_errors=True)
