@@ -9,6 +9,8 @@ path, and `dataclasses` costs ~14 ms to import.
 
 from __future__ import annotations
 
+import os
+
 # runc's global flags (main.go) that take a value; the others are booleans.
 GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless"})
 GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
@@ -120,6 +122,17 @@ class VerbArgs:
     @property
     def container_id(self) -> str | None:
         return self.positionals[0] if self.positionals else None
+
+
+def with_options(args: RuntimeArgs, options: list[str]) -> list[str]:
+    """The caller's argv with `options` added right after the verb."""
+    at = (args.command_index or 0) + 1
+    return [*args.argv[:at], *options, *args.argv[at:]]
+
+
+def image_dir_of(verb: VerbArgs) -> str:
+    """Where checkpoint images are: --image-path, or runc's default ./checkpoint."""
+    return os.path.abspath(verb.value("image-path") or "checkpoint")
 
 
 def parse_verb_args(args: list[str], value_flags: frozenset[str]) -> VerbArgs:

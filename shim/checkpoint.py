@@ -14,7 +14,7 @@ import os
 import time
 
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, parse_verb_args
+from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, image_dir_of, parse_verb_args, with_options
 from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids, container_state, run_delegate
 from gpuckpt.shim.interrupt import interruptible, uninterruptible
 from gpuckpt.shim.log import log
@@ -32,17 +32,6 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     except DelegateError:
         return run_delegate(delegate, args.argv).returncode  # no such container: runc's own error
     return Checkpoint(args, verb, delegate, state).run()
-
-
-def with_options(args: RuntimeArgs, options: list[str]) -> list[str]:
-    """The caller's argv with `options` added right after the verb."""
-    at = (args.command_index or 0) + 1
-    return [*args.argv[:at], *options, *args.argv[at:]]
-
-
-def image_dir_of(verb: VerbArgs) -> str:
-    """Where the dump goes: --image-path, or runc's default ./checkpoint."""
-    return os.path.abspath(verb.value("image-path") or "checkpoint")
 
 
 class Checkpoint:

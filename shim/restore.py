@@ -13,7 +13,7 @@ import os
 import time
 
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, parse_verb_args
+from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, image_dir_of, parse_verb_args, with_options
 from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids, container_state, kill_container, run_delegate
 from gpuckpt.shim.interrupt import uninterruptible
 from gpuckpt.shim.log import log
@@ -36,12 +36,10 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     refuse_container_criu_config(annotations, verb.container_id,
                                  load_config().criu.allow_container_config, config_path())
 
-    manifest = read_manifest(os.path.abspath(verb.value("image-path") or "checkpoint"))
+    manifest = read_manifest(image_dir_of(verb))
     argv = args.argv
     if manifest is not None:
         # CRIU restores TCP connections, external unix sockets and locks only when asked again.
-        from gpuckpt.shim.checkpoint import with_options
-
         again = [option for option in manifest.network.added_options if option.lstrip("-") not in verb.flags]
         argv = with_options(args, again)
 
