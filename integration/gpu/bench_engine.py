@@ -37,17 +37,9 @@ def cuda_pids_of(bundle: Bundle) -> list[int]:
 def checkpointed_pids(driver, bundle: Bundle) -> list[int]:
     """After `runc restore` the processes hold no device file: ask the driver which are checkpointed."""
     from gpuckpt.cuda.discovery import descendants
-    from gpuckpt.cuda.driver import ProcessState
-    from gpuckpt.errors import DriverError
+    from gpuckpt.cuda.suspend import checkpointed_pids as driver_checkpointed
 
-    found = []
-    for pid in descendants(bundle.state()["pid"]):
-        try:
-            if driver.state(pid) == ProcessState.CHECKPOINTED:
-                found.append(pid)
-        except DriverError:
-            continue  # not a CUDA process
-    return found
+    return driver_checkpointed(driver, descendants(bundle.state()["pid"]))
 
 
 def plain_sequence(gib: str, images: Path) -> dict:
