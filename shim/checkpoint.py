@@ -62,10 +62,13 @@ class Checkpoint:
                                      config_path())
 
     def _choose_network_options(self) -> None:
-        from gpuckpt.shim.network import choose, inspect_container
+        from gpuckpt.oci.spec import read_annotations
+        from gpuckpt.shim.network import choose, container_policy, inspect_container
 
+        annotations = {**read_annotations(self.state["bundle"]), **(self.state.get("annotations") or {})}
+        policy = container_policy(self.config.criu, annotations)
         found = inspect_container(int(self.state["pid"]), self.pids)
-        self.network = choose(found, set(self.verb.flags), self.config.criu)
+        self.network = choose(found, set(self.verb.flags), policy)
         self.argv = with_options(self.args, self.network.added_options)
         if self.network.added_options:
             log(self.args, "info", f"{self.container_id}: added {' '.join(self.network.added_options)} "

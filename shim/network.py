@@ -124,3 +124,28 @@ def missing_option_hint(chosen: NetworkPolicy, engine_flags: set[str]) -> str | 
                 "criu.tcp_established = \"always\" in the gpuckpt config (\"auto\" adds it only for "
                 "connections leaving the container: runc cannot restore loopback ones)")
     return None
+
+
+# Per-container choices a container's annotations may make; CRIU's network lock stays the operator's.
+POLICY_ANNOTATIONS = {
+    "io.gpuckpt.criu.tcp-established": "tcp_established",
+    "io.gpuckpt.criu.ext-unix-sk": "ext_unix_sk",
+    "io.gpuckpt.criu.file-locks": "file_locks",
+}
+
+
+def container_policy(policy, annotations: dict[str, str]):
+    """The operator's policy with the container's own choices (annotations) applied, validated."""
+    from pydantic import ValidationError
+
+    from gpuckpt.errors import ConfigError
+
+    chosen = {key: annotations[name] for name, key in POLICY_ANNOTATIONS.items() if name in annotations}
+    if not chosen:
+        return policy
+    try:
+        return policy.model_validate({**policy.model_dump(), **chosen})
+    except ValidationError as error:
+        first = error.errors()[0]
+        name = next(n for n, key in POLICY_ANNOTATIONS.items() if key == first["loc"][0])
+        raise ConfigError(f"annotation {name}={annotations[name]!r}: {first['msg']}") from None

@@ -9,7 +9,8 @@ import socket
 import pytest
 
 from gpuckpt.oci.config import CriuConfig
-from gpuckpt.shim.network import SocketsFound, choose, inspect_container, missing_option_hint
+from gpuckpt.errors import ConfigError
+from gpuckpt.shim.network import SocketsFound, choose, container_policy, inspect_container, missing_option_hint
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sock_diag in another netns needs CAP_SYS_ADMIN (setns)")
 
@@ -81,3 +82,14 @@ def test_never_adds_nothing_and_the_failure_says_what_to_enable() -> None:
 
 def test_always_adds_even_without_connections() -> None:
     assert choose(SocketsFound(), set(), CriuConfig(tcp_established="always")).added_options == ["--tcp-established"]
+
+
+def test_a_container_annotation_chooses_its_own_policy() -> None:
+    policy = container_policy(CriuConfig(), {"io.gpuckpt.criu.tcp-established": "always"})
+    assert policy.tcp_established == "always" and policy.network_lock == "iptables"
+    assert choose(SocketsFound(), set(), policy).added_options == ["--tcp-established"]
+
+
+def test_a_bad_annotation_value_names_what_is_allowed() -> None:
+    with pytest.raises(ConfigError, match="annotation io.gpuckpt.criu.file-locks='yes': Input should be 'auto' or 'never'"):
+        container_policy(CriuConfig(), {"io.gpuckpt.criu.file-locks": "yes"})
