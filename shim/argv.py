@@ -124,6 +124,31 @@ class VerbArgs:
         return self.positionals[0] if self.positionals else None
 
 
+# runc options crun does not have and that change nothing in the way engines call them:
+# containerd passes -no-subreaper to restore --detach, where runc has no child to reap.
+CRUN_DROPPED = frozenset({"no-subreaper"})
+
+
+def for_delegate(delegate: str, args: RuntimeArgs, argv: list[str]) -> list[str]:
+    """The owned verb's argv in the delegate's dialect. runc (urfave/cli) takes long options
+    with one dash too ("-no-subreaper"); crun's parser reads those as short-option clusters."""
+    if "crun" not in os.path.basename(delegate):
+        return argv
+    at = (args.command_index or 0) + 1
+    verb_args: list[str] = []
+    for index in range(at, len(argv)):
+        arg = argv[index]
+        if arg == "--":
+            verb_args.extend(argv[index:])
+            break
+        if arg.startswith("-") and not arg.startswith("--") and len(arg.split("=", 1)[0]) > 2:
+            arg = "-" + arg
+        if arg.startswith("--") and arg[2:].split("=", 1)[0] in CRUN_DROPPED:
+            continue
+        verb_args.append(arg)
+    return [*argv[:at], *verb_args]
+
+
 def with_options(args: RuntimeArgs, options: list[str]) -> list[str]:
     """The caller's argv with `options` added right after the verb."""
     at = (args.command_index or 0) + 1

@@ -14,7 +14,7 @@ import os
 import time
 
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, image_dir_of, parse_verb_args, with_options
+from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, for_delegate, image_dir_of, parse_verb_args, with_options
 from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids, container_state, run_delegate
 from gpuckpt.shim.interrupt import interruptible, uninterruptible
 from gpuckpt.shim.log import log
@@ -47,7 +47,7 @@ class Checkpoint:
         self.spec = read_spec(state["bundle"])
         self.leave_running = verb.has("leave-running")
         self.pid_in_container: dict[int, int] = {}
-        self.argv = args.argv  # what the delegate gets: the caller's, plus chosen options
+        self.argv = for_delegate(delegate, args, args.argv)  # what the delegate gets, plus chosen options
         self.network = None
         self.pids: list[int] = []
 
@@ -69,7 +69,7 @@ class Checkpoint:
         policy = container_policy(self.config.criu, annotations)
         found = inspect_container(int(self.state["pid"]), self.pids)
         self.network = choose(found, set(self.verb.flags), policy)
-        self.argv = with_options(self.args, self.network.added_options)
+        self.argv = for_delegate(self.delegate, self.args, with_options(self.args, self.network.added_options))
         if self.network.added_options:
             log(self.args, "info", f"{self.container_id}: added {' '.join(self.network.added_options)} "
                 f"({len(found.tcp_connected)} connected TCP, {len(found.unix_external)} external unix "

@@ -13,7 +13,7 @@ from gpuckpt.shim.argv import RuntimeArgs, parse_runtime_args
 from gpuckpt.shim.delegate import exec_delegate
 from gpuckpt.shim.resolve import delegate_path
 
-OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume"})
+OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 
 def _run_owned(args: RuntimeArgs, delegate: str) -> int:
@@ -21,6 +21,8 @@ def _run_owned(args: RuntimeArgs, delegate: str) -> int:
         from gpuckpt.shim import checkpoint as verb
     elif args.command == "restore":
         from gpuckpt.shim import restore as verb
+    elif args.command == "delete":
+        from gpuckpt.shim import delete as verb
     else:  # pause, resume: GPU suspension for containers that opted in
         from gpuckpt.shim import pause as verb
     return verb.run(args, delegate)

@@ -13,7 +13,7 @@ import os
 import time
 
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, image_dir_of, parse_verb_args, with_options
+from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, for_delegate, image_dir_of, parse_verb_args, with_options
 from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids, container_state, kill_container, run_delegate
 from gpuckpt.shim.interrupt import uninterruptible
 from gpuckpt.shim.log import log
@@ -43,6 +43,7 @@ def run(args: RuntimeArgs, delegate: str) -> int:
         again = [option for option in manifest.network.added_options if option.lstrip("-") not in verb.flags]
         argv = with_options(args, again)
 
+    argv = for_delegate(delegate, args, argv)
     if manifest is None or not manifest.processes:
         return run_delegate(delegate, argv).returncode  # no GPU state to bring back
     return GpuRestore(args, verb, delegate, manifest, argv).run()

@@ -38,3 +38,15 @@ def test_bool_flag_false_is_not_set() -> None:
 def test_version_flag() -> None:
     assert parse_runtime_args(["--version"]).wants_version
     assert not parse_runtime_args(["state", "--version"]).wants_version
+
+
+def test_crun_dialect_for_owned_verbs() -> None:
+    from gpuckpt.shim.argv import for_delegate
+
+    argv = ["--root", "/r", "restore", "--image-path", "/i", "--detach", "-no-subreaper", "-d", "--bundle", "/b", "c1"]
+    args = parse_runtime_args(argv)
+    assert for_delegate("/usr/local/bin/crun", args, argv) == [
+        "--root", "/r", "restore", "--image-path", "/i", "--detach", "-d", "--bundle", "/b", "c1"]
+    assert for_delegate("/usr/sbin/runc", args, argv) == argv  # runc takes them as they are
+    single = ["checkpoint", "-image-path", "/i", "c1"]
+    assert for_delegate("crun", parse_runtime_args(single), single) == ["checkpoint", "--image-path", "/i", "c1"]

@@ -86,3 +86,18 @@ def test_version_names_shim_and_delegate(node, recording_runtime) -> None:
     result = run_shim(["--version"])
     assert result.returncode == 0
     assert result.stdout.startswith("gpuckpt-runtime version ") and "runc version 9.9" in result.stdout
+
+
+def test_delete_of_a_container_the_delegate_no_longer_has_says_does_not_exist(node, recording_runtime) -> None:
+    """containerd ignores a failed delete only if the runtime says "does not exist" (runc's words)."""
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    result = run_shim(["--root", "/r", "delete", "gone"], {"REC_STATUS": "1"})
+    assert result.returncode == 1
+    assert "container gone does not exist" in result.stderr
+
+
+def test_delete_passes_the_delegates_success_through(node, recording_runtime) -> None:
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    result = run_shim(["delete", "--force", "c1"])
+    assert result.returncode == 0 and result.stderr == ""
+    assert recorded(recording_runtime) == ["delete", "--force", "c1"]

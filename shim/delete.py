@@ -1,0 +1,30 @@
+"""`gpuckpt-runtime delete`: the delegate's delete, with runc's words for a container that is gone.
+
+After a checkpoint the delegate has already removed the container; containerd then deletes
+its task and ignores the failure only when the runtime says "does not exist", as runc does.
+crun says "No such file or directory" instead, and docker's restore then fails with "id
+already in use". Everything else passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gpuckpt.errors import DelegateError
+from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
+from gpuckpt.shim.delegate import container_state, run_delegate
+from gpuckpt.shim.log import log
+
+
+def run(args: RuntimeArgs, delegate: str) -> int:
+    status = run_delegate(delegate, args.argv).returncode
+    container_id = parse_verb_args(args.command_args, frozenset()).container_id
+    if status == 0 or container_id is None:
+        return status
+    try:
+        container_state(delegate, args.global_argv, container_id)
+    except DelegateError:
+        message = f"container {container_id} does not exist"
+        log(args, "error", message)
+        sys.stderr.write(f"{message}\n")
+    return status
