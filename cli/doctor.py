@@ -77,28 +77,31 @@ def check_network_lock() -> str:
     return "CRIU network lock tool present"
 
 
-def check_podman() -> str | None:
-    from gpuckpt.oci.engines import podman_registration
+def _check_engine(engine: str, program: str, registration: Callable[[], tuple[str | None, bool]]) -> str | None:
+    """An installed engine must have the runtime registered; an absent one is not checked."""
     from gpuckpt.shim.resolve import find_program
 
-    if not find_program("podman"):
+    if not find_program(program):
         return None
-    paths, default = podman_registration()
-    if not paths:
-        raise CheckFailed("podman: gpuckpt-runtime is not registered", "gpuckpt install --engine podman")
-    return f"podman: gpuckpt-runtime registered ({paths[0]}){', the default' if default else ''}"
+    path, default = registration()
+    if not path:
+        raise CheckFailed(f"{engine}: gpuckpt-runtime is not registered", f"gpuckpt install --engine {engine}")
+    return f"{engine}: gpuckpt-runtime registered ({path}){', the default' if default else ''}"
+
+
+def check_podman() -> str | None:
+    from gpuckpt.oci.engines import podman_registration
+
+    def registration() -> tuple[str | None, bool]:
+        paths, default = podman_registration()
+        return (paths[0] if paths else None), default
+    return _check_engine("podman", "podman", registration)
 
 
 def check_docker() -> str | None:
     from gpuckpt.oci.engines import docker_registration
-    from gpuckpt.shim.resolve import find_program
 
-    if not find_program("dockerd"):
-        return None
-    path, default = docker_registration()
-    if not path:
-        raise CheckFailed("docker: gpuckpt-runtime is not registered", "gpuckpt install --engine docker")
-    return f"docker: gpuckpt-runtime registered ({path}){', the default' if default else ''}"
+    return _check_engine("docker", "dockerd", docker_registration)
 
 
 def check_driver() -> str | None:
