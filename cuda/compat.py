@@ -7,6 +7,7 @@ before touching anything, with every difference named.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
 
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import GpuPair
@@ -32,15 +33,23 @@ def node_differences(manifest: Manifest, target: list[GpuInfo], driver_version: 
     for old, new in zip(manifest.gpus, target):
         if old.name != new.name:
             problems.append(f"GPU {new.index} is a {new.name}, the checkpoint's GPU {old.index} was a {old.name}")
-    needed: dict[str, int] = defaultdict(int)
-    for process in manifest.processes:
-        for uuid in process.gpu_uuids[:1]:  # NVML reports a process's memory on its first GPU
-            needed[uuid] += process.checkpointed_bytes
+    needed = memory_needed((p.gpu_uuids, p.checkpointed_bytes) for p in manifest.processes)
     for old, new in zip(manifest.gpus, target):
         if needed.get(old.uuid, 0) > new.memory_free_bytes:
             problems.append(f"GPU {new.index} ({new.uuid}) has {new.memory_free_bytes >> 20} MiB free, "
                             f"the checkpoint needs {needed[old.uuid] >> 20} MiB")
     return problems
+
+
+def memory_needed(usages: Iterable[tuple[Sequence[str], int]], moved: Mapping[str, str] | None = None) -> dict[str, int]:
+    """Device bytes each GPU must have free: NVML reports a process's memory on its first GPU,
+    which `moved` (old -> new UUID) may send elsewhere."""
+    moved = moved or {}
+    needed: dict[str, int] = defaultdict(int)
+    for gpu_uuids, device_bytes in usages:
+        for uuid in gpu_uuids[:1]:
+            needed[moved.get(uuid, uuid)] += device_bytes
+    return dict(needed)
 
 
 def check_node(manifest: Manifest, target: list[GpuInfo], driver_version: str, policy: str) -> None:

@@ -8,6 +8,7 @@ answers. All from /proc and NVML, read-only.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from gpuckpt.errors import DriverError
 
@@ -54,6 +55,12 @@ def descendants(pid: int) -> list[int]:
             except (OSError, ValueError):
                 continue
     return found
+
+
+def container_processes(listed: Iterable[int], init_pid: int) -> list[int]:
+    """The runtime's list of a container's PIDs (its cgroup) joined with init's process tree,
+    which also holds processes CRIU restored outside that cgroup."""
+    return sorted(set(listed) | set(descendants(init_pid)))
 
 
 def find_cuda_pids(pids: list[int]) -> list[int]:

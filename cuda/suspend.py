@@ -60,14 +60,11 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
 
 def _check_memory(record: Suspension, pairs: Sequence[GpuPair]) -> None:
     """Refuse (and stay suspended) when the GPUs no longer have the memory the processes need."""
+    from gpuckpt.cuda.compat import memory_needed
     from gpuckpt.cuda.devices import list_gpus
 
     moved = {pair.old_uuid: pair.new_uuid for pair in pairs}
-    needed: dict[str, int] = {}
-    for process in record.processes:
-        for uuid in process.gpu_uuids[:1]:
-            target = moved.get(uuid, uuid)
-            needed[target] = needed.get(target, 0) + process.device_bytes
+    needed = memory_needed(((p.gpu_uuids, p.device_bytes) for p in record.processes), moved)
     free = {gpu.uuid: gpu.memory_free_bytes for gpu in list_gpus()}
     short = [f"{uuid} has {free.get(uuid, 0) >> 20} MiB free, needs {want >> 20} MiB"
              for uuid, want in needed.items() if want > free.get(uuid, 0)]

@@ -85,6 +85,12 @@ def read_spec(bundle: str) -> Spec:
         raise ImageError(f"{path}: invalid OCI spec: {detail}") from None
 
 
+def container_annotations(state: dict) -> dict[str, str]:
+    """A container's annotations as its runtime uses them: the bundle's, overridden by those
+    runc kept in its state when the container was created."""
+    return {**read_annotations(state.get("bundle", "")), **(state.get("annotations") or {})}
+
+
 def read_annotations(bundle: str) -> dict[str, str]:
     """The bundle's annotations, read as leniently as the runtime reads them; {} if it has none.
 

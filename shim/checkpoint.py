@@ -39,7 +39,7 @@ class Checkpoint:
 
     def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict) -> None:
         from gpuckpt.oci.config import load_config
-        from gpuckpt.oci.spec import read_spec
+        from gpuckpt.oci.spec import container_annotations, read_spec
 
         self.args, self.verb, self.delegate, self.state = args, verb, delegate, state
         self.container_id = verb.container_id
@@ -47,26 +47,22 @@ class Checkpoint:
         self.spec = read_spec(state["bundle"])
         self.leave_running = verb.has("leave-running")
         self.pid_in_container: dict[int, int] = {}
+        self.annotations = container_annotations(state)
         self.argv = for_delegate(delegate, args, args.argv)  # what the delegate gets, plus chosen options
         self.network = None
         self.pids: list[int] = []
 
     def _refuse_container_criu_config(self) -> None:
         from gpuckpt.oci.paths import config_path
-        from gpuckpt.oci.spec import read_annotations
         from gpuckpt.shim.policy import refuse_container_criu_config
 
-        # runc's state holds the annotations the container was created with: those are what it uses.
-        annotations = {**read_annotations(self.state["bundle"]), **(self.state.get("annotations") or {})}
-        refuse_container_criu_config(annotations, self.container_id, self.config.criu.allow_container_config,
+        refuse_container_criu_config(self.annotations, self.container_id, self.config.criu.allow_container_config,
                                      config_path())
 
     def _choose_network_options(self) -> None:
-        from gpuckpt.oci.spec import read_annotations
         from gpuckpt.shim.network import choose, container_policy, inspect_container
 
-        annotations = {**read_annotations(self.state["bundle"]), **(self.state.get("annotations") or {})}
-        policy = container_policy(self.config.criu, annotations)
+        policy = container_policy(self.config.criu, self.annotations)
         found = inspect_container(int(self.state["pid"]), self.pids)
         self.network = choose(found, set(self.verb.flags), policy)
         self.argv = for_delegate(self.delegate, self.args, with_options(self.args, self.network.added_options))
@@ -99,13 +95,12 @@ class Checkpoint:
                 log(self.args, "warning", f"{reason} (allowed by the operator)")
 
     def run(self) -> int:
-        from gpuckpt.cuda.discovery import descendants
+        from gpuckpt.cuda.discovery import container_processes
 
         started = time.monotonic()
         self._refuse_container_criu_config()
-        pids = set(container_pids(self.delegate, self.args.global_argv, self.container_id))
-        pids.update(descendants(int(self.state["pid"])))
-        self.pids = sorted(pids)
+        self.pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
+                                        int(self.state["pid"]))
         self._choose_network_options()
         if not self.spec.wants_gpu():
             return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step

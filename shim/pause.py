@@ -32,10 +32,9 @@ def run(args: RuntimeArgs, delegate: str) -> int:
 
 def _opted_in(state: dict) -> bool:
     from gpuckpt.oci.config import load_config
-    from gpuckpt.oci.spec import read_annotations
+    from gpuckpt.oci.spec import container_annotations
 
-    annotations = {**read_annotations(state.get("bundle", "")), **(state.get("annotations") or {})}
-    return annotations.get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
+    return container_annotations(state).get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
 
 
 def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int) -> int:

@@ -134,15 +134,14 @@ class GpuRestore:
         return False
 
     def _restore_gpu(self, driver, pairs) -> None:
-        from gpuckpt.cuda.discovery import container_pid, descendants
+        from gpuckpt.cuda.discovery import container_pid, container_processes
         from gpuckpt.cuda.driver import ProcessState
         from gpuckpt.cuda.engine import CudaSession
 
         wanted = {record.container_pid for record in self.manifest.processes}
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
-        # The delegate lists the cgroup's processes; the process tree finds those CRIU put elsewhere.
-        host_pids = set(container_pids(self.delegate, self.args.global_argv, self.container_id))
-        host_pids.update(descendants(int(state["pid"])))
+        host_pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
+                                        int(state["pid"]))
         found = sorted(pid for pid in host_pids if container_pid(pid) in wanted)
         if len(found) != len(wanted):
             seen = sorted(container_pid(pid) for pid in host_pids)
