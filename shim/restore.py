@@ -58,7 +58,7 @@ class GpuRestore:
         self.config = load_config()
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
-        self.node_gpu_uuids: list[str] = []
+        self.spec_devices: list = []
 
     def _target_gpus(self):
         from gpuckpt.cuda.compat import check_node
@@ -67,10 +67,10 @@ class GpuRestore:
         from gpuckpt.oci.spec import read_spec
 
         spec = read_spec(os.path.abspath(self.verb.value("bundle", "b") or "."))
+        self.spec_devices = spec.linux.devices
         node_gpus = list_gpus()
         target = container_gpus(spec, [], node_gpus)
         check_node(self.manifest, target, driver_version_string(), self.config.cuda.driver_version_policy)
-        self.node_gpu_uuids = [gpu.uuid for gpu in node_gpus]
         return target
 
     def run(self) -> int:
@@ -108,7 +108,7 @@ class GpuRestore:
             initialising.join()
             if init_errors:
                 raise init_errors[0]
-            self._restore_gpu(driver, gpu_pairs(self.manifest, target, self.node_gpu_uuids))
+            self._restore_gpu(driver, gpu_pairs(self.manifest, target))
         except GpuckptError as error:
             kill_container(self.delegate, self.args.global_argv, self.container_id)
             if not self.detach:
@@ -139,7 +139,11 @@ class GpuRestore:
         from gpuckpt.cuda.engine import CudaSession
 
         wanted = {record.container_pid for record in self.manifest.processes}
+        from gpuckpt.shim.devnodes import sync_nvidia_nodes
+
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
+        for change in sync_nvidia_nodes(int(state["pid"]), self.spec_devices):
+            log(self.args, "info", f"{self.container_id}: {change} (the restore spec's devices)")
         host_pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
                                         int(state["pid"]))
         found = sorted(pid for pid in host_pids if container_pid(pid) in wanted)

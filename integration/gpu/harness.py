@@ -6,6 +6,7 @@ the GPU machine from the repository root (see integration/gpu/README.md).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -22,6 +23,7 @@ CLI = "/usr/local/bin/gpuckpt"
 RUNTIME_ROOT = "/run/gpuckpt-gpu"
 WORK = Path("/tmp/gpuckpt-gpu")
 GPU_DIR = REPO / "integration" / "gpu"
+OUT: Path | None = None  # where CRIU's logs of a failed checkpoint/restore are kept (set by the runner)
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
@@ -145,14 +147,27 @@ class Bundle:
 
     def checkpoint(self, image_dir: Path, *extra: str, check: bool = True) -> tuple[float, subprocess.CompletedProcess]:
         started = time.monotonic()
-        result = self.runtime("checkpoint", "--image-path", str(image_dir), *extra, self.name, check=check)
+        with self.keeping_logs(image_dir):
+            result = self.runtime("checkpoint", "--image-path", str(image_dir), *extra, self.name, check=check)
         return time.monotonic() - started, result
 
     def restore(self, image_dir: Path, *extra: str) -> float:
         started = time.monotonic()
-        self.last_messages = self.runtime("restore", "-d", *extra, "--bundle", str(self.dir), "--image-path", str(image_dir),
-                     "--pid-file", str(self.dir / "restored.pid"), self.name).stderr
+        with self.keeping_logs(image_dir):
+            self.last_messages = self.runtime("restore", "-d", *extra, "--bundle", str(self.dir), "--image-path",
+                                              str(image_dir), "--pid-file", str(self.dir / "restored.pid"), self.name).stderr
         return time.monotonic() - started
+
+    @contextlib.contextmanager
+    def keeping_logs(self, image_dir: Path):
+        """On failure, copy CRIU's logs (runc writes them into the image directory) to OUT."""
+        try:
+            yield
+        except Exception:
+            if OUT is not None:
+                for criu_log in image_dir.glob("*.log"):
+                    shutil.copy(criu_log, OUT / f"{self.name}-{criu_log.name}")
+            raise
 
     def state(self) -> dict:
         return json.loads(sh(RUNTIME, "--root", RUNTIME_ROOT, "state", self.name).stdout)

@@ -17,6 +17,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import harness  # noqa: E402
 from harness import (CLI, RUNTIME_ROOT, TORCH_PYTHON, Bundle, assert_continues, image_bytes, install, log, manifest,  # noqa: E402
                      nvidia_devices, sh, wait_counters)
 
@@ -222,7 +223,12 @@ def scenario_restore_on_other_gpu(results: dict) -> str | None:
         spec = json.loads((bundle.dir / "config.json").read_text())
         spec["linux"]["devices"] = nvidia_devices([1])
         (bundle.dir / "config.json").write_text(json.dumps(spec, indent=1))
-        restore_s = bundle.restore(images)
+        try:
+            restore_s = bundle.restore(images)
+        except RuntimeError:
+            bundle.destroy()
+            results["remap_diagnosis"] = diagnose_remap()
+            raise
         assert_continues(bundle, before)
         on_gpu1 = sh("nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader").stdout
         results["restore_on_other_gpu"] = {"restore_s": round(restore_s, 3), "compute_apps": on_gpu1.strip(),
@@ -231,6 +237,91 @@ def scenario_restore_on_other_gpu(results: dict) -> str | None:
     finally:
         bundle.destroy()
         shutil.rmtree(images, ignore_errors=True)
+
+
+def diagnose_remap() -> list[dict]:
+    """By hand, after the shim's remapped restore failed: which device nodes and pairs let the driver
+    restore a process checkpointed on GPU 0 into a container given GPU 1 (a failed restore leaves
+    the process checkpointed, so each variant is tried on the same process)."""
+    sys.path.insert(0, str(harness.SITE))
+    from gpuckpt.cuda.devices import list_gpus
+    from gpuckpt.cuda.driver import GpuPair, load_driver
+    from gpuckpt.oci.spec import read_spec
+    from gpuckpt.shim.devnodes import sync_nvidia_nodes
+
+    tried: list[dict] = []
+    bundle = Bundle("remapdiag", COUNTER, {"GIB": "2"}, gpu_minors=[0])
+    images = Path("/dev/shm/gpuckpt-img-remapdiag")
+    try:
+        bundle.start()
+        wait_counters(bundle, 1, 3)
+        bundle.checkpoint(images)
+        spec = json.loads((bundle.dir / "config.json").read_text())
+        spec["linux"]["devices"] = nvidia_devices([1])
+        (bundle.dir / "config.json").write_text(json.dumps(spec, indent=1))
+        sh("runc", "--root", RUNTIME_ROOT, "restore", "-d", "--bundle", str(bundle.dir), "--image-path", str(images),
+           bundle.name, stdin=subprocess.DEVNULL)
+        init = int(json.loads(sh("runc", "--root", RUNTIME_ROOT, "state", bundle.name).stdout)["pid"])
+        pids = [int(p) for p in sh("runc", "--root", RUNTIME_ROOT, "ps", "--format", "json", bundle.name).stdout
+                .strip("[]\n").split(",") if p.strip()]
+        uuids = [gpu.uuid for gpu in list_gpus()]
+        driver = load_driver()
+        driver.init()
+        dev = lambda: sorted(os.listdir(f"/proc/{init}/root/dev"))  # noqa: E731
+        one, swap = [GpuPair(uuids[0], uuids[1])], [GpuPair(uuids[0], uuids[1]), GpuPair(uuids[1], uuids[0])]
+        for label, fix_nodes, pairs in (("old /dev, one pair", False, one), ("old /dev, permutation", False, swap),
+                                        ("spec /dev, one pair", True, one), ("spec /dev, permutation", True, swap)):
+            if fix_nodes:
+                sync_nvidia_nodes(init, read_spec(str(bundle.dir)).linux.devices)
+            entry = {"variant": label, "dev": dev(), "pids": pids}
+            try:
+                for pid in pids:
+                    if driver.state(pid).name == "CHECKPOINTED":
+                        driver.restore(pid, pairs)
+                for pid in pids:
+                    driver.unlock(pid)
+                entry["result"] = "restored"
+            except Exception as error:  # record every variant's answer
+                entry["result"] = f"{type(error).__name__}: {error}"
+            tried.append(entry)
+            log(f"remap diagnosis: {entry}")
+            if entry["result"] == "restored":
+                break
+    except Exception as error:
+        tried.append({"error": f"{type(error).__name__}: {error}"[-1000:]})
+    finally:
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+    return tried
+
+
+def scenario_suspend_other_gpu(results: dict) -> str | None:
+    """Suspended on GPU 0, resumed on GPU 1 (`gpuckpt resume --gpu UUID`): the same process goes on there
+    with its device data intact. The container is given both GPUs, so it can reach the second."""
+    if gpu_count() < 2:
+        return "this machine has one GPU"
+    uuids = [line.split("UUID: ")[1].rstrip(")") for line in sh("nvidia-smi", "-L").stdout.strip().splitlines()]
+    bundle = Bundle("suspend2", COUNTER, {"GIB": "16"}, gpu_minors=[0, 1])
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3, timeout_s=300)
+        pid = int((bundle.dir / "pid").read_text())
+        started = time.monotonic()
+        sh(CLI, "suspend", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT)
+        suspend_s = time.monotonic() - started
+        started = time.monotonic()
+        out = sh(CLI, "resume", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT, "--gpu", uuids[1]).stdout.strip()
+        resume_s = time.monotonic() - started
+        after = assert_continues(bundle, before)
+        apps = sh("nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader").stdout.strip()
+        on = [line for line in apps.splitlines() if line.split(",")[1].strip() == uuids[1]]
+        assert on and all(line.split(",")[1].strip() == uuids[1] for line in apps.splitlines()), apps
+        results.setdefault("suspend_other_gpu", {}).update(
+            suspend_s=round(suspend_s, 3), resume_on_gpu1_s=round(resume_s, 3), compute_apps_after=apps,
+            container_init_pid=pid, before=before, after=after, resume_output=out)
+        log(f"suspend on GPU 0 {suspend_s:.2f} s, resume on GPU 1 {resume_s:.2f} s; apps now {apps}")
+    finally:
+        bundle.destroy()
 
 
 NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
@@ -283,6 +374,7 @@ SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items(
 
 def main() -> int:
     out = Path(sys.argv[1])
+    harness.OUT = out
     chosen = sys.argv[2:] or list(SCENARIOS)
     results: dict = {"machine": "", "facts": install(), "passed": [], "failed": {}, "not_run": {}}
     results["machine"] = results["facts"]["nvidia_smi"]
