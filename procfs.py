@@ -6,6 +6,7 @@ Processes come and go while we look: anything that vanished is skipped, never an
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Iterable, Iterator
 
 
@@ -21,3 +22,30 @@ def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
                 yield pid, os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue  # closed meanwhile
+
+
+# Deleted files that CRIU handles by other means than copying them ("ghost files").
+_NOT_GHOSTS = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage")
+
+
+def deleted_file_sizes(pids: Iterable[int]) -> dict[str, int]:
+    """Regular files that `pids` hold open or mapped after they were deleted: path -> size."""
+    found: dict[str, int] = {}
+    for pid in pids:
+        for kind in ("fd", "map_files"):
+            try:
+                entries = os.listdir(f"/proc/{pid}/{kind}")
+            except OSError:
+                continue
+            for entry in entries:
+                link = f"/proc/{pid}/{kind}/{entry}"
+                try:
+                    target = os.readlink(link)
+                    if not target.endswith(" (deleted)") or target.startswith(_NOT_GHOSTS):
+                        continue
+                    status = os.stat(link)  # the open file itself, reachable though unlinked
+                except OSError:
+                    continue
+                if stat.S_ISREG(status.st_mode):
+                    found[target.removesuffix(" (deleted)")] = status.st_size
+    return found

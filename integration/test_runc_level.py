@@ -66,3 +66,34 @@ def test_bundle_checkpoint_restore(bundle, tmp_path) -> None:
     state = json.loads(runtime("state", container_id).stdout)
     assert state["status"] == "running" and int(pid_file.read_text()) == state["pid"]
     assert_continues(before, read_state)
+
+
+# The counter's buffer in a 6 MiB /dev/shm file that stays open after it is unlinked, the way
+# NCCL's shared-memory transport holds its segments: CRIU must copy it into the image as a
+# "ghost file", which it refuses above 1 MiB unless told (the shim raises the limit). The
+# checksum is read back from the deleted file on every tick.
+GHOST_BUFFER = (
+    "fd = os.open('/dev/shm/segment', os.O_RDWR | os.O_CREAT, 0o600)\n"
+    "os.write(fd, os.urandom(6 << 20))\n"
+    "os.unlink('/dev/shm/segment')\n"
+)
+
+
+def test_deleted_shared_memory_is_carried_with_a_raised_ghost_limit(bundle, tmp_path) -> None:
+    bundle_dir, rootfs, container_id = bundle
+    spec = json.loads((bundle_dir / "config.json").read_text())
+    source = COUNTER_SOURCE.replace("buffer = bytearray(os.urandom(16 << 20))\n", GHOST_BUFFER)
+    source = source.replace("hashlib.sha256(buffer)", "hashlib.sha256(os.pread(fd, 6 << 20, 0))")
+    assert source.count("os.pread") == 2
+    spec["process"]["args"] = ["python3", "-c", source]
+    (bundle_dir / "config.json").write_text(json.dumps(spec))
+    (rootfs / "tmp" / "state").unlink(missing_ok=True)
+    detached("run", "-d", container_id, cwd=bundle_dir)
+    read_state = lambda: (rootfs / "tmp" / "state").read_text()  # noqa: E731
+    before = wait_counter(read_state, minimum=3)
+    images = tmp_path / "images"
+    runtime("checkpoint", "--image-path", str(images), container_id)
+    manifest = json.loads((images / "gpuckpt-manifest.json").read_text())
+    assert manifest["criu_config"] == [f"ghost-limit {6 << 20}"]
+    detached("restore", "-d", "--bundle", str(bundle_dir), "--image-path", str(images), container_id, cwd=bundle_dir)
+    assert_continues(before, read_state)  # same token, and the mapped segment's checksum unchanged

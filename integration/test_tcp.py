@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -110,8 +111,9 @@ def test_connection_survives_at_runc_level(bundle, namespaces, tmp_path, network
         assert manifest["network"]["added_options"] == ["--tcp-established"]
         assert manifest["network"]["network_lock"] == network_lock
         # runc has no flag for it: CRIU got the method from the shim's own config file
-        parsed = "criu-network-lock-nftables.conf" in (images / "dump.log").read_text()
-        assert parsed == (network_lock == "nftables")
+        assert manifest["criu_config"] == ([] if network_lock == "iptables" else [f"network-lock {network_lock}"])
+        parsed = re.search(r"/criu-[0-9a-f]{16}\.conf", (images / "dump.log").read_text())
+        assert bool(parsed) == (network_lock == "nftables")
         assert any(f"{SERVER_ADDRESS}:{PORT}" in c for c in manifest["network"]["tcp_connected"])
         time.sleep(1)  # the client keeps sending into the locked connection
         runtime(bundle_dir, "restore", "-d", "--image-path", str(images), "--bundle", str(bundle_dir), container_id)

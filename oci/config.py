@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -47,6 +47,11 @@ class CriuConfig(_Section):
     file_locks: Literal["auto", "never"] = "auto"
     # How CRIU locks the network during a dump with TCP connections.
     network_lock: Literal["iptables", "nftables"] = "iptables"
+    # CRIU copies files that are deleted but still open or mapped ("ghost files") into the
+    # image, and refuses any above 1 MiB by default; NCCL's shared-memory transport keeps
+    # tens of MiB so. "auto" raises the limit to the container's largest such file; a
+    # number of bytes sets it (0: CRIU's default).
+    ghost_limit: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
 
 
 class Config(_Section):

@@ -78,6 +78,7 @@ class Manifest(_Record):
     delegate_args: list[str] = []
     leave_running: bool = False
     network: NetworkPolicy = NetworkPolicy()
+    criu_config: list[str] = []  # lines of the shim's CRIU config file for the dump
     timings: Timings = Timings()
 
 

@@ -50,6 +50,7 @@ class Checkpoint:
         self.annotations = container_annotations(state)
         self.argv = for_delegate(delegate, args, args.argv)  # what the delegate gets, plus chosen options
         self.network = None
+        self.criu_config: list[str] = []
         self.pids: list[int] = []
 
     def _refuse_container_criu_config(self) -> None:
@@ -70,8 +71,20 @@ class Checkpoint:
             log(self.args, "info", f"{self.container_id}: added {' '.join(self.network.added_options)} "
                 f"({len(found.tcp_connected)} connected TCP, {len(found.unix_external)} external unix "
                 f"socket(s), {found.file_locks} file lock(s))")
-        if self.config.criu.network_lock != "iptables":
-            use_network_lock(self.config.criu.network_lock)
+        self._choose_criu_config()
+
+    def _choose_criu_config(self) -> None:
+        from gpuckpt.shim.criuconf import ghost_limit, network_lock_lines, use_criu_config
+
+        lines = network_lock_lines(self.config.criu.network_lock)
+        limit, why = ghost_limit(self.config.criu.ghost_limit, self.pids)
+        if limit:
+            lines.append(f"ghost-limit {limit}")
+            if why:
+                log(self.args, "info", f"{self.container_id}: CRIU ghost-limit {limit >> 20} MiB ({why})")
+        if lines:
+            use_criu_config(lines)
+        self.criu_config = lines
 
     def _failure_hint(self) -> str:
         from gpuckpt.shim.network import missing_option_hint
@@ -254,6 +267,7 @@ class Checkpoint:
             delegate_args=self.argv,
             leave_running=self.leave_running,
             network=self.network,
+            criu_config=self.criu_config,
             timings=Timings(lock_s=timings.get("lock_s", 0.0),
                             device_checkpoint_s=timings.get("device_checkpoint_s", 0.0),
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
@@ -270,15 +284,3 @@ def refuse_stopped(pids: list[int]) -> None:
     if stopped:
         raise GpuCheckpointError(f"CUDA process(es) {', '.join(map(str, stopped))} are stopped (SIGSTOP or a "
                                  "tracer): the driver cannot lock them; continue them (SIGCONT) and retry")
-
-
-def use_network_lock(method: str) -> None:
-    """runc has no flag for CRIU's network lock; CRIU reads a config file named by CRIU_CONFIG_FILE,
-    which the delegate's CRIU inherits. The file is the shim's own, in its root-only state dir."""
-    from gpuckpt.oci.paths import state_dir
-
-    os.makedirs(state_dir(), mode=0o700, exist_ok=True)
-    path = os.path.join(state_dir(), f"criu-network-lock-{method}.conf")
-    with open(path, "w") as criu_config:
-        criu_config.write(f"network-lock {method}\n")
-    os.environ["CRIU_CONFIG_FILE"] = path

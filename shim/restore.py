@@ -32,9 +32,13 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     from gpuckpt.oci.spec import read_annotations
     from gpuckpt.shim.policy import refuse_container_criu_config
 
+    from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
+
+    config = load_config()
     annotations = read_annotations(os.path.abspath(verb.value("bundle", "b") or "."))
-    refuse_container_criu_config(annotations, verb.container_id,
-                                 load_config().criu.allow_container_config, config_path())
+    refuse_container_criu_config(annotations, verb.container_id, config.criu.allow_container_config, config_path())
+    if lock := network_lock_lines(config.criu.network_lock):
+        use_criu_config(lock)  # CRIU locks the network while it restores TCP connections too
 
     manifest = read_manifest(image_dir_of(verb))
     argv = args.argv

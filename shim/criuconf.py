@@ -1,0 +1,49 @@
+"""The shim's own CRIU configuration file, for options runc has no flag for.
+
+CRIU reads the file named by CRIU_CONFIG_FILE, and the delegate's CRIU inherits
+the variable. The file lives in the shim's root-only state directory and is named
+by its content, so concurrent checkpoints never rewrite each other's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+CRIU_DEFAULT_GHOST_LIMIT = 1 << 20
+
+
+def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
+    """The ghost-limit to give CRIU (0: leave its default) and why, from the setting and the
+    container's deleted-but-held files."""
+    from gpuckpt.procfs import deleted_file_sizes
+
+    if setting != "auto":
+        return int(setting), "set by criu.ghost_limit"
+    ghosts = deleted_file_sizes(pids)
+    if not ghosts or max(ghosts.values()) <= CRIU_DEFAULT_GHOST_LIMIT:
+        return 0, ""
+    path, size = max(ghosts.items(), key=lambda item: item[1])
+    limit = -(-size // (1 << 20)) << 20  # whole MiB, at least the largest file
+    return limit, f"{len(ghosts)} deleted file(s) still held, the largest {path} of {size >> 20} MiB"
+
+
+def use_criu_config(lines: list[str]) -> str:
+    """Write `lines` as a CRIU config file and point CRIU_CONFIG_FILE at it; returns its path."""
+    from gpuckpt.oci.paths import state_dir
+
+    text = "".join(f"{line}\n" for line in lines)
+    os.makedirs(state_dir(), mode=0o700, exist_ok=True)
+    path = os.path.join(state_dir(), f"criu-{hashlib.sha256(text.encode()).hexdigest()[:16]}.conf")
+    if not os.path.exists(path):
+        temporary = f"{path}.{os.getpid()}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as criu_config:
+            criu_config.write(text)
+        os.replace(temporary, path)
+    os.environ["CRIU_CONFIG_FILE"] = path
+    return path
+
+
+def network_lock_lines(method: str) -> list[str]:
+    return [] if method == "iptables" else [f"network-lock {method}"]  # iptables: CRIU's default
