@@ -50,3 +50,7 @@ class ImageError(GpuckptError):
 
 class EngineConfigError(GpuckptError):
     """An engine's own configuration (containers.conf, daemon.json) cannot be updated."""
+
+
+class CheckpointRefusedError(GpuckptError):
+    """The container holds something CRIU cannot dump; refused before anything was touched."""

@@ -49,3 +49,17 @@ def deleted_file_sizes(pids: Iterable[int]) -> dict[str, int]:
                 if stat.S_ISREG(status.st_mode):
                     found[target.removesuffix(" (deleted)")] = status.st_size
     return found
+
+
+def mapped_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
+    """(pid, pathname) for every named mapping of `pids`: "/usr/lib/libc.so.6", "anon_inode:[io_uring]", ..."""
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as maps:
+                lines = maps.readlines()
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6:
+                yield pid, fields[5].rstrip("\n")

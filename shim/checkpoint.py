@@ -109,11 +109,13 @@ class Checkpoint:
 
     def run(self) -> int:
         from gpuckpt.cuda.discovery import container_processes
+        from gpuckpt.shim.undumpable import refuse_undumpable
 
         started = time.monotonic()
         self._refuse_container_criu_config()
         self.pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
                                         int(self.state["pid"]))
+        refuse_undumpable(self.container_id, self.pids)
         self._choose_network_options()
         if not self.spec.wants_gpu():
             return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step

@@ -1,0 +1,48 @@
+"""Containers holding what CRIU cannot dump are refused before anything is touched."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gpuckpt.errors import CheckpointRefusedError
+from gpuckpt.shim.undumpable import io_uring_holders, refuse_undumpable
+
+# io_uring_setup(2) through libc's syscall(); params is struct io_uring_params (120 bytes).
+RING_HOLDER = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+fd = libc.syscall(425, 4, params)
+if fd < 0:
+    print(f"no io_uring: {os.strerror(ctypes.get_errno())}", flush=True)
+    sys.exit(0)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def ring_holder():
+    child = subprocess.Popen([sys.executable, "-c", RING_HOLDER], stdout=subprocess.PIPE, text=True)
+    answer = child.stdout.readline().strip()
+    if answer != "ready":
+        child.wait()
+        pytest.skip(f"this kernel gives no io_uring to a test process ({answer}); the check cannot be shown here")
+    yield child.pid
+    child.kill()
+    child.wait()
+
+
+def test_a_process_with_an_io_uring_is_refused_with_the_fix(ring_holder) -> None:
+    others = [os.getpid()]
+    assert io_uring_holders(others + [ring_holder]) == [ring_holder]
+    with pytest.raises(CheckpointRefusedError, match=f"process\\(es\\) {ring_holder} .*use io_uring.*UV_USE_IO_URING=0"):
+        refuse_undumpable("ctr", others + [ring_holder])
+
+
+def test_ordinary_processes_pass() -> None:
+    refuse_undumpable("ctr", [os.getpid(), os.getppid()])
