@@ -40,7 +40,7 @@ def ring_holder():
 def test_a_process_with_an_io_uring_is_refused_with_the_fix(ring_holder) -> None:
     others = [os.getpid()]
     assert io_uring_holders(others + [ring_holder]) == [ring_holder]
-    with pytest.raises(CheckpointRefusedError, match=f"process\\(es\\) {ring_holder} .*use io_uring.*UV_USE_IO_URING=0"):
+    with pytest.raises(CheckpointRefusedError, match=f"process\\(es\\) {ring_holder} .*use io_uring.*USE_LIBUV=0"):
         refuse_undumpable("ctr", others + [ring_holder])
 
 

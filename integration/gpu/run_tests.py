@@ -325,8 +325,9 @@ def scenario_suspend_other_gpu(results: dict) -> str | None:
 
 
 NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
-# libuv (torch.distributed's TCPStore) would make an io_uring, which CRIU cannot dump.
-NCCL_KEEP = {"NCCL_SOCKET_IFNAME": "lo", "UV_USE_IO_URING": "0"} | {key: os.environ[key] for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+# torch.distributed's TCPStore server runs on libuv, whose io_uring CRIU cannot dump (torch's
+# libuv ignored UV_USE_IO_URING=0 on 2x H200); USE_LIBUV=0 takes TCPStore's plain backend.
+NCCL_KEEP = {"NCCL_SOCKET_IFNAME": "lo", "USE_LIBUV": "0"} | {key: os.environ[key] for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
                                                   "NVSHMEM_DISABLE_NVLS") if key in os.environ}
 
 
