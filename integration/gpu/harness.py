@@ -123,8 +123,15 @@ class Bundle:
         linux = spec["linux"]
         # Host network unless asked: no network namespace, so CRIU needs no network lock (no
         # iptables here). With its own, loopback TCP inside it is dumped with --tcp-established.
-        if not own_network:
-            linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
+        # That namespace is made here and joined by path, as podman and Kubernetes do: runc 1.1
+        # brings up the loopback of a namespace it creates only after CRIU has reconnected the
+        # sockets ("Network is unreachable").
+        self.netns = f"/run/netns/{self.name}" if own_network else None
+        linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
+        if self.netns:
+            sh("ip", "netns", "add", self.name)
+            sh("ip", "-n", self.name, "link", "set", "lo", "up")
+            linux["namespaces"].append({"type": "network", "path": self.netns})
         linux["devices"] = nvidia_devices(gpu_minors)
         linux.setdefault("resources", {})["devices"] = [{"allow": True, "access": "rwm"}]
         (self.dir / "config.json").write_text(json.dumps(spec, indent=1))
@@ -180,6 +187,8 @@ class Bundle:
 
     def destroy(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
+        if self.netns:
+            sh("ip", "netns", "delete", self.name, check=False)
 
 
 def counter_states(bundle: Bundle, procs: int) -> list[tuple[str, int, str]]:
