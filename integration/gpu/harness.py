@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -82,6 +83,17 @@ def nvidia_devices(gpu_minors: list[int]) -> list[dict]:
     return [_device_rule(path) for path in paths]
 
 
+def make_netns(name: str) -> None:
+    """A named network namespace with its loopback up (pyroute2, carried: no iproute2 there)."""
+    if str(SITE) not in sys.path:
+        sys.path.insert(0, str(SITE))
+    from pyroute2 import IPRoute, netns
+
+    netns.create(name)
+    with IPRoute(netns=name) as ip:
+        ip.link("set", index=ip.link_lookup(ifname="lo")[0], state="up")
+
+
 class Bundle:
     """An OCI bundle whose rootfs borrows the host's userland (torch, the driver) read-only."""
 
@@ -129,8 +141,7 @@ class Bundle:
         self.netns = f"/run/netns/{self.name}" if own_network else None
         linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] != "network"]
         if self.netns:
-            sh("ip", "netns", "add", self.name)
-            sh("ip", "-n", self.name, "link", "set", "lo", "up")
+            make_netns(self.name)
             linux["namespaces"].append({"type": "network", "path": self.netns})
         linux["devices"] = nvidia_devices(gpu_minors)
         linux.setdefault("resources", {})["devices"] = [{"allow": True, "access": "rwm"}]
@@ -188,7 +199,8 @@ class Bundle:
     def destroy(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
         if self.netns:
-            sh("ip", "netns", "delete", self.name, check=False)
+            from pyroute2 import netns
+            netns.remove(self.name)
 
 
 def counter_states(bundle: Bundle, procs: int) -> list[tuple[str, int, str]]:
