@@ -196,6 +196,14 @@ class Bundle:
         except FileNotFoundError:
             return ""
 
+    def renew_netns(self) -> None:
+        """A fresh network namespace at the same path for the restore, as podman makes one: the old
+        one keeps the checkpointed job's TIME_WAIT sockets (CRIU then cannot bind NCCL's listening
+        ports again: "Address already in use") and CRIU's network-lock table."""
+        from pyroute2 import netns
+        netns.remove(self.name)
+        make_netns(self.name)
+
     def destroy(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
         if self.netns:

@@ -360,6 +360,7 @@ def scenario_nccl(results: dict) -> str | None:
         safe.start()
         before = wait_counters(safe, 2, 3, timeout_s=300)
         checkpoint_s, _ = safe.checkpoint(images, "--tcp-established")
+        safe.renew_netns()
         restore_s = safe.restore(images, "--tcp-established")
         after = assert_continues(safe, before)
         record.update(checkpoint_s=round(checkpoint_s, 3), restore_s=round(restore_s, 3), after=after)
