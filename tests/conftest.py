@@ -11,6 +11,14 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests' own helpers (fake_driver)
 
 
+@pytest.fixture(autouse=True)
+def no_leaked_criu_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shim points CRIU_CONFIG_FILE at its file in-process; undo that after each unit test,
+    or the integration tests' real CRIU would inherit a unit test's file."""
+    monkeypatch.setenv("CRIU_CONFIG_FILE", "")
+    monkeypatch.delenv("CRIU_CONFIG_FILE")
+
+
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private config path and state dir; the config file does not exist yet."""

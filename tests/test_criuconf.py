@@ -71,7 +71,10 @@ def test_vanished_processes_are_skipped() -> None:
 
 
 def test_config_file_is_named_by_its_content_and_root_only(node, monkeypatch) -> None:
-    monkeypatch.delenv("CRIU_CONFIG_FILE", raising=False)
+    # setenv first: monkeypatch then restores the variable's absence after the test, so
+    # later tests' subprocesses (real CRIU) do not inherit this file
+    monkeypatch.setenv("CRIU_CONFIG_FILE", "")
+    monkeypatch.delenv("CRIU_CONFIG_FILE")
     first = use_criu_config(["network-lock nftables", "ghost-limit 2097152"])
     assert os.environ["CRIU_CONFIG_FILE"] == first
     assert open(first).read() == "network-lock nftables\nghost-limit 2097152\n"
