@@ -73,3 +73,41 @@ def run(argv: Sequence[str], *, timeout_s: float = 120, check: bool = True,
         detail = (completed.stderr.strip().splitlines() or completed.stdout.strip().splitlines() or ["no message"])[-1]
         raise CommandError(f"{name} {' '.join(argv[1:3])}: {detail}", completed.returncode)
     return finished
+
+
+class Background:
+    """A program running beside us, its output kept in private files until it ends."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        import subprocess
+        import tempfile
+
+        self.name = os.path.basename(argv[0])
+        self.argv = list(argv)
+        self._out = tempfile.TemporaryFile()
+        self._err = tempfile.TemporaryFile()
+        try:
+            self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err)
+        except OSError as error:
+            raise CommandError(f"cannot run {self.name}: {error.strerror}") from None
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.running():
+            self.popen.kill()
+        self.popen.wait()
+
+    def wait(self, check: bool = True) -> Finished:
+        returncode = self.popen.wait()
+        outputs = []
+        for kept in (self._out, self._err):
+            kept.seek(0)
+            outputs.append(kept.read().decode(errors="replace"))
+            kept.close()
+        finished = Finished(returncode, outputs[0], outputs[1])
+        if check and returncode != 0:
+            detail = (finished.stderr.strip().splitlines() or finished.stdout.strip().splitlines() or ["no message"])[-1]
+            raise CommandError(f"{self.name} {' '.join(self.argv[1:3])}: {detail}", returncode)
+        return finished

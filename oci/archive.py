@@ -20,6 +20,7 @@ from gpuckpt.errors import ImageError
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
 MAX_MEMBER_BYTES = 1 << 40
+COPY_BYTES = 1 << 20  # tarfile's own 16 KiB copies cost a Python call per block of GiBs
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def write_archive(source: str, archive: str, *, threads: int = 0, level: int = D
     return os.path.getsize(archive)
 
 
-def _checked_name(member: tarfile.TarInfo) -> str:
+def checked_name(member: tarfile.TarInfo) -> str:
     name = member.name
     normalized = posixpath.normpath(name)
     if name.startswith("/") or normalized.startswith("..") or "/../" in f"/{name}/" or normalized == ".":
@@ -81,33 +82,53 @@ def _checked_name(member: tarfile.TarInfo) -> str:
     return normalized
 
 
-def _members(archive: str) -> Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]:
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def decompressed(raw) -> object:
+    """A readable stream of the tar inside `raw`: zstd (ours, podman's default), gzip, or none."""
+    import gzip
+
     import zstandard
 
-    with open(archive, "rb") as raw:
-        if raw.read(4) != ZSTD_MAGIC:
-            raise ImageError(f"{archive}: not a zstd-compressed gpuckpt archive")
-        raw.seek(0)
-        reader = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True)
+    magic = raw.read(4)
+    raw.seek(0)
+    if magic == ZSTD_MAGIC:
+        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, read_size=1 << 20)
+    if magic[:2] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    return raw
+
+
+def _members(archive: str) -> Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]:
+    import zlib
+
+    import zstandard
+
+    try:
+        raw = open(archive, "rb")
+    except OSError as error:
+        raise ImageError(f"{archive}: cannot read: {error.strerror}") from None
+    with raw:
         try:
-            with tarfile.open(fileobj=reader, mode="r|") as tar:
+            with tarfile.open(fileobj=decompressed(raw), mode="r|", copybufsize=COPY_BYTES) as tar:
                 for member in tar:
                     yield member, tar
-        except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+        except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, zlib.error) as error:
             raise ImageError(f"{archive}: truncated or corrupt archive: {error}") from None
 
 
 def list_archive(archive: str) -> list[Entry]:
     entries = []
     for member, _ in _members(archive):
-        entries.append(Entry(_checked_name(member), member.size, member.isdir()))
+        entries.append(Entry(checked_name(member), member.size, member.isdir()))
     return entries
 
 
 def read_member(archive: str, wanted: str, max_bytes: int) -> bytes | None:
     """One small member's bytes, without unpacking the rest; None if absent."""
     for member, tar in _members(archive):
-        if _checked_name(member) == wanted and member.isfile():
+        if checked_name(member) == wanted and member.isfile():
             if member.size > max_bytes:
                 raise ImageError(f"{archive}: {wanted} declares {member.size} bytes, more than {max_bytes}")
             return tar.extractfile(member).read()
@@ -125,7 +146,7 @@ def read_archive(archive: str, target: str) -> list[Entry]:
     entries: list[Entry] = []
     try:
         for member, tar in _members(archive):
-            name = _checked_name(member)
+            name = checked_name(member)
             path = os.path.join(target, name)
             parent = os.path.dirname(path)
             os.makedirs(parent, mode=0o700, exist_ok=True)
@@ -147,7 +168,7 @@ def read_archive(archive: str, target: str) -> list[Entry]:
     except FileExistsError as error:
         _remove(target)
         raise ImageError(f"archive entry {os.path.relpath(error.filename, target)!r} appears twice") from None
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:  # from the writer side, if any
         _remove(target)
         raise ImageError(f"{archive}: truncated or corrupt archive: {error}") from None
     except BaseException:

@@ -83,7 +83,7 @@ def test_truncated_and_corrupt_streams_are_refused(checkpoint_dir, tmp_path) -> 
     with pytest.raises(ImageError, match="truncated or corrupt"):
         read_archive(str(tmp_path / "short.tar.zst"), str(tmp_path / "o1"))
     (tmp_path / "plain.tar").write_bytes(b"not zstd at all")
-    with pytest.raises(ImageError, match="not a zstd-compressed"):
+    with pytest.raises(ImageError, match="truncated or corrupt"):
         list_archive(str(tmp_path / "plain.tar"))
 
 

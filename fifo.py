@@ -1,0 +1,63 @@
+"""Named pipes between gpuckpt and an engine that wants a file path (podman's --export/--import).
+
+Opening a FIFO blocks until the other side opens it; if the engine fails before it
+ever does, the wait is ended by opening the other side ourselves, so nothing hangs.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+
+@contextmanager
+def private_fifo(prefix: str) -> Iterator[str]:
+    """A FIFO in a new root-only directory, removed afterwards."""
+    directory = tempfile.mkdtemp(prefix=prefix)
+    path = os.path.join(directory, "stream.tar")
+    os.mkfifo(path, 0o600)
+    try:
+        yield path
+    finally:
+        os.unlink(path)
+        os.rmdir(directory)
+
+
+def open_when_peer(path: str, writing: bool, peer_alive: Callable[[], bool]) -> int | None:
+    """Open our end of the FIFO once the peer opens its end; None if the peer ended first."""
+    flags = (os.O_WRONLY if writing else os.O_RDONLY) | os.O_CLOEXEC
+    opened: list[int] = []
+    opener = threading.Thread(target=lambda: opened.append(os.open(path, flags)), daemon=True)
+    opener.start()
+    while opener.is_alive():
+        opener.join(0.05)
+        if opener.is_alive() and not peer_alive():
+            time.sleep(0.2)  # it may have opened and exited at once
+            if not opener.is_alive():
+                break
+            # stand in for the peer that will never come, to release the blocked open
+            other = os.open(path, (os.O_RDONLY if writing else os.O_WRONLY | os.O_NONBLOCK) | os.O_CLOEXEC)
+            opener.join()
+            os.close(other)
+            os.close(opened.pop())
+            return None
+    return opened[0] if opened else None
+
+
+def wait_reader_gone(fd: int, peer_alive: Callable[[], bool]) -> None:
+    """Hold our write end until the reader has closed its end.
+
+    A second open for writing would otherwise meet the reader's first open, still
+    there, and pour the second pass into the first (podman reads the archive twice).
+    """
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLERR)  # a pipe's write end reports POLLERR once no reader is left
+    while peer_alive():
+        if any(events & select.POLLERR for _, events in poller.poll(50)):
+            return

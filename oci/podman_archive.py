@@ -1,0 +1,143 @@
+"""podman's checkpoint archive (`podman container checkpoint --export`), read and streamed.
+
+The layout, as podman 4 writes it and CRI-O and checkpointctl read it: `config.dump`
+(podman's container config) and `spec.dump` (the OCI spec) at the top, `checkpoint/`
+with CRIU's image (and gpuckpt's manifest), `rootfs-diff.tar`, `network.status`,
+`devshm-checkpoint.tar`, `stats-dump`, `artifacts/`. podman reads `config.dump` and
+`spec.dump` first, then everything.
+
+Archives are read defensively (`oci.archive.checked_name`) and re-emitted entry by
+entry, so what reaches podman has passed the same checks as what we unpack.
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.archive import COPY_BYTES, checked_name, decompressed
+from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+
+CONFIG_DUMP = "config.dump"
+SPEC_DUMP = "spec.dump"
+CHECKPOINT_DIR = "checkpoint"
+CRIU_INVENTORY = f"{CHECKPOINT_DIR}/inventory.img"
+GPU_MANIFEST = f"{CHECKPOINT_DIR}/{MANIFEST_NAME}"
+MAX_DUMP_BYTES = 16 << 20
+REQUIRED = (CONFIG_DUMP, SPEC_DUMP, CRIU_INVENTORY)
+
+
+class PodmanConfigDump(BaseModel):
+    """The fields of podman's `config.dump` that gpuckpt shows; podman reads the rest itself."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    id: str
+    name: str
+    rootfsImageID: str = ""
+    rootfsImageName: str = ""
+    createdTime: str = ""
+
+
+@dataclass
+class PodmanArchive:
+    """What a checked podman archive holds: its small files, and the size of everything."""
+
+    path: str
+    config: PodmanConfigDump
+    config_bytes: bytes
+    spec_bytes: bytes
+    manifest: Manifest | None
+    files: int = 0
+    bytes: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+def _open_tar(raw, mode: str) -> tarfile.TarFile:
+    return tarfile.open(fileobj=raw, mode=mode, format=tarfile.PAX_FORMAT, copybufsize=COPY_BYTES)
+
+
+def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int, path: str) -> bytes:
+    if member.size > limit:
+        raise ImageError(f"{path}: {member.name} declares {member.size} bytes, more than {limit}")
+    return tar.extractfile(member).read()
+
+
+def check_podman_archive(path: str) -> PodmanArchive:
+    """Read the whole archive once: every entry checked, the small files kept; the first problem is an ImageError."""
+    import zlib
+
+    import zstandard
+
+    kept: dict[str, bytes] = {}
+    names: list[str] = []
+    files = total = 0
+    try:
+        raw = open(path, "rb")
+    except OSError as error:
+        raise ImageError(f"{path}: cannot read: {error.strerror}") from None
+    try:
+        with raw, _open_tar(decompressed(raw), "r|") as tar:
+            for member in tar:
+                name = checked_name(member)
+                if name in names:
+                    raise ImageError(f"{path}: entry {name!r} appears twice")
+                names.append(name)
+                if member.isfile():
+                    files, total = files + 1, total + member.size
+                    if name in (CONFIG_DUMP, SPEC_DUMP):
+                        kept[name] = _read_small(tar, member, MAX_DUMP_BYTES, path)
+                    elif name == GPU_MANIFEST:
+                        kept[name] = _read_small(tar, member, MAX_MANIFEST_BYTES, path)
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, zlib.error) as error:
+        raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
+    missing = [name for name in REQUIRED if name not in names]
+    if missing:
+        raise ImageError(f"{path}: not a podman checkpoint archive: no {', '.join(missing)}")
+    try:
+        config = PodmanConfigDump.model_validate(json.loads(kept[CONFIG_DUMP]))
+        json.loads(kept[SPEC_DUMP])
+    except (ValueError, ValidationError) as error:
+        raise ImageError(f"{path}: {CONFIG_DUMP} or {SPEC_DUMP} is not valid: {str(error).splitlines()[0]}") from None
+    manifest = parse_manifest(kept[GPU_MANIFEST], f"{path}:{GPU_MANIFEST}") if GPU_MANIFEST in kept else None
+    return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], manifest, files, total, names)
+
+
+def write_config_only(checked: PodmanArchive, out) -> None:
+    """A plain tar of config.dump and spec.dump alone: all podman's first reading pass looks at."""
+    import io
+
+    with _open_tar(out, "w|") as tar:
+        for name, data in ((CONFIG_DUMP, checked.config_bytes), (SPEC_DUMP, checked.spec_bytes)):
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o600
+            tar.addfile(info, io.BytesIO(data))
+
+
+def copy_checked(source, out, path: str, progress=None) -> int:
+    """Re-emit the tar read from `source` into `out` (both streams), each entry checked; bytes copied."""
+    import zlib
+
+    import zstandard
+
+    copied = 0
+    try:
+        with _open_tar(source, "r|") as tar_in, _open_tar(out, "w|") as tar_out:
+            for member in tar_in:
+                checked_name(member)
+                member.uid = member.gid = 0
+                member.uname = member.gname = "root"
+                if member.isfile():
+                    tar_out.addfile(member, tar_in.extractfile(member))
+                    copied += member.size
+                    if progress:
+                        progress(copied)
+                else:
+                    tar_out.addfile(member)
+    except (tarfile.TarError, zstandard.ZstdError, EOFError, zlib.error) as error:
+        raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
+    return copied
