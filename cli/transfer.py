@@ -19,13 +19,14 @@ import os
 import sys
 import time
 
-from gpuckpt.errors import UsageError
+from gpuckpt.errors import ImageError, UsageError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     export = commands.add_parser("export", help="checkpoint a podman container into an archive")
     export.add_argument("container", help="podman container name or ID")
-    export.add_argument("-o", "--output", required=True, help="archive to write (.tar.zst)")
+    export.add_argument("-o", "--output", required=True,
+                        help="archive to write (.tar.zst), or oci:DIR[:TAG] for a checkpoint image layout")
     export.add_argument("--leave-running", action="store_true", help="keep the container running")
     export.add_argument("--tcp-established", action="store_true", help="checkpoint established TCP connections")
     export.add_argument("--threads", type=int, default=0, help="compression threads (default: one per CPU)")
@@ -65,48 +66,68 @@ def _podman() -> str:
     return podman
 
 
-def run_export(options: argparse.Namespace) -> int:
-    import zstandard
+def _ended_within(program, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while program.running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not program.running()
 
+
+def _writer(output: str, threads: int):
+    from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
+    from gpuckpt.oci.podman_archive import ArchiveWriter
+
+    image = parse_target(output)
+    if image is not None:
+        return CheckpointImageWriter(*image, threads=threads), f"oci:{image[0]}:{image[1]}"
+    path = os.path.abspath(output)
+    if not os.path.isdir(os.path.dirname(path)):
+        raise UsageError(f"-o {output}: no such directory {os.path.dirname(path)}")
+    if os.path.isdir(path):
+        raise UsageError(f"-o {output}: is a directory; give a file, or oci:{output} for an image layout")
+    return ArchiveWriter(path, threads), path
+
+
+def run_export(options: argparse.Namespace) -> int:
     from gpuckpt.fifo import open_when_peer, private_fifo
-    from gpuckpt.oci.podman_archive import copy_checked
+    from gpuckpt.oci.podman_archive import copy_checked, described
     from gpuckpt.process import Background
 
-    podman, output = _podman(), os.path.abspath(options.output)
+    podman = _podman()
     if options.threads < 0:
         raise UsageError(f"--threads {options.threads}: give 0 (one per CPU) or more")
-    if not os.path.isdir(os.path.dirname(output)):
-        raise UsageError(f"-o {options.output}: no such directory {os.path.dirname(output)}")
+    writer, where = _writer(options.output, options.threads)
     flags = [flag for flag, wanted in (("--leave-running", options.leave_running),
                                        ("--tcp-established", options.tcp_established)) if wanted]
     started = time.monotonic()
-    partial = f"{output}.partial"
     with private_fifo("gpuckpt-export-") as fifo:
         podman_run = Background([podman, "container", "checkpoint", "--export", fifo, "--compress", "none",
                                  *flags, options.container])
         try:
             fd = open_when_peer(fifo, writing=False, peer_alive=podman_run.running)
             if fd is not None:
-                progress = Progress(f"exporting {options.container}")
-                compressor = zstandard.ZstdCompressor(level=1, threads=options.threads or os.cpu_count() or 1,
-                                                      write_checksum=True)
-                out_fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "rb") as stream, os.fdopen(out_fd, "wb") as raw, \
-                        compressor.stream_writer(raw, closefd=False) as compressed:
-                    moved = copy_checked(stream, compressed, f"podman's export of {options.container}", progress)
+                progress, kept = Progress(f"exporting {options.container}"), {}
+                with os.fdopen(fd, "rb") as stream:
+                    copied = copy_checked(stream, writer.layer(), f"podman's export of {options.container}",
+                                          progress, kept)
                 progress.end()
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the archive of {options.container}")
+            writer.finish(described(where, kept, copied.names, copied.files, copied.bytes))
+        except ImageError as error:
+            writer.discard()
+            # a stream cut short is most often podman failing: then its message is the one to show
+            if _ended_within(podman_run, 30):
+                podman_run.wait(check=True)
+            podman_run.kill()
+            raise error
         except BaseException:
             podman_run.kill()
-            if os.path.exists(partial):
-                os.unlink(partial)
+            writer.discard()
             raise
-    os.replace(partial, output)
-    size = os.path.getsize(output)
-    print(f"exported {options.container} to {output}: {moved / 2**20:.0f} MiB of checkpoint in "
-          f"{size / 2**20:.0f} MiB, {time.monotonic() - started:.1f} s")
+    print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
+          f"{time.monotonic() - started:.1f} s")
     return 0
 
 

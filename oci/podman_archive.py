@@ -40,6 +40,8 @@ class PodmanConfigDump(BaseModel):
     name: str
     rootfsImageID: str = ""
     rootfsImageName: str = ""
+    RawImageName: str = ""
+    runtime: str = ""
     createdTime: str = ""
 
 
@@ -89,12 +91,15 @@ def check_podman_archive(path: str) -> PodmanArchive:
                 names.append(name)
                 if member.isfile():
                     files, total = files + 1, total + member.size
-                    if name in (CONFIG_DUMP, SPEC_DUMP):
-                        kept[name] = _read_small(tar, member, MAX_DUMP_BYTES, path)
-                    elif name == GPU_MANIFEST:
-                        kept[name] = _read_small(tar, member, MAX_MANIFEST_BYTES, path)
+                    if name in SMALL_FILES:
+                        kept[name] = _read_small(tar, member, SMALL_FILES[name], path)
     except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, zlib.error) as error:
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
+    return described(path, kept, names, files, total)
+
+
+def described(path: str, kept: dict[str, bytes], names: list[str], files: int, total: int) -> PodmanArchive:
+    """The archive's small files parsed; an ImageError if it is not a podman checkpoint archive."""
     missing = [name for name in REQUIRED if name not in names]
     if missing:
         raise ImageError(f"{path}: not a podman checkpoint archive: no {', '.join(missing)}")
@@ -118,26 +123,88 @@ def write_config_only(checked: PodmanArchive, out) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-def copy_checked(source, out, path: str, progress=None) -> int:
-    """Re-emit the tar read from `source` into `out` (both streams), each entry checked; bytes copied."""
+SMALL_FILES = {CONFIG_DUMP: MAX_DUMP_BYTES, SPEC_DUMP: MAX_DUMP_BYTES, GPU_MANIFEST: MAX_MANIFEST_BYTES}
+
+
+@dataclass
+class Copied:
+    """What went through copy_checked: file bytes, regular files, every entry's name."""
+
+    bytes: int = 0
+    files: int = 0
+    names: list[str] = field(default_factory=list)
+
+
+def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None) -> Copied:
+    """Re-emit the tar read from `source` into `out` (both streams), each entry checked.
+
+    With `kept`, the small files (config.dump, spec.dump, the GPU manifest) are also put there."""
+    import io
     import zlib
 
     import zstandard
 
-    copied = 0
+    copied = Copied()
     try:
         with _open_tar(source, "r|") as tar_in, _open_tar(out, "w|") as tar_out:
             for member in tar_in:
-                checked_name(member)
+                name = checked_name(member)
+                if name in copied.names:
+                    raise ImageError(f"{path}: entry {name!r} appears twice")
+                copied.names.append(name)
                 member.uid = member.gid = 0
                 member.uname = member.gname = "root"
-                if member.isfile():
+                if member.isfile() and kept is not None and name in SMALL_FILES:
+                    kept[name] = _read_small(tar_in, member, SMALL_FILES[name], path)
+                    tar_out.addfile(member, io.BytesIO(kept[name]))
+                elif member.isfile():
                     tar_out.addfile(member, tar_in.extractfile(member))
-                    copied += member.size
+                if member.isfile():
+                    copied.bytes, copied.files = copied.bytes + member.size, copied.files + 1
                     if progress:
-                        progress(copied)
+                        progress(copied.bytes)
                 else:
                     tar_out.addfile(member)
     except (tarfile.TarError, zstandard.ZstdError, EOFError, zlib.error) as error:
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
     return copied
+
+
+class ArchiveWriter:
+    """A podman checkpoint archive written as it streams: zstd (multithreaded) into FILE.partial,
+    renamed into place once complete; root-only, as it holds process memory."""
+
+    def __init__(self, path: str, threads: int = 0) -> None:
+        self.path, self.threads, self.partial = path, threads, f"{path}.partial"
+        self._file = self._zstd = None
+
+    def layer(self):
+        import os
+
+        import zstandard
+
+        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        self._file = os.fdopen(fd, "wb")
+        compressor = zstandard.ZstdCompressor(level=1, threads=self.threads or os.cpu_count() or 1,
+                                              write_checksum=True)
+        self._zstd = compressor.stream_writer(self._file, closefd=False)
+        return self._zstd
+
+    def finish(self, archive: PodmanArchive) -> None:
+        import os
+
+        self._zstd.close()
+        self._file.close()
+        os.replace(self.partial, self.path)
+
+    def discard(self) -> None:
+        import os
+
+        for stream in (self._zstd, self._file):
+            try:
+                if stream is not None:
+                    stream.close()
+            except Exception:  # noqa: BLE001 - already failing; the partial file goes anyway
+                pass
+        if os.path.exists(self.partial):
+            os.unlink(self.partial)

@@ -1,0 +1,308 @@
+"""The checkpoint OCI image, as an OCI image layout directory: written streaming, read checked.
+
+`podman container checkpoint --create-image` makes an image of one layer whose files are
+exactly its export archive (config.dump, spec.dump, checkpoint/, ...), with the annotations
+`io.podman.annotations.checkpoint.*` in the image manifest; `podman container restore IMAGE`
+and CRI-O restore from it. We write the same image, its layer compressed with multithreaded
+zstd as it streams (the layer digest and diff ID hashed on the way, no second pass), into a
+layout directory that skopeo copies to a registry (`oci:DIR:TAG`).
+
+Reading trusts nothing: digests must be sha256 hex (they name files), sizes must match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuckpt.errors import ImageError, UsageError
+
+LAYOUT_FILE = "oci-layout"
+INDEX_FILE = "index.json"
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPES = {"application/vnd.oci.image.layer.v1.tar+zstd", "application/vnd.oci.image.layer.v1.tar+gzip",
+               "application/vnd.oci.image.layer.v1.tar"}
+ZSTD_LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
+REF_NAME = "org.opencontainers.image.ref.name"
+CHECKPOINT_ANNOTATION = "io.podman.annotations.checkpoint"  # prefix of podman's (and CRI-O's) keys
+MAX_JSON_BYTES = 4 << 20
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
+
+
+class _Json(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Descriptor(_Json):
+    mediaType: str
+    digest: str
+    size: int = Field(ge=0)
+    annotations: dict[str, str] | None = None
+
+
+class ImageManifest(_Json):
+    schemaVersion: int
+    mediaType: str = MANIFEST_TYPE
+    config: Descriptor
+    layers: list[Descriptor]
+    annotations: dict[str, str] | None = None
+
+
+class ImageIndex(_Json):
+    schemaVersion: int
+    manifests: list[Descriptor]
+
+
+class RootFs(_Json):
+    type: str = "layers"
+    diff_ids: list[str]
+
+
+class HistoryEntry(_Json):
+    created: str
+    created_by: str = ""
+
+
+class ImageConfig(_Json):
+    created: str
+    architecture: str
+    os: str = "linux"
+    config: dict = {}
+    rootfs: RootFs
+    history: list[HistoryEntry] = []
+
+
+class LayoutVersion(_Json):
+    imageLayoutVersion: str = "1.0.0"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def parse_target(target: str) -> tuple[str, str] | None:
+    """`oci:DIR[:TAG]` (skopeo's transport syntax) as (DIR, TAG); None for anything else."""
+    if not target.startswith("oci:"):
+        return None
+    directory, _, tag = target[len("oci:"):].partition(":")
+    tag = tag or "latest"
+    if not directory or not TAG.fullmatch(tag):
+        raise UsageError(f"{target}: give oci:DIRECTORY[:TAG], the tag made of letters, digits, '.', '_', '-'")
+    return os.path.abspath(directory), tag
+
+
+class _Hashing:
+    """A write-only stream that hashes and counts what passes through to `out`."""
+
+    def __init__(self, out) -> None:
+        self.out, self.hash, self.size = out, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.hash.update(data)
+        self.size += len(data)
+        self.out.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.hash.hexdigest()}"
+
+
+def _write_private(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _json_bytes(model: BaseModel) -> bytes:
+    return json.dumps(model.model_dump(exclude_defaults=False, exclude_none=True), separators=(",", ":")).encode()
+
+
+class CheckpointImageWriter:
+    """One checkpoint image into a new layout directory (root-only: it holds process memory).
+
+    `layer()` gives the stream the uncompressed layer tar is written to; `finish()` adds
+    the config, manifest and index. Nothing is left behind on failure (`discard()`).
+    """
+
+    def __init__(self, directory: str, tag: str, threads: int = 0) -> None:
+        self.directory, self.tag, self.threads = directory, tag, threads
+        if os.path.lexists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
+            raise UsageError(f"{directory}: already exists; give a new or empty directory for the image layout")
+        os.makedirs(os.path.join(directory, "blobs", "sha256"), mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)
+        self.blobs = os.path.join(directory, "blobs", "sha256")
+        self._partial = os.path.join(self.blobs, f".layer-{os.getpid()}.partial")
+        self._file = self._compressed = self._tar_side = self._zstd = None
+        self.layer_digest = self.diff_id = ""
+        self.layer_size = 0
+
+    def layer(self):
+        import zstandard
+
+        fd = os.open(self._partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        self._file = os.fdopen(fd, "wb")
+        self._compressed = _Hashing(self._file)
+        compressor = zstandard.ZstdCompressor(level=1, threads=self.threads or os.cpu_count() or 1,
+                                              write_checksum=True)
+        self._zstd = compressor.stream_writer(self._compressed, closefd=False)
+        self._tar_side = _Hashing(self._zstd)
+        return self._tar_side
+
+    def _close_layer(self) -> None:
+        self._zstd.close()
+        self._file.close()
+        self.layer_digest, self.layer_size = self._compressed.digest, self._compressed.size
+        self.diff_id = self._tar_side.digest
+        os.replace(self._partial, self._blob(self.layer_digest))
+
+    def _blob(self, digest: str) -> str:
+        return os.path.join(self.blobs, digest.removeprefix("sha256:"))
+
+    def _add_blob(self, data: bytes, media_type: str) -> Descriptor:
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        if not os.path.exists(self._blob(digest)):
+            _write_private(self._blob(digest), data)
+        return Descriptor(mediaType=media_type, digest=digest, size=len(data))
+
+    def finish(self, archive) -> str:
+        """Complete the layout for the checked archive that went into the layer; the manifest digest."""
+        self._close_layer()
+        annotations, architecture = checkpoint_annotations(archive), go_architecture()
+        created = _now()
+        config = ImageConfig(created=created, architecture=architecture,
+                             rootfs=RootFs(diff_ids=[self.diff_id]),
+                             history=[HistoryEntry(created=created, created_by="gpuckpt export")])
+        manifest = ImageManifest(schemaVersion=2, config=self._add_blob(_json_bytes(config), CONFIG_TYPE),
+                                 layers=[Descriptor(mediaType=ZSTD_LAYER_TYPE, digest=self.layer_digest,
+                                                    size=self.layer_size)],
+                                 annotations=annotations)
+        manifest_descriptor = self._add_blob(_json_bytes(manifest), MANIFEST_TYPE)
+        manifest_descriptor.annotations = {REF_NAME: self.tag}
+        index = ImageIndex(schemaVersion=2, manifests=[manifest_descriptor])
+        _write_private(os.path.join(self.directory, LAYOUT_FILE), _json_bytes(LayoutVersion()))
+        _write_private(os.path.join(self.directory, INDEX_FILE), _json_bytes(index))
+        return manifest_descriptor.digest
+
+    def discard(self) -> None:
+        import shutil
+
+        for stream in (self._zstd, self._file):
+            try:
+                if stream is not None:
+                    stream.close()
+            except Exception:  # noqa: BLE001 - already failing; the directory goes anyway
+                pass
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def go_architecture() -> str:
+    import platform
+
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}.get(machine, machine)
+
+
+def checkpoint_annotations(archive) -> dict[str, str]:
+    """podman's checkpoint image annotations (what `restore IMAGE` and CRI-O read), and ours."""
+    import platform
+
+    key = CHECKPOINT_ANNOTATION
+    config = archive.config
+    annotations = {f"{key}.name": config.name, f"{key}.rawImageName": config.RawImageName,
+                   f"{key}.rootfsImageID": config.rootfsImageID, f"{key}.rootfsImageName": config.rootfsImageName,
+                   f"{key}.runtime.name": config.runtime, f"{key}.host.arch": go_architecture(),
+                   f"{key}.host.kernel": platform.release()}
+    if archive.manifest is not None:
+        annotations["io.gpuckpt.manifest.schema_version"] = str(archive.manifest.schema_version)
+        annotations["io.gpuckpt.cuda.processes"] = str(len(archive.manifest.processes))
+        annotations["io.gpuckpt.gpus"] = ",".join(gpu.uuid for gpu in archive.manifest.gpus)
+    return annotations
+
+
+@dataclass
+class CheckpointImage:
+    """A checked layout: the tagged manifest and the path of its one layer."""
+
+    directory: str
+    tag: str
+    manifest: ImageManifest
+    layer_path: str
+    layer: Descriptor
+
+
+def _read_json(path: str, model: type[BaseModel], what: str) -> BaseModel:
+    try:
+        with open(path, "rb") as source:
+            data = source.read(MAX_JSON_BYTES + 1)
+    except OSError as error:
+        raise ImageError(f"{what}: cannot read: {error.strerror}") from None
+    if len(data) > MAX_JSON_BYTES:
+        raise ImageError(f"{what}: larger than {MAX_JSON_BYTES} bytes")
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as error:
+        raise ImageError(f"{what}: not a valid {model.__name__}: {str(error).splitlines()[0]}") from None
+
+
+def _blob_path(directory: str, descriptor: Descriptor, what: str) -> str:
+    if not DIGEST.fullmatch(descriptor.digest):
+        raise ImageError(f"{directory}: {what} digest {descriptor.digest!r} is not sha256:<64 hex digits>")
+    path = os.path.join(directory, "blobs", "sha256", descriptor.digest.removeprefix("sha256:"))
+    try:
+        size = os.lstat(path).st_size
+    except OSError:
+        raise ImageError(f"{directory}: {what} blob {descriptor.digest} is missing") from None
+    if not os.path.isfile(path) or os.path.islink(path):
+        raise ImageError(f"{directory}: {what} blob {descriptor.digest} is not a regular file")
+    if size != descriptor.size:
+        raise ImageError(f"{directory}: {what} blob {descriptor.digest} has {size} bytes, declared {descriptor.size}")
+    return path
+
+
+def _verified_json(directory: str, descriptor: Descriptor, model: type[BaseModel], what: str) -> BaseModel:
+    path = _blob_path(directory, descriptor, what)
+    with open(path, "rb") as blob:
+        data = blob.read()
+    if f"sha256:{hashlib.sha256(data).hexdigest()}" != descriptor.digest:
+        raise ImageError(f"{directory}: {what} blob does not match its digest {descriptor.digest}")
+    try:
+        return model.model_validate_json(data)
+    except ValidationError as error:
+        raise ImageError(f"{directory}: {what} is not valid: {str(error).splitlines()[0]}") from None
+
+
+def is_layout(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, LAYOUT_FILE))
+
+
+def read_layout(directory: str, tag: str | None = None) -> CheckpointImage:
+    """The checkpoint image tagged `tag` (or the only one) in a layout directory, checked."""
+    layout = _read_json(os.path.join(directory, LAYOUT_FILE), LayoutVersion, f"{directory}/{LAYOUT_FILE}")
+    if not layout.imageLayoutVersion.startswith("1."):
+        raise ImageError(f"{directory}: image layout version {layout.imageLayoutVersion}; 1.x is supported")
+    index = _read_json(os.path.join(directory, INDEX_FILE), ImageIndex, f"{directory}/{INDEX_FILE}")
+    candidates = [d for d in index.manifests if tag is None or (d.annotations or {}).get(REF_NAME) == tag]
+    if len(candidates) != 1:
+        tags = ", ".join(sorted((d.annotations or {}).get(REF_NAME, "(untagged)") for d in index.manifests)) or "none"
+        raise ImageError(f"{directory}: {'tag ' + tag if tag else 'one image'} wanted; the layout holds: {tags}")
+    manifest = _verified_json(directory, candidates[0], ImageManifest, "image manifest")
+    if len(manifest.layers) != 1 or manifest.layers[0].mediaType not in LAYER_TYPES:
+        raise ImageError(f"{directory}: not a checkpoint image: it must have one tar layer, "
+                         f"not {[layer.mediaType for layer in manifest.layers]}")
+    if not any(key.startswith(CHECKPOINT_ANNOTATION) for key in manifest.annotations or {}):
+        raise ImageError(f"{directory}: not a checkpoint image: no {CHECKPOINT_ANNOTATION}.* annotations")
+    layer = manifest.layers[0]
+    return CheckpointImage(directory, (candidates[0].annotations or {}).get(REF_NAME, ""), manifest,
+                           _blob_path(directory, layer, "layer"), layer)
