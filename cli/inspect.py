@@ -1,7 +1,7 @@
-"""`gpuckpt inspect ARCHIVE|DIR`: what a checkpoint holds, as text or --json, from the same data.
+"""`gpuckpt inspect ARCHIVE|IMAGE|DIR`: what a checkpoint holds, as text or --json, from the same data.
 
-Container, GPUs, CUDA processes, network policy, CRIU options, timings and sizes; read
-without unpacking an archive.
+Container and engine (podman's config.dump), GPUs, CUDA processes, network policy, CRIU
+options, timings and sizes; an archive or image layer is read once, checked, never unpacked.
 """
 
 from __future__ import annotations
@@ -14,29 +14,53 @@ from gpuckpt.errors import UsageError
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("inspect", help="show what a checkpoint directory or archive holds")
-    parser.add_argument("path", help="a checkpoint image directory or a gpuckpt archive (.tar.zst)")
+    parser = commands.add_parser("inspect", help="show what a checkpoint archive, image or directory holds")
+    parser.add_argument("path", help="a podman or gpuckpt archive (.tar.zst, .tar.gz, .tar), an OCI image "
+                                     "layout (DIR or oci:DIR[:TAG]), or a checkpoint image directory")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(handler=run)
 
 
-def _summary(path: str) -> dict:
-    from gpuckpt.oci.archive import list_archive, read_member
-    from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, parse_manifest, read_manifest
+def _archive_summary(path: str) -> dict:
+    """What an archive holds, read once without unpacking: podman's layout or gpuckpt's own."""
+    from gpuckpt.oci.manifest import MANIFEST_NAME, parse_manifest
+    from gpuckpt.oci.podman_archive import CONFIG_DUMP, described, scan_archive
 
+    copied, kept = scan_archive(path)
+    summary = {"path": path, "files": copied.files, "bytes": copied.bytes, "stored_bytes": os.path.getsize(path)}
+    if CONFIG_DUMP in kept:
+        archive = described(path, kept, copied.names, copied.files, copied.bytes)
+        config = archive.config
+        return summary | {"kind": "podman-archive", "engine": "podman",
+                          "container": {"name": config.name, "id": config.id, "image": config.rootfsImageName,
+                                        "runtime": config.runtime, "created": config.createdTime},
+                          "manifest": archive.manifest.model_dump() if archive.manifest else None}
+    manifest = parse_manifest(kept[MANIFEST_NAME], f"{path}:{MANIFEST_NAME}") if MANIFEST_NAME in kept else None
+    return summary | {"kind": "gpuckpt-archive", "engine": None, "container": None,
+                      "manifest": manifest.model_dump() if manifest else None}
+
+
+def _summary(path: str) -> dict:
+    from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout
+    from gpuckpt.oci.manifest import read_manifest
+
+    target = parse_target(path)
+    if target is not None or is_layout(path):
+        directory, tag = target if target is not None else (path, None)
+        image = read_layout(directory, tag)
+        summary = _archive_summary(image.layer_path)
+        return summary | {"path": path, "kind": "oci-image",
+                          "image": {"tag": image.tag, "layer_digest": image.layer.digest,
+                                    "layer_media_type": image.layer.mediaType,
+                                    "annotations": image.manifest.annotations or {}}}
     if os.path.isdir(path):
         manifest = read_manifest(path)
         sizes = [os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files]
-        files, total = len(sizes), sum(sizes)
-    elif os.path.isfile(path):
-        entries = list_archive(path)
-        raw = read_member(path, MANIFEST_NAME, MAX_MANIFEST_BYTES)
-        manifest = parse_manifest(raw, f"{path}:{MANIFEST_NAME}") if raw is not None else None
-        files, total = sum(not e.is_dir for e in entries), sum(e.size for e in entries)
-    else:
-        raise UsageError(f"{path}: no such checkpoint directory or archive")
-    return {"path": path, "files": files, "bytes": total,
-            "manifest": manifest.model_dump() if manifest else None}
+        return {"path": path, "kind": "directory", "engine": None, "container": None, "files": len(sizes),
+                "bytes": sum(sizes), "stored_bytes": sum(sizes), "manifest": manifest.model_dump() if manifest else None}
+    if os.path.isfile(path):
+        return _archive_summary(path)
+    raise UsageError(f"{path}: no such checkpoint archive, image layout or directory")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -45,7 +69,15 @@ def run(options: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2))
         return 0
     manifest = summary["manifest"]
-    print(f"{summary['path']}: {summary['files']} files, {summary['bytes'] / 2**20:.1f} MiB")
+    print(f"{summary['path']}: {summary['kind']}, {summary['files']} files, {summary['bytes'] / 2**20:.1f} MiB"
+          f" ({summary['stored_bytes'] / 2**20:.1f} MiB stored)")
+    if summary["container"]:
+        container = summary["container"]
+        print(f"{summary['engine']:<11} container {container['name']} ({container['id'][:12]}), image "
+              f"{container['image'] or '-'}, runtime {container['runtime'] or '-'}, created {container['created'] or '-'}")
+    if "image" in summary:
+        print(f"OCI image   tag {summary['image']['tag'] or '-'}, layer {summary['image']['layer_digest'][:19]} "
+              f"({summary['image']['layer_media_type'].rsplit('.', 1)[-1]})")
     if manifest is None:
         print("no gpuckpt manifest: not made through gpuckpt-runtime")
         return 0
@@ -59,6 +91,7 @@ def run(options: argparse.Namespace) -> int:
         print(f"CUDA pid    {process['host_pid']} (in container {process['container_pid']}): "
               f"{process['checkpointed_bytes'] / 2**30:.2f} GiB on {', '.join(process['gpu_uuids']) or '-'}")
     network = manifest["network"]
+    print(f"CRIU config {'; '.join(manifest['criu_config']) or 'none of the shim'}")
     print(f"network     added {' '.join(network['added_options']) or 'nothing'}; engine passed "
           f"{' '.join(network['engine_options']) or 'nothing'}; {len(network['tcp_connected'])} connected TCP, "
           f"lock {network['network_lock']}")

@@ -22,6 +22,7 @@ DOCKER = "/usr/bin/docker"  # Debian's client; /usr/local/bin may hold an unrela
 ROOTFS_TAR = "/var/cache/gpuckpt-testbed/rootfs-python.tar"
 CONFIG = Path("/etc/gpuckpt/config.toml")
 RUNTIME = shutil.which("gpuckpt-runtime") or "/usr/local/bin/gpuckpt-runtime"
+GPUCKPT = shutil.which("gpuckpt") or "/usr/local/bin/gpuckpt"
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 180, **kwargs) -> subprocess.CompletedProcess:

@@ -49,3 +49,10 @@ def delegate(request) -> Iterator[str]:
 def docker_delegate(request) -> Iterator[str]:
     with configured_delegate(request.param) as name:
         yield name
+
+
+@pytest.fixture
+def runc_delegate() -> Iterator[str]:
+    """For tests of what surrounds the runtime (archives, images): one delegate is enough."""
+    with configured_delegate("runc") as name:
+        yield name

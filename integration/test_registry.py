@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import subprocess
 import tarfile
 import time
@@ -19,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from bed import COUNTER_SOURCE, PODMAN_IMAGE, assert_continues, sh, wait_counter
+from gpuckpt.oci.archive import decompressed
+
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 
 def free_port() -> int:
@@ -53,7 +56,7 @@ def manifest_in_image(remote: str, layout: Path) -> dict:
     sh("skopeo", "copy", "--src-tls-verify=false", f"docker://{remote}", f"oci:{layout}:ckpt")
     for blob in (layout / "blobs" / "sha256").iterdir():
         try:
-            with tarfile.open(blob) as layer:  # gzip, or plain tar
+            with open(blob, "rb") as raw, tarfile.open(fileobj=decompressed(raw), mode="r|") as layer:
                 for member in layer:
                     if member.name.endswith("gpuckpt-manifest.json"):
                         return json.loads(layer.extractfile(member).read())
@@ -62,27 +65,69 @@ def manifest_in_image(remote: str, layout: Path) -> dict:
     raise AssertionError("gpuckpt-manifest.json is not in the checkpoint image")
 
 
+class SecondNode:
+    """A second, separate podman storage root on this machine: another node, as far as podman knows."""
+
+    def __init__(self, tmp_path: Path, label: str) -> None:
+        # podman wants a runroot of at most 50 characters: a short one of our own, removed after.
+        self.runroot = Path(f"/run/gck-node2-{os.getpid()}-{label}")
+        self.podman = ["podman", "--root", str(tmp_path / "root2"), "--runroot", str(self.runroot)]
+
+    def restore_from(self, remote: str) -> None:
+        """The base image brought over, the checkpoint image pulled from the registry and restored."""
+        sh("bash", "-c", f"podman save {PODMAN_IMAGE} | {' '.join(self.podman)} load")
+        sh(*self.podman, "pull", "--tls-verify=false", remote)
+        sh(*self.podman, "container", "restore", remote)
+
+    def read_state(self, name: str):
+        return lambda: sh(*self.podman, "exec", name, "cat", "/tmp/state").stdout
+
+    def remove(self) -> None:
+        sh(*self.podman, "rm", "-af", "-t", "0", check=False)
+        sh("rm", "-rf", str(self.runroot), check=False)
+
+
+def start_counter(name: str):
+    sh("podman", "run", "-d", "--name", name, "--network", "none", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+    return wait_counter(lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout, minimum=3)
+
+
 def test_checkpoint_image_moves_through_the_registry_to_another_storage_root(registry, delegate, tmp_path) -> None:
     name = f"gpuckpt-reg-{os.getpid()}-{delegate}"
     image = f"localhost/{name}-ckpt:1"
     remote = f"{registry}/{name}-ckpt:1"
-    # podman wants a runroot of at most 50 characters: a short one of our own, removed after.
-    runroot = Path(f"/run/gck-node2-{os.getpid()}-{delegate}")
-    node2 = ["podman", "--root", str(tmp_path / "root2"), "--runroot", str(runroot)]
+    node2 = SecondNode(tmp_path, delegate)
     try:
-        sh("podman", "run", "-d", "--name", name, "--network", "none", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
-        before = wait_counter(lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout, minimum=3)
+        before = start_counter(name)
         sh("podman", "container", "checkpoint", "--create-image", image, name)
         sh("skopeo", "copy", "--dest-tls-verify=false", f"containers-storage:{image}", f"docker://{remote}")
-        # The second node: its own storage, the base image brought over, the checkpoint pulled.
-        sh("bash", "-c", f"podman save {PODMAN_IMAGE} | {' '.join(node2)} load")
-        sh(*node2, "pull", "--tls-verify=false", remote)
-        sh(*node2, "container", "restore", remote)
-        read_state = lambda: sh(*node2, "exec", name, "cat", "/tmp/state").stdout  # noqa: E731
-        assert_continues(before, read_state)
+        node2.restore_from(remote)
+        assert_continues(before, node2.read_state(name))
         assert manifest_in_image(remote, tmp_path / "pulled")["schema_version"] == 1
     finally:
-        sh(*node2, "rm", "-af", "-t", "0", check=False)
+        node2.remove()
         sh("podman", "rm", "-f", "-t", "0", name, check=False)
         sh("podman", "rmi", "-f", image, check=False)
-        sh("rm", "-rf", str(runroot), check=False)
+
+
+def test_our_checkpoint_image_moves_through_the_registry_and_podman_restores_it(registry, runc_delegate,
+                                                                                 tmp_path) -> None:
+    """gpuckpt writes the image itself (OCI layout, zstd layer): skopeo pushes it, podman restores it."""
+    name = f"gpuckpt-oci-{os.getpid()}"
+    layout, remote = tmp_path / "layout", f"{registry}/{name}-ckpt:1"
+    node2 = SecondNode(tmp_path, "oci")
+    try:
+        before = start_counter(name)
+        sh(GPUCKPT, "export", name, "-o", f"oci:{layout}:ckpt")
+        assert stat.S_IMODE(layout.stat().st_mode) == 0o700  # process memory: root only
+        assert all(stat.S_IMODE(blob.stat().st_mode) == 0o600 for blob in (layout / "blobs" / "sha256").iterdir())
+        summary = json.loads(sh(GPUCKPT, "inspect", "--json", f"oci:{layout}:ckpt").stdout)
+        assert summary["container"]["name"] == name and summary["image"]["layer_media_type"].endswith("tar+zstd")
+        assert summary["image"]["annotations"]["io.podman.annotations.checkpoint.name"] == name
+        sh("skopeo", "copy", "--dest-tls-verify=false", f"oci:{layout}:ckpt", f"docker://{remote}")
+        node2.restore_from(remote)
+        assert_continues(before, node2.read_state(name))
+        assert manifest_in_image(remote, tmp_path / "pulled")["container_id"] == summary["manifest"]["container_id"]
+    finally:
+        node2.remove()
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)

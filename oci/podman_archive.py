@@ -69,33 +69,21 @@ def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int, path:
     return tar.extractfile(member).read()
 
 
-def check_podman_archive(path: str) -> PodmanArchive:
-    """Read the whole archive once: every entry checked, the small files kept; the first problem is an ImageError."""
-    import zlib
-
-    import zstandard
-
+def scan_archive(path: str) -> tuple[Copied, dict[str, bytes]]:
+    """Read a whole archive once, every entry checked; what it holds and its small files."""
     kept: dict[str, bytes] = {}
-    names: list[str] = []
-    files = total = 0
     try:
         raw = open(path, "rb")
     except OSError as error:
         raise ImageError(f"{path}: cannot read: {error.strerror}") from None
-    try:
-        with raw, _open_tar(decompressed(raw), "r|") as tar:
-            for member in tar:
-                name = checked_name(member)
-                if name in names:
-                    raise ImageError(f"{path}: entry {name!r} appears twice")
-                names.append(name)
-                if member.isfile():
-                    files, total = files + 1, total + member.size
-                    if name in SMALL_FILES:
-                        kept[name] = _read_small(tar, member, SMALL_FILES[name], path)
-    except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, zlib.error) as error:
-        raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
-    return described(path, kept, names, files, total)
+    with raw:
+        return copy_checked(decompressed(raw), None, path, kept=kept), kept
+
+
+def check_podman_archive(path: str) -> PodmanArchive:
+    """A podman checkpoint archive, read and checked whole; the first problem is an ImageError."""
+    copied, kept = scan_archive(path)
+    return described(path, kept, copied.names, copied.files, copied.bytes)
 
 
 def described(path: str, kept: dict[str, bytes], names: list[str], files: int, total: int) -> PodmanArchive:
@@ -123,7 +111,9 @@ def write_config_only(checked: PodmanArchive, out) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
-SMALL_FILES = {CONFIG_DUMP: MAX_DUMP_BYTES, SPEC_DUMP: MAX_DUMP_BYTES, GPU_MANIFEST: MAX_MANIFEST_BYTES}
+# podman's small files, and the GPU manifest where podman puts CRIU's image or at the top (gpuckpt's own archives)
+SMALL_FILES = {CONFIG_DUMP: MAX_DUMP_BYTES, SPEC_DUMP: MAX_DUMP_BYTES, GPU_MANIFEST: MAX_MANIFEST_BYTES,
+               MANIFEST_NAME: MAX_MANIFEST_BYTES}
 
 
 @dataclass
@@ -135,20 +125,32 @@ class Copied:
     names: list[str] = field(default_factory=list)
 
 
-def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None) -> Copied:
-    """Re-emit the tar read from `source` into `out` (both streams), each entry checked.
+class _Discard:
+    """Stands in for the output tar when an archive is only checked."""
 
-    With `kept`, the small files (config.dump, spec.dump, the GPU manifest) are also put there."""
+    def addfile(self, member, data=None) -> None:
+        pass
+
+
+def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None) -> Copied:
+    """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry checked.
+
+    With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there."""
+    import contextlib
     import io
     import zlib
 
     import zstandard
 
     copied = Copied()
+    writing = _open_tar(out, "w|") if out is not None else contextlib.nullcontext(_Discard())
     try:
-        with _open_tar(source, "r|") as tar_in, _open_tar(out, "w|") as tar_out:
+        with _open_tar(source, "r|") as tar_in, writing as tar_out:
             for member in tar_in:
-                name = checked_name(member)
+                try:
+                    name = checked_name(member)
+                except ImageError as error:
+                    raise ImageError(f"{path}: {error}") from None
                 if name in copied.names:
                     raise ImageError(f"{path}: entry {name!r} appears twice")
                 copied.names.append(name)
@@ -166,6 +168,10 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                 else:
                     tar_out.addfile(member)
     except (tarfile.TarError, zstandard.ZstdError, EOFError, zlib.error) as error:
+        raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
+    except OSError as error:
+        if out is not None:
+            raise  # the writing side: its own error (a full disk, a reader gone)
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
     return copied
 

@@ -1,0 +1,116 @@
+"""Checkpoint archives between gpuckpt and the ecosystem's own tools, with real podman and checkpointctl.
+
+podman restores (`restore --import`) what `gpuckpt export` writes, checkpointctl reads it,
+`gpuckpt import` restores what podman's `checkpoint --export` writes, and a hostile archive
+is refused before podman sees a byte of it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import itertools
+import os
+import stat
+import tarfile
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def counter_container(runc_delegate):
+    name = f"gpuckpt-arc-{os.getpid()}-{next(_names)}"
+    sh("podman", "run", "-d", "--name", name, "--network", "none", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+    yield name
+    sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+def read_state(name: str):
+    return lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout
+
+
+def test_podman_restores_our_archive_and_checkpointctl_reads_it(counter_container, tmp_path) -> None:
+    name, archive = counter_container, tmp_path / "ours.tar.zst"
+    before = wait_counter(read_state(name), minimum=3)
+    exported = sh(GPUCKPT, "export", name, "-o", str(archive))
+    assert "exported" in exported.stdout and exported.stderr == ""  # no progress when not on a terminal
+    assert stat.S_IMODE(archive.stat().st_mode) == 0o600  # process memory: root only
+    assert "Exited" in sh("podman", "ps", "-a", "--filter", f"name={name}", "--format", "{{.Status}}").stdout
+    shown = sh("checkpointctl", "show", str(archive)).stdout
+    assert name in shown and "Podman" in shown and "gpuckpt-runtime" in shown
+    inspected = sh("checkpointctl", "inspect", "--all", str(archive)).stdout
+    assert name in inspected and "CRIU dump statistics" in inspected and "Process tree" in inspected
+    summary = json.loads(sh(GPUCKPT, "inspect", "--json", str(archive)).stdout)
+    assert summary["container"]["name"] == name and summary["engine"] == "podman"
+    # the shim's manifest travelled inside
+    assert summary["manifest"]["container_id"] == sh("podman", "inspect", "--format", "{{.Id}}", name).stdout.strip()
+    sh("podman", "rm", "-f", name)
+    sh("podman", "container", "restore", "--import", str(archive))
+    assert_continues(before, read_state(name))
+
+
+def test_we_restore_podmans_archive(counter_container, tmp_path) -> None:
+    name, archive = counter_container, tmp_path / "podmans.tar.zst"
+    before = wait_counter(read_state(name), minimum=3)
+    sh("podman", "container", "checkpoint", "--export", str(archive), name)  # podman's default: zstd
+    sh("podman", "rm", "-f", name)
+    imported = sh(GPUCKPT, "import", str(archive))
+    assert f"restored {name}" in imported.stdout
+    assert_continues(before, read_state(name))
+
+
+def hostile_archive(path: Path, evil: tarfile.TarInfo, good_config: bool = True) -> None:
+    """A podman-shaped archive (config.dump, spec.dump, checkpoint/inventory.img) plus one bad entry."""
+    config = json.dumps({"id": "0" * 64, "name": "hostile"}).encode() if good_config else b"{not json"
+    with open(path, "wb") as raw, zstandard.ZstdCompressor().stream_writer(raw) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w|") as tar:
+        for entry, data in (("config.dump", config), ("spec.dump", b"{}"), ("checkpoint/inventory.img", b"x")):
+            info = tarfile.TarInfo(entry)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        tar.addfile(evil, io.BytesIO(b"owned\n") if evil.isfile() else None)
+
+
+def evil_entry(kind: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo({"dotdot": "checkpoint/../../../tmp/gpuckpt-owned", "absolute": "/tmp/gpuckpt-owned",
+                            "symlink": "checkpoint/link", "device": "checkpoint/mem"}[kind])
+    if kind == "symlink":
+        info.type, info.linkname = tarfile.SYMTYPE, "/etc/shadow"
+    elif kind == "device":
+        info.type, info.devmajor, info.devminor = tarfile.CHRTYPE, 1, 1
+    else:
+        info.size = 6
+    return info
+
+
+@pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink", "device"])
+def test_hostile_archive_is_refused_before_podman_sees_it(tmp_path, kind) -> None:
+    archive = tmp_path / "hostile.tar.zst"
+    hostile_archive(archive, evil_entry(kind))
+    containers = sh("podman", "ps", "-aq").stdout
+    result = sh(GPUCKPT, "import", str(archive), check=False)
+    assert result.returncode == 1
+    message = result.stderr.strip()
+    assert len(message.splitlines()) == 1 and str(archive) in message, message
+    assert evil_entry(kind).name.lstrip("/") in message or evil_entry(kind).name in message, message
+    assert not os.path.lexists("/tmp/gpuckpt-owned")
+    assert sh("podman", "ps", "-aq").stdout == containers  # podman never ran: no container made
+
+
+def test_corrupt_config_and_truncated_stream_are_refused(tmp_path) -> None:
+    bad_config = tmp_path / "config.tar.zst"
+    info = tarfile.TarInfo("stats-dump")
+    info.size = 6
+    hostile_archive(bad_config, info, good_config=False)
+    result = sh(GPUCKPT, "import", str(bad_config), check=False)
+    assert result.returncode == 1 and "config.dump" in result.stderr, result.stderr
+    truncated = tmp_path / "truncated.tar.zst"
+    truncated.write_bytes(bad_config.read_bytes()[:-40])
+    result = sh(GPUCKPT, "import", str(truncated), check=False)
+    assert result.returncode == 1 and "truncated or corrupt" in result.stderr, result.stderr
