@@ -1,0 +1,214 @@
+"""podman's checkpoint archive and the checkpoint OCI image layout: read, re-emitted and written
+streaming; every hostile or damaged input refused with one line, nothing written outside."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import tarfile
+
+import pytest
+import zstandard
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from gpuckpt.errors import ImageError, UsageError
+from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout
+from gpuckpt.oci.podman_archive import (ArchiveWriter, check_podman_archive, copy_checked, described,
+                                        write_config_only)
+
+CONFIG = json.dumps({"id": "c0ffee" * 10 + "abcd", "name": "web", "rootfsImageName": "localhost/app:1",
+                     "rootfsImageID": "ab" * 32, "RawImageName": "localhost/app:1", "runtime": "gpuckpt-runtime",
+                     "lockID": 3}).encode()
+MANIFEST = json.dumps({"schema_version": 1, "created": "2026-11-22T00:00:00Z", "container_id": "c1"}).encode()
+
+
+def podman_tar(entries: list[tuple[str, bytes]] | None = None) -> bytes:
+    """A plain tar shaped like podman's export, with these extra entries."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        directory = tarfile.TarInfo("checkpoint")
+        directory.type, directory.mode = tarfile.DIRTYPE, 0o700
+        tar.addfile(directory)
+        for name, data in [("checkpoint/inventory.img", b"inv"), ("checkpoint/pages-1.img", os.urandom(4096) * 8),
+                           ("checkpoint/gpuckpt-manifest.json", MANIFEST), ("config.dump", CONFIG),
+                           ("spec.dump", b'{"ociVersion": "1.0.2"}'), *(entries or [])]:
+            info = tarfile.TarInfo(name)
+            info.size, info.uid, info.uname = len(data), 1000, "someone"
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("compress", [zstandard.ZstdCompressor().compress, gzip.compress, lambda data: data])
+def test_podmans_archive_is_read_in_any_of_its_compressions(tmp_path, compress) -> None:
+    path = tmp_path / "podman.tar"
+    path.write_bytes(compress(podman_tar()))
+    archive = check_podman_archive(str(path))
+    assert (archive.config.name, archive.config.rootfsImageName) == ("web", "localhost/app:1")
+    assert archive.manifest.container_id == "c1" and archive.files == 5
+    assert archive.bytes == sum(len(d) for d in (b"inv", MANIFEST, CONFIG, b'{"ociVersion": "1.0.2"}')) + 4096 * 8
+
+
+def test_copy_re_emits_every_entry_owned_by_root_and_keeps_the_small_files() -> None:
+    out, kept, source = io.BytesIO(), {}, podman_tar()
+    copied = copy_checked(io.BytesIO(source), out, "podman.tar", kept=kept)
+    assert set(kept) == {"config.dump", "spec.dump", "checkpoint/gpuckpt-manifest.json"}
+    out.seek(0)
+    with tarfile.open(fileobj=out) as again, tarfile.open(fileobj=io.BytesIO(source)) as original:
+        assert [m.name for m in again] == [m.name for m in original] == copied.names
+        assert all(m.uid == 0 and m.uname == "root" for m in again)
+        assert again.extractfile("checkpoint/pages-1.img").read() == original.extractfile("checkpoint/pages-1.img").read()
+
+
+def test_config_only_pass_holds_just_the_two_dumps(tmp_path) -> None:
+    path = tmp_path / "podman.tar"
+    path.write_bytes(podman_tar())
+    out = io.BytesIO()
+    write_config_only(check_podman_archive(str(path)), out)
+    out.seek(0)
+    with tarfile.open(fileobj=out) as tar:
+        assert {m.name: tar.extractfile(m).read() for m in tar}["config.dump"] == CONFIG
+
+
+@pytest.mark.parametrize("extra, message", [
+    ([("checkpoint/../../x", b"1")], "escapes"),
+    ([("config.dump", CONFIG)], "appears twice"),
+    ([("/etc/x", b"1")], "escapes|absolute"),
+])
+def test_hostile_entries_are_named_with_the_archive(tmp_path, extra, message) -> None:
+    path = tmp_path / "podman.tar.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(podman_tar(extra)))
+    with pytest.raises(ImageError, match=message) as refused:
+        check_podman_archive(str(path))
+    assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)
+
+
+def test_not_podmans_layout_or_bad_config_is_refused(tmp_path) -> None:
+    path = tmp_path / "a.tar"
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        info = tarfile.TarInfo("config.dump")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"{bad}"))
+    path.write_bytes(out.getvalue())
+    with pytest.raises(ImageError, match="not a podman checkpoint archive: no spec.dump, checkpoint/inventory.img"):
+        check_podman_archive(str(path))
+    copied, kept = copy_checked(io.BytesIO(out.getvalue()), None, "a.tar", kept={}), {"config.dump": b"{bad}"}
+    with pytest.raises(ImageError, match="config.dump or spec.dump is not valid"):
+        described("a.tar", kept | {"spec.dump": b"{}"}, copied.names + ["spec.dump", "checkpoint/inventory.img"], 1, 5)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(position=st.floats(0, 1), garbage=st.binary(min_size=1, max_size=64), cut=st.booleans())
+def test_fuzzed_podman_archives_are_read_or_refused_in_one_line(tmp_path_factory, position, garbage, cut) -> None:
+    base = tmp_path_factory.mktemp("fuzz")
+    data = bytearray(zstandard.ZstdCompressor().compress(podman_tar()))
+    at = int(position * (len(data) - 1))
+    path = base / "a.tar.zst"
+    path.write_bytes(bytes(data[:at]) if cut else bytes(data[:at] + garbage + data[at + len(garbage):]))
+    try:
+        archive = check_podman_archive(str(path))
+        assert archive.config.name  # what passed is a whole podman archive
+    except ImageError as error:
+        assert "\n" not in str(error)
+    assert sorted(p.name for p in base.iterdir()) == ["a.tar.zst"]  # the reader writes nothing
+
+
+def test_archive_writer_is_root_only_and_leaves_nothing_when_discarded(tmp_path) -> None:
+    path = tmp_path / "out.tar.zst"
+    writer = ArchiveWriter(str(path), threads=2)
+    copy_checked(io.BytesIO(podman_tar()), writer.layer(), "podman.tar")
+    writer.finish(None)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and check_podman_archive(str(path)).config.name == "web"
+    failed = ArchiveWriter(str(tmp_path / "failed.tar.zst"))
+    failed.layer().write(b"half")
+    failed.discard()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tar.zst"]
+
+
+def write_image(directory, tag: str = "ckpt") -> None:
+    writer = CheckpointImageWriter(str(directory), tag, threads=2)
+    kept = {}
+    copied = copy_checked(io.BytesIO(podman_tar()), writer.layer(), "podman.tar", kept=kept)
+    writer.finish(described("podman.tar", kept, copied.names, copied.files, copied.bytes))
+
+
+def blob(directory, digest: str):
+    return directory / "blobs" / "sha256" / digest.removeprefix("sha256:")
+
+
+def test_image_layout_round_trip_with_podmans_annotations_and_true_digests(tmp_path) -> None:
+    layout = tmp_path / "img"
+    write_image(layout)
+    assert stat.S_IMODE(layout.stat().st_mode) == 0o700
+    image = read_layout(str(layout), "ckpt")
+    annotations = image.manifest.annotations
+    assert annotations["io.podman.annotations.checkpoint.name"] == "web"
+    assert annotations["io.podman.annotations.checkpoint.rootfsImageName"] == "localhost/app:1"
+    layer = blob(layout, image.layer.digest).read_bytes()
+    assert image.layer.digest == f"sha256:{hashlib.sha256(layer).hexdigest()}"
+    config = json.loads(blob(layout, image.manifest.config.digest).read_bytes())
+    diff_id = hashlib.sha256(zstandard.ZstdDecompressor().stream_reader(io.BytesIO(layer)).read()).hexdigest()
+    assert config["rootfs"]["diff_ids"] == [f"sha256:{diff_id}"]  # what skopeo and podman verify
+    assert check_podman_archive(image.layer_path).config.name == "web"
+    index = json.loads((layout / "index.json").read_text())
+    assert index["manifests"][0]["annotations"] == {"org.opencontainers.image.ref.name": "ckpt"}
+    assert "annotations" not in json.loads(blob(layout, image.manifest.config.digest).read_bytes())
+
+
+def tamper_manifest(layout, change) -> None:
+    """Rewrite the image manifest through `change` and point the index at the new blob."""
+    index = json.loads((layout / "index.json").read_text())
+    old = index["manifests"][0]
+    manifest = json.loads(blob(layout, old["digest"]).read_bytes())
+    change(manifest)
+    data = json.dumps(manifest).encode()
+    digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+    blob(layout, digest).write_bytes(data)
+    old.update(digest=digest, size=len(data))
+    (layout / "index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m["layers"][0].update(digest="sha256:../../../../etc/shadow"), "is not sha256:<64 hex digits>"),
+    (lambda m: m["layers"][0].update(size=m["layers"][0]["size"] + 1), "declared"),
+    (lambda m: m["layers"][0].update(digest="sha256:" + "0" * 64), "is missing"),
+    (lambda m: m.update(annotations={}), "no io.podman.annotations.checkpoint"),
+    (lambda m: m["layers"].append(m["layers"][0]), "one tar layer"),
+    (lambda m: m["layers"][0].update(mediaType="application/x-evil"), "one tar layer"),
+])
+def test_hostile_image_layouts_are_refused(tmp_path, change, message) -> None:
+    layout = tmp_path / "img"
+    write_image(layout)
+    tamper_manifest(layout, change)
+    with pytest.raises(ImageError, match=message):
+        read_layout(str(layout), "ckpt")
+
+
+def test_a_manifest_blob_that_does_not_match_its_digest_or_an_absent_tag_is_refused(tmp_path) -> None:
+    layout = tmp_path / "img"
+    write_image(layout)
+    with pytest.raises(ImageError, match="tag other wanted; the layout holds: ckpt"):
+        read_layout(str(layout), "other")
+    digest = json.loads((layout / "index.json").read_text())["manifests"][0]["digest"]
+    data = bytearray(blob(layout, digest).read_bytes())
+    data[-2] ^= 1
+    blob(layout, digest).write_bytes(bytes(data))
+    with pytest.raises(ImageError, match="does not match its digest"):
+        read_layout(str(layout))
+
+
+def test_oci_targets_and_existing_directories(tmp_path) -> None:
+    assert parse_target(f"oci:{tmp_path}/x") == (f"{tmp_path}/x", "latest")
+    assert parse_target(f"oci:{tmp_path}/x:v1.2") == (f"{tmp_path}/x", "v1.2")
+    assert parse_target("/var/ckpt.tar.zst") is None
+    with pytest.raises(UsageError, match="oci:DIRECTORY"):
+        parse_target("oci:/x:bad/tag")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "keep").write_text("mine")
+    with pytest.raises(UsageError, match="already exists"):
+        CheckpointImageWriter(str(tmp_path / "full"), "t")
+    assert (tmp_path / "full" / "keep").read_text() == "mine"
