@@ -89,7 +89,7 @@ def _writer(output: str, threads: int):
 
 
 def run_export(options: argparse.Namespace) -> int:
-    from gpuckpt.fifo import open_when_peer, private_fifo
+    from gpuckpt.fifo import open_when_peer, private_fifo, widen
     from gpuckpt.oci.podman_archive import copy_checked, described
     from gpuckpt.process import Background
 
@@ -107,7 +107,8 @@ def run_export(options: argparse.Namespace) -> int:
             fd = open_when_peer(fifo, writing=False, peer_alive=podman_run.running)
             if fd is not None:
                 progress, kept = Progress(f"exporting {options.container}"), {}
-                with os.fdopen(fd, "rb") as stream:
+                widen(fd)
+                with os.fdopen(fd, "rb", buffering=0) as stream:
                     copied = copy_checked(stream, writer.layer(), f"podman's export of {options.container}",
                                           progress, kept)
                 progress.end()
@@ -132,7 +133,7 @@ def run_export(options: argparse.Namespace) -> int:
 
 
 def run_import(options: argparse.Namespace) -> int:
-    from gpuckpt.fifo import open_when_peer, private_fifo, wait_reader_gone
+    from gpuckpt.fifo import open_when_peer, private_fifo, wait_reader_gone, widen
     from gpuckpt.oci.archive import decompressed
     from gpuckpt.oci.podman_archive import check_podman_archive, copy_checked, write_config_only
     from gpuckpt.process import Background
@@ -148,6 +149,7 @@ def run_import(options: argparse.Namespace) -> int:
             passes = 0
             while (fd := open_when_peer(fifo, writing=True, peer_alive=podman_run.running)) is not None:
                 passes += 1
+                widen(fd)
                 with os.fdopen(fd, "wb") as stream:
                     try:
                         if passes == 1:

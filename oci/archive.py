@@ -85,6 +85,57 @@ def checked_name(member: tarfile.TarInfo) -> str:
 GZIP_MAGIC = b"\x1f\x8b"
 
 
+ZSTD_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
+
+
+def check_zstd_frames(raw) -> None:
+    """Walk the zstd frames of a seekable file by their headers (RFC 8878), contents skipped.
+
+    python-zstandard's stream reader ends quietly where a cut stream ends; a frame or block
+    cut short is an ImageError here instead. Each block's data is checked (checksums too)
+    by the decompressor as it is read.
+    """
+    import struct
+
+    def exact(count: int) -> bytes:
+        data = raw.read(count)
+        if len(data) != count:
+            raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
+                             "the zstd stream ends inside a frame")
+        return data
+
+    size = raw.seek(0, os.SEEK_END)
+    raw.seek(0)
+    while raw.tell() < size:
+        (magic,) = struct.unpack("<I", exact(4))
+        if magic in ZSTD_SKIPPABLE:
+            (length,) = struct.unpack("<I", exact(4))
+            raw.seek(length, os.SEEK_CUR)
+            continue
+        if magic != int.from_bytes(ZSTD_MAGIC, "little"):
+            raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
+                             f"bytes after the last zstd frame")
+        descriptor = exact(1)[0]
+        single_segment, has_checksum = descriptor >> 5 & 1, descriptor >> 2 & 1
+        content_size_bytes = (single_segment, 2, 4, 8)[descriptor >> 6]
+        dictionary_bytes = (0, 1, 2, 4)[descriptor & 3]
+        exact((0 if single_segment else 1) + dictionary_bytes + content_size_bytes)
+        last = False
+        while not last:
+            header = int.from_bytes(exact(3), "little")
+            last, kind, block_size = header & 1, header >> 1 & 3, header >> 3
+            if kind == 3:
+                raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
+                                 "a reserved zstd block type")
+            raw.seek(1 if kind == 1 else block_size, os.SEEK_CUR)
+        if has_checksum:
+            raw.seek(4, os.SEEK_CUR)
+    if raw.tell() != size:  # a seek past the end: the last block or checksum was cut
+        raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
+                         "the zstd stream ends inside a frame")
+    raw.seek(0)
+
+
 def decompressed(raw) -> object:
     """A readable stream of the tar inside `raw`: zstd (ours, podman's default), gzip, or none."""
     import gzip
@@ -94,6 +145,7 @@ def decompressed(raw) -> object:
     magic = raw.read(4)
     raw.seek(0)
     if magic == ZSTD_MAGIC:
+        check_zstd_frames(raw)
         return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, read_size=1 << 20)
     if magic[:2] == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=raw, mode="rb")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.archive import COPY_BYTES, checked_name, decompressed
+from gpuckpt.oci.archive import COPY_BYTES, decompressed
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 
 CONFIG_DUMP = "config.dump"
@@ -61,12 +61,6 @@ class PodmanArchive:
 
 def _open_tar(raw, mode: str) -> tarfile.TarFile:
     return tarfile.open(fileobj=raw, mode=mode, format=tarfile.PAX_FORMAT, copybufsize=COPY_BYTES)
-
-
-def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, limit: int, path: str) -> bytes:
-    if member.size > limit:
-        raise ImageError(f"{path}: {member.name} declares {member.size} bytes, more than {limit}")
-    return tar.extractfile(member).read()
 
 
 def scan_archive(path: str) -> tuple[Copied, dict[str, bytes]]:
@@ -125,55 +119,66 @@ class Copied:
     names: list[str] = field(default_factory=list)
 
 
-class _Discard:
-    """Stands in for the output tar when an archive is only checked."""
-
-    def addfile(self, member, data=None) -> None:
-        pass
-
-
 def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None) -> Copied:
-    """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry checked.
+    """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry
+    checked (oci.tarstream), owned by root. `source` must have readinto().
 
     With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there."""
-    import contextlib
-    import io
     import zlib
 
     import zstandard
 
-    copied = Copied()
-    writing = _open_tar(out, "w|") if out is not None else contextlib.nullcontext(_Discard())
+    from gpuckpt.oci import tarstream
+
+    copied, written, seen = Copied(), 0, set()
+
+    def moved(count: int) -> None:
+        copied.bytes += count
+        if progress:
+            progress(copied.bytes)
+
     try:
-        with _open_tar(source, "r|") as tar_in, writing as tar_out:
-            for member in tar_in:
-                try:
-                    name = checked_name(member)
-                except ImageError as error:
-                    raise ImageError(f"{path}: {error}") from None
-                if name in copied.names:
-                    raise ImageError(f"{path}: entry {name!r} appears twice")
-                copied.names.append(name)
-                member.uid = member.gid = 0
-                member.uname = member.gname = "root"
-                if member.isfile() and kept is not None and name in SMALL_FILES:
-                    kept[name] = _read_small(tar_in, member, SMALL_FILES[name], path)
-                    tar_out.addfile(member, io.BytesIO(kept[name]))
-                elif member.isfile():
-                    tar_out.addfile(member, tar_in.extractfile(member))
-                if member.isfile():
-                    copied.bytes, copied.files = copied.bytes + member.size, copied.files + 1
-                    if progress:
-                        progress(copied.bytes)
-                else:
-                    tar_out.addfile(member)
-    except (tarfile.TarError, zstandard.ZstdError, EOFError, zlib.error) as error:
+        for member, reader in tarstream.entries(source, path):
+            if member.name in seen:
+                raise ImageError(f"{path}: entry {member.name!r} appears twice")
+            seen.add(member.name)
+            copied.names.append(member.name)
+            if out is not None:
+                written += tarstream.write_header(member, out)
+            if not member.isfile():
+                continue
+            copied.files += 1
+            if kept is not None and member.name in SMALL_FILES:
+                if member.size > SMALL_FILES[member.name]:
+                    raise ImageError(f"{path}: {member.name} declares {member.size} bytes, "
+                                     f"more than {SMALL_FILES[member.name]}")
+                data = bytearray()
+                written += tarstream.copy_data(reader, member.size, _Collect(data, out))
+                kept[member.name] = bytes(data[:member.size])
+                copied.bytes += member.size
+            else:
+                written += tarstream.copy_data(reader, member.size, out, moved)
+        if out is not None:
+            tarstream.write_end(out, written)
+    except (zstandard.ZstdError, EOFError, zlib.error) as error:
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
     except OSError as error:
         if out is not None:
             raise  # the writing side: its own error (a full disk, a reader gone)
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
     return copied
+
+
+class _Collect:
+    """Keeps what is written (padding included) and passes it on."""
+
+    def __init__(self, data: bytearray, out) -> None:
+        self.data, self.out = data, out
+
+    def write(self, chunk) -> None:
+        self.data += chunk
+        if self.out is not None:
+            self.out.write(chunk)
 
 
 class ArchiveWriter:

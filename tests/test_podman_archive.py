@@ -212,3 +212,21 @@ def test_oci_targets_and_existing_directories(tmp_path) -> None:
     with pytest.raises(UsageError, match="already exists"):
         CheckpointImageWriter(str(tmp_path / "full"), "t")
     assert (tmp_path / "full" / "keep").read_text() == "mine"
+
+
+@pytest.mark.parametrize("cut", [1, 4, 40, 5000])
+def test_a_zstd_stream_cut_anywhere_is_refused(tmp_path, cut) -> None:
+    """python-zstandard's reader ends quietly at a cut; the frame walk does not (even a lost checksum)."""
+    data = zstandard.ZstdCompressor(write_checksum=True, threads=2).compress(podman_tar())
+    path = tmp_path / "cut.tar.zst"
+    path.write_bytes(data[:-cut])
+    with pytest.raises(ImageError, match="truncated or corrupt archive"):
+        check_podman_archive(str(path))
+
+
+def test_a_plain_tar_without_its_end_blocks_is_refused(tmp_path) -> None:
+    data = podman_tar()
+    path = tmp_path / "cut.tar"
+    path.write_bytes(data[:data.rindex(b'{"ociVersion": "1.0.2"}') + 512])  # cut after the last entry's data
+    with pytest.raises(ImageError, match="ends before the end-of-archive blocks"):
+        check_podman_archive(str(path))
