@@ -141,6 +141,7 @@ def run_import(options: argparse.Namespace) -> int:
     podman = _podman()
     started = time.monotonic()
     checked = check_podman_archive(options.archive)  # before podman sees a byte of it
+    phases = [f"checked in {time.monotonic() - started:.1f} s"]
     flags = ["--name", options.name] if options.name else []
     flags += ["--tcp-established"] if options.tcp_established else []
     with private_fifo("gpuckpt-import-") as fifo:
@@ -150,6 +151,8 @@ def run_import(options: argparse.Namespace) -> int:
             while (fd := open_when_peer(fifo, writing=True, peer_alive=podman_run.running)) is not None:
                 passes += 1
                 widen(fd)
+                pass_started = time.monotonic()
+                phases.append(f"podman opened it at {pass_started - started:.1f} s")
                 with os.fdopen(fd, "wb") as stream:
                     try:
                         if passes == 1:
@@ -163,11 +166,12 @@ def run_import(options: argparse.Namespace) -> int:
                         wait_reader_gone(fd, podman_run.running)
                     except BrokenPipeError:
                         pass  # podman stopped reading: it needed no more, or its message follows
+                phases.append(f"read {passes} took {time.monotonic() - pass_started:.1f} s")
             finished = podman_run.wait(check=True)
         except BaseException:
             podman_run.kill()
             raise
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
     print(f"restored {checked.config.name} as {restored[0][:12]} from {options.archive} in "
-          f"{time.monotonic() - started:.1f} s")
+          f"{time.monotonic() - started:.1f} s ({', '.join(phases)})")
     return 0

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import tarfile
+import time
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.archive import COPY_BYTES, decompressed
+from gpuckpt.oci.archive import decompressed
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 
 CONFIG_DUMP = "config.dump"
@@ -59,10 +60,6 @@ class PodmanArchive:
     names: list[str] = field(default_factory=list)
 
 
-def _open_tar(raw, mode: str) -> tarfile.TarFile:
-    return tarfile.open(fileobj=raw, mode=mode, format=tarfile.PAX_FORMAT, copybufsize=COPY_BYTES)
-
-
 def scan_archive(path: str) -> tuple[Copied, dict[str, bytes]]:
     """Read a whole archive once, every entry checked; what it holds and its small files."""
     kept: dict[str, bytes] = {}
@@ -96,13 +93,16 @@ def described(path: str, kept: dict[str, bytes], names: list[str], files: int, t
 
 def write_config_only(checked: PodmanArchive, out) -> None:
     """A plain tar of config.dump and spec.dump alone: all podman's first reading pass looks at."""
-    import io
+    from gpuckpt.oci import tarstream
 
-    with _open_tar(out, "w|") as tar:
-        for name, data in ((CONFIG_DUMP, checked.config_bytes), (SPEC_DUMP, checked.spec_bytes)):
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o600
-            tar.addfile(info, io.BytesIO(data))
+    written = 0
+    for name, data in ((CONFIG_DUMP, checked.config_bytes), (SPEC_DUMP, checked.spec_bytes)):
+        info = tarfile.TarInfo(name)
+        info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+        written += tarstream.write_header(info, out)
+        out.write(data + bytes(-len(data) % tarstream.BLOCK))
+        written += len(data) + -len(data) % tarstream.BLOCK
+    tarstream.write_end(out, written)
 
 
 # podman's small files, and the GPU manifest where podman puts CRIU's image or at the top (gpuckpt's own archives)
@@ -153,11 +153,12 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                     raise ImageError(f"{path}: {member.name} declares {member.size} bytes, "
                                      f"more than {SMALL_FILES[member.name]}")
                 data = bytearray()
-                written += tarstream.copy_data(reader, member.size, _Collect(data, out))
+                moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, out))
                 kept[member.name] = bytes(data[:member.size])
                 copied.bytes += member.size
             else:
-                written += tarstream.copy_data(reader, member.size, out, moved)
+                moved_bytes = tarstream.copy_data(reader, member.size, out, moved)
+            written += moved_bytes if out is not None else 0
         if out is not None:
             tarstream.write_end(out, written)
     except (zstandard.ZstdError, EOFError, zlib.error) as error:

@@ -230,3 +230,4 @@ def test_a_plain_tar_without_its_end_blocks_is_refused(tmp_path) -> None:
     path.write_bytes(data[:data.rindex(b'{"ociVersion": "1.0.2"}') + 512])  # cut after the last entry's data
     with pytest.raises(ImageError, match="ends before the end-of-archive blocks"):
         check_podman_archive(str(path))
+
