@@ -31,7 +31,8 @@ LAYER_TYPES = {"application/vnd.oci.image.layer.v1.tar+zstd", "application/vnd.o
                "application/vnd.oci.image.layer.v1.tar"}
 ZSTD_LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
 REF_NAME = "org.opencontainers.image.ref.name"
-CHECKPOINT_ANNOTATION = "io.podman.annotations.checkpoint"  # prefix of podman's (and CRI-O's) keys
+CHECKPOINT_ANNOTATION = "io.podman.annotations.checkpoint"  # prefix of podman's keys
+CRIO_CHECKPOINT_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint"  # CRI-O's (Kubernetes), same suffixes
 MAX_JSON_BYTES = 4 << 20
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
@@ -215,15 +216,17 @@ def go_architecture() -> str:
 
 
 def checkpoint_annotations(archive) -> dict[str, str]:
-    """podman's checkpoint image annotations (what `restore IMAGE` and CRI-O read), and ours."""
+    """The annotations podman's `restore IMAGE` and CRI-O's restore read, and ours."""
     import platform
 
-    key = CHECKPOINT_ANNOTATION
     config = archive.config
-    annotations = {f"{key}.name": config.name, f"{key}.rawImageName": config.RawImageName,
-                   f"{key}.rootfsImageID": config.rootfsImageID, f"{key}.rootfsImageName": config.rootfsImageName,
-                   f"{key}.runtime.name": config.runtime, f"{key}.host.arch": go_architecture(),
-                   f"{key}.host.kernel": platform.release()}
+    annotations = {}
+    for key in (CHECKPOINT_ANNOTATION, CRIO_CHECKPOINT_ANNOTATION):
+        annotations |= {f"{key}.name": config.name, f"{key}.rawImageName": config.RawImageName,
+                        f"{key}.rootfsImageID": config.rootfsImageID, f"{key}.rootfsImageName": config.rootfsImageName}
+    key = CHECKPOINT_ANNOTATION
+    annotations |= {f"{key}.runtime.name": config.runtime, f"{key}.host.arch": go_architecture(),
+                    f"{key}.host.kernel": platform.release()}
     if archive.manifest is not None:
         annotations["io.gpuckpt.manifest.schema_version"] = str(archive.manifest.schema_version)
         annotations["io.gpuckpt.cuda.processes"] = str(len(archive.manifest.processes))
@@ -301,8 +304,9 @@ def read_layout(directory: str, tag: str | None = None) -> CheckpointImage:
     if len(manifest.layers) != 1 or manifest.layers[0].mediaType not in LAYER_TYPES:
         raise ImageError(f"{directory}: not a checkpoint image: it must have one tar layer, "
                          f"not {[layer.mediaType for layer in manifest.layers]}")
-    if not any(key.startswith(CHECKPOINT_ANNOTATION) for key in manifest.annotations or {}):
-        raise ImageError(f"{directory}: not a checkpoint image: no {CHECKPOINT_ANNOTATION}.* annotations")
+    if not any(key.startswith((CHECKPOINT_ANNOTATION, CRIO_CHECKPOINT_ANNOTATION)) for key in manifest.annotations or {}):
+        raise ImageError(f"{directory}: not a checkpoint image: no {CHECKPOINT_ANNOTATION}.* or "
+                         f"{CRIO_CHECKPOINT_ANNOTATION}.* annotations")
     layer = manifest.layers[0]
     return CheckpointImage(directory, (candidates[0].annotations or {}).get(REF_NAME, ""), manifest,
                            _blob_path(directory, layer, "layer"), layer)

@@ -148,6 +148,7 @@ def test_image_layout_round_trip_with_podmans_annotations_and_true_digests(tmp_p
     annotations = image.manifest.annotations
     assert annotations["io.podman.annotations.checkpoint.name"] == "web"
     assert annotations["io.podman.annotations.checkpoint.rootfsImageName"] == "localhost/app:1"
+    assert annotations["io.kubernetes.cri-o.annotations.checkpoint.name"] == "web"  # what CRI-O reads
     layer = blob(layout, image.layer.digest).read_bytes()
     assert image.layer.digest == f"sha256:{hashlib.sha256(layer).hexdigest()}"
     config = json.loads(blob(layout, image.manifest.config.digest).read_bytes())
