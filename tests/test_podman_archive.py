@@ -26,7 +26,7 @@ CONFIG = json.dumps({"id": "c0ffee" * 10 + "abcd", "name": "web", "rootfsImageNa
 MANIFEST = json.dumps({"schema_version": 1, "created": "2026-11-22T00:00:00Z", "container_id": "c1"}).encode()
 
 
-def podman_tar(entries: list[tuple[str, bytes]] | None = None) -> bytes:
+def podman_tar(entries: list[tuple[str, bytes]] | None = None, manifest: bytes = MANIFEST) -> bytes:
     """A plain tar shaped like podman's export, with these extra entries."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -34,7 +34,7 @@ def podman_tar(entries: list[tuple[str, bytes]] | None = None) -> bytes:
         directory.type, directory.mode = tarfile.DIRTYPE, 0o700
         tar.addfile(directory)
         for name, data in [("checkpoint/inventory.img", b"inv"), ("checkpoint/pages-1.img", os.urandom(4096) * 8),
-                           ("checkpoint/gpuckpt-manifest.json", MANIFEST), ("config.dump", CONFIG),
+                           ("checkpoint/gpuckpt-manifest.json", manifest), ("config.dump", CONFIG),
                            ("spec.dump", b'{"ociVersion": "1.0.2"}'), *(entries or [])]:
             info = tarfile.TarInfo(name)
             info.size, info.uid, info.uname = len(data), 1000, "someone"
@@ -232,3 +232,11 @@ def test_a_plain_tar_without_its_end_blocks_is_refused(tmp_path) -> None:
     with pytest.raises(ImageError, match="ends before the end-of-archive blocks"):
         check_podman_archive(str(path))
 
+
+
+def test_an_unknown_gpu_manifest_version_inside_is_refused(tmp_path) -> None:
+    future = json.dumps({"schema_version": 99, "created": "2030-01-01T00:00:00Z", "container_id": "c1"}).encode()
+    path = tmp_path / "future.tar"
+    path.write_bytes(podman_tar(manifest=future))
+    with pytest.raises(ImageError, match="schema"):
+        check_podman_archive(str(path))
