@@ -133,17 +133,56 @@ def run_export(options: argparse.Namespace) -> int:
 
 
 def run_import(options: argparse.Namespace) -> int:
-    from gpuckpt.fifo import open_when_peer, private_fifo, wait_reader_gone, widen
+    """Staged when podman will restore through gpuckpt-runtime (the pages go beside podman's
+    storage once, podman imports the rest); streamed through a FIFO otherwise."""
     from gpuckpt.oci.archive import decompressed
-    from gpuckpt.oci.podman_archive import check_podman_archive, copy_checked, write_config_only
-    from gpuckpt.process import Background
+    from gpuckpt.oci.import_staging import Staging
+    from gpuckpt.oci.podman_archive import copy_checked, described
+    from gpuckpt.process import run
 
     podman = _podman()
     started = time.monotonic()
-    checked = check_podman_archive(options.archive)  # before podman sees a byte of it
-    phases = [f"checked in {time.monotonic() - started:.1f} s"]
     flags = ["--name", options.name] if options.name else []
     flags += ["--tcp-established"] if options.tcp_established else []
+    graph_root = run([podman, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
+    staging = Staging(os.path.dirname(graph_root))
+    try:
+        light = os.path.join(staging.directory, "archive.tar")
+        progress, kept = Progress(f"importing {options.archive}"), {}
+        try:
+            raw = open(options.archive, "rb")
+        except OSError as error:
+            raise ImageError(f"{options.archive}: cannot read: {error.strerror}") from None
+        fd = os.open(light, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with raw, os.fdopen(fd, "wb") as out:
+            copied = copy_checked(decompressed(raw), out, options.archive, progress, kept,
+                                  divert=staging.divert, trailer=(staging.placeholder(),))
+        progress.end()
+        checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
+        phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
+        if os.path.basename(checked.config.runtime) == "gpuckpt-runtime":
+            staging.record()  # from here the shim may take the pages
+            finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
+        else:
+            staging.remove()
+            phases = [f"checked in {time.monotonic() - started:.1f} s, streamed: runtime {checked.config.runtime}"]
+            finished = _import_streamed(podman, checked, flags, phases)
+    finally:
+        staging.remove()
+    restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
+    print(f"restored {checked.config.name} as {restored[0][:12]} from {options.archive} in "
+          f"{time.monotonic() - started:.1f} s ({', '.join(phases)})")
+    return 0
+
+
+def _import_streamed(podman: str, checked, flags: list[str], phases: list[str]):
+    """podman reads the checked archive through a FIFO, as often as it opens it (podman 4.3:
+    three times: the config, a full scan, the untar); every later pass is re-checked."""
+    from gpuckpt.fifo import open_when_peer, private_fifo, wait_reader_gone, widen
+    from gpuckpt.oci.archive import decompressed
+    from gpuckpt.oci.podman_archive import copy_checked, write_config_only
+    from gpuckpt.process import Background
+
     with private_fifo("gpuckpt-import-") as fifo:
         podman_run = Background([podman, "container", "restore", "--import", fifo, *flags])
         try:
@@ -152,26 +191,19 @@ def run_import(options: argparse.Namespace) -> int:
                 passes += 1
                 widen(fd)
                 pass_started = time.monotonic()
-                phases.append(f"podman opened it at {pass_started - started:.1f} s")
                 with os.fdopen(fd, "wb") as stream:
                     try:
                         if passes == 1:
                             write_config_only(checked, stream)
                         else:
-                            progress = Progress(f"importing {options.archive}")
-                            with open(options.archive, "rb") as raw:
-                                copy_checked(decompressed(raw), stream, options.archive, progress)
-                            progress.end()
+                            with open(checked.path, "rb") as raw:
+                                copy_checked(decompressed(raw), stream, checked.path)
                         stream.flush()
                         wait_reader_gone(fd, podman_run.running)
                     except BrokenPipeError:
                         pass  # podman stopped reading: it needed no more, or its message follows
-                phases.append(f"read {passes} took {time.monotonic() - pass_started:.1f} s")
-            finished = podman_run.wait(check=True)
+                phases.append(f"podman's read {passes} took {time.monotonic() - pass_started:.1f} s")
+            return podman_run.wait(check=True)
         except BaseException:
             podman_run.kill()
             raise
-    restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
-    print(f"restored {checked.config.name} as {restored[0][:12]} from {options.archive} in "
-          f"{time.monotonic() - started:.1f} s ({', '.join(phases)})")
-    return 0

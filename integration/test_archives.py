@@ -23,12 +23,24 @@ from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wai
 _names = itertools.count()
 
 
+def start_counter(runtime_flags: list[str]) -> str:
+    name = f"gpuckpt-arc-{os.getpid()}-{next(_names)}"
+    sh("podman", "run", "-d", "--name", name, "--network", "none", *runtime_flags, PODMAN_IMAGE,
+       "python3", "-c", COUNTER_SOURCE)
+    return name
+
+
 @pytest.fixture
 def counter_container(runc_delegate):
-    name = f"gpuckpt-arc-{os.getpid()}-{next(_names)}"
-    sh("podman", "run", "-d", "--name", name, "--network", "none", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+    name = start_counter([])  # podman's default runtime: gpuckpt-runtime
     yield name
     sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+def staging_leftovers() -> list[str]:
+    imports = Path("/run/gpuckpt/imports")
+    return ([p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")]
+            + (os.listdir(imports) if imports.exists() else []))
 
 
 def read_state(name: str):
@@ -55,14 +67,23 @@ def test_podman_restores_our_archive_and_checkpointctl_reads_it(counter_containe
     assert_continues(before, read_state(name))
 
 
-def test_we_restore_podmans_archive(counter_container, tmp_path) -> None:
-    name, archive = counter_container, tmp_path / "podmans.tar.zst"
-    before = wait_counter(read_state(name), minimum=3)
-    sh("podman", "container", "checkpoint", "--export", str(archive), name)  # podman's default: zstd
-    sh("podman", "rm", "-f", name)
-    imported = sh(GPUCKPT, "import", str(archive))
-    assert f"restored {name}" in imported.stdout
-    assert_continues(before, read_state(name))
+@pytest.mark.parametrize("runtime", ["gpuckpt-runtime", "runc"])
+def test_we_restore_podmans_archive(runc_delegate, tmp_path, runtime) -> None:
+    """Through the shim, the pages are staged beside podman's storage and renamed into place by
+    the shim's restore; with another runtime, podman reads the checked archive through a FIFO."""
+    name = start_counter(["--runtime", runtime])
+    archive = tmp_path / "podmans.tar.zst"
+    try:
+        before = wait_counter(read_state(name), minimum=3)
+        sh("podman", "container", "checkpoint", "--export", str(archive), name)  # podman's default: zstd
+        sh("podman", "rm", "-f", name)
+        imported = sh(GPUCKPT, "import", str(archive))
+        assert f"restored {name}" in imported.stdout
+        assert ("staged" if runtime == "gpuckpt-runtime" else "streamed: runtime runc") in imported.stdout
+        assert_continues(before, read_state(name))
+        assert staging_leftovers() == []
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
 
 
 def hostile_archive(path: Path, evil: tarfile.TarInfo, good_config: bool = True) -> None:
@@ -101,6 +122,7 @@ def test_hostile_archive_is_refused_before_podman_sees_it(tmp_path, kind) -> Non
     assert evil_entry(kind).name.lstrip("/") in message or evil_entry(kind).name in message, message
     assert not os.path.lexists("/tmp/gpuckpt-owned")
     assert sh("podman", "ps", "-aq").stdout == containers  # podman never ran: no container made
+    assert staging_leftovers() == []
 
 
 def test_corrupt_config_and_truncated_stream_are_refused(tmp_path) -> None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.archive import decompressed
+from gpuckpt.oci.import_staging import PLACEHOLDER as STAGING_PLACEHOLDER
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 
 CONFIG_DUMP = "config.dump"
@@ -95,14 +96,21 @@ def write_config_only(checked: PodmanArchive, out) -> None:
     """A plain tar of config.dump and spec.dump alone: all podman's first reading pass looks at."""
     from gpuckpt.oci import tarstream
 
-    written = 0
-    for name, data in ((CONFIG_DUMP, checked.config_bytes), (SPEC_DUMP, checked.spec_bytes)):
-        info = tarfile.TarInfo(name)
-        info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
-        written += tarstream.write_header(info, out)
-        out.write(data + bytes(-len(data) % tarstream.BLOCK))
-        written += len(data) + -len(data) % tarstream.BLOCK
+    written = sum(write_small_entry(out, name, data)
+                  for name, data in ((CONFIG_DUMP, checked.config_bytes), (SPEC_DUMP, checked.spec_bytes)))
     tarstream.write_end(out, written)
+
+
+def write_small_entry(out, name: str, data: bytes) -> int:
+    """One root-only file entry made here; returns the bytes written."""
+    from gpuckpt.oci import tarstream
+
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+    padding = bytes(-len(data) % tarstream.BLOCK)
+    header = tarstream.write_header(info, out)
+    out.write(data + padding)
+    return header + len(data) + len(padding)
 
 
 # podman's small files, and the GPU manifest where podman puts CRIU's image or at the top (gpuckpt's own archives)
@@ -119,11 +127,14 @@ class Copied:
     names: list[str] = field(default_factory=list)
 
 
-def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None) -> Copied:
+def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None,
+                 divert=None, trailer: tuple[tuple[str, bytes], ...] = ()) -> Copied:
     """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry
     checked (oci.tarstream), owned by root. `source` must have readinto().
 
-    With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there."""
+    With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there.
+    `divert(member)` may return a stream for a file's bare data instead (the entry is then left
+    out of `out`); `trailer` entries (name, bytes) are added at the end."""
     import zlib
 
     import zstandard
@@ -143,6 +154,14 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                 raise ImageError(f"{path}: entry {member.name!r} appears twice")
             seen.add(member.name)
             copied.names.append(member.name)
+            if member.name.endswith(f"/{STAGING_PLACEHOLDER}") or member.name == STAGING_PLACEHOLDER:
+                raise ImageError(f"{path}: archive entry {member.name!r} is gpuckpt's own import placeholder: refused")
+            diverted = divert(member) if divert is not None and member.isfile() else None
+            if diverted is not None:
+                copied.files += 1
+                with diverted:
+                    tarstream.copy_data(reader, member.size, diverted, moved, pad=False)
+                continue
             if out is not None:
                 written += tarstream.write_header(member, out)
             if not member.isfile():
@@ -160,6 +179,8 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                 moved_bytes = tarstream.copy_data(reader, member.size, out, moved)
             written += moved_bytes if out is not None else 0
         if out is not None:
+            for name, data in trailer:
+                written += write_small_entry(out, name, data)
             tarstream.write_end(out, written)
     except (zstandard.ZstdError, EOFError, zlib.error) as error:
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None

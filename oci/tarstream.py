@@ -103,16 +103,17 @@ def entries(source, path: str):
         yield member, reader
 
 
-def copy_data(reader: _Reader, size: int, out, moved=None) -> int:
-    """Move `size` bytes of entry data and its padding from reader to out (None: drop them);
-    `moved(n)` hears of each chunk. Returns the bytes written."""
+def copy_data(reader: _Reader, size: int, out, moved=None, pad: bool = True) -> int:
+    """Move `size` bytes of entry data and its padding from reader to out (None: drop them;
+    pad=False: the data alone, for a plain file); `moved(n)` hears of each chunk. Returns the
+    bytes read."""
     left = total = _padded(size)
     while left:
         chunk = reader.fill(min(left, BUFFER_BYTES))
         data_part = max(0, min(len(chunk), size))
         if out is not None:
             out.write(chunk[:data_part])
-            if len(chunk) > data_part:
+            if len(chunk) > data_part and pad:
                 out.write(bytes(len(chunk) - data_part))  # padding written anew, as zeros
         left -= len(chunk)
         size -= len(chunk)

@@ -40,6 +40,10 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     if lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(lock)  # CRIU locks the network while it restores TCP connections too
 
+    from gpuckpt.oci.import_staging import claim_staged_pages
+
+    if staged := claim_staged_pages(image_dir_of(verb)):
+        log(args, "info", f"{verb.container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
     manifest = read_manifest(image_dir_of(verb))
     argv = args.argv
     if manifest is not None:

@@ -1,0 +1,150 @@
+"""A checkpoint's memory pages staged beside podman's storage while podman imports the rest.
+
+podman's `restore --import` reads an archive three times and untars it to disk itself; for
+GiBs of pages that untar is most of the import. `gpuckpt import` instead writes the pages
+files (`checkpoint/pages-N.img`) itself, once, as it checks the archive, into a root-only
+directory on the filesystem of podman's storage, and gives podman the rest (a few MiB) with a
+placeholder naming a random token. When podman then calls gpuckpt-runtime to restore, the shim
+finds the placeholder in the image directory, looks the token up in its root-only state
+directory, and renames the staged pages into place before CRIU runs.
+
+Only the shim's own record, written by `gpuckpt import` as root, says where pages come from: an
+archive that carries a placeholder is refused on reading, and a token with no record fails the
+restore with one line.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import shutil
+import time
+from typing import Literal
+
+from pydantic import BaseModel, Field, ValidationError
+
+from gpuckpt.errors import ImageError
+
+PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
+PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
+TOKEN_PATTERN = r"[0-9a-f]{32}"
+MAX_RECORD_BYTES = 1 << 20
+
+
+class Placeholder(BaseModel):
+    kind: Literal["gpuckpt-staged-import"] = "gpuckpt-staged-import"
+    token: str = Field(pattern=TOKEN_PATTERN)
+
+
+class StagedImport(BaseModel):
+    """The shim's record of one staging: where the pages wait, and which."""
+
+    token: str = Field(pattern=TOKEN_PATTERN)
+    pages_dir: str
+    pages: list[str]
+    created: str
+
+
+def _records_dir() -> str:
+    from gpuckpt.oci.paths import state_dir
+
+    return os.path.join(state_dir(), "imports")
+
+
+def _record_path(token: str) -> str:
+    return os.path.join(_records_dir(), f"{token}.json")
+
+
+class Staging:
+    """One import's staged pages (used by `gpuckpt import`); remove() leaves nothing behind."""
+
+    def __init__(self, near: str) -> None:
+        import tempfile
+
+        self.token = secrets.token_hex(16)
+        self.directory = tempfile.mkdtemp(prefix=".gpuckpt-import-", dir=near)  # 0700
+        self.pages: list[str] = []
+        self.recorded = False
+
+    def divert(self, member):
+        """A file for a pages image's data (closed by the copy), None for any other entry."""
+        directory, _, name = member.name.rpartition("/")
+        if directory != "checkpoint" or not PAGES_FILE.fullmatch(name):
+            return None
+        fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        self.pages.append(name)
+        return os.fdopen(fd, "wb", buffering=0)
+
+    def placeholder(self) -> tuple[str, bytes]:
+        return f"checkpoint/{PLACEHOLDER}", Placeholder(token=self.token).model_dump_json().encode()
+
+    def record(self) -> None:
+        os.makedirs(_records_dir(), mode=0o700, exist_ok=True)
+        record = StagedImport(token=self.token, pages_dir=self.directory, pages=self.pages,
+                              created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        temporary = f"{_record_path(self.token)}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(record.model_dump_json())
+        os.replace(temporary, _record_path(self.token))
+        self.recorded = True
+
+    def remove(self) -> None:
+        if self.recorded:
+            try:
+                os.unlink(_record_path(self.token))
+            except FileNotFoundError:
+                pass
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+def _read_small(path: str, limit: int, what: str) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as error:
+        raise ImageError(f"{what}: cannot read: {error.strerror}") from None
+    with os.fdopen(fd, "rb") as source:
+        data = source.read(limit + 1)
+    if len(data) > limit:
+        raise ImageError(f"{what}: larger than {limit} bytes")
+    return data
+
+
+def claim_staged_pages(image_dir: str) -> list[str]:
+    """Move pages staged by `gpuckpt import` into the image directory; the names moved.
+
+    Nothing to do (and one stat) when the image holds no placeholder."""
+    marker = os.path.join(image_dir, PLACEHOLDER)
+    if not os.path.lexists(marker):
+        return []
+    try:
+        token = Placeholder.model_validate_json(_read_small(marker, 4096, marker)).token
+    except ValidationError:
+        raise ImageError(f"{marker}: not a gpuckpt import placeholder") from None
+    record_path = _record_path(token)
+    if not os.path.exists(record_path):
+        raise ImageError(f"{image_dir}: its memory pages were staged by a gpuckpt import that has ended; "
+                         "import the archive again")
+    try:
+        record = StagedImport.model_validate_json(_read_small(record_path, MAX_RECORD_BYTES, record_path))
+    except ValidationError as error:
+        raise ImageError(f"{record_path}: not a valid staged import record: {str(error).splitlines()[0]}") from None
+    for name in record.pages:
+        if not PAGES_FILE.fullmatch(name):
+            raise ImageError(f"{record_path}: {name!r} is not a pages image name")
+        target = os.path.join(image_dir, name)
+        if os.path.lexists(target):
+            raise ImageError(f"{image_dir}: {name} is both in the image and staged")
+        staged = os.path.join(record.pages_dir, name)
+        try:
+            os.rename(staged, target)
+        except OSError as error:
+            if error.errno != errno.EXDEV:
+                raise ImageError(f"{image_dir}: cannot move the staged {name}: {error.strerror}") from None
+            # not the storage's filesystem after all. Not a symlink: CRIU opens pages images
+            # after entering the container's mount namespace, where the link would not resolve.
+            shutil.copyfile(staged, target, follow_symlinks=False)
+    os.unlink(marker)
+    return record.pages

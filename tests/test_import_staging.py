@@ -1,0 +1,86 @@
+"""Pages staged by `gpuckpt import` and claimed by the shim's restore: only through the shim's
+own record, never through anything an archive carries."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import tarfile
+
+import pytest
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.import_staging import PLACEHOLDER, Staging, claim_staged_pages
+from gpuckpt.oci.podman_archive import check_podman_archive, copy_checked
+
+from test_podman_archive import podman_tar
+
+
+def stage(node, source: bytes) -> tuple[Staging, bytes]:
+    (node / "storage").mkdir(exist_ok=True)
+    staging = Staging(str(node / "storage"))
+    light = io.BytesIO()
+    copy_checked(io.BytesIO(source), light, "podman.tar", kept={}, divert=staging.divert,
+                 trailer=(staging.placeholder(),))
+    return staging, light.getvalue()
+
+
+def unpack(light: bytes, image_dir) -> None:
+    """What podman's untar does with the light archive: checkpoint/ becomes the image directory."""
+    with tarfile.open(fileobj=io.BytesIO(light)) as tar:
+        for member in tar:
+            if member.name.startswith("checkpoint/") and member.isfile():
+                (image_dir / member.name.split("/", 1)[1]).write_bytes(tar.extractfile(member).read())
+
+
+def test_pages_go_beside_and_come_back_through_the_record(node) -> None:
+    source = podman_tar()
+    staging, light = stage(node, source)
+    with tarfile.open(fileobj=io.BytesIO(light)) as tar:
+        names = tar.getnames()
+    assert "checkpoint/pages-1.img" not in names and f"checkpoint/{PLACEHOLDER}" in names
+    assert stat.S_IMODE(os.stat(staging.directory).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.join(staging.directory, "pages-1.img")).st_mode) == 0o600
+    image_dir = node / "userdata" / "checkpoint"
+    image_dir.mkdir(parents=True)
+    unpack(light, image_dir)
+    staging.record()
+    assert claim_staged_pages(str(image_dir)) == ["pages-1.img"]
+    with tarfile.open(fileobj=io.BytesIO(source)) as tar:
+        assert (image_dir / "pages-1.img").read_bytes() == tar.extractfile("checkpoint/pages-1.img").read()
+    assert not (image_dir / PLACEHOLDER).exists()
+    staging.remove()
+    assert not os.path.exists(staging.directory) and not os.listdir(node / "state" / "imports")
+
+
+def test_no_placeholder_no_work_and_a_placeholder_without_record_fails_the_restore(node) -> None:
+    image_dir = node / "checkpoint"
+    image_dir.mkdir()
+    assert claim_staged_pages(str(image_dir)) == []
+    (image_dir / PLACEHOLDER).write_text(json.dumps({"kind": "gpuckpt-staged-import", "token": "a" * 32}))
+    with pytest.raises(ImageError, match="staged by a gpuckpt import that has ended"):
+        claim_staged_pages(str(image_dir))
+    (image_dir / PLACEHOLDER).write_text(json.dumps({"kind": "gpuckpt-staged-import", "token": "../../etc/x"}))
+    with pytest.raises(ImageError, match="not a gpuckpt import placeholder"):
+        claim_staged_pages(str(image_dir))
+
+
+def test_a_record_naming_other_files_is_refused(node) -> None:
+    staging, light = stage(node, podman_tar())
+    staging.pages = ["../../../etc/shadow"]
+    staging.record()
+    image_dir = node / "checkpoint"
+    image_dir.mkdir()
+    unpack(light, image_dir)
+    with pytest.raises(ImageError, match="is not a pages image name"):
+        claim_staged_pages(str(image_dir))
+    staging.remove()
+
+
+def test_an_archive_carrying_a_placeholder_is_refused(tmp_path) -> None:
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar([(f"checkpoint/{PLACEHOLDER}", b'{"token": "' + b"a" * 32 + b'"}')]))
+    with pytest.raises(ImageError, match="import placeholder: refused"):
+        check_podman_archive(str(path))
