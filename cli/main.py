@@ -34,6 +34,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"gpuckpt {options.command}: {error}", file=sys.stderr)
         return error.exit_status
+    except OSError as error:  # a full disk, a permission: still one line, not a traceback
+        if options.debug:
+            raise
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"gpuckpt {options.command}: {where}{error.strerror or error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

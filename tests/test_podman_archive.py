@@ -240,3 +240,19 @@ def test_an_unknown_gpu_manifest_version_inside_is_refused(tmp_path) -> None:
     path.write_bytes(podman_tar(manifest=future))
     with pytest.raises(ImageError, match="schema"):
         check_podman_archive(str(path))
+
+
+
+def test_an_os_error_is_one_line_from_the_cli(tmp_path, capsys, node, monkeypatch) -> None:
+    import errno
+
+    from gpuckpt.cli import inspect
+    from gpuckpt.cli.main import main
+
+    def disk_full(path):
+        raise OSError(errno.ENOSPC, "No space left on device", "/var/lib/containers/.gpuckpt-import-x")
+
+    monkeypatch.setattr(inspect, "_summary", disk_full)
+    assert main(["inspect", str(tmp_path)]) == 1
+    assert capsys.readouterr().err == ("gpuckpt inspect: /var/lib/containers/.gpuckpt-import-x: "
+                                       "No space left on device\n")
