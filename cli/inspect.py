@@ -16,9 +16,62 @@ from gpuckpt.errors import UsageError
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("inspect", help="show what a checkpoint archive, image or directory holds")
     parser.add_argument("path", help="a podman or gpuckpt archive (.tar.zst, .tar.gz, .tar), an OCI image "
-                                     "layout (DIR or oci:DIR[:TAG]), or a checkpoint image directory")
+                                     "layout (DIR or oci:DIR[:TAG]), a checkpoint image in podman's storage "
+                                     "(NAME or containers-storage:NAME), or a checkpoint directory")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(handler=run)
+
+
+def _podman_summary(archive, kind: str) -> dict:
+    config = archive.config
+    return {"kind": kind, "engine": "podman",
+            "container": {"name": config.name, "id": config.id, "image": config.rootfsImageName,
+                          "runtime": config.runtime, "created": config.createdTime},
+            "manifest": archive.manifest.model_dump() if archive.manifest else None}
+
+
+def _directory_summary(path: str, kind: str) -> dict:
+    """A checkpoint directory: the shim's image directory, or podman's layout unpacked (a mounted
+    checkpoint image); files are read without following links."""
+    from gpuckpt.oci.manifest import read_manifest
+    from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, described
+
+    names, sizes, kept = [], [], {}
+    for directory, subdirectories, files in os.walk(path):
+        for name in files:
+            full = os.path.join(directory, name)
+            relative = os.path.relpath(full, path)
+            names.append(relative)
+            sizes.append(os.lstat(full).st_size)
+            if relative in SMALL_FILES and sizes[-1] <= SMALL_FILES[relative]:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
+                with os.fdopen(fd, "rb") as small:
+                    kept[relative] = small.read()
+    summary = {"path": path, "files": len(sizes), "bytes": sum(sizes), "stored_bytes": sum(sizes)}
+    if CONFIG_DUMP in kept:
+        return summary | _podman_summary(described(path, kept, names, len(sizes), sum(sizes)), kind)
+    manifest = read_manifest(path)
+    return summary | {"kind": "directory", "engine": None, "container": None,
+                      "manifest": manifest.model_dump() if manifest else None}
+
+
+def _storage_image_summary(name: str) -> dict | None:
+    """A checkpoint image in podman's local storage (`podman container checkpoint --create-image`,
+    or pulled): mounted read-only by podman for the reading, unmounted after. None: no such image."""
+    from gpuckpt.process import run
+    from gpuckpt.shim.resolve import find_program
+
+    podman = find_program("podman")
+    if podman is None or run([podman, "image", "exists", name], check=False).returncode != 0:
+        return None
+    annotations = json.loads(run([podman, "image", "inspect", "--format", "{{json .Annotations}}", name]).stdout or "{}")
+    mount_point = run([podman, "image", "mount", name]).stdout.strip()
+    try:
+        summary = _directory_summary(mount_point, "podman-image")
+    finally:
+        run([podman, "image", "unmount", name], check=False)
+    return summary | {"path": name, "image": {"tag": name, "layer_digest": "", "layer_media_type": "containers-storage",
+                                              "annotations": annotations or {}}}
 
 
 def _archive_summary(path: str) -> dict:
@@ -29,12 +82,8 @@ def _archive_summary(path: str) -> dict:
     copied, kept = scan_archive(path)
     summary = {"path": path, "files": copied.files, "bytes": copied.bytes, "stored_bytes": os.path.getsize(path)}
     if CONFIG_DUMP in kept:
-        archive = described(path, kept, copied.names, copied.files, copied.bytes)
-        config = archive.config
-        return summary | {"kind": "podman-archive", "engine": "podman",
-                          "container": {"name": config.name, "id": config.id, "image": config.rootfsImageName,
-                                        "runtime": config.runtime, "created": config.createdTime},
-                          "manifest": archive.manifest.model_dump() if archive.manifest else None}
+        return summary | _podman_summary(described(path, kept, copied.names, copied.files, copied.bytes),
+                                         "podman-archive")
     manifest = parse_manifest(kept[MANIFEST_NAME], f"{path}:{MANIFEST_NAME}") if MANIFEST_NAME in kept else None
     return summary | {"kind": "gpuckpt-archive", "engine": None, "container": None,
                       "manifest": manifest.model_dump() if manifest else None}
@@ -42,7 +91,6 @@ def _archive_summary(path: str) -> dict:
 
 def _summary(path: str) -> dict:
     from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout
-    from gpuckpt.oci.manifest import read_manifest
 
     target = parse_target(path)
     if target is not None or is_layout(path):
@@ -54,13 +102,13 @@ def _summary(path: str) -> dict:
                                     "layer_media_type": image.layer.mediaType,
                                     "annotations": image.manifest.annotations or {}}}
     if os.path.isdir(path):
-        manifest = read_manifest(path)
-        sizes = [os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files]
-        return {"path": path, "kind": "directory", "engine": None, "container": None, "files": len(sizes),
-                "bytes": sum(sizes), "stored_bytes": sum(sizes), "manifest": manifest.model_dump() if manifest else None}
+        return _directory_summary(path, "podman-directory")
     if os.path.isfile(path):
         return _archive_summary(path)
-    raise UsageError(f"{path}: no such checkpoint archive, image layout or directory")
+    image = path.removeprefix("containers-storage:")
+    if not image.startswith(("/", ".")) and (summary := _storage_image_summary(image)) is not None:
+        return summary
+    raise UsageError(f"{path}: no such checkpoint archive, image layout, directory or podman image")
 
 
 def run(options: argparse.Namespace) -> int:
@@ -76,8 +124,10 @@ def run(options: argparse.Namespace) -> int:
         print(f"{summary['engine']:<11} container {container['name']} ({container['id'][:12]}), image "
               f"{container['image'] or '-'}, runtime {container['runtime'] or '-'}, created {container['created'] or '-'}")
     if "image" in summary:
-        print(f"OCI image   tag {summary['image']['tag'] or '-'}, layer {summary['image']['layer_digest'][:19]} "
-              f"({summary['image']['layer_media_type'].rsplit('.', 1)[-1]})")
+        image = summary["image"]
+        where = (f"layer {image['layer_digest'][:19]} ({image['layer_media_type'].rsplit('.', 1)[-1]})"
+                 if image["layer_digest"] else "in podman's storage")
+        print(f"image       {image['tag'] or '-'}, {where}")
     if manifest is None:
         print("no gpuckpt manifest: not made through gpuckpt-runtime")
         return 0

@@ -100,6 +100,10 @@ def test_checkpoint_image_moves_through_the_registry_to_another_storage_root(reg
     try:
         before = start_counter(name)
         sh("podman", "container", "checkpoint", "--create-image", image, name)
+        summary = json.loads(sh(GPUCKPT, "inspect", "--json", image).stdout)  # read through podman image mount
+        assert summary["kind"] == "podman-image" and summary["container"]["name"] == name
+        assert summary["image"]["annotations"]["io.podman.annotations.checkpoint.name"] == name
+        assert summary["manifest"]["container_id"] == summary["container"]["id"]
         sh("skopeo", "copy", "--dest-tls-verify=false", f"containers-storage:{image}", f"docker://{remote}")
         node2.restore_from(remote)
         assert_continues(before, node2.read_state(name))
