@@ -35,6 +35,9 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     restore.add_argument("archive", help="an archive written by gpuckpt export or podman checkpoint --export")
     restore.add_argument("--name", help="name of the restored container (default: the checkpointed one's)")
     restore.add_argument("--tcp-established", action="store_true", help="restore established TCP connections")
+    restore.add_argument("--trust-config", action="store_true",
+                         help="restore even if the archive's container config has OCI hooks, privilege, added "
+                              "capabilities, host bind mounts or a runtime path (podman's own --import trusts them)")
     restore.set_defaults(handler=run_import)
 
 
@@ -137,7 +140,7 @@ def run_import(options: argparse.Namespace) -> int:
     storage once, podman imports the rest); streamed through a FIFO otherwise."""
     from gpuckpt.oci.archive import decompressed
     from gpuckpt.oci.import_staging import Staging
-    from gpuckpt.oci.podman_archive import copy_checked, described
+    from gpuckpt.oci.podman_archive import copy_checked, described, import_refusals
     from gpuckpt.process import run
 
     podman = _podman()
@@ -159,6 +162,9 @@ def run_import(options: argparse.Namespace) -> int:
                                   divert=staging.divert, trailer=(staging.placeholder(),))
         progress.end()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
+        if not options.trust_config and (refusals := import_refusals(checked)):
+            raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
+                             "(give --trust-config if you trust where the archive comes from)")
         phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
         if os.path.basename(checked.config.runtime) == "gpuckpt-runtime":
             staging.record()  # from here the shim may take the pages

@@ -136,3 +136,24 @@ def test_corrupt_config_and_truncated_stream_are_refused(tmp_path) -> None:
     truncated.write_bytes(bad_config.read_bytes()[:-40])
     result = sh(GPUCKPT, "import", str(truncated), check=False)
     assert result.returncode == 1 and "truncated or corrupt" in result.stderr, result.stderr
+
+
+def test_a_host_bind_mount_needs_trust_config(runc_delegate, tmp_path) -> None:
+    """podman's own --import would mount whatever host path the archive names; gpuckpt asks first."""
+    host_dir = tmp_path / "shared"
+    host_dir.mkdir()
+    name = start_counter(["-v", f"{host_dir}:/shared:ro"])
+    archive = tmp_path / "mounts.tar.zst"
+    try:
+        before = wait_counter(read_state(name), minimum=3)
+        sh(GPUCKPT, "export", name, "-o", str(archive))
+        sh("podman", "rm", "-f", name)
+        containers = sh("podman", "ps", "-aq").stdout
+        refused = sh(GPUCKPT, "import", str(archive), check=False)
+        assert refused.returncode == 1 and f"host bind mounts in spec.dump ({host_dir})" in refused.stderr
+        assert "--trust-config" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+        assert sh("podman", "ps", "-aq").stdout == containers and staging_leftovers() == []
+        sh(GPUCKPT, "import", "--trust-config", str(archive))
+        assert_continues(before, read_state(name))
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)

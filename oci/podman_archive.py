@@ -23,6 +23,7 @@ from gpuckpt.errors import ImageError
 from gpuckpt.oci.archive import decompressed
 from gpuckpt.oci.import_staging import PLACEHOLDER as STAGING_PLACEHOLDER
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from gpuckpt.oci.spec import Spec
 
 CONFIG_DUMP = "config.dump"
 SPEC_DUMP = "spec.dump"
@@ -45,6 +46,8 @@ class PodmanConfigDump(BaseModel):
     RawImageName: str = ""
     runtime: str = ""
     createdTime: str = ""
+    privileged: bool = False
+    spec: Spec | None = None
 
 
 @dataclass
@@ -59,6 +62,7 @@ class PodmanArchive:
     files: int = 0
     bytes: int = 0
     names: list[str] = field(default_factory=list)
+    spec: Spec | None = None
 
 
 def scan_archive(path: str) -> tuple[Copied, dict[str, bytes]]:
@@ -85,11 +89,46 @@ def described(path: str, kept: dict[str, bytes], names: list[str], files: int, t
         raise ImageError(f"{path}: not a podman checkpoint archive: no {', '.join(missing)}")
     try:
         config = PodmanConfigDump.model_validate(json.loads(kept[CONFIG_DUMP]))
-        json.loads(kept[SPEC_DUMP])
-    except (ValueError, ValidationError) as error:
+        spec = Spec.model_validate(json.loads(kept[SPEC_DUMP]))
+    except (ValueError, ValidationError, RecursionError) as error:
         raise ImageError(f"{path}: {CONFIG_DUMP} or {SPEC_DUMP} is not valid: {str(error).splitlines()[0]}") from None
     manifest = parse_manifest(kept[GPU_MANIFEST], f"{path}:{GPU_MANIFEST}") if GPU_MANIFEST in kept else None
-    return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], manifest, files, total, names)
+    return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], manifest, files, total, names, spec)
+
+
+# podman's default capabilities (containers.conf default_capabilities, podman 4)
+DEFAULT_CAPABILITIES = frozenset(f"CAP_{name}" for name in (
+    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP",
+    "SETUID", "SYS_CHROOT"))
+
+
+def import_refusals(archive: PodmanArchive) -> list[str]:
+    """What in an archive's container config would give its container, or a program it names,
+    more of this node than an ordinary `podman run` does: hooks, privilege, added capabilities,
+    host bind mounts, a runtime given by path. podman's own --import trusts all of it."""
+    import posixpath
+    import re
+
+    config, problems = archive.config, []
+    if not re.fullmatch(r"[0-9a-f]{64}", config.id):
+        return [f"a container ID that is not podman's ({config.id[:80]!r})"]
+    userdata = f"/overlay-containers/{config.id}/userdata/"  # podman's own per-container files
+    if "/" in config.runtime:
+        problems.append(f"runtime given as a path ({config.runtime})")
+    if config.privileged:
+        problems.append("a privileged container")
+    for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
+        if spec is None:
+            continue
+        if spec.hooks:
+            problems.append(f"OCI hooks in {where} ({', '.join(sorted(spec.hooks))})")
+        added = spec.process.capabilities.all() - DEFAULT_CAPABILITIES if spec.process.capabilities else set()
+        if added:
+            problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
+        host = [m.source for m in spec.mounts if m.is_bind() and userdata not in posixpath.normpath(m.source) + "/"]
+        if host:
+            problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
+    return list(dict.fromkeys(problems))
 
 
 def write_config_only(checked: PodmanArchive, out) -> None:

@@ -34,14 +34,31 @@ class Device(_Part):
 class Mount(_Part):
     destination: str
     source: str = ""
+    type: str = ""
+    options: list[str] = []
+
+    def is_bind(self) -> bool:
+        return self.type == "bind" or "bind" in self.options or "rbind" in self.options
 
 
 class Linux(_Part):
     devices: list[Device] = []
 
 
+class Capabilities(_Part):
+    bounding: list[str] = []
+    effective: list[str] = []
+    permitted: list[str] = []
+    inheritable: list[str] = []
+    ambient: list[str] = []
+
+    def all(self) -> set[str]:
+        return {*self.bounding, *self.effective, *self.permitted, *self.inheritable, *self.ambient}
+
+
 class Process(_Part):
     env: list[str] = []
+    capabilities: Capabilities | None = None
 
 
 class Spec(_Part):
@@ -49,6 +66,7 @@ class Spec(_Part):
     mounts: list[Mount] = []
     linux: Linux = Linux()
     annotations: dict[str, str] = {}
+    hooks: dict | None = None
 
     def env(self, name: str) -> str | None:
         for entry in self.process.env:

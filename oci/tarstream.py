@@ -21,6 +21,13 @@ BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
 BUFFER_BYTES = 4 << 20
 MAX_EXTENSION_BYTES = 1 << 20  # PAX records, long names: a few hundred bytes in practice
+MAX_EXTENSIONS = 8  # extension headers before one entry (tarfile recurses on each)
+MAX_ENTRIES = 100_000  # a checkpoint holds hundreds; empty entries compress to nearly nothing
+# PAX keys that describe the entry itself; anything else (GNU.sparse.*, vendor keys) is refused,
+# so no reader can see a size, name or sparse map other than the one checked here.
+PAX_KEYS = frozenset({"path", "linkpath", "size", "mtime", "atime", "ctime", "uid", "gid", "uname", "gname",
+                      "comment", "charset", "hdrcharset"})
+PAX_KEY_PREFIXES = ("SCHILY.xattr.", "LIBARCHIVE.xattr.")
 EXTENSION_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
                    tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
 
@@ -39,6 +46,8 @@ class _Reader:
 
     def fill(self, size: int) -> memoryview:
         """The next `size` bytes (at most BUFFER_BYTES) in the reused buffer."""
+        if not 0 <= size <= BUFFER_BYTES:
+            raise ImageError(f"{self.path}: truncated or corrupt archive: a read of {size} bytes")
         got = 0
         while got < size:
             count = self.source.readinto(self.view[got:size])
@@ -60,10 +69,14 @@ def _parse(header_blocks: bytes, path: str) -> tarfile.TarInfo:
     try:
         with tarfile.open(fileobj=io.BytesIO(header_blocks + bytes(2 * BLOCK)), mode="r:") as tar:
             member = tar.next()
-    except tarfile.TarError as error:
-        raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
+    except (tarfile.TarError, ValueError, RecursionError, UnicodeError, OverflowError) as error:
+        raise ImageError(f"{path}: truncated or corrupt archive: a bad header: {error}") from None
     if member is None:
         raise ImageError(f"{path}: truncated or corrupt archive: an empty header")
+    unknown = [key for key in member.pax_headers if key not in PAX_KEYS and not key.startswith(PAX_KEY_PREFIXES)]
+    if unknown:
+        raise ImageError(f"{path}: archive entry {member.name!r} has PAX records {sorted(unknown)[:3]}: refused "
+                         f"(allowed: {', '.join(sorted(PAX_KEYS))}, xattrs)")
     return member
 
 
@@ -72,7 +85,7 @@ def entries(source, path: str):
     from gpuckpt.oci.archive import checked_name
 
     reader = _Reader(source, path)
-    pending = b""
+    pending, extensions, count = b"", 0, 0
     while True:
         try:
             block = reader.block()
@@ -82,18 +95,26 @@ def entries(source, path: str):
         if block == bytes(BLOCK):
             if pending:
                 raise ImageError(f"{path}: truncated or corrupt archive: an extension header with no entry")
+            _end(reader, path)
             return
         try:
             raw = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-        except tarfile.HeaderError as error:
+        except (tarfile.HeaderError, ValueError, UnicodeError, OverflowError) as error:
             raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
+        if raw.size < 0:
+            raise ImageError(f"{path}: truncated or corrupt archive: an entry declares {raw.size} bytes")
         if raw.type in EXTENSION_TYPES:
-            if raw.size > MAX_EXTENSION_BYTES or len(pending) > MAX_EXTENSION_BYTES:
-                raise ImageError(f"{path}: an extension header of {raw.size} bytes: refused")
+            extensions += 1
+            if raw.size > MAX_EXTENSION_BYTES or len(pending) > MAX_EXTENSION_BYTES or extensions > MAX_EXTENSIONS:
+                raise ImageError(f"{path}: extension headers of {len(pending) + raw.size} bytes "
+                                 f"({extensions}) before one entry: refused")
             pending += block + bytes(reader.fill(_padded(raw.size)))
             continue
+        count += 1
+        if count > MAX_ENTRIES:
+            raise ImageError(f"{path}: more than {MAX_ENTRIES} entries: refused")
         member = _parse(pending + block, path)
-        pending = b""
+        pending, extensions = b"", 0
         try:
             member.name = checked_name(member)
         except ImageError as error:
@@ -101,6 +122,20 @@ def entries(source, path: str):
         if member.type == tarfile.GNUTYPE_SPARSE or member.sparse is not None:
             raise ImageError(f"{path}: archive entry {member.name!r} is a sparse file: refused")
         yield member, reader
+
+
+def _end(reader: _Reader, path: str) -> None:
+    """After the first zero block: the second, then zeros to the end of the stream (tar pads to
+    its record); reading to the end also lets a writer on a pipe finish without EPIPE."""
+    try:
+        if reader.block() != bytes(BLOCK):
+            raise ImageError(f"{path}: truncated or corrupt archive: data after an end-of-archive block")
+    except TruncatedStream:
+        raise TruncatedStream(f"{path}: truncated or corrupt archive: it ends inside the end-of-archive "
+                              "blocks") from None
+    while count := reader.source.readinto(reader.view):
+        if any(reader.view[:count]):
+            raise ImageError(f"{path}: truncated or corrupt archive: data after the end-of-archive blocks")
 
 
 def copy_data(reader: _Reader, size: int, out, moved=None, pad: bool = True) -> int:
@@ -123,10 +158,20 @@ def copy_data(reader: _Reader, size: int, out, moved=None, pad: bool = True) -> 
 
 
 def write_header(member: tarfile.TarInfo, out) -> int:
-    """The member's header, in PAX format and owned by root; returns its length."""
-    member.uid = member.gid = 0
-    member.uname = member.gname = "root"
-    header = member.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    """A fresh header for the checked entry: its name, type and size, its permission bits (no
+    setuid, setgid or sticky), its whole-second mtime, owned by root, and nothing else of the
+    input's (no PAX record, no xattr) passes through. Returns its length."""
+    fresh = tarfile.TarInfo(member.name)
+    fresh.type = tarfile.DIRTYPE if member.isdir() else tarfile.REGTYPE
+    fresh.size = 0 if member.isdir() else member.size
+    fresh.mode = member.mode & 0o777
+    fresh.mtime = int(member.mtime) if 0 <= member.mtime < 2**33 else 0
+    fresh.uid = fresh.gid = 0
+    fresh.uname = fresh.gname = "root"
+    try:
+        header = fresh.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+    except (ValueError, UnicodeError) as error:
+        raise ImageError(f"archive entry {member.name!r} cannot be written again: {error}") from None
     out.write(header)
     return len(header)
 

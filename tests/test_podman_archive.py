@@ -26,7 +26,8 @@ CONFIG = json.dumps({"id": "c0ffee" * 10 + "abcd", "name": "web", "rootfsImageNa
 MANIFEST = json.dumps({"schema_version": 1, "created": "2026-11-22T00:00:00Z", "container_id": "c1"}).encode()
 
 
-def podman_tar(entries: list[tuple[str, bytes]] | None = None, manifest: bytes = MANIFEST) -> bytes:
+def podman_tar(entries: list[tuple[str, bytes]] | None = None, manifest: bytes = MANIFEST, config: bytes = CONFIG,
+               spec: bytes = b'{"ociVersion": "1.0.2"}') -> bytes:
     """A plain tar shaped like podman's export, with these extra entries."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -34,8 +35,8 @@ def podman_tar(entries: list[tuple[str, bytes]] | None = None, manifest: bytes =
         directory.type, directory.mode = tarfile.DIRTYPE, 0o700
         tar.addfile(directory)
         for name, data in [("checkpoint/inventory.img", b"inv"), ("checkpoint/pages-1.img", os.urandom(4096) * 8),
-                           ("checkpoint/gpuckpt-manifest.json", manifest), ("config.dump", CONFIG),
-                           ("spec.dump", b'{"ociVersion": "1.0.2"}'), *(entries or [])]:
+                           ("checkpoint/gpuckpt-manifest.json", manifest), ("config.dump", config),
+                           ("spec.dump", spec), *(entries or [])]:
             info = tarfile.TarInfo(name)
             info.size, info.uid, info.uname = len(data), 1000, "someone"
             tar.addfile(info, io.BytesIO(data))
@@ -277,3 +278,42 @@ def test_progress_shows_on_a_terminal_only(monkeypatch) -> None:
         progress.end()
         assert ("exporting web:      300 MiB" in stream.getvalue()) == tty
         assert (stream.getvalue() == "") == (not tty)  # an engine calling us hears nothing
+
+
+PODMAN_ID = "ab" * 32
+USERDATA = f"/var/lib/containers/storage/overlay-containers/{PODMAN_ID}/userdata"
+
+
+def podman_spec(**changes) -> dict:
+    """The spec.dump of an ordinary `podman run`: podman's own bind mounts from the container's userdata."""
+    spec = {"ociVersion": "1.0.2",
+            "process": {"capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_CHOWN"]}},
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                       {"destination": "/etc/hosts", "type": "bind", "source": f"{USERDATA}/hosts",
+                        "options": ["bind", "private"]},
+                       {"destination": "/dev/shm", "type": "bind", "source": f"{USERDATA}/shm", "options": ["bind"]}]}
+    spec.update(changes)
+    return spec
+
+
+@pytest.mark.parametrize("config_changes, spec_changes, refusal", [
+    ({}, {}, None),
+    ({"privileged": True}, {}, "a privileged container"),
+    ({"runtime": "/tmp/x/gpuckpt-runtime"}, {}, "runtime given as a path"),
+    ({"id": "../../x"}, {}, "a container ID that is not podman's"),
+    ({}, {"hooks": {"prestart": [{"path": "/tmp/evil"}]}}, "OCI hooks in spec.dump (prestart)"),
+    ({}, {"process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}}, "capabilities beyond podman's default"),
+    ({}, {"mounts": [{"destination": "/host", "type": "bind", "source": "/", "options": ["rbind"]}]},
+     "host bind mounts in spec.dump (/)"),
+    ({}, {"mounts": [{"destination": "/x", "source": f"{USERDATA}/../../../../../../etc", "options": ["bind"]}]},
+     "host bind mounts in spec.dump (/var/lib/containers/storage/overlay-containers/"),
+])
+def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, config_changes, spec_changes,
+                                                                   refusal) -> None:
+    from gpuckpt.oci.podman_archive import import_refusals
+
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | config_changes
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec(**spec_changes)).encode()))
+    refusals = import_refusals(check_podman_archive(str(path)))
+    assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
