@@ -35,6 +35,7 @@ def _directory_summary(path: str, kind: str) -> dict:
     checkpoint image); files are read without following links."""
     from gpuckpt.oci.manifest import read_manifest
     from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, described
+    from gpuckpt.safefiles import read_bounded
 
     names, sizes, kept = [], [], {}
     for directory, subdirectories, files in os.walk(path):
@@ -43,10 +44,8 @@ def _directory_summary(path: str, kind: str) -> dict:
             relative = os.path.relpath(full, path)
             names.append(relative)
             sizes.append(os.lstat(full).st_size)
-            if relative in SMALL_FILES and sizes[-1] <= SMALL_FILES[relative]:
-                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd, "rb") as small:
-                    kept[relative] = small.read()
+            if relative in SMALL_FILES:
+                kept[relative] = read_bounded(full, SMALL_FILES[relative], full)
     summary = {"path": path, "files": len(sizes), "bytes": sum(sizes), "stored_bytes": sum(sizes)}
     if CONFIG_DUMP in kept:
         return summary | _podman_summary(described(path, kept, names, len(sizes), sum(sizes)), kind)
@@ -90,12 +89,13 @@ def _archive_summary(path: str) -> dict:
 
 
 def _summary(path: str) -> dict:
-    from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout
+    from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout, verify_layer
 
     target = parse_target(path)
     if target is not None or is_layout(path):
         directory, tag = target if target is not None else (path, None)
         image = read_layout(directory, tag)
+        verify_layer(image)
         summary = _archive_summary(image.layer_path)
         return summary | {"path": path, "kind": "oci-image",
                           "image": {"tag": image.tag, "layer_digest": image.layer.digest,

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuckpt.errors import ImageError
+from gpuckpt.safefiles import create_private
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
@@ -48,7 +49,7 @@ def write_archive(source: str, archive: str, *, threads: int = 0, level: int = D
     threads = threads or os.cpu_count() or 1
     # The checksum makes a corrupted archive an error rather than corrupted process memory.
     compressor = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
-    fd = os.open(archive, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    fd = create_private(archive)
     with os.fdopen(fd, "wb") as raw, compressor.stream_writer(raw, closefd=False) as compressed, \
             tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         for path in _walk(source):

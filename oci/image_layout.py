@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuckpt.errors import ImageError, UsageError
+from gpuckpt.safefiles import create_private, read_bounded
 
 LAYOUT_FILE = "oci-layout"
 INDEX_FILE = "index.json"
@@ -139,8 +140,13 @@ class CheckpointImageWriter:
 
     def __init__(self, directory: str, tag: str, threads: int = 0) -> None:
         self.directory, self.tag, self.threads = directory, tag, threads
-        if os.path.lexists(directory) and (not os.path.isdir(directory) or os.listdir(directory)):
-            raise UsageError(f"{directory}: already exists; give a new or empty directory for the image layout")
+        if os.path.lexists(directory):
+            import stat
+
+            status = os.lstat(directory)
+            if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid() or os.listdir(directory):
+                raise UsageError(f"{directory}: already exists; give a new directory, or an empty one of yours, "
+                                 "for the image layout")
         os.makedirs(os.path.join(directory, "blobs", "sha256"), mode=0o700, exist_ok=True)
         os.chmod(directory, 0o700)
         self.blobs = os.path.join(directory, "blobs", "sha256")
@@ -152,7 +158,7 @@ class CheckpointImageWriter:
     def layer(self):
         import zstandard
 
-        fd = os.open(self._partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = create_private(self._partial)
         self._file = os.fdopen(fd, "wb")
         self._compressed = _Hashing(self._file)
         compressor = zstandard.ZstdCompressor(level=1, threads=self.threads or os.cpu_count() or 1,
@@ -246,13 +252,7 @@ class CheckpointImage:
 
 
 def _read_json(path: str, model: type[BaseModel], what: str) -> BaseModel:
-    try:
-        with open(path, "rb") as source:
-            data = source.read(MAX_JSON_BYTES + 1)
-    except OSError as error:
-        raise ImageError(f"{what}: cannot read: {error.strerror}") from None
-    if len(data) > MAX_JSON_BYTES:
-        raise ImageError(f"{what}: larger than {MAX_JSON_BYTES} bytes")
+    data = read_bounded(path, MAX_JSON_BYTES, what)
     try:
         return model.model_validate_json(data)
     except ValidationError as error:
@@ -276,8 +276,9 @@ def _blob_path(directory: str, descriptor: Descriptor, what: str) -> str:
 
 def _verified_json(directory: str, descriptor: Descriptor, model: type[BaseModel], what: str) -> BaseModel:
     path = _blob_path(directory, descriptor, what)
-    with open(path, "rb") as blob:
-        data = blob.read()
+    if descriptor.size > MAX_JSON_BYTES:
+        raise ImageError(f"{directory}: {what} declares {descriptor.size} bytes, more than {MAX_JSON_BYTES}")
+    data = read_bounded(path, MAX_JSON_BYTES, f"{directory}: {what}")
     if f"sha256:{hashlib.sha256(data).hexdigest()}" != descriptor.digest:
         raise ImageError(f"{directory}: {what} blob does not match its digest {descriptor.digest}")
     try:
@@ -296,11 +297,16 @@ def read_layout(directory: str, tag: str | None = None) -> CheckpointImage:
     if not layout.imageLayoutVersion.startswith("1."):
         raise ImageError(f"{directory}: image layout version {layout.imageLayoutVersion}; 1.x is supported")
     index = _read_json(os.path.join(directory, INDEX_FILE), ImageIndex, f"{directory}/{INDEX_FILE}")
+    if index.schemaVersion != 2:
+        raise ImageError(f"{directory}/{INDEX_FILE}: schemaVersion {index.schemaVersion}; 2 is supported")
     candidates = [d for d in index.manifests if tag is None or (d.annotations or {}).get(REF_NAME) == tag]
     if len(candidates) != 1:
         tags = ", ".join(sorted((d.annotations or {}).get(REF_NAME, "(untagged)") for d in index.manifests)) or "none"
         raise ImageError(f"{directory}: {'tag ' + tag if tag else 'one image'} wanted; the layout holds: {tags}")
     manifest = _verified_json(directory, candidates[0], ImageManifest, "image manifest")
+    if manifest.schemaVersion != 2 or manifest.mediaType != MANIFEST_TYPE:
+        raise ImageError(f"{directory}: image manifest schemaVersion {manifest.schemaVersion}, mediaType "
+                         f"{manifest.mediaType}: an OCI image manifest (2, {MANIFEST_TYPE}) is supported")
     if len(manifest.layers) != 1 or manifest.layers[0].mediaType not in LAYER_TYPES:
         raise ImageError(f"{directory}: not a checkpoint image: it must have one tar layer, "
                          f"not {[layer.mediaType for layer in manifest.layers]}")
@@ -310,3 +316,13 @@ def read_layout(directory: str, tag: str | None = None) -> CheckpointImage:
     layer = manifest.layers[0]
     return CheckpointImage(directory, (candidates[0].annotations or {}).get(REF_NAME, ""), manifest,
                            _blob_path(directory, layer, "layer"), layer)
+
+
+def verify_layer(image: CheckpointImage) -> None:
+    """The layer blob hashes to its digest (read once more, in 4 MiB pieces)."""
+    digest = hashlib.sha256()
+    with open(image.layer_path, "rb") as blob:
+        while piece := blob.read(4 << 20):
+            digest.update(piece)
+    if f"sha256:{digest.hexdigest()}" != image.layer.digest:
+        raise ImageError(f"{image.directory}: the layer does not match its digest {image.layer.digest}")

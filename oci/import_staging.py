@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuckpt.errors import ImageError
+from gpuckpt.safefiles import read_bounded
 
 PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
 PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
@@ -100,18 +101,6 @@ class Staging:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _read_small(path: str, limit: int, what: str) -> bytes:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError as error:
-        raise ImageError(f"{what}: cannot read: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as source:
-        data = source.read(limit + 1)
-    if len(data) > limit:
-        raise ImageError(f"{what}: larger than {limit} bytes")
-    return data
-
-
 def claim_staged_pages(image_dir: str) -> list[str]:
     """Move pages staged by `gpuckpt import` into the image directory; the names moved.
 
@@ -120,7 +109,7 @@ def claim_staged_pages(image_dir: str) -> list[str]:
     if not os.path.lexists(marker):
         return []
     try:
-        token = Placeholder.model_validate_json(_read_small(marker, 4096, marker)).token
+        token = Placeholder.model_validate_json(read_bounded(marker, 4096, marker)).token
     except ValidationError:
         raise ImageError(f"{marker}: not a gpuckpt import placeholder") from None
     record_path = _record_path(token)
@@ -128,7 +117,7 @@ def claim_staged_pages(image_dir: str) -> list[str]:
         raise ImageError(f"{image_dir}: its memory pages were staged by a gpuckpt import that has ended; "
                          "import the archive again")
     try:
-        record = StagedImport.model_validate_json(_read_small(record_path, MAX_RECORD_BYTES, record_path))
+        record = StagedImport.model_validate_json(read_bounded(record_path, MAX_RECORD_BYTES, record_path))
     except ValidationError as error:
         raise ImageError(f"{record_path}: not a valid staged import record: {str(error).splitlines()[0]}") from None
     for name in record.pages:

@@ -113,7 +113,7 @@ def parse_manifest(text: bytes, path: str) -> Manifest:
         raise ImageError(f"{path}: larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         raw = json.loads(text)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise ImageError(f"{path}: not valid JSON: {error}") from None
     if isinstance(raw, dict) and raw.get("schema_version") != SCHEMA_VERSION:
         raise ImageError(f"{path}: schema_version {raw.get('schema_version')!r} is not supported "

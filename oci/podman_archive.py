@@ -24,6 +24,7 @@ from gpuckpt.oci.archive import decompressed
 from gpuckpt.oci.import_staging import PLACEHOLDER as STAGING_PLACEHOLDER
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from gpuckpt.oci.spec import Spec
+from gpuckpt.safefiles import create_private
 
 CONFIG_DUMP = "config.dump"
 SPEC_DUMP = "spec.dump"
@@ -255,7 +256,7 @@ class ArchiveWriter:
 
         import zstandard
 
-        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        fd = create_private(self.partial)
         self._file = os.fdopen(fd, "wb")
         compressor = zstandard.ZstdCompressor(level=1, threads=self.threads or os.cpu_count() or 1,
                                               write_checksum=True)

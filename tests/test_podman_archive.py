@@ -317,3 +317,28 @@ def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, conf
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec(**spec_changes)).encode()))
     refusals = import_refusals(check_podman_archive(str(path)))
     assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
+
+
+def test_layouts_of_another_schema_or_a_huge_manifest_or_a_wrong_layer_are_refused(tmp_path, monkeypatch) -> None:
+    from gpuckpt.oci import image_layout
+    from gpuckpt.oci.image_layout import verify_layer
+
+    layout = tmp_path / "img"
+    write_image(layout)
+    image = read_layout(str(layout))
+    index = json.loads((layout / "index.json").read_text())
+    (layout / "index.json").write_text(json.dumps(index | {"schemaVersion": 99}))
+    with pytest.raises(ImageError, match="schemaVersion 99; 2 is supported"):
+        read_layout(str(layout))
+    # the index points its manifest at the (large) layer blob: refused before it is read
+    index["manifests"][0].update(digest=image.layer.digest, size=image.layer.size)
+    (layout / "index.json").write_text(json.dumps(index))
+    monkeypatch.setattr(image_layout, "MAX_JSON_BYTES", 1024)  # the test layer is small; JSON blobs are smaller
+    with pytest.raises(ImageError, match=f"declares {image.layer.size} bytes, more than 1024"):
+        read_layout(str(layout))
+    monkeypatch.undo()
+    data = bytearray(blob(layout, image.layer.digest).read_bytes())
+    data[len(data) // 2] ^= 1
+    blob(layout, image.layer.digest).write_bytes(bytes(data))
+    with pytest.raises(ImageError, match="the layer does not match its digest"):
+        verify_layer(image)
