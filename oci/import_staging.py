@@ -76,6 +76,12 @@ class Staging:
             return None
         fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         self.pages.append(name)
+        try:
+            if member.size:
+                os.posix_fallocate(fd, 0, member.size)  # a full disk fails here, not after GiBs
+        except OSError:
+            os.close(fd)
+            raise
         return os.fdopen(fd, "wb", buffering=0)
 
     def placeholder(self) -> tuple[str, bytes]:
