@@ -148,7 +148,11 @@ def run_import(options: argparse.Namespace) -> int:
     flags = ["--name", options.name] if options.name else []
     flags += ["--tcp-established"] if options.tcp_established else []
     graph_root = run([podman, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
-    staging = Staging(os.path.dirname(graph_root))
+    # beside podman's storage, on its filesystem, so the shim can rename the pages in (a copy otherwise)
+    near = os.path.dirname(graph_root)
+    if os.stat(near).st_dev != os.stat(graph_root).st_dev:
+        near = graph_root  # the storage is a filesystem of its own
+    staging = Staging(near)
     try:
         light = os.path.join(staging.directory, "archive.tar")
         progress, kept = Progress(f"importing {options.archive}"), {}
