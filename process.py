@@ -69,10 +69,16 @@ def run(argv: Sequence[str], *, timeout_s: float = 120, check: bool = True,
     except subprocess.TimeoutExpired:
         raise CommandError(f"{name} {' '.join(argv[1:3])}: no answer within {timeout_s:g} s") from None
     finished = Finished(completed.returncode, completed.stdout, completed.stderr)
-    if check and completed.returncode != 0:
-        detail = (completed.stderr.strip().splitlines() or completed.stdout.strip().splitlines() or ["no message"])[-1]
-        raise CommandError(f"{name} {' '.join(argv[1:3])}: {detail}", completed.returncode)
+    if check:
+        _raise_if_failed(name, argv, finished)
     return finished
+
+
+def _raise_if_failed(name: str, argv: Sequence[str], finished: Finished) -> None:
+    """A non-zero exit as a CommandError carrying the program's last line of output."""
+    if finished.returncode != 0:
+        detail = (finished.stderr.strip().splitlines() or finished.stdout.strip().splitlines() or ["no message"])[-1]
+        raise CommandError(f"{name} {' '.join(argv[1:3])}: {detail}", finished.returncode)
 
 
 class Background:
@@ -107,7 +113,6 @@ class Background:
             outputs.append(kept.read().decode(errors="replace"))
             kept.close()
         finished = Finished(returncode, outputs[0], outputs[1])
-        if check and returncode != 0:
-            detail = (finished.stderr.strip().splitlines() or finished.stdout.strip().splitlines() or ["no message"])[-1]
-            raise CommandError(f"{self.name} {' '.join(self.argv[1:3])}: {detail}", returncode)
+        if check:
+            _raise_if_failed(self.name, self.argv, finished)
         return finished

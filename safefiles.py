@@ -21,6 +21,14 @@ def create_private(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
+def replace_private(path: str, text: str) -> None:
+    """`text` into `path` at once for any reader (written beside it, then renamed), root-only."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with os.fdopen(create_private(temporary), "w", encoding="utf-8") as out:
+        out.write(text)
+    os.replace(temporary, path)
+
+
 def read_bounded(path: str, limit: int, what: str) -> bytes:
     """A regular file's bytes, at most `limit`; never through a link, never a FIFO or device."""
     import stat

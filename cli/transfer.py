@@ -138,7 +138,7 @@ def run_export(options: argparse.Namespace) -> int:
 def run_import(options: argparse.Namespace) -> int:
     """Staged when podman will restore through gpuckpt-runtime (the pages go beside podman's
     storage once, podman imports the rest); streamed through a FIFO otherwise."""
-    from gpuckpt.oci.archive import decompressed
+    from gpuckpt.oci.archive import decompressed, open_archive
     from gpuckpt.oci.import_staging import Staging
     from gpuckpt.oci.podman_archive import copy_checked, described, import_refusals
     from gpuckpt.process import run
@@ -156,10 +156,7 @@ def run_import(options: argparse.Namespace) -> int:
     try:
         light = os.path.join(staging.directory, "archive.tar")
         progress, kept = Progress(f"importing {options.archive}"), {}
-        try:
-            raw = open(options.archive, "rb")
-        except OSError as error:
-            raise ImageError(f"{options.archive}: cannot read: {error.strerror}") from None
+        raw = open_archive(options.archive)
         fd = os.open(light, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with raw, os.fdopen(fd, "wb") as out:
             copied = copy_checked(decompressed(raw), out, options.archive, progress, kept,

@@ -21,7 +21,6 @@ from gpuckpt.safefiles import create_private
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
 MAX_MEMBER_BYTES = 1 << 40
-COPY_BYTES = 1 << 20  # tarfile's own 16 KiB copies cost a Python call per block of GiBs
 
 
 @dataclass(frozen=True)
@@ -44,11 +43,7 @@ def write_archive(source: str, archive: str, *, threads: int = 0, level: int = D
     `threads` 0 means one per CPU. Only regular files and directories are packed: a
     checkpoint directory holds nothing else, and a link would not survive the reader.
     """
-    import zstandard
-
-    threads = threads or os.cpu_count() or 1
-    # The checksum makes a corrupted archive an error rather than corrupted process memory.
-    compressor = zstandard.ZstdCompressor(level=level, threads=threads, write_checksum=True)
+    compressor = zstd_compressor(threads, level)
     fd = create_private(archive)
     with os.fdopen(fd, "wb") as raw, compressor.stream_writer(raw, closefd=False) as compressed, \
             tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -84,8 +79,6 @@ def checked_name(member: tarfile.TarInfo) -> str:
 
 
 GZIP_MAGIC = b"\x1f\x8b"
-
-
 ZSTD_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
 
 
@@ -98,11 +91,13 @@ def check_zstd_frames(raw) -> None:
     """
     import struct
 
+    def corrupt(why: str) -> ImageError:
+        return ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: {why}")
+
     def exact(count: int) -> bytes:
         data = raw.read(count)
         if len(data) != count:
-            raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
-                             "the zstd stream ends inside a frame")
+            raise corrupt("the zstd stream ends inside a frame")
         return data
 
     size = raw.seek(0, os.SEEK_END)
@@ -114,8 +109,7 @@ def check_zstd_frames(raw) -> None:
             raw.seek(length, os.SEEK_CUR)
             continue
         if magic != int.from_bytes(ZSTD_MAGIC, "little"):
-            raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
-                             f"bytes after the last zstd frame")
+            raise corrupt("bytes after the last zstd frame")
         descriptor = exact(1)[0]
         single_segment, has_checksum = descriptor >> 5 & 1, descriptor >> 2 & 1
         content_size_bytes = (single_segment, 2, 4, 8)[descriptor >> 6]
@@ -126,14 +120,12 @@ def check_zstd_frames(raw) -> None:
             header = int.from_bytes(exact(3), "little")
             last, kind, block_size = header & 1, header >> 1 & 3, header >> 3
             if kind == 3:
-                raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
-                                 "a reserved zstd block type")
+                raise corrupt("a reserved zstd block type")
             raw.seek(1 if kind == 1 else block_size, os.SEEK_CUR)
         if has_checksum:
             raw.seek(4, os.SEEK_CUR)
     if raw.tell() != size:  # a seek past the end: the last block or checksum was cut
-        raise ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: "
-                         "the zstd stream ends inside a frame")
+        raise corrupt("the zstd stream ends inside a frame")
     raw.seek(0)
 
 
@@ -153,39 +145,45 @@ def decompressed(raw) -> object:
     return raw
 
 
-def _members(archive: str) -> Iterator[tuple[tarfile.TarInfo, tarfile.TarFile]]:
+def open_archive(path: str):
+    """The archive file, opened for reading; an ImageError names it if it cannot be."""
+    try:
+        return open(path, "rb")
+    except OSError as error:
+        raise ImageError(f"{path}: cannot read: {error.strerror}") from None
+
+
+def zstd_compressor(threads: int = 0, level: int = DEFAULT_LEVEL):
+    """Multithreaded zstd (`threads` 0: one per CPU) with a checksum, which makes a corrupted
+    archive an error rather than corrupted process memory."""
+    import zstandard
+
+    return zstandard.ZstdCompressor(level=level, threads=threads or os.cpu_count() or 1, write_checksum=True)
+
+
+def close_quietly(*streams) -> None:
+    """Close what a failed write left open; already failing, their own errors add nothing."""
+    for stream in streams:
+        try:
+            if stream is not None:
+                stream.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _entries(archive: str):
+    """(member, reader) of each checked entry (oci.tarstream); the caller consumes each one's data."""
     import zlib
 
     import zstandard
 
-    try:
-        raw = open(archive, "rb")
-    except OSError as error:
-        raise ImageError(f"{archive}: cannot read: {error.strerror}") from None
-    with raw:
+    from gpuckpt.oci import tarstream
+
+    with open_archive(archive) as raw:
         try:
-            with tarfile.open(fileobj=decompressed(raw), mode="r|", copybufsize=COPY_BYTES) as tar:
-                for member in tar:
-                    yield member, tar
-        except (tarfile.TarError, zstandard.ZstdError, EOFError, OSError, zlib.error) as error:
+            yield from tarstream.entries(decompressed(raw), archive)
+        except (zstandard.ZstdError, EOFError, OSError, zlib.error) as error:
             raise ImageError(f"{archive}: truncated or corrupt archive: {error}") from None
-
-
-def list_archive(archive: str) -> list[Entry]:
-    entries = []
-    for member, _ in _members(archive):
-        entries.append(Entry(checked_name(member), member.size, member.isdir()))
-    return entries
-
-
-def read_member(archive: str, wanted: str, max_bytes: int) -> bytes | None:
-    """One small member's bytes, without unpacking the rest; None if absent."""
-    for member, tar in _members(archive):
-        if checked_name(member) == wanted and member.isfile():
-            if member.size > max_bytes:
-                raise ImageError(f"{archive}: {wanted} declares {member.size} bytes, more than {max_bytes}")
-            return tar.extractfile(member).read()
-    return None
 
 
 def read_archive(archive: str, target: str) -> list[Entry]:
@@ -193,13 +191,13 @@ def read_archive(archive: str, target: str) -> list[Entry]:
 
     On any problem, what was unpacked so far is removed and an ImageError names it.
     """
-    import zstandard
+    from gpuckpt.oci import tarstream
 
     os.mkdir(target, 0o700)
     entries: list[Entry] = []
     try:
-        for member, tar in _members(archive):
-            name = checked_name(member)
+        for member, reader in _entries(archive):
+            name = member.name  # checked by tarstream
             path = os.path.join(target, name)
             parent = os.path.dirname(path)
             os.makedirs(parent, mode=0o700, exist_ok=True)
@@ -208,22 +206,13 @@ def read_archive(archive: str, target: str) -> list[Entry]:
             if member.isdir():
                 os.makedirs(path, mode=0o700, exist_ok=True)
             else:
-                source = tar.extractfile(member)
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                written = 0
-                with os.fdopen(fd, "wb") as out:
-                    while chunk := source.read(1 << 20):
-                        written += len(chunk)
-                        out.write(chunk)
-                if written != member.size:
-                    raise ImageError(f"archive entry {name!r}: {written} bytes instead of {member.size}")
+                with os.fdopen(fd, "wb", buffering=0) as out:
+                    tarstream.copy_data(reader, member.size, out, pad=False)  # exactly the declared size
             entries.append(Entry(name, member.size, member.isdir()))
     except FileExistsError as error:
         _remove(target)
         raise ImageError(f"archive entry {os.path.relpath(error.filename, target)!r} appears twice") from None
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:  # from the writer side, if any
-        _remove(target)
-        raise ImageError(f"{archive}: truncated or corrupt archive: {error}") from None
     except BaseException:
         _remove(target)
         raise

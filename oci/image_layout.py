@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuckpt.errors import ImageError, UsageError
+from gpuckpt.oci.archive import close_quietly, zstd_compressor
 from gpuckpt.safefiles import create_private, read_bounded
 
 LAYOUT_FILE = "oci-layout"
@@ -122,8 +123,7 @@ class _Hashing:
 
 
 def _write_private(path: str, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
+    with os.fdopen(create_private(path), "wb") as out:
         out.write(data)
 
 
@@ -156,14 +156,10 @@ class CheckpointImageWriter:
         self.layer_size = 0
 
     def layer(self):
-        import zstandard
-
         fd = create_private(self._partial)
         self._file = os.fdopen(fd, "wb")
         self._compressed = _Hashing(self._file)
-        compressor = zstandard.ZstdCompressor(level=1, threads=self.threads or os.cpu_count() or 1,
-                                              write_checksum=True)
-        self._zstd = compressor.stream_writer(self._compressed, closefd=False)
+        self._zstd = zstd_compressor(self.threads).stream_writer(self._compressed, closefd=False)
         self._tar_side = _Hashing(self._zstd)
         return self._tar_side
 
@@ -205,12 +201,7 @@ class CheckpointImageWriter:
     def discard(self) -> None:
         import shutil
 
-        for stream in (self._zstd, self._file):
-            try:
-                if stream is not None:
-                    stream.close()
-            except Exception:  # noqa: BLE001 - already failing; the directory goes anyway
-                pass
+        close_quietly(self._zstd, self._file)
         shutil.rmtree(self.directory, ignore_errors=True)
 
 

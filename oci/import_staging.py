@@ -26,7 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.safefiles import read_bounded
+from gpuckpt.safefiles import read_bounded, replace_private
 
 PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
 PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
@@ -91,11 +91,7 @@ class Staging:
         os.makedirs(_records_dir(), mode=0o700, exist_ok=True)
         record = StagedImport(token=self.token, pages_dir=self.directory, pages=self.pages,
                               created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        temporary = f"{_record_path(self.token)}.tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(record.model_dump_json())
-        os.replace(temporary, _record_path(self.token))
+        replace_private(_record_path(self.token), record.model_dump_json())
         self.recorded = True
 
     def remove(self) -> None:

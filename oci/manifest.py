@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuckpt.errors import ImageError
+from gpuckpt.safefiles import replace_private
 
 MANIFEST_NAME = "gpuckpt-manifest.json"
 SCHEMA_VERSION = 1
@@ -85,11 +86,7 @@ class Manifest(_Record):
 def write_manifest(image_dir: str, manifest: Manifest) -> str:
     """Write atomically, readable by root only (the image holds process memory anyway)."""
     path = os.path.join(image_dir, MANIFEST_NAME)
-    temporary = f"{path}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as manifest_file:
-        manifest_file.write(manifest.model_dump_json(indent=2))
-    os.replace(temporary, path)
+    replace_private(path, manifest.model_dump_json(indent=2))
     return path
 
 

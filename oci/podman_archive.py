@@ -13,6 +13,7 @@ entry, so what reaches podman has passed the same checks as what we unpack.
 from __future__ import annotations
 
 import json
+import os
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.archive import decompressed
+from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_compressor
 from gpuckpt.oci.import_staging import PLACEHOLDER as STAGING_PLACEHOLDER
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from gpuckpt.oci.spec import Spec
@@ -69,11 +70,7 @@ class PodmanArchive:
 def scan_archive(path: str) -> tuple[Copied, dict[str, bytes]]:
     """Read a whole archive once, every entry checked; what it holds and its small files."""
     kept: dict[str, bytes] = {}
-    try:
-        raw = open(path, "rb")
-    except OSError as error:
-        raise ImageError(f"{path}: cannot read: {error.strerror}") from None
-    with raw:
+    with open_archive(path) as raw:
         return copy_checked(decompressed(raw), None, path, kept=kept), kept
 
 
@@ -252,32 +249,16 @@ class ArchiveWriter:
         self._file = self._zstd = None
 
     def layer(self):
-        import os
-
-        import zstandard
-
-        fd = create_private(self.partial)
-        self._file = os.fdopen(fd, "wb")
-        compressor = zstandard.ZstdCompressor(level=1, threads=self.threads or os.cpu_count() or 1,
-                                              write_checksum=True)
-        self._zstd = compressor.stream_writer(self._file, closefd=False)
+        self._file = os.fdopen(create_private(self.partial), "wb")
+        self._zstd = zstd_compressor(self.threads).stream_writer(self._file, closefd=False)
         return self._zstd
 
     def finish(self, archive: PodmanArchive) -> None:
-        import os
-
         self._zstd.close()
         self._file.close()
         os.replace(self.partial, self.path)
 
     def discard(self) -> None:
-        import os
-
-        for stream in (self._zstd, self._file):
-            try:
-                if stream is not None:
-                    stream.close()
-            except Exception:  # noqa: BLE001 - already failing; the partial file goes anyway
-                pass
+        close_quietly(self._zstd, self._file)
         if os.path.exists(self.partial):
             os.unlink(self.partial)

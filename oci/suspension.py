@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.paths import state_dir
+from gpuckpt.safefiles import replace_private
 
 SCHEMA_VERSION = 1
 
@@ -47,11 +48,7 @@ def _path(container: str) -> str:
 def write_suspension(record: Suspension) -> None:
     os.makedirs(_directory(), mode=0o700, exist_ok=True)
     path = _path(record.container)
-    temporary = f"{path}.tmp"
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as record_file:
-        record_file.write(record.model_dump_json(indent=2))
-    os.replace(temporary, path)
+    replace_private(path, record.model_dump_json(indent=2))
 
 
 def read_suspension(container: str) -> Suspension | None:

@@ -31,16 +31,13 @@ def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
 def use_criu_config(lines: list[str]) -> str:
     """Write `lines` as a CRIU config file and point CRIU_CONFIG_FILE at it; returns its path."""
     from gpuckpt.oci.paths import state_dir
+    from gpuckpt.safefiles import replace_private
 
     text = "".join(f"{line}\n" for line in lines)
     os.makedirs(state_dir(), mode=0o700, exist_ok=True)
     path = os.path.join(state_dir(), f"criu-{hashlib.sha256(text.encode()).hexdigest()[:16]}.conf")
     if not os.path.exists(path):
-        temporary = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as criu_config:
-            criu_config.write(text)
-        os.replace(temporary, path)
+        replace_private(path, text)
     os.environ["CRIU_CONFIG_FILE"] = path
     return path
 

@@ -13,7 +13,7 @@ import zstandard
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.archive import list_archive, read_archive, write_archive
+from gpuckpt.oci.archive import read_archive, write_archive
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ def test_truncated_and_corrupt_streams_are_refused(checkpoint_dir, tmp_path) -> 
         read_archive(str(tmp_path / "short.tar.zst"), str(tmp_path / "o1"))
     (tmp_path / "plain.tar").write_bytes(b"not zstd at all")
     with pytest.raises(ImageError, match="truncated or corrupt"):
-        list_archive(str(tmp_path / "plain.tar"))
+        read_archive(str(tmp_path / "plain.tar"), str(tmp_path / "o2"))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
