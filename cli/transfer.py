@@ -161,8 +161,6 @@ def run_import(options: argparse.Namespace) -> int:
         with raw, os.fdopen(fd, "wb") as out:
             copied = copy_checked(decompressed(raw), out, options.archive, progress, kept,
                                   divert=staging.divert, trailer=(staging.placeholder(),))
-            # read once, never again: its cache is memory the restore is about to need
-            os.posix_fadvise(raw.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
         progress.end()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
         if not options.trust_config and (refusals := import_refusals(checked)):

@@ -82,51 +82,78 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
 
 
-def check_zstd_frames(raw) -> None:
-    """Walk the zstd frames of a seekable file by their headers (RFC 8878), contents skipped.
-
-    python-zstandard's stream reader ends quietly where a cut stream ends; a frame or block
-    cut short is an ImageError here instead. Each block's data is checked (checksums too)
-    by the decompressor as it is read.
-    """
-    import struct
-
-    def corrupt(why: str) -> ImageError:
-        return ImageError(f"{getattr(raw, 'name', 'archive')}: truncated or corrupt archive: {why}")
-
-    def exact(count: int) -> bytes:
-        data = raw.read(count)
-        if len(data) != count:
-            raise corrupt("the zstd stream ends inside a frame")
-        return data
-
-    size = raw.seek(0, os.SEEK_END)
-    raw.seek(0)
-    while raw.tell() < size:
-        (magic,) = struct.unpack("<I", exact(4))
+def _zstd_headers(corrupt):
+    """The frame and block headers of a zstd stream (RFC 8878), as a coroutine fed the stream's
+    bytes in order: it yields (count, skip, may_end) for what comes next, count bytes to be sent
+    to it (skip False) or passed over unseen (skip True); may_end says whether the stream may
+    end before them. Block contents (and their checksums) are the decompressor's to check."""
+    frame_magic = int.from_bytes(ZSTD_MAGIC, "little")
+    while True:
+        magic = int.from_bytes((yield 4, False, True), "little")
         if magic in ZSTD_SKIPPABLE:
-            (length,) = struct.unpack("<I", exact(4))
-            raw.seek(length, os.SEEK_CUR)
+            length = int.from_bytes((yield 4, False, False), "little")
+            if length:
+                yield length, True, False
             continue
-        if magic != int.from_bytes(ZSTD_MAGIC, "little"):
+        if magic != frame_magic:
             raise corrupt("bytes after the last zstd frame")
-        descriptor = exact(1)[0]
+        descriptor = (yield 1, False, False)[0]
         single_segment, has_checksum = descriptor >> 5 & 1, descriptor >> 2 & 1
         content_size_bytes = (single_segment, 2, 4, 8)[descriptor >> 6]
         dictionary_bytes = (0, 1, 2, 4)[descriptor & 3]
-        exact((0 if single_segment else 1) + dictionary_bytes + content_size_bytes)
+        yield (0 if single_segment else 1) + dictionary_bytes + content_size_bytes, True, False
         last = False
         while not last:
-            header = int.from_bytes(exact(3), "little")
+            header = int.from_bytes((yield 3, False, False), "little")
             last, kind, block_size = header & 1, header >> 1 & 3, header >> 3
             if kind == 3:
                 raise corrupt("a reserved zstd block type")
-            raw.seek(1 if kind == 1 else block_size, os.SEEK_CUR)
+            if size := 1 if kind == 1 else block_size:
+                yield size, True, False
         if has_checksum:
-            raw.seek(4, os.SEEK_CUR)
-    if raw.tell() != size:  # a seek past the end: the last block or checksum was cut
-        raise corrupt("the zstd stream ends inside a frame")
-    raw.seek(0)
+            yield 4, True, False
+
+
+class ZstdFrameCheck:
+    """A zstd stream passed through to the decompressor, its headers followed on the way:
+    python-zstandard's stream reader ends quietly where a cut stream ends (a missing content
+    checksum included); a stream that ends inside a frame is an ImageError here instead."""
+
+    def __init__(self, raw) -> None:
+        self.raw, self.name = raw, getattr(raw, "name", "archive")
+        self._headers = _zstd_headers(self._corrupt)
+        self._need, self._skip, self._may_end = next(self._headers)
+        self._pending = bytearray()
+
+    def _corrupt(self, why: str) -> ImageError:
+        return ImageError(f"{self.name}: truncated or corrupt archive: {why}")
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        if data:
+            self._follow(memoryview(data))
+        elif not self._may_end or self._pending:
+            raise self._corrupt("the zstd stream ends inside a frame")
+        return data
+
+    def _follow(self, data: memoryview) -> None:
+        at = 0
+        while at < len(data):
+            if self._skip:
+                taken = min(self._need, len(data) - at)
+                at, self._need = at + taken, self._need - taken
+                if self._need:
+                    return
+                self._need, self._skip, self._may_end = self._headers.send(None)
+                continue
+            taken = min(self._need - len(self._pending), len(data) - at)
+            self._pending += data[at:at + taken]
+            at += taken
+            if len(self._pending) < self._need:
+                return
+            header = bytes(self._pending)
+            self._pending.clear()
+            self._need, self._skip, self._may_end = self._headers.send(header)
 
 
 def decompressed(raw) -> object:
@@ -138,17 +165,20 @@ def decompressed(raw) -> object:
     magic = raw.read(4)
     raw.seek(0)
     if magic == ZSTD_MAGIC:
-        check_zstd_frames(raw)
-        return zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True, read_size=1 << 20)
+        return zstandard.ZstdDecompressor().stream_reader(ZstdFrameCheck(raw), read_across_frames=True,
+                                                           read_size=1 << 20)
     if magic[:2] == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=raw, mode="rb")
     return raw
 
 
 def open_archive(path: str):
-    """The archive file, opened for reading; an ImageError names it if it cannot be."""
+    """The archive file, opened for one sequential read (oci.direct_read: around the page
+    cache); an ImageError names it if it cannot be."""
+    from gpuckpt.oci.direct_read import DirectReader
+
     try:
-        return open(path, "rb")
+        return DirectReader(path)
     except OSError as error:
         raise ImageError(f"{path}: cannot read: {error.strerror}") from None
 

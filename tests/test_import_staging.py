@@ -84,3 +84,23 @@ def test_an_archive_carrying_a_placeholder_is_refused(tmp_path) -> None:
     path.write_bytes(podman_tar([(f"checkpoint/{PLACEHOLDER}", b'{"token": "' + b"a" * 32 + b'"}')]))
     with pytest.raises(ImageError, match="import placeholder: refused"):
         check_podman_archive(str(path))
+
+
+def test_parallel_file_stores_every_byte_in_order(tmp_path) -> None:
+    from gpuckpt.oci.import_staging import ParallelFile
+
+    data = os.urandom(5 * ParallelFile.CHUNK_BYTES + 777)
+    fd = os.open(tmp_path / "pages-1.img", os.O_WRONLY | os.O_CREAT, 0o600)
+    with ParallelFile(fd, threads=3) as staged:
+        for at in range(0, len(data), 300001):  # writes that straddle the chunks
+            staged.write(memoryview(data)[at:at + 300001])
+    assert (tmp_path / "pages-1.img").read_bytes() == data
+
+
+def test_parallel_file_reports_a_failed_write(tmp_path) -> None:
+    from gpuckpt.oci.import_staging import ParallelFile
+
+    fd = os.open(tmp_path / "pages-1.img", os.O_RDONLY | os.O_CREAT, 0o600)  # writes fail: EBADF
+    with pytest.raises(OSError):
+        with ParallelFile(fd, threads=2) as staged:
+            staged.write(bytes(3 * ParallelFile.CHUNK_BYTES))

@@ -1,0 +1,94 @@
+"""The archive reader that goes around the page cache returns exactly the file's bytes, in any
+read sizes and after seeks, and the zstd stream check refuses streams cut inside a frame."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import zstandard
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.archive import decompressed, open_archive
+from gpuckpt.oci.direct_read import BUFFER_BYTES, DirectReader
+
+
+@pytest.fixture
+def data_file(tmp_path):
+    data = os.urandom(BUFFER_BYTES + 12345) + bytes(70000)
+    path = tmp_path / "data"
+    path.write_bytes(data)
+    return str(path), data
+
+
+@pytest.mark.parametrize("size", [1, 4095, 4096, 1 << 20, BUFFER_BYTES + 1])
+def test_reads_return_the_file_exactly(data_file, size) -> None:
+    path, data = data_file
+    with DirectReader(path) as reader:
+        got = b"".join(iter(lambda: reader.read(size), b""))
+        assert reader.tell() == len(data)
+    assert got == data
+
+
+def test_seeks_land_on_the_right_byte(data_file) -> None:
+    path, data = data_file
+    with DirectReader(path) as reader:
+        assert reader.read(4) == data[:4]
+        for offset in (0, 1, 4097, BUFFER_BYTES - 1, BUFFER_BYTES + 5, len(data) - 3):
+            assert reader.seek(offset) == offset and reader.tell() == offset
+            assert reader.read(10) == data[offset:offset + 10]
+        reader.seek(0)
+        assert reader.read() == data
+        assert reader.seek(-3, os.SEEK_END) == len(data) - 3 and reader.read() == data[-3:]
+
+
+def test_a_filesystem_without_direct_io_is_read_plainly(data_file, monkeypatch) -> None:
+    path, data = data_file
+    real_open = os.open
+
+    def refuse_direct(name, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")
+        return real_open(name, flags, *args)
+
+    monkeypatch.setattr(os, "open", refuse_direct)
+    with DirectReader(path) as reader:
+        assert not reader.direct
+        assert reader.read() == data
+
+
+def test_a_symlink_is_not_followed(data_file, tmp_path) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(data_file[0])
+    with pytest.raises(OSError):
+        DirectReader(str(link))
+
+
+def _zstd(payload: bytes, **options) -> bytes:
+    return zstandard.ZstdCompressor(write_checksum=True, **options).compress(payload)
+
+
+def _read_all(tmp_path, stream: bytes) -> bytes:
+    path = tmp_path / "a.zst"
+    path.write_bytes(stream)
+    with open_archive(str(path)) as raw:
+        return decompressed(raw).read()
+
+
+def test_frames_and_skippable_frames_pass(tmp_path) -> None:
+    first, second = os.urandom(300000), bytes(1 << 20)
+    skippable = (0x184D2A53).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"12345"
+    assert _read_all(tmp_path, _zstd(first) + skippable + _zstd(second)) == first + second
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4, 100])
+def test_a_stream_cut_inside_its_last_frame_is_refused(tmp_path, cut) -> None:
+    # cut 1..4: only the content checksum is missing, which the decompressor alone lets pass
+    stream = _zstd(os.urandom(200000))
+    with pytest.raises(ImageError, match="ends inside a frame"):
+        _read_all(tmp_path, stream[:-cut])
+
+
+def test_bytes_after_the_last_frame_are_refused(tmp_path) -> None:
+    with pytest.raises(ImageError, match="after the last zstd frame"):
+        _read_all(tmp_path, _zstd(b"payload") + b"garbage!")
