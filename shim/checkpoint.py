@@ -204,7 +204,10 @@ class Checkpoint:
         first_lock = time.monotonic()
         try:
             with interruptible():
-                with thawed(freezer):  # a frozen process cannot be locked (docker pauses first)
+                with thawed(freezer) as was_frozen:  # a frozen process cannot be locked (docker pauses first)
+                    if was_frozen:
+                        log(self.args, "info", f"{self.container_id}: frozen by the engine: thawed for the GPU "
+                            "lock and checkpoint, frozen again before the dump")
                     session.require_running()
                     refuse_stopped(session.pids)
                     session.lock(lock_timeout_ms)

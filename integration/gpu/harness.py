@@ -1,7 +1,7 @@
 """GPU test bed on the lent machine: install the carried tools, build GPU bundles, drive them.
 
 Used by integration/gpu/run_tests.py and bench_engine.py, which run as root on
-the GPU machine from the repository root (see integration/gpu/README.md).
+the GPU machine from the repository root (see "GPU tests" in the README).
 """
 
 from __future__ import annotations
@@ -38,8 +38,19 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+def unpack_carry() -> None:
+    """integration/gpu/pack-carry.sh's .carry.tar.xz into .carry (once)."""
+    import tarfile
+
+    pack = REPO / ".carry.tar.xz"
+    if pack.exists() and not (CARRY / "bin" / "criu").exists():
+        with tarfile.open(pack) as tar:
+            tar.extractall(CARRY, filter="tar")
+
+
 def install() -> dict:
     """Put the carried runc/CRIU first on PATH, gpuckpt and its wheels on a private path, the launcher."""
+    unpack_carry()
     os.environ["PATH"] = f"{CARRY / 'bin'}:{os.environ['PATH']}"
     SITE.mkdir(parents=True, exist_ok=True)
     wheels = sorted(str(path) for path in (CARRY / "wheels").glob("*.whl"))
@@ -248,3 +259,112 @@ def manifest(image_dir: Path) -> dict:
 
 def image_bytes(image_dir: Path) -> int:
     return sum(path.stat().st_size for path in image_dir.rglob("*") if path.is_file())
+
+
+class Docker:
+    """The carried docker engine (dockerd starting its own containerd), gpuckpt-runtime
+    registered as in the README, on a socket and data root of its own; no network set-up
+    (the GPU machine has no iptables): containers run with --network none."""
+
+    SOCKET = "/run/gpuckpt-docker.sock"
+    DATA_ROOT = Path("/var/lib/gpuckpt-docker")
+    EXEC_ROOT = Path("/run/gpuckpt-docker")
+    IMAGE = "gpuckpt-gpu-rootfs:latest"
+
+    def __init__(self) -> None:
+        self.bin = CARRY / "docker" / "bin"
+        if not (self.bin / "dockerd").exists():
+            raise RuntimeError(f"no docker engine in {self.bin}: run integration/gpu/pack-carry.sh before the call")
+        self.env = dict(os.environ, PATH=f"{self.bin}:{CARRY / 'bin'}:{os.environ['PATH']}")
+        self.daemon: subprocess.Popen | None = None
+        self.log = WORK / "dockerd.log"
+
+    def cli(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        return sh(str(self.bin / "docker"), "-H", f"unix://{self.SOCKET}", *argv, check=check, timeout=timeout,
+                  env=self.env)
+
+    def start(self) -> str:
+        """Start dockerd (overlay2, else vfs); the storage driver in use."""
+        WORK.mkdir(parents=True, exist_ok=True)
+        env = dict(self.env)
+        if not any(Path(d, "libdevmapper.so.1.02.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu")):
+            env["LD_LIBRARY_PATH"] = str(CARRY / "docker" / "lib")
+        for driver in ("overlay2", "vfs"):
+            config = {"experimental": True, "iptables": False, "ip-forward": False, "ip-masq": False,
+                      "bridge": "none", "storage-driver": driver, "data-root": str(self.DATA_ROOT),
+                      "exec-root": str(self.EXEC_ROOT), "pidfile": str(self.EXEC_ROOT / "docker.pid"),
+                      "hosts": [f"unix://{self.SOCKET}"], "runtimes": {"gpuckpt-runtime": {"path": RUNTIME}}}
+            config_path = WORK / "daemon.json"
+            config_path.write_text(json.dumps(config))
+            with open(self.log, "a") as daemon_log:
+                self.daemon = subprocess.Popen([str(self.bin / "dockerd"), "--config-file", str(config_path)],
+                                               stdin=subprocess.DEVNULL, stdout=daemon_log, stderr=daemon_log,
+                                               env=env, start_new_session=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and self.daemon.poll() is None:
+                if self.cli("info", check=False, timeout=30).returncode == 0:
+                    log(f"dockerd running ({driver}): {self.cli('version', '--format', '{{.Server.Version}}').stdout.strip()}")
+                    return driver
+                time.sleep(0.5)
+            self.stop()
+            log(f"dockerd did not start with {driver}: {self.log.read_text()[-1500:]}")
+        raise RuntimeError(f"dockerd did not start; its log: {self.log}")
+
+    def stop(self) -> None:
+        if self.daemon and self.daemon.poll() is None:
+            self.daemon.terminate()
+            try:
+                self.daemon.wait(60)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+        self.daemon = None
+
+    def import_rootfs(self) -> None:
+        """A tiny image whose userland comes from the host by bind mounts, as the bundles' does:
+        Ubuntu's /lib, /bin... links into /usr, the loader cache, the user database."""
+        import io
+        import tarfile
+
+        image_tar = io.BytesIO()
+        with tarfile.open(fileobj=image_tar, mode="w") as tar:
+            def add(name: str, kind: bytes = tarfile.DIRTYPE, target: str = "", data: bytes = b"") -> None:
+                info = tarfile.TarInfo(name)
+                info.type, info.linkname, info.mode, info.size = kind, target, 0o755 if kind != tarfile.REGTYPE else 0o644, len(data)
+                tar.addfile(info, io.BytesIO(data) if data else None)
+            for sub in ("usr", "opt", "opt/torch", "etc", "proc", "dev", "sys", "tmp", "work", "root", "state"):
+                add(sub)
+            for link in ("lib", "lib64", "bin", "sbin"):
+                add(link, tarfile.SYMTYPE, os.readlink(f"/{link}") if os.path.islink(f"/{link}") else f"usr/{link}")
+            for name in ("ld.so.cache", "passwd", "group", "nsswitch.conf"):
+                if os.path.isfile(f"/etc/{name}"):
+                    add(f"etc/{name}", tarfile.REGTYPE, data=Path(f"/etc/{name}").read_bytes())
+        image_file = WORK / "docker-rootfs.tar"
+        image_file.write_bytes(image_tar.getvalue())
+        self.cli("import", str(image_file), self.IMAGE)
+
+    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state_dir: Path, gpu_minors: list[int] = [0]) -> None:
+        state_dir.mkdir(parents=True, exist_ok=True)
+        devices = [arg for rule in nvidia_devices(gpu_minors) for arg in ("--device", rule["path"])]
+        base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
+                    "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
+        env_args = [arg for key, value in {**base_env, **env}.items() for arg in ("-e", f"{key}={value}")]
+        self.cli("run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none", *devices,
+                 # /usr/local/nvidia as its own mount, not inside a recursive bind of /usr (LAB)
+                 "--mount", "type=bind,source=/usr,target=/usr,readonly,bind-nonrecursive=true",
+                 "--mount", "type=bind,source=/usr/local/nvidia,target=/usr/local/nvidia,readonly",
+                 "--mount", "type=bind,source=/opt/torch,target=/opt/torch,readonly",
+                 "--mount", f"type=bind,source={GPU_DIR},target=/work,readonly",
+                 "--mount", f"type=bind,source={state_dir},target=/state",
+                 "-w", "/work", *env_args, self.IMAGE, *args)
+
+    def keep_logs(self, container_id: str) -> None:
+        """CRIU's and the runtime's logs of the container's task (containerd's bundle) to OUT."""
+        if OUT is not None:
+            for path in self.EXEC_ROOT.rglob("*.log*"):
+                if container_id in str(path):
+                    shutil.copy(path, OUT / f"docker-{container_id[:12]}-{path.name}")
+
+    def runtime_log(self, container_id: str) -> str:
+        """What gpuckpt-runtime logged for the container (containerd's task bundle keeps it)."""
+        return "".join(path.read_text(errors="replace") for path in self.EXEC_ROOT.rglob("log.json")
+                       if container_id in str(path))

@@ -372,6 +372,86 @@ def scenario_nccl(results: dict) -> str | None:
     results["nccl"] = record
 
 
+def scenario_docker(results: dict) -> str | None:
+    """`docker checkpoint create` and `docker start --checkpoint` on a CUDA container: containerd
+    freezes the container before calling the runtime's checkpoint; the shim thaws it for the GPU
+    steps. Also --leave-running. The workload verifies its device data and goes on."""
+    docker = harness.Docker()
+    driver = docker.start()
+    # docker gives even a --network none container a network namespace of its own, which CRIU
+    # locks while it dumps; this machine has no iptables: the operator's option for that
+    config = Path("/etc/gpuckpt/config.toml")
+    plain_config = config.read_text()
+    config.write_text(plain_config + '[criu]\nnetwork_lock = "nftables"\n')
+    name = f"gpu-docker-{os.getpid()}"
+    state_dir = harness.WORK / f"{name}-state"
+    container_id = ""
+    try:
+        docker.import_rootfs()
+        docker.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state_dir)
+        container_id = docker.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+        read = lambda: (state_dir / "state.0").read_text() if (state_dir / "state.0").exists() else ""  # noqa: E731
+        before = _wait_file_counter(read, 3)
+        started = time.monotonic()
+        docker.cli("checkpoint", "create", name, "cp1")
+        checkpoint_s = time.monotonic() - started
+        status = docker.cli("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+        assert status == "exited", status
+        images = harness.Docker.DATA_ROOT / "containers" / container_id / "checkpoints" / "cp1"
+        info = manifest(images)
+        assert info["processes"] and info["gpu_handler"] == "gpuckpt", info
+        started = time.monotonic()
+        docker.cli("start", "--checkpoint", "cp1", name)
+        restore_s = time.monotonic() - started
+        after = _assert_file_counter_continues(read, before)
+        # the shim's own share of those (docker packs the image into containerd's content store
+        # and out again around it)
+        restored_line = next((line for line in docker.runtime_log(container_id).splitlines()
+                              if "restored" in line and "total_s" in line), "")
+        started = time.monotonic()
+        docker.cli("checkpoint", "create", "--leave-running", name, "cp2")
+        live_s = time.monotonic() - started
+        live = _assert_file_counter_continues(read, after)
+        # containerd pauses every task it checkpoints; its bundle (and the runtime's log) outlives
+        # only a --leave-running checkpoint
+        runtime_log = docker.runtime_log(container_id)
+        assert "frozen by the engine" in runtime_log, runtime_log[-2000:]
+        downtime = manifest(images.parent / "cp2")["timings"]["downtime_s"]
+        results["docker"] = {"storage_driver": driver, "checkpoint_s": round(checkpoint_s, 3),
+                             "restore_s": round(restore_s, 3), "leave_running_checkpoint_s": round(live_s, 3),
+                             "leave_running_downtime_s": round(downtime, 3), "before": before, "after": after,
+                             "after_leave_running": live, "manifest_timings": info["timings"],
+                             "shim_restore_phases": restored_line}
+        log(f"docker: checkpoint {checkpoint_s:.2f} s (frozen by containerd, thawed for the GPU steps), "
+            f"start --checkpoint {restore_s:.2f} s, {before} -> {after}; --leave-running downtime {downtime:.2f} s -> {live}; "
+            f"the shim's checkpoint phases {info['timings']}; its restore: {restored_line}")
+    except Exception:
+        if container_id:
+            docker.keep_logs(container_id)
+        raise
+    finally:
+        config.write_text(plain_config)
+        docker.cli("rm", "-f", name, check=False)
+        docker.stop()
+
+
+def _wait_file_counter(read, minimum: int, timeout_s: float = 300) -> list:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fields = read().split()
+        if len(fields) == 3 and int(fields[1]) >= minimum:
+            assert fields[2] == "ok", f"GPU data corrupted: {fields}"
+            return [fields[0], int(fields[1]), fields[2]]
+        time.sleep(0.2)
+    raise AssertionError(f"the counter did not reach {minimum} in {timeout_s} s: {read()!r}")
+
+
+def _assert_file_counter_continues(read, before: list) -> list:
+    after = _wait_file_counter(read, before[1] + 3)
+    assert after[0] == before[0], f"process restarted, not restored: {before[0]} -> {after[0]}"
+    return after
+
+
 SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Everything the GPU machine lacks, packed into one .carry.tar.xz (an ignored path, carried
+# by the device tool: 64 MiB in all): runc and CRIU with its libraries, Debian's docker
+# engine, and the wheels gpuckpt needs for the machine's Python 3.12. harness.install()
+# unpacks it there into .carry/. Run as root after integration/testbed/setup.sh.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+rm -rf .carry .carry.tar.xz
+bash integration/testbed/bundle-criu.sh .carry
+bash integration/testbed/bundle-docker.sh .carry
+/opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
+    pydantic pyroute2 zstandard
+tar -C .carry -cf - . | xz -T0 -6 >.carry.tar.xz
+size=$(stat -c %s .carry.tar.xz)
+echo "pack-carry.sh: .carry.tar.xz $((size >> 20)) MiB"
+[ "$size" -lt $((60 << 20)) ] || { echo "pack-carry.sh: over the device tool's 64 MiB with the tree" >&2; exit 1; }
