@@ -27,7 +27,7 @@ class DirectReader(io.RawIOBase):
     def __init__(self, path: str) -> None:
         super().__init__()
         self.name = path
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+        flags = os.O_RDONLY | os.O_CLOEXEC  # the operator names the archive: a link to it is fine
         try:
             self.fd, self.direct = os.open(path, flags | os.O_DIRECT), True
         except OSError as error:

@@ -160,8 +160,14 @@ class ParallelFile:
     def __enter__(self) -> "ParallelFile":
         return self
 
-    def __exit__(self, *failure) -> None:
-        self.close()
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass  # already failing: that error is the one to report
 
 
 def claim_staged_pages(image_dir: str) -> list[str]:

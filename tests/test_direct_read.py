@@ -57,13 +57,6 @@ def test_a_filesystem_without_direct_io_is_read_plainly(data_file, monkeypatch) 
         assert reader.read() == data
 
 
-def test_a_symlink_is_not_followed(data_file, tmp_path) -> None:
-    link = tmp_path / "link"
-    link.symlink_to(data_file[0])
-    with pytest.raises(OSError):
-        DirectReader(str(link))
-
-
 def _zstd(payload: bytes, **options) -> bytes:
     return zstandard.ZstdCompressor(write_checksum=True, **options).compress(payload)
 
