@@ -320,42 +320,10 @@ class Docker:
         self.daemon = None
 
     def import_rootfs(self) -> None:
-        """A tiny image whose userland comes from the host by bind mounts, as the bundles' does:
-        Ubuntu's /lib, /bin... links into /usr, the loader cache, the user database."""
-        import io
-        import tarfile
+        self.cli("import", str(rootfs_tar()), self.IMAGE)
 
-        image_tar = io.BytesIO()
-        with tarfile.open(fileobj=image_tar, mode="w") as tar:
-            def add(name: str, kind: bytes = tarfile.DIRTYPE, target: str = "", data: bytes = b"") -> None:
-                info = tarfile.TarInfo(name)
-                info.type, info.linkname, info.mode, info.size = kind, target, 0o755 if kind != tarfile.REGTYPE else 0o644, len(data)
-                tar.addfile(info, io.BytesIO(data) if data else None)
-            for sub in ("usr", "opt", "opt/torch", "etc", "proc", "dev", "sys", "tmp", "work", "root", "state"):
-                add(sub)
-            for link in ("lib", "lib64", "bin", "sbin"):
-                add(link, tarfile.SYMTYPE, os.readlink(f"/{link}") if os.path.islink(f"/{link}") else f"usr/{link}")
-            for name in ("ld.so.cache", "passwd", "group", "nsswitch.conf"):
-                if os.path.isfile(f"/etc/{name}"):
-                    add(f"etc/{name}", tarfile.REGTYPE, data=Path(f"/etc/{name}").read_bytes())
-        image_file = WORK / "docker-rootfs.tar"
-        image_file.write_bytes(image_tar.getvalue())
-        self.cli("import", str(image_file), self.IMAGE)
-
-    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state_dir: Path, gpu_minors: list[int] = [0]) -> None:
-        state_dir.mkdir(parents=True, exist_ok=True)
-        devices = [arg for rule in nvidia_devices(gpu_minors) for arg in ("--device", rule["path"])]
-        base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
-                    "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
-        env_args = [arg for key, value in {**base_env, **env}.items() for arg in ("-e", f"{key}={value}")]
-        self.cli("run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none", *devices,
-                 # /usr/local/nvidia as its own mount, not inside a recursive bind of /usr (LAB)
-                 "--mount", "type=bind,source=/usr,target=/usr,readonly,bind-nonrecursive=true",
-                 "--mount", "type=bind,source=/usr/local/nvidia,target=/usr/local/nvidia,readonly",
-                 "--mount", "type=bind,source=/opt/torch,target=/opt/torch,readonly",
-                 "--mount", f"type=bind,source={GPU_DIR},target=/work,readonly",
-                 "--mount", f"type=bind,source={state_dir},target=/state",
-                 "-w", "/work", *env_args, self.IMAGE, *args)
+    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state_dir: Path) -> None:
+        self.cli("run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, *gpu_run_args(args, env, state_dir, self.IMAGE))
 
     def keep_logs(self, container_id: str) -> None:
         """CRIU's and the runtime's logs of the container's task (containerd's bundle) to OUT."""
@@ -368,3 +336,89 @@ class Docker:
         """What gpuckpt-runtime logged for the container (containerd's task bundle keeps it)."""
         return "".join(path.read_text(errors="replace") for path in self.EXEC_ROOT.rglob("log.json")
                        if container_id in str(path))
+
+
+def rootfs_tar() -> Path:
+    """A tiny image (as a tar for `docker import`/`podman import`) whose userland comes from the
+    host by bind mounts, as the bundles' does: Ubuntu's /lib, /bin... links into /usr, the loader
+    cache, the user database."""
+    import io
+    import tarfile
+
+    path = WORK / "engine-rootfs.tar"
+    WORK.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, mode="w") as tar:
+        def add(name: str, kind: bytes = tarfile.DIRTYPE, target: str = "", data: bytes = b"") -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname, info.size = kind, target, len(data)
+            info.mode = 0o644 if kind == tarfile.REGTYPE else 0o755
+            tar.addfile(info, io.BytesIO(data) if data else None)
+        for sub in ("usr", "opt", "opt/torch", "etc", "proc", "dev", "sys", "tmp", "work", "root", "state"):
+            add(sub)
+        for link in ("lib", "lib64", "bin", "sbin"):
+            add(link, tarfile.SYMTYPE, os.readlink(f"/{link}") if os.path.islink(f"/{link}") else f"usr/{link}")
+        for name in ("ld.so.cache", "passwd", "group", "nsswitch.conf"):
+            if os.path.isfile(f"/etc/{name}"):
+                add(f"etc/{name}", tarfile.REGTYPE, data=Path(f"/etc/{name}").read_bytes())
+    return path
+
+
+def gpu_run_args(args: list[str], env: dict[str, str], state_dir: Path, image: str, gpu_minors: list[int] = [0]) -> list[str]:
+    """`run` arguments shared by docker and podman: GPU devices, the host userland read-only,
+    STATE written into `state_dir`, no network."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    devices = [arg for rule in nvidia_devices(gpu_minors) for arg in ("--device", rule["path"])]
+    base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
+                "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
+    env_args = [arg for key, value in {**base_env, **env}.items() for arg in ("-e", f"{key}={value}")]
+    return ["--network", "none", *devices,
+            # /usr/local/nvidia as its own mount, not inside a recursive bind of /usr (LAB)
+            "--mount", "type=bind,source=/usr,target=/usr,readonly,bind-nonrecursive=true",
+            "--mount", "type=bind,source=/usr/local/nvidia,target=/usr/local/nvidia,readonly",
+            "--mount", "type=bind,source=/opt/torch,target=/opt/torch,readonly",
+            "--mount", f"type=bind,source={GPU_DIR},target=/work,readonly",
+            "--mount", f"type=bind,source={state_dir},target=/state",
+            "-w", "/work", *env_args, image, *args]
+
+
+class Podman:
+    """The carried podman (Debian's, with conmon and the libraries Ubuntu lacks), gpuckpt-runtime
+    its runtime as `gpuckpt install --engine podman` sets it, cgroupfs and file events (no systemd
+    here), no network backend: containers run with --network none."""
+
+    IMAGE = "localhost/gpuckpt-gpu-rootfs:latest"
+
+    def __init__(self) -> None:
+        carried = CARRY / "podman"
+        if not (carried / "bin" / "podman").exists():
+            raise RuntimeError(f"no podman in {carried}: run integration/gpu/pack-carry.sh podman before the call")
+        wrappers = WORK / "podman-bin"
+        wrappers.mkdir(parents=True, exist_ok=True)
+        for program in ("podman", "conmon"):  # podman starts conmon with an environment of its own
+            (wrappers / program).write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={carried / "lib"} exec {carried / "bin" / program} "$@"\n')
+            os.chmod(wrappers / program, 0o755)
+        # gpuckpt export/import find podman on PATH
+        self.env = dict(os.environ, PATH=f"{wrappers}:{os.environ['PATH']}")
+        self.podman = str(wrappers / "podman")
+        conf = Path("/etc/containers")
+        conf.mkdir(exist_ok=True)
+        (conf / "containers.conf").write_text(
+            '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\nruntime = "gpuckpt-runtime"\n'
+            f'conmon_path = ["{wrappers / "conmon"}"]\n'
+            'runtime_supports_json = ["crun", "runc", "gpuckpt-runtime"]\n'
+            f'[engine.runtimes]\ngpuckpt-runtime = ["{RUNTIME}"]\n')
+        (conf / "policy.json").write_text('{"default": [{"type": "insecureAcceptAnything"}]}\n')
+        (conf / "storage.conf").write_text('[storage]\ndriver = "overlay"\nrunroot = "/run/containers/storage"\n'
+                                           'graphroot = "/var/lib/containers/storage"\n')
+
+    def cli(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        return sh(self.podman, *argv, check=check, timeout=timeout, env=self.env)
+
+    def import_rootfs(self) -> None:
+        self.cli("import", str(rootfs_tar()), self.IMAGE)
+
+    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state_dir: Path) -> None:
+        # podman raises the container's limits (and --ulimit host its own) beyond what this
+        # sandbox lets a process raise them to; lowering them is always allowed
+        self.cli("run", "-d", "--name", name, "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
+                 *gpu_run_args(args, env, state_dir, self.IMAGE))

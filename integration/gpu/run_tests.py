@@ -435,6 +435,46 @@ def scenario_docker(results: dict) -> str | None:
         docker.stop()
 
 
+def scenario_podman_archive(results: dict) -> str | None:
+    """A CUDA container moved as an archive: `gpuckpt export` (podman checkpoint through the shim,
+    streamed through zstd), the container removed, `gpuckpt import` (pages staged, claimed by the
+    shim's restore). The GPU manifest travels inside the archive and the restore uses it."""
+    podman = harness.Podman()
+    name = f"gpu-podman-{os.getpid()}"
+    state_dir = harness.WORK / f"{name}-state"
+    archive = Path("/var/tmp") / f"{name}.tar.zst"
+    config = Path("/etc/gpuckpt/config.toml")  # a network namespace, no iptables: as for docker
+    plain_config = config.read_text()
+    config.write_text(plain_config + '[criu]\nnetwork_lock = "nftables"\n')
+    try:
+        podman.import_rootfs()
+        podman.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state_dir)
+        read = lambda: (state_dir / "state.0").read_text() if (state_dir / "state.0").exists() else ""  # noqa: E731
+        before = _wait_file_counter(read, 3)
+        started = time.monotonic()
+        exported = sh(CLI, "export", name, "-o", str(archive), env=podman.env)
+        export_s = time.monotonic() - started
+        inside = json.loads(sh(CLI, "inspect", "--json", str(archive), env=podman.env).stdout)
+        assert inside["manifest"]["processes"] and inside["manifest"]["gpu_handler"] == "gpuckpt", inside
+        podman.cli("rm", "-f", name)
+        started = time.monotonic()
+        # --trust-config: the container binds host directories (the userland), which an
+        # archive from elsewhere may not ask for unless the operator says so
+        imported = sh(CLI, "import", "--trust-config", str(archive), env=podman.env)
+        import_s = time.monotonic() - started
+        after = _assert_file_counter_continues(read, before)
+        results["podman_archive"] = {
+            "export_s": round(export_s, 3), "import_s": round(import_s, 3), "archive_bytes": archive.stat().st_size,
+            "cuda_processes": len(inside["manifest"]["processes"]), "before": before, "after": after,
+            "export_output": exported.stdout.strip()[-300:], "import_output": imported.stdout.strip()[-300:]}
+        log(f"podman archive: export {export_s:.2f} s, import {import_s:.2f} s, "
+            f"{archive.stat().st_size / 2**30:.2f} GiB, {before} -> {after}; {imported.stdout.strip()[-200:]}")
+    finally:
+        config.write_text(plain_config)
+        podman.cli("rm", "-f", name, check=False)
+        archive.unlink(missing_ok=True)
+
+
 def _wait_file_counter(read, minimum: int, timeout_s: float = 300) -> list:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
