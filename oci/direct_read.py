@@ -26,7 +26,8 @@ class DirectReader(io.RawIOBase):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        self.name = path
+        self.name, self.fd, self.direct = path, -1, False
+        self._buffer = self._view = None
         flags = os.O_RDONLY | os.O_CLOEXEC  # the operator names the archive: a link to it is fine
         try:
             self.fd, self.direct = os.open(path, flags | os.O_DIRECT), True
@@ -92,16 +93,23 @@ class DirectReader(io.RawIOBase):
         if offset > aligned:
             self._fill()
             self._start = min(offset - aligned, self._end)
+        if self.tell() != offset:  # past the end: reads there return nothing
+            self._offset, self._start, self._end = offset, 0, 0
         return offset
 
     def close(self) -> None:
         if self.closed:
             return
         try:
-            if not self.direct:
-                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read once, never again
-            os.close(self.fd)
+            if self.fd >= 0 and not self.direct:
+                try:
+                    os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read once, never again
+                except OSError:
+                    pass  # not a regular file: nothing cached to drop
         finally:
-            self._view.release()
-            self._buffer.close()
+            if self.fd >= 0:
+                os.close(self.fd)
+            if self._view is not None:
+                self._view.release()
+                self._buffer.close()
             super().close()

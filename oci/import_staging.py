@@ -117,7 +117,7 @@ class ParallelFile:
 
     def __init__(self, fd: int, threads: int = 0) -> None:
         self.fd, self.offset = fd, 0
-        threads = threads or os.cpu_count() or 1
+        threads = threads or min(len(os.sched_getaffinity(0)), 8)  # each holds 2 MiB of buffers
         self._free: queue.Queue[bytearray] = queue.Queue()
         for _ in range(2 * threads):
             self._free.put(bytearray(self.CHUNK_BYTES))

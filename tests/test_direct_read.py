@@ -42,6 +42,20 @@ def test_seeks_land_on_the_right_byte(data_file) -> None:
         assert reader.seek(-3, os.SEEK_END) == len(data) - 3 and reader.read() == data[-3:]
 
 
+def test_a_seek_past_the_end_reads_nothing_and_tells_where_it_is(data_file) -> None:
+    path, data = data_file
+    with DirectReader(path) as reader:
+        for offset in (len(data) + 1, len(data) + 5000, len(data) + BUFFER_BYTES):
+            assert reader.seek(offset) == offset and reader.tell() == offset
+            assert reader.read(10) == b""
+        assert reader.seek(-2, os.SEEK_CUR) == offset - 2
+
+
+def test_a_missing_file_is_an_os_error(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError):
+        DirectReader(str(tmp_path / "absent"))
+
+
 def test_a_filesystem_without_direct_io_is_read_plainly(data_file, monkeypatch) -> None:
     path, data = data_file
     real_open = os.open
