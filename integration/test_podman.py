@@ -28,6 +28,18 @@ class PodmanContainer:
     def status(self) -> str:
         return sh("podman", "inspect", "--format", "{{.State.Status}}", self.name).stdout.strip()
 
+    def assert_running(self) -> None:
+        """Running, or the state and logs that say why not (a rare failure seen once in CI)."""
+        status = self.status()
+        if status != "running":
+            state = sh("podman", "inspect", "--format", "{{json .State}}", self.name, check=False).stdout.strip()
+            logs = sh("podman", "logs", self.name, check=False)
+            ident = sh("podman", "inspect", "--format", "{{.Id}}", self.name, check=False).stdout.strip()
+            oci_log = Path(f"/run/containers/storage/overlay-containers/{ident}/userdata/oci-log")
+            runtime_log = oci_log.read_text()[-1500:] if ident and oci_log.exists() else "(none)"
+            raise AssertionError(f"{self.name} is {status}: state {state}; logs {(logs.stdout + logs.stderr)[-1500:]}; "
+                                 f"runtime log {runtime_log}")
+
     def runtime_used(self) -> str:
         return sh("podman", "inspect", "--format", "{{.OCIRuntime}}", self.name).stdout.strip()
 
@@ -63,7 +75,7 @@ def test_checkpoint_restore_continues(container) -> None:
     sh(*container.podman, "container", "checkpoint", container.name)
     assert container.status() == "exited"
     sh(*container.podman, "container", "restore", container.name)
-    assert container.status() == "running"
+    container.assert_running()
     assert_continues(before, container.state)
 
 
@@ -72,11 +84,11 @@ def test_export_import_leave_running(container, tmp_path) -> None:
     before = wait_counter(container.state, minimum=3)
     sh(*container.podman, "container", "checkpoint", "--leave-running", "--export", str(archive), container.name)
     # --leave-running: the same process goes on
-    assert container.status() == "running"
+    container.assert_running()
     assert_continues(before, container.state)
     container.remove()
     sh(*container.podman, "container", "restore", "--import", str(archive))
-    assert container.status() == "running"
+    container.assert_running()
     assert_continues(before, container.state)
 
 
