@@ -106,7 +106,7 @@ class Staging:
 
 
 class ParallelFile:
-    """A new file written sequentially by its caller and stored by one thread per CPU.
+    """A new file written sequentially by its caller and stored by one thread per usable CPU (at most 8).
 
     Most of a staging's time is the kernel's, not ours: every page of a new file takes a fresh
     page-cache page (in a VM whose balloon hands freed memory back to the host, also a fault
