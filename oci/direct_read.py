@@ -63,20 +63,23 @@ class DirectReader(io.RawIOBase):
         self._offset += got
         return got
 
+    def _take(self, size: int) -> memoryview:
+        """Up to `size` of the next bytes, in the buffer (empty at the end of the file)."""
+        if self._start == self._end and not self._fill():
+            return self._view[:0]
+        taken = self._view[self._start:self._start + min(size, self._end - self._start)]
+        self._start += len(taken)
+        return taken
+
     def read(self, size: int | None = -1) -> bytes:
         if size is None or size < 0:
             return b"".join(iter(lambda: self.read(BUFFER_BYTES), b""))
-        if self._start == self._end and not self._fill():
-            return b""
-        taken = min(size, self._end - self._start)
-        data = bytes(self._view[self._start:self._start + taken])
-        self._start += taken
-        return data
+        return bytes(self._take(size))
 
     def readinto(self, target) -> int:
-        data = self.read(len(target))
-        target[:len(data)] = data
-        return len(data)
+        taken = self._take(len(target))
+        target[:len(taken)] = taken
+        return len(taken)
 
     def tell(self) -> int:
         return self._offset - (self._end - self._start)

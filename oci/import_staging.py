@@ -161,13 +161,12 @@ class ParallelFile:
         return self
 
     def __exit__(self, kind, error, trace) -> None:
-        if kind is None:
-            self.close()
-            return
         try:
             self.close()
-        except Exception:  # noqa: BLE001
-            pass  # already failing: that error is the one to report
+        except Exception:
+            if kind is None:
+                raise
+            # already failing: that error is the one to report
 
 
 def claim_staged_pages(image_dir: str) -> list[str]:

@@ -99,3 +99,13 @@ def test_a_stream_cut_inside_its_last_frame_is_refused(tmp_path, cut) -> None:
 def test_bytes_after_the_last_frame_are_refused(tmp_path) -> None:
     with pytest.raises(ImageError, match="after the last zstd frame"):
         _read_all(tmp_path, _zstd(b"payload") + b"garbage!")
+
+
+def test_readinto_fills_from_the_same_stream(data_file) -> None:
+    path, data = data_file
+    target = bytearray(5000)
+    with DirectReader(path) as reader:
+        assert reader.read(3) == data[:3]
+        got = reader.readinto(target)
+        assert bytes(target[:got]) == data[3:3 + got] and got > 0
+        assert reader.tell() == 3 + got
