@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -222,6 +223,35 @@ class Bundle:
             netns.remove(self.name)
 
 
+class StateDir:
+    """The directory an engine's container writes its counters to (bound at /state), read the
+    way a Bundle's rootfs /tmp is, for wait_counters and assert_continues."""
+
+    def __init__(self, name: str, directory: Path) -> None:
+        self.name, self.directory = name, directory
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def read(self, name: str) -> str:
+        try:
+            return (self.directory / name).read_text()
+        except FileNotFoundError:
+            return ""
+
+
+@contextlib.contextmanager
+def nftables_network_lock() -> Iterator[None]:
+    """The operator's `criu.network_lock = "nftables"` for the block: an engine gives even a
+    --network none container a network namespace, which CRIU locks while it dumps, and this
+    machine has no iptables."""
+    config = Path("/etc/gpuckpt/config.toml")
+    plain = config.read_text()
+    config.write_text(plain + '[criu]\nnetwork_lock = "nftables"\n')
+    try:
+        yield
+    finally:
+        config.write_text(plain)
+
+
 def counter_states(bundle: Bundle, procs: int) -> list[tuple[str, int, str]]:
     states = []
     for rank in range(procs):
@@ -261,7 +291,24 @@ def image_bytes(image_dir: Path) -> int:
     return sum(path.stat().st_size for path in image_dir.rglob("*") if path.is_file())
 
 
-class Docker:
+class Engine:
+    """What docker and podman share here: a tiny image whose userland comes from the host, and
+    a GPU container run from it through gpuckpt-runtime."""
+
+    IMAGE = ""
+    RUN_FLAGS: tuple[str, ...] = ()
+
+    def cli(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+        raise NotImplementedError
+
+    def import_rootfs(self) -> None:
+        self.cli("import", str(rootfs_tar()), self.IMAGE)
+
+    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state: StateDir) -> None:
+        self.cli("run", "-d", "--name", name, *self.RUN_FLAGS, *gpu_run_args(args, env, state.directory, self.IMAGE))
+
+
+class Docker(Engine):
     """The carried docker engine (dockerd starting its own containerd), gpuckpt-runtime
     registered as in the README, on a socket and data root of its own; no network set-up
     (the GPU machine has no iptables): containers run with --network none."""
@@ -270,6 +317,7 @@ class Docker:
     DATA_ROOT = Path("/var/lib/gpuckpt-docker")
     EXEC_ROOT = Path("/run/gpuckpt-docker")
     IMAGE = "gpuckpt-gpu-rootfs:latest"
+    RUN_FLAGS = ("--runtime", "gpuckpt-runtime")
 
     def __init__(self) -> None:
         self.bin = CARRY / "docker" / "bin"
@@ -319,12 +367,6 @@ class Docker:
                 self.daemon.kill()
         self.daemon = None
 
-    def import_rootfs(self) -> None:
-        self.cli("import", str(rootfs_tar()), self.IMAGE)
-
-    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state_dir: Path) -> None:
-        self.cli("run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, *gpu_run_args(args, env, state_dir, self.IMAGE))
-
     def keep_logs(self, container_id: str) -> None:
         """CRIU's and the runtime's logs of the container's task (containerd's bundle) to OUT."""
         if OUT is not None:
@@ -366,7 +408,6 @@ def rootfs_tar() -> Path:
 def gpu_run_args(args: list[str], env: dict[str, str], state_dir: Path, image: str, gpu_minors: list[int] = [0]) -> list[str]:
     """`run` arguments shared by docker and podman: GPU devices, the host userland read-only,
     STATE written into `state_dir`, no network."""
-    state_dir.mkdir(parents=True, exist_ok=True)
     devices = [arg for rule in nvidia_devices(gpu_minors) for arg in ("--device", rule["path"])]
     base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
                 "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
@@ -381,12 +422,15 @@ def gpu_run_args(args: list[str], env: dict[str, str], state_dir: Path, image: s
             "-w", "/work", *env_args, image, *args]
 
 
-class Podman:
+class Podman(Engine):
     """The carried podman (Debian's, with conmon and the libraries Ubuntu lacks), gpuckpt-runtime
     its runtime as `gpuckpt install --engine podman` sets it, cgroupfs and file events (no systemd
     here), no network backend: containers run with --network none."""
 
     IMAGE = "localhost/gpuckpt-gpu-rootfs:latest"
+    # podman raises the container's limits (and --ulimit host its own) beyond what this sandbox
+    # lets a process raise them to; lowering them is always allowed
+    RUN_FLAGS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
 
     def __init__(self) -> None:
         carried = CARRY / "podman"
@@ -414,11 +458,3 @@ class Podman:
     def cli(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
         return sh(self.podman, *argv, check=check, timeout=timeout, env=self.env)
 
-    def import_rootfs(self) -> None:
-        self.cli("import", str(rootfs_tar()), self.IMAGE)
-
-    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state_dir: Path) -> None:
-        # podman raises the container's limits (and --ulimit host its own) beyond what this
-        # sandbox lets a process raise them to; lowering them is always allowed
-        self.cli("run", "-d", "--name", name, "--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096",
-                 *gpu_run_args(args, env, state_dir, self.IMAGE))

@@ -372,26 +372,21 @@ def scenario_nccl(results: dict) -> str | None:
     results["nccl"] = record
 
 
+@harness.nftables_network_lock()
 def scenario_docker(results: dict) -> str | None:
     """`docker checkpoint create` and `docker start --checkpoint` on a CUDA container: containerd
     freezes the container before calling the runtime's checkpoint; the shim thaws it for the GPU
     steps. Also --leave-running. The workload verifies its device data and goes on."""
     docker = harness.Docker()
     driver = docker.start()
-    # docker gives even a --network none container a network namespace of its own, which CRIU
-    # locks while it dumps; this machine has no iptables: the operator's option for that
-    config = Path("/etc/gpuckpt/config.toml")
-    plain_config = config.read_text()
-    config.write_text(plain_config + '[criu]\nnetwork_lock = "nftables"\n')
     name = f"gpu-docker-{os.getpid()}"
-    state_dir = harness.WORK / f"{name}-state"
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
     container_id = ""
     try:
         docker.import_rootfs()
-        docker.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state_dir)
+        docker.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state)
         container_id = docker.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
-        read = lambda: (state_dir / "state.0").read_text() if (state_dir / "state.0").exists() else ""  # noqa: E731
-        before = _wait_file_counter(read, 3)
+        before = wait_counters(state, 1, 3)
         started = time.monotonic()
         docker.cli("checkpoint", "create", name, "cp1")
         checkpoint_s = time.monotonic() - started
@@ -403,7 +398,7 @@ def scenario_docker(results: dict) -> str | None:
         started = time.monotonic()
         docker.cli("start", "--checkpoint", "cp1", name)
         restore_s = time.monotonic() - started
-        after = _assert_file_counter_continues(read, before)
+        after = assert_continues(state, before)
         # the shim's own share of those (docker packs the image into containerd's content store
         # and out again around it)
         restored_line = next((line for line in docker.runtime_log(container_id).splitlines()
@@ -411,7 +406,7 @@ def scenario_docker(results: dict) -> str | None:
         started = time.monotonic()
         docker.cli("checkpoint", "create", "--leave-running", name, "cp2")
         live_s = time.monotonic() - started
-        live = _assert_file_counter_continues(read, after)
+        live = assert_continues(state, after)
         # containerd pauses every task it checkpoints; its bundle (and the runtime's log) outlives
         # only a --leave-running checkpoint
         runtime_log = docker.runtime_log(container_id)
@@ -430,27 +425,23 @@ def scenario_docker(results: dict) -> str | None:
             docker.keep_logs(container_id)
         raise
     finally:
-        config.write_text(plain_config)
         docker.cli("rm", "-f", name, check=False)
         docker.stop()
 
 
+@harness.nftables_network_lock()
 def scenario_podman_archive(results: dict) -> str | None:
     """A CUDA container moved as an archive: `gpuckpt export` (podman checkpoint through the shim,
     streamed through zstd), the container removed, `gpuckpt import` (pages staged, claimed by the
     shim's restore). The GPU manifest travels inside the archive and the restore uses it."""
     podman = harness.Podman()
     name = f"gpu-podman-{os.getpid()}"
-    state_dir = harness.WORK / f"{name}-state"
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
     archive = Path("/var/tmp") / f"{name}.tar.zst"
-    config = Path("/etc/gpuckpt/config.toml")  # a network namespace, no iptables: as for docker
-    plain_config = config.read_text()
-    config.write_text(plain_config + '[criu]\nnetwork_lock = "nftables"\n')
     try:
         podman.import_rootfs()
-        podman.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state_dir)
-        read = lambda: (state_dir / "state.0").read_text() if (state_dir / "state.0").exists() else ""  # noqa: E731
-        before = _wait_file_counter(read, 3)
+        podman.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state)
+        before = wait_counters(state, 1, 3)
         started = time.monotonic()
         exported = sh(CLI, "export", name, "-o", str(archive), env=podman.env)
         export_s = time.monotonic() - started
@@ -462,7 +453,7 @@ def scenario_podman_archive(results: dict) -> str | None:
         # archive from elsewhere may not ask for unless the operator says so
         imported = sh(CLI, "import", "--trust-config", str(archive), env=podman.env)
         import_s = time.monotonic() - started
-        after = _assert_file_counter_continues(read, before)
+        after = assert_continues(state, before)
         results["podman_archive"] = {
             "export_s": round(export_s, 3), "import_s": round(import_s, 3), "archive_bytes": archive.stat().st_size,
             "cuda_processes": len(inside["manifest"]["processes"]), "before": before, "after": after,
@@ -470,26 +461,8 @@ def scenario_podman_archive(results: dict) -> str | None:
         log(f"podman archive: export {export_s:.2f} s, import {import_s:.2f} s, "
             f"{archive.stat().st_size / 2**30:.2f} GiB, {before} -> {after}; {imported.stdout.strip()[-200:]}")
     finally:
-        config.write_text(plain_config)
         podman.cli("rm", "-f", name, check=False)
         archive.unlink(missing_ok=True)
-
-
-def _wait_file_counter(read, minimum: int, timeout_s: float = 300) -> list:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        fields = read().split()
-        if len(fields) == 3 and int(fields[1]) >= minimum:
-            assert fields[2] == "ok", f"GPU data corrupted: {fields}"
-            return [fields[0], int(fields[1]), fields[2]]
-        time.sleep(0.2)
-    raise AssertionError(f"the counter did not reach {minimum} in {timeout_s} s: {read()!r}")
-
-
-def _assert_file_counter_continues(read, before: list) -> list:
-    after = _wait_file_counter(read, before[1] + 3)
-    assert after[0] == before[0], f"process restarted, not restored: {before[0]} -> {after[0]}"
-    return after
 
 
 SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")}
