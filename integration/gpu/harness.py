@@ -40,13 +40,20 @@ def log(message: str) -> None:
 
 
 def unpack_carry() -> None:
-    """integration/gpu/pack-carry.sh's .carry.tar.xz into .carry (once)."""
+    """integration/gpu/pack-carry.sh's .carry.tar.xz into .carry, unless this very pack is
+    unpacked there already (a warm machine keeps .carry between calls, maybe from another pack)."""
     import tarfile
 
     pack = REPO / ".carry.tar.xz"
-    if pack.exists() and not (CARRY / "bin" / "criu").exists():
-        with tarfile.open(pack) as tar:
-            tar.extractall(CARRY, filter="tar")
+    if not pack.exists():
+        return
+    stamp, unpacked = CARRY / ".pack", f"{pack.stat().st_size} {pack.stat().st_mtime_ns}"
+    if stamp.exists() and stamp.read_text() == unpacked:
+        return
+    shutil.rmtree(CARRY, ignore_errors=True)
+    with tarfile.open(pack) as tar:
+        tar.extractall(CARRY, filter="tar")
+    stamp.write_text(unpacked)
 
 
 def install() -> dict:
