@@ -33,7 +33,10 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
     from gpuckpt.cuda.devices import compute_processes
     from gpuckpt.cuda.discovery import descendants, find_cuda_pids, is_stopped
 
-    cuda_pids = find_cuda_pids(descendants(init_pid))
+    from gpuckpt.cuda.forked import split_forked_children
+
+    # forked children (DataLoader workers) hold the driver but have no CUDA state to move
+    cuda_pids, _ = split_forked_children(driver, find_cuda_pids(descendants(init_pid)))
     if not cuda_pids:
         raise GpuCheckpointError(f"container {container} has no CUDA process to suspend")
     stopped = [pid for pid in cuda_pids if is_stopped(pid)]

@@ -52,6 +52,7 @@ class Checkpoint:
         self.network = None
         self.criu_config: list[str] = []
         self.pids: list[int] = []
+        self.forked_children: list[int] = []
 
     def _refuse_container_criu_config(self) -> None:
         from gpuckpt.oci.paths import config_path
@@ -123,6 +124,8 @@ class Checkpoint:
 
     def _run_gpu(self, started: float) -> int:
         from gpuckpt.cuda.discovery import find_cuda_pids
+        from gpuckpt.cuda.driver import load_driver
+        from gpuckpt.cuda.forked import split_forked_children
         from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins
         from gpuckpt.shim.freezer import Freezer
 
@@ -132,7 +135,8 @@ class Checkpoint:
         from gpuckpt.shim.pause import PAUSE_ENGINE
 
         paused = read_suspension(self.container_id)
-        cuda_pids = find_cuda_pids(self.pids)
+        driver = load_driver()
+        cuda_pids, self.forked_children = split_forked_children(driver, find_cuda_pids(self.pids))
         plugin = criu_cuda_plugin()
         if plugin:
             # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
@@ -145,7 +149,7 @@ class Checkpoint:
             log(self.args, "info", f"{self.container_id}: GPU container without CUDA processes: plain dump")
             return self._dump_plain(started, gpu=True)
         freezer = Freezer.of_process(int(self.state["pid"]))
-        return self._checkpoint_gpu(cuda_pids, freezer, started)
+        return self._checkpoint_gpu(driver, cuda_pids, freezer, started)
 
     def _dump_suspended(self, record, started: float) -> int:
         """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
@@ -181,9 +185,8 @@ class Checkpoint:
         self._write_manifest(inventory, [], started, dump_s=time.monotonic() - started)
         return 0
 
-    def _checkpoint_gpu(self, cuda_pids: list[int], freezer, started: float) -> int:
+    def _checkpoint_gpu(self, driver, cuda_pids: list[int], freezer, started: float) -> int:
         from gpuckpt.cuda.discovery import container_pid
-        from gpuckpt.cuda.driver import load_driver
         from gpuckpt.cuda.engine import CudaSession
         from gpuckpt.cuda.hugepages import hugepages_always
         from gpuckpt.cuda.inventory import describe_container_gpus
@@ -191,7 +194,7 @@ class Checkpoint:
         inventory = describe_container_gpus(self.spec, cuda_pids)
         self._refuse_unrestorable(cuda_pids, inventory)
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
-        session = CudaSession(load_driver(), cuda_pids)
+        session = CudaSession(driver, cuda_pids)
         lock_timeout_ms = self.config.cuda.lock_timeout_ms
         with hugepages_always(self.config.cuda.host_hugepages == "always"):
             return self._lock_checkpoint_dump(session, freezer, lock_timeout_ms, inventory, cuda_pids, started)
@@ -210,6 +213,7 @@ class Checkpoint:
                             "lock and checkpoint, frozen again before the dump")
                     session.require_running()
                     refuse_stopped(session.pids)
+                    self._release_forked_children()
                     session.lock(lock_timeout_ms)
                     session.checkpoint()
                 dump_started = time.monotonic()
@@ -236,6 +240,18 @@ class Checkpoint:
         self._write_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
                              timings=session.timings)
         return 0
+
+    def _release_forked_children(self) -> None:
+        """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump
+        them; before any lock, so a failure leaves everything running."""
+        from gpuckpt.cuda.forked import release_forked_children
+
+        if not self.forked_children:
+            return
+        holds = release_forked_children(self.forked_children)
+        log(self.args, "info", f"{self.container_id}: {len(holds)} forked child(ren) of CUDA processes let go of "
+            f"the GPU driver they inherited ({sum(len(h.fds) for h in holds)} descriptor(s), "
+            f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
 
     def _roll_back(self, session, freezer, cause: BaseException) -> None:
         from gpuckpt.shim.freezer import thawed

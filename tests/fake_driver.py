@@ -38,6 +38,7 @@ class FakeDriver(CudaDriver):
              (The real driver, r580 on an H100, ignored a 1.5 s timeout on a SIGSTOPped
              process and locked it once continued: only a thaw ends that wait.)
     visible_gpus: {pid: [GPU UUIDs]}; a restore with pairs must name every one.
+    forked_pids: children forked after CUDA init: r580 answers CUDA_ERROR_NOT_INITIALIZED for them.
     """
 
     def __init__(self, pids: Iterable[int] = (), *, version: int = 13000,
@@ -45,8 +46,10 @@ class FakeDriver(CudaDriver):
                  delay_s: float | Mapping[str, float] = 0.0,
                  frozen_pids: Iterable[int] = (),
                  visible_gpus: Mapping[int, Sequence[str]] | None = None,
-                 require_init: bool = True) -> None:
+                 require_init: bool = True,
+                 forked_pids: Iterable[int] = ()) -> None:
         self.version = version
+        self.forked_pids: set[int] = set(forked_pids)
         self.states: dict[int, ProcessState] = {pid: ProcessState.RUNNING for pid in pids}
         self.fail_on: dict[tuple[str, int], str] = dict(fail_on or {})
         self.delay_s = delay_s
@@ -96,6 +99,8 @@ class FakeDriver(CudaDriver):
 
     def _state_of(self, method: str, pid: int) -> ProcessState:
         """The caller holds self._lock."""
+        if pid in self.forked_pids:
+            raise call_error(method, pid, "CUDA_ERROR_NOT_INITIALIZED")
         if pid not in self.states:
             # r580 says this for a pid that does not exist (a live non-CUDA one: NOT_INITIALIZED)
             raise call_error(method, pid, "CUDA_ERROR_OPERATING_SYSTEM")
