@@ -155,6 +155,22 @@ criu_ok || { echo "install-system.sh: /usr/local/sbin/criu does not work" >&2; /
 if /usr/local/sbin/criu --gpuckpt-list | grep -E '=> (/usr)?/lib|not found' | grep -v -F "$criu_prefix" >&2; then
     echo "install-system.sh: criu resolves libraries outside $criu_prefix" >&2; exit 1
 fi
+# CRIU's own message definitions (python3-pycriu's generated protobuf modules, pure Python, the
+# same suite as the criu binary): gpuckpt reads the images' credentials with them before a
+# restore (oci/criu_images.py looks in this prefix). Only the package itself, no dependency: the
+# protobuf runtime is gpuckpt's own (pyproject.toml).
+pycriu_dir=$criu_prefix/usr/lib/python3/dist-packages/pycriu
+if [ ! -f "$pycriu_dir/images/core_pb2.py" ]; then
+    apt-get "${tx_apt[@]}" update -q
+    rm -rf "$cache/pycriu" && mkdir -p "$cache/pycriu"
+    (cd "$cache/pycriu" && apt-get "${tx_apt[@]}" download -q "python3-pycriu/$suite" &&
+        dpkg-deb -x python3-pycriu_*.deb root)
+    mkdir -p "$(dirname "$pycriu_dir")"
+    rm -rf "$pycriu_dir.new" && cp -r "$cache/pycriu/root/usr/lib/python3/dist-packages/pycriu" "$pycriu_dir.new"
+    chown -R root:root "$pycriu_dir.new" && chmod -R go-w "$pycriu_dir.new"
+    rm -rf "$pycriu_dir" && mv "$pycriu_dir.new" "$pycriu_dir"
+fi
+echo "pycriu:   $pycriu_dir ($(ls "$pycriu_dir"/images/*_pb2.py | wc -l) message modules)"
 
 # --- 3. podman configuration ---------------------------------------------------------------
 step "cgroups and podman configuration"

@@ -1,0 +1,387 @@
+"""CRIU's image files, read with bounds: what each process of a checkpoint will be restored with.
+
+Phases: load CRIU's own message definitions (the protobuf modules of Debian's python3-pycriu,
+from a root-owned directory), then read inventory.img (the dumper's namespaces), pstree.img
+(tasks and their threads), each thread's core-<tid>.img (credentials, seccomp mode), each
+task's ids-<pid>.img (namespaces), seccomp.img (filter chains) and userns-<id>.img (user
+namespace maps). Files come from a directory (opened without following links, regular files
+only) or from an archive's entries already in memory; every file, entry and count is capped.
+Any problem is one ImageError naming the file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import stat
+import struct
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+
+from gpuckpt.errors import ImageError
+
+# Where CRIU's python bindings are looked for: the test bed's CRIU prefix (install-system.sh),
+# then a distribution's python3-pycriu. The shim runs as root and imports from there, so the
+# directory and every parent must be root's and writable by no one else.
+PYCRIU_DIRS = ("/opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu/images",
+               "/usr/lib/python3/dist-packages/pycriu/images")
+PB2_MODULES = ("creds_pb2", "core_pb2", "pstree_pb2", "inventory_pb2", "seccomp_pb2", "userns_pb2")
+
+MAX_FILE_BYTES = 1 << 20         # core-N.img holds registers, sigactions, rlimits: a few KiB
+MAX_SECCOMP_BYTES = 16 << 20     # every distinct filter program of the tree (4096 insns each at most)
+MAX_TASKS = 32_768               # pstree entries
+MAX_THREADS = 65_536             # threads of all tasks together: one core file each
+MAX_FILTERS = 4_096              # seccomp filters in seccomp.img
+MAX_MAP_EXTENTS = 340            # the kernel's limit for uid_map/gid_map lines
+TASK_DEAD = 2                    # a zombie: restored only to be reaped, never runs
+NAMESPACE_FIELDS = ("pid", "net", "ipc", "uts", "mnt", "user", "cgroup", "time")
+IMAGE_NAME = re.compile(r"(inventory|pstree|seccomp|(?:core|ids|userns|creds)-[0-9]{1,10})\.img")
+
+
+@dataclass(frozen=True)
+class Creds:
+    """One thread's credentials as CRIU will set them (capability sets as bit numbers)."""
+
+    uid: int
+    gid: int
+    euid: int
+    egid: int
+    suid: int
+    sgid: int
+    fsuid: int
+    fsgid: int
+    groups: tuple[int, ...]
+    cap_inh: frozenset[int]
+    cap_prm: frozenset[int]
+    cap_eff: frozenset[int]
+    cap_bnd: frozenset[int]
+    cap_amb: frozenset[int]
+    secbits: int
+    no_new_privs: bool
+
+
+@dataclass(frozen=True)
+class ThreadImage:
+    tid: int
+    creds: Creds | None       # None: CRIU would leave the restorer's own (root's) credentials
+    seccomp_mode: int         # 0 disabled, 1 strict, 2 filter
+    seccomp_filters: int      # length of the thread's filter chain (0 when not filtering)
+
+
+@dataclass(frozen=True)
+class TaskImage:
+    pid: int
+    state: int
+    comm: str
+    threads: tuple[ThreadImage, ...]
+    namespaces: tuple[dict[str, int], ...]  # from ids-<pid>.img and core's ids, each present one
+
+    @property
+    def alive(self) -> bool:
+        return self.state != TASK_DEAD
+
+
+@dataclass(frozen=True)
+class IdMap:
+    first: int        # inside the namespace
+    lower_first: int  # in the parent namespace
+    count: int
+
+
+@dataclass
+class CheckpointImages:
+    """What a checkpoint's processes will be restored with."""
+
+    where: str
+    dumper_namespaces: dict[str, int]   # inventory root_ids: the namespaces CRIU itself was in
+    tasks: list[TaskImage] = field(default_factory=list)
+    user_namespaces: dict[int, tuple[tuple[IdMap, ...], tuple[IdMap, ...]]] = field(default_factory=dict)
+
+
+@cache
+def criu_messages():
+    """CRIU's generated message modules and magic numbers (python3-pycriu), as a namespace."""
+    images_dir = next((path for path in PYCRIU_DIRS if os.path.isdir(path)), None)
+    if images_dir is None:
+        raise ImageError("cannot check CRIU images: CRIU's python bindings (python3-pycriu) are not installed "
+                         f"(looked in {', '.join(PYCRIU_DIRS)})")
+    _require_root_owned(images_dir)
+    magic_spec = importlib.util.spec_from_file_location("gpuckpt_pycriu_magic", os.path.join(images_dir, "magic.py"))
+    if magic_spec is None or magic_spec.loader is None:
+        raise ImageError(f"cannot check CRIU images: no magic.py in {images_dir}")
+    magic = importlib.util.module_from_spec(magic_spec)
+    magic_spec.loader.exec_module(magic)
+    # pycriu's generated modules import each other by their bare names ("import opts_pb2"); the
+    # directory is on the path only while they load, after everything else.
+    sys.path.append(images_dir)
+    try:
+        modules = {name: importlib.import_module(name) for name in PB2_MODULES}
+    except Exception as error:  # a protobuf runtime that cannot load this generated code
+        raise ImageError(f"cannot check CRIU images: loading CRIU's message definitions from {images_dir} "
+                         f"failed: {error}") from None
+    finally:
+        sys.path.remove(images_dir)
+    return _Messages(magic.by_name, modules)
+
+
+class _Messages:
+    def __init__(self, magic: dict[str, int], modules: dict) -> None:
+        self.magic = magic
+        self.core = modules["core_pb2"].core_entry
+        self.pstree = modules["pstree_pb2"].pstree_entry
+        self.inventory = modules["inventory_pb2"].inventory_entry
+        self.ids = modules["core_pb2"].task_kobj_ids_entry
+        self.seccomp = modules["seccomp_pb2"].seccomp_entry
+        self.userns = modules["userns_pb2"].userns_entry
+        self.creds = modules["creds_pb2"].creds_entry
+        from google.protobuf.message import DecodeError
+
+        self.decode_error = DecodeError
+
+
+def _require_root_owned(path: str) -> None:
+    real = os.path.realpath(path)
+    parts = real.split("/")
+    for end in range(1, len(parts) + 1):
+        current = "/".join(parts[:end]) or "/"
+        info = os.lstat(current)
+        if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise ImageError(f"cannot check CRIU images: {current} (on the way to CRIU's python bindings) "
+                             "is not owned by root or is writable by others")
+
+
+# --- the files ------------------------------------------------------------------------------
+
+FileSource = Callable[[str, int], "bytes | None"]  # (name, limit) -> the file's bytes, None if absent
+
+
+def directory_source(image_dir: str) -> FileSource:
+    """Files of a checkpoint directory: no link followed, regular files only, at most `limit` bytes."""
+    try:
+        dir_fd = os.open(image_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as error:
+        raise ImageError(f"{image_dir}: cannot open the checkpoint directory: {error.strerror}") from None
+    os.close(dir_fd)
+
+    def read(name: str, limit: int) -> bytes | None:
+        where = os.path.join(image_dir, name)
+        try:
+            directory = os.open(image_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as error:
+            raise ImageError(f"{image_dir}: cannot open the checkpoint directory: {error.strerror}") from None
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            raise ImageError(f"{where}: cannot read: {error.strerror}") from None
+        finally:
+            os.close(directory)
+        with os.fdopen(fd, "rb", buffering=0) as image:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ImageError(f"{where}: not a regular file")
+            if info.st_size > limit:
+                raise ImageError(f"{where}: {info.st_size} bytes, more than the {limit} a CRIU image of it may hold")
+            data = image.read(limit + 1)
+        if len(data) > limit:
+            raise ImageError(f"{where}: more than the {limit} bytes a CRIU image of it may hold")
+        return data
+
+    return read
+
+
+def mapping_source(files: Mapping[str, bytes]) -> FileSource:
+    """Files already read (an archive's checkpoint entries), with the same limits."""
+
+    def read(name: str, limit: int) -> bytes | None:
+        data = files.get(name)
+        if data is not None and len(data) > limit:
+            raise ImageError(f"{name}: {len(data)} bytes, more than the {limit} a CRIU image of it may hold")
+        return data
+
+    return read
+
+
+def wanted_image(name: str) -> bool:
+    """Whether a checkpoint file is one of those this module reads (for archive readers)."""
+    return IMAGE_NAME.fullmatch(name) is not None
+
+
+def image_limit(name: str) -> int:
+    return MAX_SECCOMP_BYTES if name == "seccomp.img" else MAX_FILE_BYTES
+
+
+# --- the entries ------------------------------------------------------------------------------
+
+
+def _entries(data: bytes, where: str, kind: str, message, messages: _Messages, limit: int) -> list:
+    """An image file's protobuf entries: magic(s), then (u32 size, message) up to `limit` of them."""
+    expected = messages.magic[kind]
+    if len(data) < 4:
+        raise ImageError(f"{where}: not a CRIU image (shorter than its magic)")
+    (first,) = struct.unpack_from("<I", data, 0)
+    offset = 4
+    if first in (messages.magic["IMG_COMMON"], messages.magic["IMG_SERVICE"]) and kind != "INVENTORY":
+        if len(data) < 8:
+            raise ImageError(f"{where}: not a CRIU image (shorter than its magic)")
+        (first,) = struct.unpack_from("<I", data, 4)
+        offset = 8
+    if first != expected:
+        raise ImageError(f"{where}: not a CRIU {kind} image (magic {first:#x})")
+    entries = []
+    while offset < len(data):
+        if len(entries) >= limit:
+            raise ImageError(f"{where}: more than {limit} entries")
+        if offset + 4 > len(data):
+            raise ImageError(f"{where}: truncated entry header at byte {offset}")
+        (size,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if size > len(data) - offset:
+            raise ImageError(f"{where}: entry of {size} bytes at byte {offset - 4} runs past the end of the file")
+        entry = message()
+        try:
+            entry.ParseFromString(data[offset:offset + size])
+        except (messages.decode_error, ValueError, RuntimeError, OverflowError) as error:
+            raise ImageError(f"{where}: entry at byte {offset - 4} is not a valid {kind} message: "
+                             f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+        entries.append(entry)
+        offset += size
+    return entries
+
+
+def _one(data: bytes | None, where: str, kind: str, message, messages: _Messages, required: bool = True):
+    if data is None:
+        if required:
+            raise ImageError(f"{where}: missing")
+        return None
+    entries = _entries(data, where, kind, message, messages, 1)
+    if not entries:
+        raise ImageError(f"{where}: holds no entry")
+    return entries[0]
+
+
+def _caps(words, where: str, name: str) -> frozenset[int]:
+    if len(words) > 4:
+        raise ImageError(f"{where}: {name} has {len(words)} words, more than a capability set holds")
+    return frozenset(index * 32 + bit for index, word in enumerate(words) for bit in range(32) if word >> bit & 1)
+
+
+def _creds(entry, where: str) -> Creds:
+    if len(entry.groups) > 65_536:
+        raise ImageError(f"{where}: {len(entry.groups)} supplementary groups, more than the kernel allows")
+    return Creds(entry.uid, entry.gid, entry.euid, entry.egid, entry.suid, entry.sgid, entry.fsuid, entry.fsgid,
+                 tuple(entry.groups), _caps(entry.cap_inh, where, "cap_inh"), _caps(entry.cap_prm, where, "cap_prm"),
+                 _caps(entry.cap_eff, where, "cap_eff"), _caps(entry.cap_bnd, where, "cap_bnd"),
+                 _caps(entry.cap_amb, where, "cap_amb"), entry.secbits, bool(entry.no_new_privs))
+
+
+def _namespaces(ids) -> dict[str, int]:
+    return {kind: getattr(ids, f"{kind}_ns_id") for kind in NAMESPACE_FIELDS}
+
+
+def _filter_chain(index: int, filters: list, where: str) -> int:
+    """How many filters a thread runs under, following `prev` links (each checked, no loops)."""
+    seen: set[int] = set()
+    while True:
+        if index >= len(filters):
+            raise ImageError(f"{where}: seccomp filter index {index}, but seccomp.img holds {len(filters)}")
+        if index in seen:
+            raise ImageError(f"{where}: seccomp filter chain loops at index {index}")
+        seen.add(index)
+        program = filters[index]
+        if not program.filter or len(program.filter) % 8:
+            raise ImageError(f"{where}: seccomp filter {index} is not a BPF program ({len(program.filter)} bytes)")
+        if not program.HasField("prev"):
+            return len(seen)
+        index = program.prev
+
+
+def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
+    """Every task of a checkpoint with its threads' credentials, seccomp and namespaces."""
+    messages = criu_messages()
+
+    def at(name: str) -> str:
+        return f"{where}/{name}"
+
+    inventory = _one(read("inventory.img", MAX_FILE_BYTES), at("inventory.img"), "INVENTORY",
+                     messages.inventory, messages)
+    if not inventory.HasField("root_ids"):
+        raise ImageError(f"{at('inventory.img')}: no root_ids (CRIU refuses such an image as corrupt)")
+    images = CheckpointImages(where, _namespaces(inventory.root_ids))
+    pstree_data = read("pstree.img", MAX_FILE_BYTES)
+    if pstree_data is None:
+        raise ImageError(f"{at('pstree.img')}: missing")
+    tree = _entries(pstree_data, at("pstree.img"), "PSTREE", messages.pstree, messages, MAX_TASKS)
+    if not tree:
+        raise ImageError(f"{at('pstree.img')}: holds no process")
+    seccomp_entry = _one(read("seccomp.img", MAX_SECCOMP_BYTES), at("seccomp.img"), "SECCOMP", messages.seccomp,
+                         messages, required=False)
+    filters = list(seccomp_entry.seccomp_filters) if seccomp_entry is not None else []
+    if len(filters) > MAX_FILTERS:
+        raise ImageError(f"{at('seccomp.img')}: {len(filters)} filters, more than {MAX_FILTERS}")
+    threads_seen = 0
+    for process in tree:
+        tids = list(process.threads) or [process.pid]
+        threads_seen += len(tids)
+        if threads_seen > MAX_THREADS:
+            raise ImageError(f"{at('pstree.img')}: more than {MAX_THREADS} threads")
+        state, comm, threads, namespaces = 0, "", [], []
+        for tid in tids:
+            name = f"core-{tid}.img"
+            core = _one(read(name, MAX_FILE_BYTES), at(name), "CORE", messages.core, messages)
+            if tid == process.pid or not threads:
+                state = core.tc.task_state if core.HasField("tc") else state
+                comm = core.tc.comm if core.HasField("tc") else comm
+                if core.HasField("ids"):
+                    namespaces.append(_namespaces(core.ids))
+            threads.append(_thread(tid, core, filters, at(name)))
+        legacy = read(f"creds-{process.pid}.img", MAX_FILE_BYTES)
+        if legacy is not None:
+            entry = _one(legacy, at(f"creds-{process.pid}.img"), "CREDS", messages.creds, messages)
+            # CRIU takes these for a task whose core holds none
+            threads = [thread if thread.creds is not None else
+                       ThreadImage(thread.tid, _creds(entry, at(f"creds-{process.pid}.img")), thread.seccomp_mode,
+                                   thread.seccomp_filters) for thread in threads]
+        ids = _one(read(f"ids-{process.pid}.img", MAX_FILE_BYTES), at(f"ids-{process.pid}.img"), "IDS",
+                   messages.ids, messages, required=False)
+        if ids is not None:
+            namespaces.append(_namespaces(ids))
+        images.tasks.append(TaskImage(process.pid, state, comm[:64], tuple(threads), tuple(namespaces)))
+    _read_user_namespaces(read, images, messages, at)
+    return images
+
+
+def _thread(tid: int, core, filters: list, where: str) -> ThreadImage:
+    if not core.HasField("thread_core"):
+        return ThreadImage(tid, None, 0, 0)
+    thread_core = core.thread_core
+    mode = thread_core.seccomp_mode if thread_core.HasField("seccomp_mode") else 0
+    filter_index = thread_core.seccomp_filter if thread_core.HasField("seccomp_filter") else None
+    if core.HasField("tc"):  # CRIU moves the old per-task fields into the thread's
+        if core.tc.HasField("old_seccomp_mode"):
+            mode = core.tc.old_seccomp_mode
+        if core.tc.HasField("old_seccomp_filter"):
+            filter_index = core.tc.old_seccomp_filter
+    chain = _filter_chain(filter_index or 0, filters, where) if mode == 2 else 0
+    creds = _creds(thread_core.creds, where) if thread_core.HasField("creds") else None
+    return ThreadImage(tid, creds, mode, chain)
+
+
+def _read_user_namespaces(read: FileSource, images: CheckpointImages, messages: _Messages, at) -> None:
+    ids = {spaces["user"] for task in images.tasks for spaces in task.namespaces}
+    for user_ns in sorted(ids - {images.dumper_namespaces["user"]}):
+        name = f"userns-{user_ns}.img"
+        entry = _one(read(name, MAX_FILE_BYTES), at(name), "USERNS", messages.userns, messages, required=False)
+        if entry is None:
+            continue
+        maps = []
+        for extents in (entry.uid_map, entry.gid_map):
+            if len(extents) > MAX_MAP_EXTENTS:
+                raise ImageError(f"{at(name)}: {len(extents)} map lines, more than the kernel's {MAX_MAP_EXTENTS}")
+            maps.append(tuple(IdMap(extent.first, extent.lower_first, extent.count) for extent in extents))
+        images.user_namespaces[user_ns] = (maps[0], maps[1])
