@@ -1,0 +1,294 @@
+"""What a checkpoint's processes ask for, against what the container's spec grants: refused if more.
+
+CRIU restores every thread's credentials, seccomp state and namespaces from the image, as root,
+whatever the engine's spec says; an edited image (or archive) could so restore a process with
+every capability into a container whose spec gives it the defaults. Phases: parse the spec's
+grant (process.user, process.capabilities, noNewPrivileges, linux.seccomp, linux.namespaces,
+uid/gid mappings), read the images (oci.criu_images), and compare, live task by live task
+(a zombie never runs), thread by thread.
+
+What "more than the spec grants" means, field by field, is what a process started from that spec
+could reach under the kernel's rules (a process may always drop privilege):
+- bounding set: only ever shrinks, so it must be within the spec's bounding set;
+- permitted and effective sets: within the spec's permitted set when the spec sets
+  noNewPrivileges; without it, an execve of a setuid-root or file-capability program (the
+  container's rootfs may hold one) raises them to the bounding set, so within bounding+permitted;
+- ambient: within the reachable permitted set (or the spec's ambient); inheritable: within the
+  spec's inheritable set, the reachable permitted set, or the bounding set with CAP_SETPCAP;
+- uids (real, effective, saved, filesystem), gids and supplementary groups: with
+  noNewPrivileges and without CAP_SETUID (resp. CAP_SETGID) reachable, only the spec's user,
+  group and additionalGids; otherwise a setuid program or the capability reaches any of them;
+- securebits: only set with CAP_SETPCAP, so none without it reachable;
+- no_new_privs: once set never cleared, so every thread has it when the spec sets it;
+- seccomp: when the spec has linux.seccomp, every thread runs under a filter (or strict mode).
+  The filter program itself is not compared with the spec's rules (that needs libseccomp's
+  compilation of the spec): an image could carry a filter that allows everything;
+- namespaces: for each namespace the spec creates, no process may be in the namespace CRIU
+  itself was in when it dumped (inventory.img's root_ids): CRIU would then restore it into the
+  restoring node's namespace instead of a new one. Without a user namespace in the spec, no
+  process may have one (CRIU writes its id maps from the image, as root); with one, the image's
+  maps must lie within the spec's.
+A spec without process.capabilities leaves runc's capabilities as they are: no capability limit.
+"""
+
+from __future__ import annotations
+
+import json
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.criu_images import CheckpointImages, IdMap, TaskImage, ThreadImage
+
+# Linux capability numbers (include/uapi/linux/capability.h)
+CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+                "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
+                "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE", "SYS_PACCT",
+                "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME", "SYS_TTY_CONFIG", "MKNOD",
+                "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP", "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG",
+                "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE")
+CAP_NUMBERS = {f"CAP_{name}": number for number, name in enumerate(CAPABILITIES)}
+CAP_SETGID, CAP_SETUID, CAP_SETPCAP = CAP_NUMBERS["CAP_SETGID"], CAP_NUMBERS["CAP_SETUID"], CAP_NUMBERS["CAP_SETPCAP"]
+# OCI namespace types -> CRIU's namespace ids; the kinds CRIU decides to create from the ids
+# (criu/pstree.c get_clone_mask). cgroup namespaces are restored from the cgroup image instead.
+NAMESPACE_KINDS = {"pid": "pid", "network": "net", "ipc": "ipc", "uts": "uts", "mount": "mnt", "user": "user",
+                   "time": "time"}
+SECCOMP_DISABLED = 0
+MAX_SHOWN = 4
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class SpecUser(_Part):
+    uid: int = 0
+    gid: int = 0
+    additionalGids: list[int] = []
+
+
+class SpecCapabilities(_Part):
+    bounding: list[str] = []
+    effective: list[str] = []
+    permitted: list[str] = []
+    inheritable: list[str] = []
+    ambient: list[str] = []
+
+
+class SpecProcess(_Part):
+    user: SpecUser = SpecUser()
+    capabilities: SpecCapabilities | None = None
+    noNewPrivileges: bool = False
+
+
+class SpecNamespace(_Part):
+    type: str
+    path: str = ""
+
+
+class SpecIdMapping(_Part):
+    containerID: int
+    hostID: int
+    size: int
+
+
+class SpecLinux(_Part):
+    namespaces: list[SpecNamespace] = []
+    uidMappings: list[SpecIdMapping] = []
+    gidMappings: list[SpecIdMapping] = []
+    seccomp: dict | None = None
+
+
+class SpecGrant(_Part):
+    """The parts of an OCI spec that bound what the container's processes may hold."""
+
+    process: SpecProcess = SpecProcess()
+    linux: SpecLinux = SpecLinux()
+
+
+def parse_grant(spec_bytes: bytes, where: str) -> SpecGrant:
+    try:
+        return SpecGrant.model_validate(json.loads(spec_bytes))
+    except (ValueError, ValidationError, RecursionError) as error:
+        raise ImageError(f"{where}: not a valid OCI spec: {str(error).splitlines()[0]}") from None
+
+
+def _numbers(names: list[str]) -> frozenset[int]:
+    return frozenset(CAP_NUMBERS[name] for name in names if name in CAP_NUMBERS)
+
+
+def _names(numbers) -> str:
+    names = [f"CAP_{CAPABILITIES[n]}" if n < len(CAPABILITIES) else f"capability {n}" for n in sorted(numbers)]
+    shown = ", ".join(names[:MAX_SHOWN])
+    return f"{shown} (+{len(names) - MAX_SHOWN} more)" if len(names) > MAX_SHOWN else shown or "none"
+
+
+class Grant:
+    """The ceilings a spec sets, computed once."""
+
+    def __init__(self, spec: SpecGrant) -> None:
+        self.spec = spec
+        process = spec.process
+        self.no_new_privs = process.noNewPrivileges
+        caps = process.capabilities
+        self.limits_caps = caps is not None
+        if caps is not None:
+            self.bounding = _numbers(caps.bounding)
+            permitted = _numbers(caps.permitted)
+            self.reachable = permitted if self.no_new_privs else permitted | self.bounding
+            self.ambient = self.reachable | _numbers(caps.ambient)
+            setpcap = CAP_SETPCAP in self.reachable
+            self.inheritable = _numbers(caps.inheritable) | self.reachable | (self.bounding if setpcap else frozenset())
+        self.uids_free = not self.no_new_privs or self._reachable(CAP_SETUID)
+        self.gids_free = not self.no_new_privs or self._reachable(CAP_SETGID)
+        self.secbits_free = self._reachable(CAP_SETPCAP)
+        self.new_namespaces = {ns.type for ns in spec.linux.namespaces if not ns.path}
+
+    def _reachable(self, cap: int) -> bool:
+        return not self.limits_caps or cap in self.reachable
+
+
+def refusals(images: CheckpointImages, spec: SpecGrant) -> list[str]:
+    """One line per thing a live process of the images holds beyond the spec's grant."""
+    grant, problems = Grant(spec), []
+    for task in images.tasks:
+        if not task.alive:
+            continue
+        problems += _namespace_problems(task, images, grant)
+        for thread in task.threads:
+            who = f"process {task.pid} ({task.comm})" + (f" thread {thread.tid}" if thread.tid != task.pid else "")
+            problems += [f"{who}: {problem}" for problem in _thread_problems(thread, grant)]
+    return list(dict.fromkeys(problems))
+
+
+def check_images(images: CheckpointImages, spec: SpecGrant, what: str) -> None:
+    """ImageError, one line, if the images ask for more than the spec grants."""
+    found = refusals(images, spec)
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise ImageError(f"{what}: the checkpoint holds more than the container's spec grants: {found[0]}{more}: "
+                         "refused")
+
+
+def _thread_problems(thread: ThreadImage, grant: Grant) -> list[str]:
+    creds, problems = thread.creds, []
+    if creds is None:
+        return ["no credentials in its core image (CRIU would leave it the restorer's, root's): "
+                "the spec grants only its own"]
+    if grant.limits_caps:
+        for label, held, allowed, allowed_as in (
+                ("effective", creds.cap_eff, grant.reachable, _reach_words(grant)),
+                ("permitted", creds.cap_prm, grant.reachable, _reach_words(grant)),
+                ("bounding", creds.cap_bnd, grant.bounding, "the spec's bounding set"),
+                ("ambient", creds.cap_amb, grant.ambient, _reach_words(grant) + " or ambient set"),
+                ("inheritable", creds.cap_inh, grant.inheritable, "the spec's inheritable, permitted or bounding sets")):
+            if extra := held - allowed:
+                problems.append(f"{label} capabilities hold {_names(extra)}; the spec allows at most "
+                                f"{_names(allowed)} ({allowed_as})")
+    user = grant.spec.process.user
+    if not grant.uids_free:
+        uids = {creds.uid, creds.euid, creds.suid, creds.fsuid} - {user.uid}
+        if uids:
+            problems.append(f"uid {', '.join(map(str, sorted(uids)))}, the spec runs it as uid {user.uid} with "
+                            "noNewPrivileges and without CAP_SETUID")
+    if not grant.gids_free:
+        gids = {creds.gid, creds.egid, creds.sgid, creds.fsgid} - {user.gid}
+        groups = set(creds.groups) - {user.gid, *user.additionalGids}
+        if gids or groups:
+            problems.append(f"gid/groups {', '.join(map(str, sorted(gids | groups)))}, the spec gives gid {user.gid} "
+                            f"and groups {user.additionalGids} with noNewPrivileges and without CAP_SETGID")
+    if creds.secbits and not grant.secbits_free:
+        problems.append(f"securebits {creds.secbits:#x}, the spec gives none and no CAP_SETPCAP to set them")
+    if grant.no_new_privs and not creds.no_new_privs:
+        problems.append("no_new_privs off, the spec sets noNewPrivileges")
+    if grant.spec.linux.seccomp is not None and thread.seccomp_mode == SECCOMP_DISABLED:
+        problems.append("no seccomp filter, the spec gives the container one (linux.seccomp)")
+    return problems
+
+
+def _reach_words(grant: Grant) -> str:
+    return "the spec's permitted set" if grant.no_new_privs else "the spec's permitted and bounding sets"
+
+
+def _namespace_problems(task: TaskImage, images: CheckpointImages, grant: Grant) -> list[str]:
+    problems, dumper = [], images.dumper_namespaces
+    who = f"process {task.pid} ({task.comm})"
+    for namespaces in task.namespaces:
+        for oci_type, kind in NAMESPACE_KINDS.items():
+            if oci_type in grant.new_namespaces and namespaces[kind] == dumper[kind]:
+                problems.append(f"{who}: its {oci_type} namespace is the one CRIU dumped from (the node's), "
+                                f"the spec gives the container a new one")
+        user_ns = namespaces["user"]
+        if user_ns != dumper["user"] and "user" not in grant.new_namespaces:
+            problems.append(f"{who}: a user namespace of its own (id maps from the image), the spec gives none")
+        elif user_ns in images.user_namespaces:
+            uid_map, gid_map = images.user_namespaces[user_ns]
+            for label, extents, allowed in (("uid", uid_map, grant.spec.linux.uidMappings),
+                                            ("gid", gid_map, grant.spec.linux.gidMappings)):
+                for extent in extents:
+                    if not _within(extent, allowed):
+                        problems.append(f"{who}: its user namespace maps {label}s {extent.first}-"
+                                        f"{extent.first + extent.count - 1} to host {extent.lower_first}-"
+                                        f"{extent.lower_first + extent.count - 1}, beyond the spec's {label}Mappings")
+    return problems
+
+
+def _within(extent: IdMap, allowed: list[SpecIdMapping]) -> bool:
+    return any(mapping.containerID <= extent.first
+               and extent.first + extent.count <= mapping.containerID + mapping.size
+               and extent.lower_first - extent.first == mapping.hostID - mapping.containerID
+               for mapping in allowed)
+
+
+# --- where the images and the spec come from ----------------------------------------------------
+
+MAX_SPEC_BYTES = 16 << 20
+MAX_KEPT_BYTES = 256 << 20  # every credential-bearing image of an archive together
+CHECKPOINT_PREFIX = "checkpoint/"
+
+
+def check_restore(image_dir: str, bundle: str, what: str) -> None:
+    """The shim's restore: CRIU's images in `image_dir` against the bundle's config.json."""
+    from gpuckpt.oci.criu_images import directory_source, read_checkpoint_images
+    from gpuckpt.safefiles import read_bounded
+
+    spec_path = f"{bundle.rstrip('/')}/config.json"
+    spec = parse_grant(read_bounded(spec_path, MAX_SPEC_BYTES, spec_path), spec_path)
+    check_images(read_checkpoint_images(directory_source(image_dir), image_dir), spec, what)
+
+
+def check_archive(tar_path: str, spec_bytes: bytes, what: str) -> None:
+    """`gpuckpt import`: the checkpoint/ images of a checked tar (written by us, uncompressed)
+    against the archive's spec.dump, before podman sees it."""
+    from gpuckpt.oci import tarstream
+    from gpuckpt.oci.criu_images import image_limit, mapping_source, read_checkpoint_images, wanted_image
+
+    spec = parse_grant(spec_bytes, f"{what}: spec.dump")
+    files: dict[str, bytes] = {}
+    kept = 0
+    with open(tar_path, "rb") as source:
+        for member, reader in tarstream.entries(source, what):
+            name = member.name[len(CHECKPOINT_PREFIX):] if member.name.startswith(CHECKPOINT_PREFIX) else ""
+            if not member.isfile() or not wanted_image(name):
+                tarstream.copy_data(reader, member.size if member.isfile() else 0, None)
+                continue
+            if member.size > image_limit(name):
+                raise ImageError(f"{what}: {member.name} declares {member.size} bytes, more than the "
+                                 f"{image_limit(name)} a CRIU image of it may hold")
+            kept += member.size
+            if kept > MAX_KEPT_BYTES:
+                raise ImageError(f"{what}: its CRIU process images exceed {MAX_KEPT_BYTES} bytes together")
+            data = bytearray()
+            tarstream.copy_data(reader, member.size, _Sink(data), pad=False)
+            files[name] = bytes(data)
+    check_images(read_checkpoint_images(mapping_source(files), f"{what}:checkpoint"), spec, what)
+
+
+class _Sink:
+    """Keeps what copy_data writes."""
+
+    def __init__(self, data: bytearray) -> None:
+        self.data = data
+
+    def write(self, chunk) -> None:
+        self.data += chunk
