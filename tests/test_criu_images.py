@@ -1,0 +1,236 @@
+"""The CRIU image reader: a real CRIU 4.2 dump parses; hostile files are one ImageError, never a crash."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.criu_images import (MAX_FILE_BYTES, criu_messages, directory_source, mapping_source,
+                                     read_checkpoint_images)
+
+REAL_DUMP = Path(__file__).parent / "data" / "criu-podman-default"  # podman 4.3 + runc + CRIU 4.2.1, `sleep`
+DEFAULT_CAPS = frozenset({0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 31})  # podman's eleven
+
+
+class ImageBuilder:
+    """CRIU image files written with CRIU's own messages: magic(s), then (u32 size, message) entries."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir, self.pb = directory, criu_messages()
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def write(self, name: str, kind: str, *entries, common: bool = True) -> Path:
+        magic = self.pb.magic
+        head = struct.pack("<I", magic[kind]) if kind == "INVENTORY" or not common else \
+            struct.pack("<II", magic["IMG_COMMON"], magic[kind])
+        body = b"".join(struct.pack("<I", len(raw)) + raw for raw in (entry.SerializeToString() for entry in entries))
+        path = self.dir / name
+        path.write_bytes(head + body)
+        return path
+
+    def ids(self, base: int = 0, **override):
+        ids = self.pb.ids(**{f"{kind}_ns_id": base + number for number, kind in
+                             enumerate(("pid", "net", "ipc", "uts", "mnt", "user", "cgroup", "time"), 1)},
+                           vm_id=base + 20, files_id=base + 21, fs_id=base + 22, sighand_id=base + 23)
+        for key, value in override.items():
+            setattr(ids, f"{key}_ns_id", value)
+        return ids
+
+    def creds(self, caps=DEFAULT_CAPS, uid: int = 0, gid: int = 0, **fields):
+        words = [sum(1 << (cap - 32 * word) for cap in caps if cap // 32 == word) for word in (0, 1)]
+        values = dict(uid=uid, gid=gid, euid=uid, egid=gid, suid=uid, sgid=gid, fsuid=uid, fsgid=gid,
+                      cap_inh=[0, 0], cap_prm=words, cap_eff=words, cap_bnd=words, secbits=0)
+        values.update(fields)
+        return self.pb.creds(**values)
+
+    def core(self, creds=None, seccomp_mode: int | None = None, seccomp_filter: int | None = None,
+             state: int = 1, ids=None, thread_core: bool = True, comm: str = "sleep"):
+        core = self.pb.core(mtype=1)
+        core.tc.task_state, core.tc.exit_code, core.tc.personality, core.tc.flags = state, 0, 0, 0
+        core.tc.blk_sigset, core.tc.comm = 0, comm
+        if ids is not None:
+            core.ids.CopyFrom(ids)
+        if thread_core:
+            core.thread_core.futex_rla, core.thread_core.futex_rla_len = 0, 0
+            core.thread_core.creds.CopyFrom(creds if creds is not None else self.creds())
+            if seccomp_mode is not None:
+                core.thread_core.seccomp_mode = seccomp_mode
+            if seccomp_filter is not None:
+                core.thread_core.seccomp_filter = seccomp_filter
+        return core
+
+    def checkpoint(self, creds=None, threads=(), seccomp: bool = True, task_ids=None):
+        """One task (pid 1, with `threads` more), in namespaces of its own, under one filter."""
+        self.write("inventory.img", "INVENTORY", self.pb.inventory(img_version=2, root_ids=self.ids()))
+        self.write("pstree.img", "PSTREE", self.pb.pstree(pid=1, ppid=0, pgid=1, sid=1, threads=[1, *threads]))
+        self.write("ids-1.img", "IDS", task_ids if task_ids is not None else self.ids(100, user=6))
+        mode = (2, 0) if seccomp else (None, None)
+        for tid in (1, *threads):
+            self.write(f"core-{tid}.img", "CORE", self.core(creds, *mode))
+        if seccomp:
+            bpf = bytes(8)  # one instruction: the reader checks shape, not meaning
+            self.write("seccomp.img", "SECCOMP", self.pb.seccomp(seccomp_filters=[self.pb.seccomp.DESCRIPTOR
+                       .fields_by_name["seccomp_filters"].message_type._concrete_class(filter=bpf)]))
+        return self.dir
+
+
+def read(directory: Path):
+    return read_checkpoint_images(directory_source(str(directory)), str(directory))
+
+
+def test_a_real_criu_dump_reads_as_podman_made_it() -> None:
+    images = read(REAL_DUMP)
+    assert images.dumper_namespaces["mnt"] != images.tasks[0].namespaces[0]["mnt"]
+    (task,) = images.tasks
+    assert (task.pid, task.comm, task.alive) == (1, "sleep", True)
+    (thread,) = task.threads
+    assert thread.creds.cap_eff == thread.creds.cap_bnd == DEFAULT_CAPS
+    assert (thread.creds.uid, thread.creds.no_new_privs, thread.seccomp_mode, thread.seccomp_filters) == (0, False, 2, 1)
+
+
+def test_threads_each_have_their_own_credentials(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint(threads=(7,))
+    build.write("core-7.img", "CORE", build.core(build.creds(caps={0, 21}), 2, 0))
+    (task,) = read(tmp_path).tasks
+    assert [(thread.tid, thread.creds.cap_eff) for thread in task.threads] == [(1, DEFAULT_CAPS), (7, {0, 21})]
+
+
+def test_an_archives_entries_read_like_a_directory(tmp_path: Path) -> None:
+    files = {name: (REAL_DUMP / name).read_bytes() for name in os.listdir(REAL_DUMP) if name.endswith(".img")}
+    images = read_checkpoint_images(mapping_source(files), "archive:checkpoint")
+    assert images.tasks[0].threads[0].creds.cap_eff == DEFAULT_CAPS
+
+
+@pytest.mark.hostile("core image of a live task without credentials (CRIU would keep root's)")
+def test_a_core_without_credentials_is_reported_as_none(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    build.write("core-1.img", "CORE", build.core(thread_core=False))
+    assert read(tmp_path).tasks[0].threads[0].creds is None
+
+
+@pytest.mark.hostile("legacy creds-<pid>.img beside a core without credentials")
+def test_the_legacy_creds_image_is_read_where_criu_reads_it(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    core = build.core()
+    core.thread_core.ClearField("creds")
+    build.write("core-1.img", "CORE", core)
+    build.write("creds-1.img", "CREDS", build.creds(caps=set(range(41))))
+    assert read(tmp_path).tasks[0].threads[0].creds.cap_eff == frozenset(range(41))
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda data: b"\x01\x02\x03\x04" + data[4:], "not a CRIU CORE image"),
+    (lambda data: data[:9], "truncated entry header"),
+    (lambda data: data[:8] + struct.pack("<I", 1 << 30) + data[12:], "runs past the end"),
+    (lambda data: data[:12] + b"\xff" * (len(data) - 12), "not a valid CORE message"),
+    (lambda data: data + data[8:], "more than 1 entries"),
+    (lambda data: data[:3], "shorter than its magic"),
+])
+@pytest.mark.hostile("corrupt core image (magic, size, payload, entry count)")
+def test_a_corrupt_core_image_is_one_line_naming_it(tmp_path: Path, damage, message) -> None:
+    shutil.copytree(REAL_DUMP, tmp_path / "c")
+    core = tmp_path / "c" / "core-1.img"
+    core.write_bytes(damage(core.read_bytes()))
+    with pytest.raises(ImageError, match=message) as refused:
+        read(tmp_path / "c")
+    assert "core-1.img" in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.hostile("core image replaced by a symlink to a host file")
+def test_links_fifos_and_oversized_files_are_refused(tmp_path: Path) -> None:
+    shutil.copytree(REAL_DUMP, tmp_path / "c")
+    core = tmp_path / "c" / "core-1.img"
+    core.unlink()
+    core.symlink_to(REAL_DUMP / "core-1.img")
+    with pytest.raises(ImageError, match="core-1.img: cannot read"):
+        read(tmp_path / "c")
+    core.unlink()
+    os.mkfifo(core)
+    with pytest.raises(ImageError, match="core-1.img: not a regular file"):
+        read(tmp_path / "c")
+    core.unlink()
+    core.write_bytes(bytes(MAX_FILE_BYTES + 1))
+    with pytest.raises(ImageError, match="more than the"):
+        read(tmp_path / "c")
+    (tmp_path / "link").symlink_to(tmp_path / "c")
+    with pytest.raises(ImageError, match="cannot open the checkpoint directory"):
+        read(tmp_path / "link")
+
+
+@pytest.mark.hostile("images missing the files CRIU needs (pstree, a thread's core)")
+def test_missing_files_are_named(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint(threads=(9,))
+    (tmp_path / "core-9.img").unlink()
+    with pytest.raises(ImageError, match="core-9.img: missing"):
+        read(tmp_path)
+    (tmp_path / "pstree.img").unlink()
+    with pytest.raises(ImageError, match="pstree.img: missing"):
+        read(tmp_path)
+
+
+@pytest.mark.hostile("seccomp filter chain that loops or points past the filters")
+def test_seccomp_chains_are_followed_with_bounds(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    entry_type = build.pb.seccomp.DESCRIPTOR.fields_by_name["seccomp_filters"].message_type._concrete_class
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[
+        entry_type(filter=bytes(8), prev=1), entry_type(filter=bytes(16), prev=0)]))
+    with pytest.raises(ImageError, match="chain loops"):
+        read(tmp_path)
+    build.write("core-1.img", "CORE", build.core(None, 2, 5))
+    with pytest.raises(ImageError, match="filter index 5"):
+        read(tmp_path)
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[entry_type(filter=bytes(8)),
+                                                                          entry_type(filter=bytes(16), prev=0)]))
+    build.write("core-1.img", "CORE", build.core(None, 2, 1))
+    assert read(tmp_path).tasks[0].threads[0].seccomp_filters == 2
+
+
+@pytest.mark.hostile("pstree declaring more threads than the reader's cap")
+def test_thread_count_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuckpt.oci import criu_images
+
+    monkeypatch.setattr(criu_images, "MAX_THREADS", 3)
+    build = ImageBuilder(tmp_path)
+    build.checkpoint(threads=(2, 3, 4))
+    with pytest.raises(ImageError, match="more than 3 threads"):
+        read(tmp_path)
+
+
+REAL_FILES = {name: (REAL_DUMP / name).read_bytes() for name in os.listdir(REAL_DUMP) if name.endswith(".img")}
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(sorted(REAL_FILES)), position=st.integers(min_value=0, max_value=10_000),
+       patch=st.binary(min_size=1, max_size=16), cut=st.booleans())
+@pytest.mark.hostile("fuzzed CRIU images (real dump with bytes replaced or cut)")
+def test_fuzzed_images_read_or_fail_with_one_line(name: str, position: int, patch: bytes, cut: bool) -> None:
+    data = REAL_FILES[name]
+    position %= len(data)
+    damaged = data[:position] if cut else data[:position] + patch + data[position + len(patch):]
+    try:
+        read_checkpoint_images(mapping_source({**REAL_FILES, name: damaged}), "fuzz")
+    except ImageError as error:
+        assert "\n" not in str(error) and str(error).startswith("fuzz/")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["inventory.img", "pstree.img", "core-1.img", "ids-1.img", "seccomp.img",
+                                        "userns-7.img", "creds-1.img"]), st.binary(max_size=200)))
+@pytest.mark.hostile("random bytes as every CRIU image the reader opens")
+def test_random_images_read_or_fail_with_one_line(files: dict[str, bytes]) -> None:
+    try:
+        read_checkpoint_images(mapping_source(files), "fuzz")
+    except ImageError as error:
+        assert "\n" not in str(error)
