@@ -30,13 +30,17 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     from gpuckpt.oci.manifest import read_manifest
     from gpuckpt.oci.paths import config_path
     from gpuckpt.oci.spec import read_annotations
-    from gpuckpt.shim.policy import refuse_container_criu_config
+    from gpuckpt.shim.policy import refuse_runtime_annotations
 
     from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
 
     config = load_config()
-    annotations = read_annotations(os.path.abspath(verb.value("bundle", "b") or "."))
-    refuse_container_criu_config(annotations, verb.container_id, config.criu.allow_container_config, config_path())
+    bundle = os.path.abspath(verb.value("bundle", "b") or ".")
+    refuse_runtime_annotations(read_annotations(bundle), verb.container_id, config.criu, config_path(), [bundle])
+    from gpuckpt.shim.image_policy import check_restore
+
+    # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
+    check_restore(image_dir_of(verb), bundle, f"restore of {verb.container_id}")
     if lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(lock)  # CRIU locks the network while it restores TCP connections too
 
