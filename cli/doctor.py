@@ -68,6 +68,23 @@ def check_config_and_delegate() -> str:
     return f"config {source}: delegate {delegate} ({version})"
 
 
+def check_trust() -> str:
+    """The node key and the trust policy; every source allowed unsigned, named."""
+    from gpuckpt.oci.trust import load_trust, node_key_path, policy_path
+
+    try:
+        trust = load_trust()
+    except GpuckptError as error:
+        raise CheckFailed(str(error), f"fix {policy_path()} or {node_key_path()} (see README: Security model)") from None
+    if trust.node_key_id is None:
+        raise CheckFailed(f"{node_key_path()}: this node has no signing key: gpuckpt export cannot sign",
+                          "gpuckpt install --engine podman (makes the key)")
+    names = ", ".join(sorted(entry.name for entry in trust.policy.key)) or "none"
+    unsigned = "; ".join(rule.source for rule in trust.policy.allow_unsigned)
+    return (f"trust: node key {trust.node_key_id}; trusted keys: {names}; "
+            + (f"UNSIGNED accepted (logged) from: {unsigned}" if unsigned else "unsigned checkpoints refused"))
+
+
 def check_network_lock() -> str:
     from gpuckpt.shim.resolve import find_program
 
@@ -118,7 +135,7 @@ def check_driver() -> str | None:
 
 
 CHECKS: list[Callable[[], str | None]] = [
-    check_kernel, check_criu, check_config_and_delegate, check_network_lock, check_podman, check_docker,
+    check_kernel, check_criu, check_config_and_delegate, check_trust, check_network_lock, check_podman, check_docker,
     check_driver,
 ]
 

@@ -1,7 +1,8 @@
 """`gpuckpt install --engine podman|docker`: register gpuckpt-runtime with an engine.
 
-Edits the engine's own config idempotently (backup first, other settings kept)
-and, for a running dockerd, asks it to reload its runtimes.
+Makes this node's signing key if it has none (oci.trust: root only, never replaced), then
+edits the engine's own config idempotently (backup first, other settings kept) and, for a
+running dockerd, asks it to reload its runtimes.
 """
 
 from __future__ import annotations
@@ -45,8 +46,17 @@ def _reload_dockerd() -> str:
     return f"dockerd (pid {pid}) reloaded its runtimes"
 
 
+def _node_key() -> str:
+    from gpuckpt.oci.trust import ensure_node_key, node_key_path
+
+    signer, made = ensure_node_key()
+    return f"{node_key_path()}: {'made' if made else 'kept'} this node's signing key {signer.key_id}"
+
+
 def run(options: argparse.Namespace) -> int:
     runtime_path = _runtime_path(options.runtime_path)
+    if os.geteuid() == 0:  # a non-root run edits a --config of its own and signs nothing
+        print(_node_key())
     if options.engine == "podman":
         change = engines.register_podman(runtime_path, default=options.default,
                                          conf_path=options.config or engines.PODMAN_CONF)

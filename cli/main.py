@@ -13,13 +13,13 @@ from gpuckpt.errors import GpuckptError
 
 def build_parser() -> argparse.ArgumentParser:
     from gpuckpt import __version__
-    from gpuckpt.cli import doctor, inspect, install, suspend, transfer
+    from gpuckpt.cli import doctor, inspect, install, suspend, transfer, trust
 
     parser = argparse.ArgumentParser(prog="gpuckpt", description="Transparent checkpoint/restore of GPU containers.")
     parser.add_argument("--version", action="version", version=f"gpuckpt {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (install, doctor, suspend, inspect, transfer):
+    for module in (install, doctor, suspend, inspect, transfer, trust):
         module.add_parser(commands)
     return parser
 

@@ -38,6 +38,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     restore.add_argument("--trust-config", action="store_true",
                          help="restore even if the archive's container config has OCI hooks, privilege, added "
                               "capabilities, host bind mounts or a runtime path (podman's own --import trusts them)")
+    restore.add_argument("--signature", metavar="FILE", help="the archive's signature (default: ARCHIVE.sig)")
     restore.set_defaults(handler=run_import)
 
 
@@ -94,12 +95,16 @@ def _writer(output: str, threads: int):
 def run_export(options: argparse.Namespace) -> int:
     from gpuckpt.fifo import open_when_peer, private_fifo, widen
     from gpuckpt.oci.podman_archive import copy_checked, described
+    from gpuckpt.oci.provenance import ExportSigning
+    from gpuckpt.oci.trust import require_node_key
     from gpuckpt.process import Background
 
     podman = _podman()
     if options.threads < 0:
         raise UsageError(f"--threads {options.threads}: give 0 (one per CPU) or more")
+    signing = ExportSigning(require_node_key())  # no key: refused before podman checkpoints
     writer, where = _writer(options.output, options.threads)
+    signing.attach(writer)
     flags = [flag for flag, wanted in (("--leave-running", options.leave_running),
                                        ("--tcp-established", options.tcp_established)) if wanted]
     started = time.monotonic()
@@ -113,12 +118,13 @@ def run_export(options: argparse.Namespace) -> int:
                 widen(fd)
                 with os.fdopen(fd, "rb", buffering=0) as stream:
                     copied = copy_checked(stream, writer.layer(), f"podman's export of {options.container}",
-                                          progress, kept)
+                                          progress, kept, observe=signing.observe)
                 progress.end()
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the archive of {options.container}")
             writer.finish(described(where, kept, copied.names, copied.files, copied.bytes))
+            signed = signing.finish(writer)
         except ImageError as error:
             writer.discard()
             # a stream cut short is most often podman failing: then its message is the one to show
@@ -131,7 +137,7 @@ def run_export(options: argparse.Namespace) -> int:
             writer.discard()
             raise
     print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
-          f"{time.monotonic() - started:.1f} s")
+          f"{time.monotonic() - started:.1f} s, signed by key {signing.signer.key_id} ({signed})")
     return 0
 
 
@@ -141,9 +147,12 @@ def run_import(options: argparse.Namespace) -> int:
     from gpuckpt.oci.archive import decompressed, open_archive
     from gpuckpt.oci.import_staging import Staging
     from gpuckpt.oci.podman_archive import copy_checked, described, import_refusals
+    from gpuckpt.oci.provenance import verify_archive_signature
+    from gpuckpt.oci.trust import load_trust
     from gpuckpt.process import run
 
     podman = _podman()
+    verification = verify_archive_signature(options.archive, load_trust(), options.signature)  # before any staging
     started = time.monotonic()
     flags = ["--name", options.name] if options.name else []
     flags += ["--tcp-established"] if options.tcp_established else []
@@ -159,8 +168,10 @@ def run_import(options: argparse.Namespace) -> int:
         raw = open_archive(options.archive)
         fd = os.open(light, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with raw, os.fdopen(fd, "wb") as out:
-            copied = copy_checked(decompressed(raw), out, options.archive, progress, kept,
-                                  divert=staging.divert, trailer=(staging.placeholder(),))
+            copied = copy_checked(decompressed(verification.reader(raw)), out, options.archive, progress, kept,
+                                  divert=staging.divert, trailer=(staging.placeholder(),),
+                                  observe=verification.observe)
+            verification.finish()
         progress.end()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
         if not options.trust_config and (refusals := import_refusals(checked)):
@@ -173,7 +184,7 @@ def run_import(options: argparse.Namespace) -> int:
         else:
             staging.remove()
             phases = [f"checked in {time.monotonic() - started:.1f} s, streamed: runtime {checked.config.runtime}"]
-            finished = _import_streamed(podman, checked, flags, phases)
+            finished = _import_streamed(podman, checked, flags, phases, verification)
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
@@ -182,7 +193,7 @@ def run_import(options: argparse.Namespace) -> int:
     return 0
 
 
-def _import_streamed(podman: str, checked, flags: list[str], phases: list[str]):
+def _import_streamed(podman: str, checked, flags: list[str], phases: list[str], verification):
     """podman reads the checked archive through a FIFO, as often as it opens it (podman 4.3:
     three times: the config, a full scan, the untar); every later pass is re-checked."""
     from gpuckpt.fifo import open_when_peer, private_fifo, wait_reader_gone, widen
@@ -204,7 +215,9 @@ def _import_streamed(podman: str, checked, flags: list[str], phases: list[str]):
                             write_config_only(checked, stream)
                         else:
                             with open(checked.path, "rb") as raw:
-                                copy_checked(decompressed(raw), stream, checked.path)
+                                again = verification.again()  # the file is read anew: checked anew
+                                copy_checked(decompressed(raw), stream, checked.path,
+                                             observe=again.observe if again else None)
                         stream.flush()
                         wait_reader_gone(fd, podman_run.running)
                     except BrokenPipeError:

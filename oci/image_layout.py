@@ -138,6 +138,9 @@ class CheckpointImageWriter:
     the config, manifest and index. Nothing is left behind on failure (`discard()`).
     """
 
+    # (layer digest, annotations) -> annotations to add, the signature (oci.provenance); None: unsigned
+    sign = None
+
     def __init__(self, directory: str, tag: str, threads: int = 0) -> None:
         self.directory, self.tag, self.threads = directory, tag, threads
         if os.path.lexists(directory):
@@ -183,6 +186,8 @@ class CheckpointImageWriter:
         """Complete the layout for the checked archive that went into the layer; the manifest digest."""
         self._close_layer()
         annotations, architecture = checkpoint_annotations(archive), go_architecture()
+        if self.sign is not None:
+            annotations |= self.sign(self.layer_digest, annotations)
         created = _now()
         config = ImageConfig(created=created, architecture=architecture,
                              rootfs=RootFs(diff_ids=[self.diff_id]),

@@ -165,13 +165,14 @@ class Copied:
 
 
 def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None,
-                 divert=None, trailer: tuple[tuple[str, bytes], ...] = ()) -> Copied:
+                 divert=None, trailer: tuple[tuple[str, bytes], ...] = (), observe=None) -> Copied:
     """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry
     checked (oci.tarstream), owned by root. `source` must have readinto().
 
     With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there.
     `divert(member)` may return a stream for a file's bare data instead (the entry is then left
-    out of `out`); `trailer` entries (name, bytes) are added at the end."""
+    out of `out`); `trailer` entries (name, bytes) are added at the end. `observe(member)` hears
+    of every entry first and may return a stream that sees a file's data too (oci.provenance)."""
     import zlib
 
     import zstandard
@@ -193,11 +194,12 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
             copied.names.append(member.name)
             if member.name.endswith(f"/{STAGING_PLACEHOLDER}") or member.name == STAGING_PLACEHOLDER:
                 raise ImageError(f"{path}: archive entry {member.name!r} is gpuckpt's own import placeholder: refused")
+            watch = observe(member) if observe is not None else None
             diverted = divert(member) if divert is not None and member.isfile() else None
             if diverted is not None:
                 copied.files += 1
                 with diverted:
-                    tarstream.copy_data(reader, member.size, diverted, moved, pad=False)
+                    tarstream.copy_data(reader, member.size, diverted, moved, pad=False, watch=watch)
                 continue
             if out is not None:
                 written += tarstream.write_header(member, out)
@@ -209,11 +211,11 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                     raise ImageError(f"{path}: {member.name} declares {member.size} bytes, "
                                      f"more than {SMALL_FILES[member.name]}")
                 data = bytearray()
-                moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, out))
+                moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, out), watch=watch)
                 kept[member.name] = bytes(data[:member.size])
                 copied.bytes += member.size
             else:
-                moved_bytes = tarstream.copy_data(reader, member.size, out, moved)
+                moved_bytes = tarstream.copy_data(reader, member.size, out, moved, watch=watch)
             written += moved_bytes if out is not None else 0
         if out is not None:
             for name, data in trailer:
@@ -249,13 +251,17 @@ class ArchiveWriter:
         self._file = self._zstd = None
 
     def layer(self):
+        from gpuckpt.oci.image_layout import _Hashing
+
         self._file = os.fdopen(create_private(self.partial), "wb")
-        self._zstd = zstd_compressor(self.threads).stream_writer(self._file, closefd=False)
+        self._hashed = _Hashing(self._file)  # the archive's sha256, for its signature
+        self._zstd = zstd_compressor(self.threads).stream_writer(self._hashed, closefd=False)
         return self._zstd
 
     def finish(self, archive: PodmanArchive) -> None:
         self._zstd.close()
         self._file.close()
+        self.sha256 = self._hashed.hash.hexdigest()
         os.replace(self.partial, self.path)
 
     def discard(self) -> None:

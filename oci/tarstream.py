@@ -138,14 +138,16 @@ def _end(reader: _Reader, path: str) -> None:
             raise ImageError(f"{path}: truncated or corrupt archive: data after the end-of-archive blocks")
 
 
-def copy_data(reader: _Reader, size: int, out, moved=None, pad: bool = True) -> int:
+def copy_data(reader: _Reader, size: int, out, moved=None, pad: bool = True, watch=None) -> int:
     """Move `size` bytes of entry data and its padding from reader to out (None: drop them;
-    pad=False: the data alone, for a plain file); `moved(n)` hears of each chunk. Returns the
-    bytes read."""
+    pad=False: the data alone, for a plain file); `moved(n)` hears of each chunk, `watch.write`
+    sees the data too (never the padding: a digest, say). Returns the bytes read."""
     left = total = _padded(size)
     while left:
         chunk = reader.fill(min(left, BUFFER_BYTES))
         data_part = max(0, min(len(chunk), size))
+        if watch is not None and data_part:
+            watch.write(chunk[:data_part])
         if out is not None:
             out.write(chunk[:data_part])
             if len(chunk) > data_part and pad:

@@ -1,0 +1,167 @@
+"""`gpuckpt trust`: whose signed checkpoints this node restores, and from where unsigned ones.
+
+add NAME FILE|- / remove NAME / list: trusted public keys (oci.trust's trust.toml);
+export-key: this node's public key, for the other node's `trust add`;
+allow-unsigned SOURCE / disallow-unsigned SOURCE: the explicit exceptions, each use logged;
+verify ARCHIVE|oci:DIR[:TAG]: check a signature without restoring anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import time
+
+from gpuckpt.errors import UsageError
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("trust", help="signing keys this node trusts, and its node key")
+    verbs = parser.add_subparsers(dest="trust_command", required=True, metavar="VERB")
+    add = verbs.add_parser("add", help="trust checkpoints signed by another node's key")
+    add.add_argument("name", help="a name for that node (letters, digits, '.', '_', '-')")
+    add.add_argument("key_file", metavar="PUBKEYFILE|-", help="what `gpuckpt trust export-key` printed there")
+    add.set_defaults(handler=run_add)
+    remove = verbs.add_parser("remove", help="stop trusting a key")
+    remove.add_argument("name")
+    remove.set_defaults(handler=run_remove)
+    listing = verbs.add_parser("list", help="this node's key, the trusted keys, the unsigned exceptions")
+    listing.set_defaults(handler=run_list)
+    export = verbs.add_parser("export-key", help="print this node's public key (for the other node's trust add)")
+    export.set_defaults(handler=run_export_key)
+    allow = verbs.add_parser("allow-unsigned", help="accept unsigned checkpoints from a source (logged)")
+    allow.add_argument("source", help="archive:/PATH (that archive, or every one under that directory) or restore:any")
+    allow.add_argument("--note", default="", help="why, for whoever reads the policy")
+    allow.set_defaults(handler=run_allow_unsigned)
+    disallow = verbs.add_parser("disallow-unsigned", help="remove an unsigned exception")
+    disallow.add_argument("source")
+    disallow.set_defaults(handler=run_disallow_unsigned)
+    verify = verbs.add_parser("verify", help="check an archive's or checkpoint image's signature")
+    verify.add_argument("target", help="ARCHIVE (its ARCHIVE.sig beside it) or oci:DIR[:TAG]")
+    verify.add_argument("--signature", metavar="FILE", help="the archive's signature (default: ARCHIVE.sig)")
+    verify.set_defaults(handler=run_verify)
+
+
+def _edit(change) -> str:
+    from gpuckpt.oci.trust import load_policy, save_policy
+
+    policy = load_policy()
+    return save_policy(change(policy))
+
+
+def run_add(options: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from gpuckpt.oci.signature import key_id_of, parse_public_key, public_key_line
+    from gpuckpt.oci.trust import KeyEntry, read_key_text
+
+    public = parse_public_key(read_key_text(options.key_file), options.key_file)
+    try:
+        entry = KeyEntry(name=options.name, public_key=public_key_line(public),
+                         added=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    except ValidationError as error:
+        raise UsageError(f"{options.name!r}: {error.errors()[0]['msg']}") from None
+    key_id = key_id_of(public)
+
+    def change(policy):
+        for other in policy.key:
+            if other.name == entry.name:
+                raise UsageError(f"a key named {entry.name} is already trusted: `gpuckpt trust remove {entry.name}` first")
+            if key_id_of(parse_public_key(other.public_key, other.name)) == key_id:
+                raise UsageError(f"key {key_id} is already trusted as {other.name}")
+        return policy.model_copy(update={"key": [*policy.key, entry]})
+
+    path = _edit(change)
+    print(f"{path}: trusting key {key_id} as {entry.name}")
+    return 0
+
+
+def run_remove(options: argparse.Namespace) -> int:
+    def change(policy):
+        kept = [entry for entry in policy.key if entry.name != options.name]
+        if len(kept) == len(policy.key):
+            names = ", ".join(entry.name for entry in policy.key) or "none"
+            raise UsageError(f"no trusted key is named {options.name} (trusted: {names})")
+        return policy.model_copy(update={"key": kept})
+
+    print(f"{_edit(change)}: key {options.name} no longer trusted")
+    return 0
+
+
+def run_allow_unsigned(options: argparse.Namespace) -> int:
+    from gpuckpt.oci.trust import UnsignedSource, checked_source
+
+    try:
+        rule = UnsignedSource(source=checked_source(options.source), note=options.note)
+    except ValueError as error:
+        raise UsageError(str(error).splitlines()[-1].removeprefix("  Value error, ")) from None
+
+    def change(policy):
+        if any(other.source == rule.source for other in policy.allow_unsigned):
+            raise UsageError(f"unsigned input from {rule.source} is already allowed")
+        return policy.model_copy(update={"allow_unsigned": [*policy.allow_unsigned, rule]})
+
+    print(f"{_edit(change)}: unsigned checkpoints from {rule.source} will be restored (each use logged)")
+    return 0
+
+
+def run_disallow_unsigned(options: argparse.Namespace) -> int:
+    def change(policy):
+        kept = [rule for rule in policy.allow_unsigned if rule.source != options.source]
+        if len(kept) == len(policy.allow_unsigned):
+            raise UsageError(f"no unsigned exception for {options.source}")
+        return policy.model_copy(update={"allow_unsigned": kept})
+
+    print(f"{_edit(change)}: unsigned checkpoints from {options.source} refused again")
+    return 0
+
+
+def run_export_key(options: argparse.Namespace) -> int:
+    from gpuckpt.oci.signature import public_key_line
+    from gpuckpt.oci.trust import require_node_key
+
+    print(public_key_line(require_node_key().public, socket.gethostname()))
+    return 0
+
+
+def run_list(options: argparse.Namespace) -> int:
+    from gpuckpt.oci.signature import key_id_of, parse_public_key
+    from gpuckpt.oci.trust import THIS_NODE, load_node_key, load_policy, node_key_path, policy_path
+
+    signer, policy = load_node_key(), load_policy()
+    print(f"{THIS_NODE}: {signer.key_id + ' (' + node_key_path() + ')' if signer else 'no node key (gpuckpt install)'}")
+    for entry in policy.key:
+        print(f"{entry.name}: {key_id_of(parse_public_key(entry.public_key, entry.name))} (added {entry.added or '?'})")
+    for rule in policy.allow_unsigned:
+        print(f"UNSIGNED accepted from {rule.source}{' (' + rule.note + ')' if rule.note else ''}")
+    print(f"policy: {policy_path()}")
+    return 0
+
+
+def run_verify(options: argparse.Namespace) -> int:
+    from gpuckpt.oci.image_layout import parse_target, read_layout, verify_layer
+    from gpuckpt.oci.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
+    from gpuckpt.oci.trust import load_trust
+
+    trust = load_trust()
+    if (image := parse_target(options.target)) is not None:
+        layout = read_layout(*image)
+        signed = verify_image_signature(layout.manifest, trust, options.target)
+        verify_layer(layout)
+        print(f"{options.target}: unsigned, allowed by the trust policy" if signed is None else
+              f"{options.target}: signed by {signed[1]} (key {signed[0].key_id}, {signed[0].created}); "
+              f"layer {layout.layer.digest} verified")
+        return 0
+    from gpuckpt.oci.archive import decompressed, open_archive
+    from gpuckpt.oci.podman_archive import copy_checked
+
+    verification = verify_archive_signature(options.target, trust, options.signature)
+    with open_archive(options.target) as raw:
+        copy_checked(decompressed(verification.reader(raw)), None, options.target, observe=verification.observe)
+        verification.finish()
+    if isinstance(verification, ArchiveVerification):
+        print(f"{options.target}: signed by {verification.signer_name} (key {verification.content.key_id}, "
+              f"{verification.content.created}); {len(verification.content.entries)} entries and the archive verified")
+    else:
+        print(f"{options.target}: unsigned, allowed by the trust policy")
+    return 0

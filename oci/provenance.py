@@ -1,0 +1,297 @@
+"""Signatures applied to what moves between nodes: exported archives and checkpoint images.
+
+Export: each entry is hashed as the stream passes (`EntryDigests`, through copy_checked's
+`observe` seam), then signed with the node key: for an archive, a detached `ARCHIVE.sig`
+(entries plus the archive's own sha256); for an image, the manifest annotation
+`io.gpuckpt.signature` (entries plus the layer digest and every other annotation), which a
+registry and `skopeo copy` carry unchanged with the manifest.
+
+Import: the envelope is verified first (a trusted key, or refused naming the key id), then
+every entry against the signed list as it streams (`EntryCheck`), then the archive's own
+digest (`HashingReader`) at its end; no unsigned input passes unless the trust policy has an
+exception for its source, and that is logged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
+from gpuckpt.oci.trust import Trust, log_unsigned_use
+from gpuckpt.safefiles import read_bounded
+
+SIGNATURE_SUFFIX = ".sig"
+SIGNATURE_ANNOTATION = "io.gpuckpt.signature"
+MAX_SIGNATURE_BYTES = 32 << 20
+
+
+def signature_path(archive: str) -> str:
+    return f"{archive}{SIGNATURE_SUFFIX}"
+
+
+class _Digest:
+    """One file entry's sha256, fed by copy_checked (`write`), never its padding."""
+
+    def __init__(self) -> None:
+        self.hash, self.size = hashlib.sha256(), 0
+
+    def write(self, data) -> None:
+        self.hash.update(data)
+        self.size += len(data)
+
+
+def _entry(member, digest: _Digest | None) -> SignedEntry:
+    if member.isdir():
+        return SignedEntry(name=member.name, type="dir", mode=member.mode & 0o777)
+    return SignedEntry(name=member.name, mode=member.mode & 0o777, size=member.size,
+                       sha256=digest.hash.hexdigest() if digest else None)
+
+
+class EntryDigests:
+    """Every entry as signed, taken while the export streams; `observe` is copy_checked's seam."""
+
+    def __init__(self) -> None:
+        self._done: list[SignedEntry] = []
+        self._open: tuple[object, _Digest] | None = None
+
+    def observe(self, member):
+        self._close()
+        if member.isdir():
+            self._done.append(_entry(member, None))
+            return None
+        self._open = (member, _Digest())
+        return self._open[1]
+
+    def _close(self) -> None:
+        if self._open is not None:
+            self._done.append(_entry(*self._open))
+            self._open = None
+
+    def entries(self) -> list[SignedEntry]:
+        self._close()
+        return list(self._done)
+
+
+class _CheckedDigest(_Digest):
+    """A file entry's data checked against its signed sha256 the moment the last byte arrives,
+    before copy_checked passes that last chunk on (it shows the watcher each chunk first)."""
+
+    def __init__(self, signed: SignedEntry, what: str) -> None:
+        super().__init__()
+        self.signed, self.what = signed, what
+        if not signed.size:
+            self._check()
+
+    def write(self, data) -> None:
+        super().write(data)
+        if self.size >= self.signed.size:
+            self._check()
+
+    def _check(self) -> None:
+        if self.size != self.signed.size or self.hash.hexdigest() != self.signed.sha256:
+            raise SignatureError(f"{self.what}: entry {self.signed.name!r} does not match its signed sha256 "
+                                 f"({str(self.signed.sha256)[:16]}…): changed after signing: refused")
+
+
+class EntryCheck:
+    """Each entry checked against the signed list as it streams (copy_checked's `observe`): an
+    entry not signed, or of another type, mode or size, fails before its data is read, and one
+    whose data differs before its last chunk goes on; `finish` finds a signed entry missing."""
+
+    def __init__(self, content: SignedContent, what: str) -> None:
+        self.what = what
+        self.signed = {entry.name: entry for entry in content.entries}
+        self.seen: set[str] = set()
+
+    def observe(self, member):
+        signed = self.signed.get(member.name)
+        if signed is None:
+            raise SignatureError(f"{self.what}: entry {member.name!r} is not among the signed entries: refused")
+        self.seen.add(member.name)
+        found = _entry(member, None)
+        for field in ("type", "mode", "size"):
+            if getattr(found, field) != getattr(signed, field):
+                raise SignatureError(f"{self.what}: entry {member.name!r} has {field} {getattr(found, field)!r}, "
+                                     f"signed {getattr(signed, field)!r}: refused")
+        return None if member.isdir() else _CheckedDigest(signed, self.what)
+
+    def finish(self) -> None:
+        missing = [name for name in self.signed if name not in self.seen]
+        if missing:
+            raise SignatureError(f"{self.what}: signed entr{'ies' if len(missing) > 1 else 'y'} "
+                                 f"{', '.join(repr(name) for name in missing[:3])} missing: refused")
+
+
+class HashingReader:
+    """The raw archive as read once from the start (seeks back included), its sha256 taken on the way."""
+
+    def __init__(self, raw) -> None:
+        self.raw, self.hash, self.position, self.hashed_to = raw, hashlib.sha256(), 0, 0
+        self.name = getattr(raw, "name", "archive")
+        self.skipped = False
+
+    def _saw(self, data) -> None:
+        end = self.position + len(data)
+        if self.position > self.hashed_to:
+            self.skipped = True
+        elif end > self.hashed_to:
+            self.hash.update(memoryview(data)[self.hashed_to - self.position:])
+            self.hashed_to = end
+        self.position = end
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.raw.read(size)
+        self._saw(data)
+        return data
+
+    def readinto(self, target) -> int:
+        count = self.raw.readinto(target)
+        self._saw(memoryview(target)[:count])
+        return count
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        self.position = self.raw.seek(offset, whence)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readable(self) -> bool:
+        return True
+
+    def hexdigest(self) -> str | None:
+        """The whole file's sha256 (what is left unread is read now); None if some was skipped."""
+        while self.read(1 << 20):
+            pass
+        return None if self.skipped else self.hash.hexdigest()
+
+
+class ArchiveVerification:
+    """`gpuckpt import`'s check of one archive: `reader(raw)` and `observe` go into the one pass
+    that stages it, `finish()` ends it; `again()` checks a later read of the same archive.
+    Built by `verify_archive_signature`."""
+
+    def __init__(self, content: SignedContent, what: str, signer_name: str) -> None:
+        self.content, self.what, self.signer_name = content, what, signer_name
+        self.entries = EntryCheck(content, what)
+        self.observe = self.entries.observe
+        self._reader: HashingReader | None = None
+
+    def reader(self, raw) -> HashingReader:
+        self._reader = HashingReader(raw)
+        return self._reader
+
+    def finish(self) -> None:
+        self.entries.finish()
+        digest = self._reader.hexdigest() if self._reader is not None else None
+        if digest != self.content.archive_sha256:
+            raise SignatureError(f"{self.what}: the archive's sha256 is {str(digest)[:16]}…, signed "
+                                 f"{str(self.content.archive_sha256)[:16]}…: changed after signing: refused")
+
+    def again(self) -> EntryCheck:
+        return EntryCheck(self.content, self.what)
+
+
+class Unsigned:
+    """An unsigned archive the trust policy accepts (logged when made): nothing to check."""
+
+    observe = None
+
+    def reader(self, raw):
+        return raw
+
+    def finish(self) -> None:
+        pass
+
+    def again(self) -> None:
+        return None
+
+
+def unsigned_refusal(what: str, source: str, why: str) -> SignatureError:
+    return SignatureError(f"{what}: {why}: refused (sign it with `gpuckpt export` on a node this one trusts, or "
+                          f"allow unsigned input from it: `gpuckpt trust allow-unsigned {source}`)")
+
+
+def verify_archive_signature(archive: str, trust: Trust,
+                             signature: str | None = None) -> ArchiveVerification | Unsigned:
+    """The archive's signature checked before anything is read or staged: its checker, or
+    `Unsigned` when there is none and the trust policy allows that for this archive (logged)."""
+    sig_path = signature or signature_path(archive)
+    source = f"archive:{os.path.realpath(archive)}"
+    if not os.path.lexists(sig_path):
+        rule = trust.unsigned_rule(source)
+        if rule is None:
+            raise unsigned_refusal(archive, source, f"no signature ({sig_path})")
+        log_unsigned_use(rule, archive)
+        return Unsigned()
+    data = read_bounded(sig_path, MAX_SIGNATURE_BYTES, sig_path)
+    content, signer = open_envelope(data, trust.keys, sig_path, "archive")
+    if content.archive_sha256 is None:
+        raise SignatureError(f"{sig_path}: an archive signature without the archive's sha256: refused")
+    return ArchiveVerification(content, archive, signer.name)
+
+
+def write_archive_signature(archive: str, archive_sha256: str, entries: list[SignedEntry], signer: Signer) -> str:
+    """`ARCHIVE.sig` beside the archive (created new, 0644: it holds digests, no process data)."""
+    path = signature_path(archive)
+    envelope = signer.sign(signer.content("archive", entries, archive_sha256=archive_sha256))
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        os.fchmod(fd, 0o644)
+        out.write(envelope)
+    return path
+
+
+class ExportSigning:
+    """`gpuckpt export`'s signature: the node key is loaded before podman runs, entries are hashed
+    as they stream (`observe`), and `finish` signs what was written."""
+
+    def __init__(self, signer: Signer) -> None:
+        self.signer = signer
+        self.digests = EntryDigests()
+        self.observe = self.digests.observe
+
+    def image_signature(self, layer_digest: str, annotations: dict[str, str]) -> dict[str, str]:
+        """The image's signature annotation (oci.image_layout's writer calls it at finish)."""
+        content = self.signer.content("image", self.digests.entries(), layer_digest=layer_digest,
+                                      annotations=dict(annotations))
+        return {SIGNATURE_ANNOTATION: self.signer.sign(content).decode()}
+
+    def attach(self, writer) -> None:
+        """An image writer signs its manifest at finish; an archive is signed by `finish` here."""
+        if hasattr(writer, "sign"):
+            writer.sign = self.image_signature
+
+    def finish(self, writer) -> str:
+        """The signature's place: ARCHIVE.sig, or the image manifest's annotation."""
+        if hasattr(writer, "sign"):
+            return f"{SIGNATURE_ANNOTATION} annotation"
+        return write_archive_signature(writer.path, writer.sha256, self.digests.entries(), self.signer)
+
+
+def verify_image_signature(manifest, trust: Trust, what: str) -> tuple[SignedContent, str] | None:
+    """A checkpoint image manifest's signature: content and signer name; None when unsigned and
+    the policy allows unsigned restores; else a SignatureError. The layer digest and every other
+    annotation must be exactly the signed ones."""
+    annotations = dict(manifest.annotations or {})
+    envelope = annotations.pop(SIGNATURE_ANNOTATION, None)
+    if envelope is None:
+        rule = trust.unsigned_rule("restore:any")
+        if rule is None:
+            raise unsigned_refusal(what, "restore:any", f"no {SIGNATURE_ANNOTATION} annotation")
+        log_unsigned_use(rule, what)
+        return None
+    content, signer = open_envelope(envelope.encode(), trust.keys, f"{what} ({SIGNATURE_ANNOTATION})", "image")
+    layer = manifest.layers[0].digest if len(manifest.layers) == 1 else None
+    if content.layer_digest != layer:
+        raise SignatureError(f"{what}: its layer is {layer}, signed {content.layer_digest}: refused")
+    if content.annotations != annotations:
+        changed = sorted(set(annotations.items()) ^ set((content.annotations or {}).items()))
+        raise SignatureError(f"{what}: annotation {changed[0][0]!r} differs from the signed one: refused")
+    return content, signer.name
+
