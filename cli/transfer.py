@@ -150,6 +150,7 @@ def run_import(options: argparse.Namespace) -> int:
     from gpuckpt.oci.provenance import verify_archive_signature
     from gpuckpt.oci.trust import load_trust
     from gpuckpt.process import run
+    from gpuckpt.shim.image_policy import check_archive
 
     podman = _podman()
     verification = verify_archive_signature(options.archive, load_trust(), options.signature)  # before any staging
@@ -177,6 +178,7 @@ def run_import(options: argparse.Namespace) -> int:
         if not options.trust_config and (refusals := import_refusals(checked)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
                              "(give --trust-config if you trust where the archive comes from)")
+        check_archive(light, checked.spec_bytes, options.archive)  # CRIU's images against spec.dump, trusted or not
         phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
         if os.path.basename(checked.config.runtime) == "gpuckpt-runtime":
             staging.record()  # from here the shim may take the pages
