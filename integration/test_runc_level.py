@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,8 +24,7 @@ def rootfs(tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture
-def bundle(rootfs, tmp_path, delegate):
+def make_bundle(rootfs: Path, tmp_path: Path, **spec_changes) -> Path:
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     sh(RUNTIME, "spec", cwd=bundle)
@@ -31,9 +32,15 @@ def bundle(rootfs, tmp_path, delegate):
     spec["process"]["terminal"] = False
     spec["process"]["args"] = ["python3", "-c", COUNTER_SOURCE]
     spec["root"] = {"path": str(rootfs), "readonly": False}
+    spec.update(spec_changes)
     (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+@pytest.fixture
+def bundle(rootfs, tmp_path, delegate):
     container_id = f"gpuckpt-it-{os.getpid()}-{delegate}"
-    yield bundle, rootfs, container_id
+    yield make_bundle(rootfs, tmp_path), rootfs, container_id
     sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
 
 
@@ -41,13 +48,13 @@ def runtime(*argv: str, **kwargs) -> subprocess.CompletedProcess:
     return sh(RUNTIME, "--root", RUNTIME_ROOT, *argv, **kwargs)
 
 
-def detached(*argv: str, cwd: Path) -> None:
+def detached(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> None:
     """Start a detached container. Its stdio is /dev/null (CRIU cannot dump host files or our
     pipes as a container's stdio), so the runtime's errors come through its --log file."""
     log = cwd / "runtime.log"
     with open(os.devnull, "r+b") as null:
         result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, "--log", str(log), *argv], stdin=null,
-                                stdout=null, stderr=null, cwd=cwd, timeout=120)
+                                stdout=null, stderr=null, cwd=cwd, timeout=120, env=env)
     assert result.returncode == 0, log.read_text() if log.exists() else f"exit {result.returncode}"
 
 
@@ -97,3 +104,93 @@ def test_deleted_shared_memory_is_carried_with_a_raised_ghost_limit(bundle, tmp_
     assert manifest["criu_config"] == [f"ghost-limit {6 << 20}"]
     detached("restore", "-d", "--bundle", str(bundle_dir), "--image-path", str(images), container_id, cwd=bundle_dir)
     assert_continues(before, read_state)  # same token, and the mapped segment's checksum unchanged
+
+
+# runc's own test "checkpoint and restore with container specific CRIU config"
+# (tests/integration/checkpoint.bats): a root-owned temporary file in /tmp named by the
+# annotation org.criu.config sets CRIU's log-file, and the log must appear in the work
+# directory at checkpoint and at restore. Two parts are left out: its /etc/criu/default.conf
+# (a node-wide file every other test's CRIU beside this one would read) and
+# --manage-cgroups-mode ignore (runc 1.1 has no such mode).
+
+
+@pytest.fixture
+def annotated(rootfs, tmp_path):
+    """A runc bundle whose spec names a CRIU config file the way runc's test makes it, and a
+    config of the test's own (GPUCKPT_CONFIG: the node's file is shared with the tests beside)."""
+    fd, criu_config = tempfile.mkstemp(prefix="runc-criu-", suffix=".conf", dir="/tmp")
+    log_name = f"runc-criu-log-{uuid.uuid4().hex[:8]}.log"
+    os.write(fd, f"log-file={log_name}\n".encode())
+    os.close(fd)
+    bundle = make_bundle(rootfs, tmp_path, annotations={"org.criu.config": criu_config})
+    container_id = f"gpuckpt-it-criuconf-{os.getpid()}"
+    (rootfs / "tmp" / "state").unlink(missing_ok=True)
+    config = tmp_path / "config.toml"
+    config.write_text('delegate = "runc"\n')
+    config.chmod(0o644)
+    yield bundle, container_id, criu_config, log_name, config, {**os.environ, "GPUCKPT_CONFIG": str(config)}
+    sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
+    os.unlink(criu_config)
+
+
+ALLOW_TMP = '[criu]\nallow_container_config = true\ncontainer_config_dirs = ["/tmp"]\n'
+
+
+def read_counter(rootfs: Path):
+    return lambda: (rootfs / "tmp" / "state").read_text()
+
+
+def test_runcs_criu_config_test_passes_once_the_operator_allows_it(annotated, rootfs, tmp_path) -> None:
+    bundle_dir, container_id, _, log_name, config, env = annotated
+    config.write_text(config.read_text() + ALLOW_TMP)
+    detached("run", "-d", container_id, cwd=bundle_dir, env=env)
+    before = wait_counter(read_counter(rootfs), minimum=3)
+    work = tmp_path / "work-dir"
+    runtime("checkpoint", "--work-path", str(work), "--image-path", str(tmp_path / "images"),
+            container_id, env=env)
+    assert (work / log_name).exists(), sorted(os.listdir(work))
+    (work / log_name).unlink()
+    detached("restore", "-d", "--work-path", str(work), "--image-path", str(tmp_path / "images"),
+             "--bundle", str(bundle_dir), container_id, cwd=bundle_dir, env=env)
+    assert (work / log_name).exists(), sorted(os.listdir(work))
+    assert json.loads(runtime("state", container_id).stdout)["status"] == "running"
+    assert_continues(before, read_counter(rootfs))
+
+
+@pytest.mark.hostile("runc bundle annotated org.criu.config (runc's own test), operator's default policy")
+def test_runcs_criu_config_test_is_refused_by_default(annotated, rootfs, tmp_path) -> None:
+    bundle_dir, container_id, criu_config, _, config, env = annotated
+    detached("run", "-d", container_id, cwd=bundle_dir, env=env)
+    before = wait_counter(read_counter(rootfs), minimum=3)
+    work, images = tmp_path / "work-dir", tmp_path / "images"
+    refused = runtime("checkpoint", "--work-path", str(work), "--image-path", str(images), container_id,
+                      check=False, env=env)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"container {container_id} carries the annotation org.criu.config={criu_config!r}: a CRIU configuration "
+        "chosen by the container is refused; the operator may allow it with criu.allow_container_config = true "
+        f"in {config}")
+    assert not images.exists() or not os.listdir(images)  # nothing dumped, no manifest
+    assert json.loads(runtime("state", container_id).stdout)["status"] == "running"
+    assert_continues(before, read_counter(rootfs))
+
+
+@pytest.mark.hostile("restore bundle annotated org.criu.config=<path> (key split at '='), operator allows container configs")
+def test_a_split_criu_config_key_in_the_restore_bundle_is_refused(annotated, rootfs, tmp_path) -> None:
+    """The image was made without the annotation; the restore bundle carries it inside the key."""
+    bundle_dir, container_id, criu_config, _, config, env = annotated
+    spec = json.loads((bundle_dir / "config.json").read_text())
+    spec["annotations"] = {}
+    (bundle_dir / "config.json").write_text(json.dumps(spec))
+    detached("run", "-d", container_id, cwd=bundle_dir, env=env)
+    wait_counter(read_counter(rootfs), minimum=3)
+    images = tmp_path / "images"
+    runtime("checkpoint", "--image-path", str(images), container_id, env=env)
+    config.write_text(config.read_text() + ALLOW_TMP)
+    spec["annotations"] = {f"org.criu.config={criu_config}": ""}
+    (bundle_dir / "config.json").write_text(json.dumps(spec))
+    refused = runtime("restore", "-d", "--bundle", str(bundle_dir), "--image-path", str(images), container_id,
+                      check=False, env=env)
+    assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert "runc splits labels at the first '=' and would act on it as org.criu.config" in refused.stderr
+    assert runtime("state", container_id, check=False).returncode != 0  # nothing was restored
