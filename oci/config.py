@@ -25,8 +25,10 @@ class CudaConfig(_Section):
     # Restore on a node whose driver differs: "equal" refuses any difference,
     # "same-major" accepts another release of the same branch (580.x -> 580.y).
     driver_version_policy: Literal["equal", "same-major"] = "same-major"
-    # Allow checkpointing processes the driver is known not to restore (NCCL with P2P/cuMem).
-    allow_unrestorable: bool = False
+    # Allow checkpointing processes the driver is known not to restore (NCCL with P2P/cuMem):
+    # true for every container; false only for containers annotated
+    # io.gpuckpt.allow-unrestorable=true; "never" for none (the annotation is then refused).
+    allow_unrestorable: Literal[False, True, "never"] = False
     # "always": transparent hugepages node-wide while GPU state moves (faster, see README);
     # "leave": never touch the node's setting.
     host_hugepages: Literal["leave", "always"] = "leave"
@@ -40,6 +42,18 @@ class CriuConfig(_Section):
     # whoever made the container. CRIU's configuration is the operator's, so it is refused
     # unless the operator allows it here.
     allow_container_config: bool = False
+    # Where such a file may be, when allowed (in or below; each directory on the way root-owned
+    # and writable by root only or sticky, the file regular, root-owned, writable by root only).
+    container_config_dirs: tuple[str, ...] = ("/etc/criu",)
+
+    @field_validator("container_config_dirs")
+    @classmethod
+    def _dirs_are_absolute(cls, dirs: tuple[str, ...]) -> tuple[str, ...]:
+        for directory in dirs:
+            if not directory.startswith("/") or os.path.normpath(directory) != directory or directory == "/":
+                raise ValueError(f"{directory!r} is not an absolute, normalised directory other than /")
+        return dirs
+
     # Options added to a checkpoint from what the container's sockets and locks are doing:
     # "auto" adds them when needed, "always"/"never" as said. The engine's own are kept.
     tcp_established: Literal["auto", "always", "never"] = "auto"

@@ -61,8 +61,13 @@ class Process(_Part):
     capabilities: Capabilities | None = None
 
 
+class Root(_Part):
+    path: str = ""
+
+
 class Spec(_Part):
     process: Process = Process()
+    root: Root = Root()
     mounts: list[Mount] = []
     linux: Linux = Linux()
     annotations: dict[str, str] = {}
@@ -84,6 +89,10 @@ class Spec(_Part):
         """Minor numbers of the /dev/nvidiaN GPUs the container is given."""
         minors = {int(match.group(1)) for path in self.nvidia_device_paths() if (match := NVIDIA_DEVICE.match(path))}
         return sorted(minors)
+
+    def rootfs(self, bundle: str) -> str:
+        """The container's root filesystem on the host: root.path, relative to the bundle if not absolute."""
+        return os.path.normpath(os.path.join(bundle, self.root.path)) if self.root.path else ""
 
     def wants_gpu(self) -> bool:
         """Whether the spec gives the container an NVIDIA GPU (devices, or the toolkit's variable)."""

@@ -19,8 +19,6 @@ from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids,
 from gpuckpt.shim.interrupt import interruptible, uninterruptible
 from gpuckpt.shim.log import log
 
-ALLOW_UNRESTORABLE_ANNOTATION = "io.gpuckpt.allow-unrestorable"
-
 
 def run(args: RuntimeArgs, delegate: str) -> int:
     verb = parse_verb_args(args.command_args, CHECKPOINT_VALUE_FLAGS)
@@ -56,15 +54,15 @@ class Checkpoint:
 
     def _refuse_container_criu_config(self) -> None:
         from gpuckpt.oci.paths import config_path
-        from gpuckpt.shim.policy import refuse_container_criu_config
+        from gpuckpt.shim.policy import refuse_runtime_annotations
 
-        refuse_container_criu_config(self.annotations, self.container_id, self.config.criu.allow_container_config,
-                                     config_path())
+        refuse_runtime_annotations(self.annotations, self.container_id, self.config.criu, config_path(),
+                                   [self.state["bundle"], self.spec.rootfs(self.state["bundle"])])
 
     def _choose_network_options(self) -> None:
         from gpuckpt.shim.network import choose, container_policy, inspect_container
 
-        policy = container_policy(self.config.criu, self.annotations)
+        policy = container_policy(self.config.criu, self.annotations, self.container_id)
         found = inspect_container(int(self.state["pid"]), self.pids)
         self.network = choose(found, set(self.verb.flags), policy)
         self.argv = for_delegate(self.delegate, self.args, with_options(self.args, self.network.added_options))
@@ -95,12 +93,12 @@ class Checkpoint:
 
     def _refuse_unrestorable(self, cuda_pids: list[int], inventory) -> None:
         from gpuckpt.cuda.discovery import unrestorable_reason
+        from gpuckpt.shim.policy import unrestorable_allowed
 
         # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
         spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
 
-        allowed = (self.config.cuda.allow_unrestorable
-                   or self.spec.annotations.get(ALLOW_UNRESTORABLE_ANNOTATION) == "true")
+        allowed = unrestorable_allowed(self.config.cuda, self.annotations, self.container_id)
         for pid in cuda_pids:
             reason = unrestorable_reason(pid, spans_gpus)
             if reason and not allowed:

@@ -126,7 +126,8 @@ def missing_option_hint(chosen: NetworkPolicy, engine_flags: set[str]) -> str | 
     return None
 
 
-# Per-container choices a container's annotations may make; CRIU's network lock stays the operator's.
+# Per-container choices a container's annotations may make, no looser than the operator's;
+# CRIU's network lock stays the operator's.
 POLICY_ANNOTATIONS = {
     "io.gpuckpt.criu.tcp-established": "tcp_established",
     "io.gpuckpt.criu.ext-unix-sk": "ext_unix_sk",
@@ -134,18 +135,24 @@ POLICY_ANNOTATIONS = {
 }
 
 
-def container_policy(policy, annotations: dict[str, str]):
-    """The operator's policy with the container's own choices (annotations) applied, validated."""
+def container_policy(policy, annotations: dict[str, str], container_id: str = ""):
+    """The operator's policy with the container's own choices (annotations) applied: each
+    validated, and refused (PolicyError) where it would loosen the operator's."""
     from pydantic import ValidationError
 
     from gpuckpt.errors import ConfigError
+    from gpuckpt.shim.policy import tightened
 
     chosen = {key: annotations[name] for name, key in POLICY_ANNOTATIONS.items() if name in annotations}
     if not chosen:
         return policy
     try:
-        return policy.model_validate({**policy.model_dump(), **chosen})
+        validated = policy.model_validate({**policy.model_dump(), **chosen})
     except ValidationError as error:
         first = error.errors()[0]
         name = next(n for n, key in POLICY_ANNOTATIONS.items() if key == first["loc"][0])
         raise ConfigError(f"annotation {name}={annotations[name]!r}: {first['msg']}") from None
+    for name, key in POLICY_ANNOTATIONS.items():
+        if key in chosen:
+            tightened(getattr(policy, key), name, getattr(validated, key), container_id)
+    return validated

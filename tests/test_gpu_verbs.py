@@ -332,6 +332,7 @@ def test_failed_gpu_restore_kills_the_half_restored_container(make_node, monkeyp
 # -- CRIU configuration belongs to the operator ----------------------------------------
 
 
+@pytest.mark.hostile("annotation org.criu.config in the container's state, operator's default policy")
 def test_container_criu_config_annotation_is_refused_before_anything_runs(make_node) -> None:
     node = make_node(1, gpu=False)
     state = json.loads((node.dir / "runtime.json").read_text())
@@ -342,6 +343,7 @@ def test_container_criu_config_annotation_is_refused_before_anything_runs(make_n
     assert "checkpoint" not in node.verbs_called()
 
 
+@pytest.mark.hostile("annotation org.criu.config in the restore bundle, operator's default policy")
 def test_restore_from_a_bundle_with_the_annotation_is_refused(make_node) -> None:
     node = make_node(1, gpu=False)
     spec = json.loads((node.bundle / "config.json").read_text())
@@ -352,15 +354,46 @@ def test_restore_from_a_bundle_with_the_annotation_is_refused(make_node) -> None
     assert "restore" not in node.verbs_called()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the allowed CRIU config file must be owned by root")
 def test_operator_may_allow_the_annotation(make_node) -> None:
     from support import write_config
 
     node = make_node(1, gpu=False)
-    write_config(node.dir, f'delegate = "{node.runtime}"\n[criu]\nallow_container_config = true\n')
+    site = node.dir / "criu"
+    site.mkdir()
+    (site / "site.conf").write_text("log-file=dump-site.log\n")
+    write_config(node.dir, f'delegate = "{node.runtime}"\n[criu]\nallow_container_config = true\n'
+                           f'container_config_dirs = ["{site}"]\n')
     state = json.loads((node.dir / "runtime.json").read_text())
-    state["state"]["annotations"] = {"org.criu.config": "/etc/criu/site.conf"}
+    state["state"]["annotations"] = {"org.criu.config": str(site / "site.conf")}
     (node.dir / "runtime.json").write_text(json.dumps(state))
     assert node.checkpoint() == 0
+
+
+@pytest.mark.hostile("io.gpuckpt.criu.tcp-established=always on a node whose operator said never")
+def test_a_loosening_annotation_is_refused_before_anything_runs(make_node) -> None:
+    from support import write_config
+
+    node = make_node(1)
+    write_config(node.dir, f'delegate = "{node.runtime}"\n[criu]\ntcp_established = "never"\n')
+    spec = json.loads((node.bundle / "config.json").read_text())
+    spec["annotations"] = {"io.gpuckpt.criu.tcp-established": "always"}
+    (node.bundle / "config.json").write_text(json.dumps(spec))
+    with pytest.raises(Exception, match="tcp-established='always', looser than the operator's 'never'"):
+        node.checkpoint()
+    assert node.driver.calls_of("lock") == [] and node.all_running()
+    assert "checkpoint" not in node.verbs_called() and not node.images.exists()
+
+
+@pytest.mark.hostile("annotation key org.criu.config=<path> in the restore bundle")
+def test_restore_from_a_bundle_with_a_split_criu_config_key_is_refused(make_node) -> None:
+    node = make_node(1, gpu=False)
+    spec = json.loads((node.bundle / "config.json").read_text())
+    spec["annotations"] = {"org.criu.config=/tmp/evil.conf": ""}
+    (node.bundle / "config.json").write_text(json.dumps(spec))
+    with pytest.raises(Exception, match="runc splits labels at the first '=' and would act on it as org.criu.config"):
+        restore.run(restore_args(node), str(node.runtime))
+    assert "restore" not in node.verbs_called()
 
 
 # -- suspend on pause (podman pause / docker pause of an opted-in container) ----------

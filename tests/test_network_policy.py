@@ -84,10 +84,11 @@ def test_always_adds_even_without_connections() -> None:
     assert choose(SocketsFound(), set(), CriuConfig(tcp_established="always")).added_options == ["--tcp-established"]
 
 
-def test_a_container_annotation_chooses_its_own_policy() -> None:
-    policy = container_policy(CriuConfig(), {"io.gpuckpt.criu.tcp-established": "always"})
-    assert policy.tcp_established == "always" and policy.network_lock == "iptables"
-    assert choose(SocketsFound(), set(), policy).added_options == ["--tcp-established"]
+def test_a_container_annotation_chooses_a_tighter_policy() -> None:
+    policy = container_policy(CriuConfig(tcp_established="always"), {"io.gpuckpt.criu.tcp-established": "auto"})
+    assert policy.tcp_established == "auto" and policy.network_lock == "iptables"
+    found = SocketsFound(tcp_connected=["127.0.0.1:80 -> 127.0.0.1:5000 state 1"], tcp_remote=0)
+    assert choose(found, set(), policy).added_options == []
 
 
 def test_a_bad_annotation_value_names_what_is_allowed() -> None:
