@@ -28,9 +28,8 @@ def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
 _NOT_GHOSTS = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage")
 
 
-def deleted_file_sizes(pids: Iterable[int]) -> dict[str, int]:
-    """Regular files that `pids` hold open or mapped after they were deleted: path -> size."""
-    found: dict[str, int] = {}
+def _deleted_files_held(pids: Iterable[int]) -> Iterator[tuple[str, os.stat_result]]:
+    """(path it had, stat) of every regular file `pids` hold open or mapped after its name was removed."""
     for pid in pids:
         for kind in ("fd", "map_files"):
             try:
@@ -47,8 +46,12 @@ def deleted_file_sizes(pids: Iterable[int]) -> dict[str, int]:
                 except OSError:
                     continue
                 if stat.S_ISREG(status.st_mode):
-                    found[target.removesuffix(" (deleted)")] = status.st_size
-    return found
+                    yield target.removesuffix(" (deleted)"), status
+
+
+def deleted_file_sizes(pids: Iterable[int]) -> dict[str, int]:
+    """Regular files that `pids` hold open or mapped after they were deleted: path -> size."""
+    return {path: status.st_size for path, status in _deleted_files_held(pids) if status.st_nlink == 0}
 
 
 def mapped_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
@@ -63,3 +66,10 @@ def mapped_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
             fields = line.split(maxsplit=5)
             if len(fields) == 6:
                 yield pid, fields[5].rstrip("\n")
+
+
+def deleted_but_linked(pids: Iterable[int]) -> set[str]:
+    """Files `pids` hold open or mapped under a name that was removed while the file itself is
+    still linked elsewhere (glibc's sem_open maps a temporary name, links the real one and
+    removes the temporary): CRIU dumps these only with `link-remap`."""
+    return {path for path, status in _deleted_files_held(pids) if status.st_nlink > 0}

@@ -66,6 +66,11 @@ class CriuConfig(_Section):
     # tens of MiB so. "auto" raises the limit to the container's largest such file; a
     # number of bytes sets it (0: CRIU's default).
     ghost_limit: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
+    # A file held under a name since removed while still linked elsewhere (a POSIX named
+    # semaphore: multiprocessing's locks with the "spawn" start method) needs CRIU's
+    # link-remap, which links it under a temporary name for the dump. "auto" allows that for
+    # such files in /dev/shm only (the container's own tmpfs); "never" leaves CRIU to refuse.
+    link_remap: Literal["auto", "never"] = "auto"
 
 
 class Config(_Section):

@@ -81,6 +81,10 @@ class Checkpoint:
             lines.append(f"ghost-limit {limit}")
             if why:
                 log(self.args, "info", f"{self.container_id}: CRIU ghost-limit {limit >> 20} MiB ({why})")
+        if self.config.criu.link_remap == "auto" and (linked := needs_link_remap(self.pids)):
+            lines.append("link-remap")
+            log(self.args, "info", f"{self.container_id}: CRIU link-remap for {len(linked)} file(s) held under a "
+                f"removed name ({', '.join(sorted(linked)[:3])})")
         if lines:
             use_criu_config(lines)
         self.criu_config = lines
@@ -89,6 +93,9 @@ class Checkpoint:
         from gpuckpt.shim.network import missing_option_hint
 
         hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
+        if not hint and self.config.criu.link_remap == "never" and (linked := needs_link_remap(self.pids)):
+            hint = (f"{sorted(linked)[0]} is held under a removed name (a POSIX named semaphore): CRIU needs "
+                    f"link-remap for it, which criu.link_remap = \"auto\" gives")
         return f"; {hint}" if hint else ""
 
     def _refuse_unrestorable(self, cuda_pids: list[int], inventory) -> None:
@@ -292,6 +299,15 @@ class Checkpoint:
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
         )
         write_manifest(image_dir_of(self.verb), manifest)
+
+
+def needs_link_remap(pids: list[int]) -> set[str]:
+    """Files in /dev/shm held under a removed name while still linked (POSIX named semaphores).
+    Only there: CRIU makes its temporary link beside the file, which in /dev/shm is the
+    container's own tmpfs."""
+    from gpuckpt.procfs import deleted_but_linked
+
+    return {path for path in deleted_but_linked(pids) if path.startswith("/dev/shm/") and "/" not in path[9:]}
 
 
 def refuse_stopped(pids: list[int]) -> None:

@@ -259,6 +259,17 @@ def nftables_network_lock() -> Iterator[None]:
         config.write_text(plain)
 
 
+def descendants_of(bundle: Bundle) -> list[int]:
+    """The container's init and every process below it."""
+    found, pending = [], [int(bundle.state()["pid"])]
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            pending.extend(int(child) for child in (task / "children").read_text().split())
+    return found
+
+
 def counter_states(bundle: Bundle, procs: int) -> list[tuple[str, int, str]]:
     states = []
     for rank in range(procs):

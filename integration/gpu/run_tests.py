@@ -105,41 +105,89 @@ def scenario_failed_dump(results: dict) -> str | None:
         bundle.destroy()
 
 
-def scenario_training_bit_exact(results: dict) -> str | None:
-    """A training loop checkpointed mid-run, killed, restored and run to the end equals an uninterrupted run."""
-    steps = "300"
-    reference_dir = Path("/tmp/gpuckpt-train-ref")
+def bit_exact_training(results: dict, key: str, script: str, env: dict[str, str], steps: int = 300,
+                       gpu_minors: list[int] = [0], network: bool = False) -> None:
+    """A training loop checkpointed mid-run, killed by the dump, restored and run to the end must
+    end with the same weights as an uninterrupted run of the same script, bit for bit."""
+    reference_dir = Path(f"/tmp/gpuckpt-{key}-ref")
     reference_dir.mkdir(exist_ok=True)
-    env = dict(os.environ, STEPS=steps, STATE=str(reference_dir / "state"), RESULT=str(reference_dir / "result"),
-               CUBLAS_WORKSPACE_CONFIG=":4096:8")
-    sh(TORCH_PYTHON, str(Path(__file__).parent / "train.py"), env=env, timeout=600)
+    common = {"STEPS": str(steps), "CUBLAS_WORKSPACE_CONFIG": ":4096:8", **env}
+    started = time.monotonic()
+    sh(TORCH_PYTHON, str(Path(__file__).parent / script), cwd=str(Path(__file__).parent), timeout=600,
+       env=dict(os.environ, **common, STATE=str(reference_dir / "state"), RESULT=str(reference_dir / "result")))
+    reference_s = time.monotonic() - started
     reference = (reference_dir / "result").read_text().strip()
-    bundle = Bundle("train", ["python3", "/work/train.py"],
-                    {"STEPS": steps, "PAUSE_AT": "60", "STATE": "/tmp/train_state", "RESULT": "/tmp/train_result",
-                     "CUBLAS_WORKSPACE_CONFIG": ":4096:8"})
-    images = Path("/dev/shm/gpuckpt-img-train")
+    bundle = Bundle(key.replace("_", "-"), ["python3", f"/work/{script}"],
+                    {**common, "PAUSE_AT": "60", "STATE": "/tmp/train_state", "RESULT": "/tmp/train_result"},
+                    gpu_minors=gpu_minors, own_network=network)
+    tcp = ("--tcp-established",) if network else ()
+    images = Path(f"/dev/shm/gpuckpt-img-{key}")
     try:
         bundle.start()
         deadline = time.monotonic() + 300
         while not bundle.read("train_state").strip() or int(bundle.read("train_state")) < 80:
             assert time.monotonic() < deadline, "training did not reach step 80"
             time.sleep(0.1)
-        bundle.checkpoint(images)  # the dump ends the process: "killed"
+        processes = len(harness.descendants_of(bundle))
+        checkpoint_s, checkpointed = bundle.checkpoint(images, *tcp)  # the dump ends the processes: "killed"
         step_at_checkpoint = int(bundle.read("train_state"))
-        bundle.restore(images)
+        info = manifest(images)
+        if network:
+            bundle.renew_netns()
+        restore_s = bundle.restore(images, *tcp)
         deadline = time.monotonic() + 600
         while not bundle.read("train_result").strip():
             assert time.monotonic() < deadline, "restored training did not finish"
             time.sleep(0.2)
         restored = bundle.read("train_result").strip()
-        results["training"] = {"steps": int(steps), "checkpointed_at_step": step_at_checkpoint,
-                               "reference_sha256": reference, "restored_sha256": restored,
-                               "bit_exact": restored == reference}
-        log(f"training: checkpoint at step {step_at_checkpoint}, bit exact: {restored == reference}")
+        results[key] = {"steps": steps, "env": env, "processes_in_container": processes,
+                        "cuda_processes": len(info["processes"]), "checkpointed_at_step": step_at_checkpoint,
+                        "manifest_timings": info["timings"], "restore_log": bundle.last_messages.strip()[-600:],
+                        "checkpoint_s": round(checkpoint_s, 3), "restore_s": round(restore_s, 3),
+                        "reference_run_s": round(reference_s, 1), "criu_config": info["criu_config"],
+                        "shim_log": [line[-400:] for line in checkpointed.stderr.splitlines()
+                                     if "forked" in line or "link-remap" in line or "ghost" in line],
+                        "reference_sha256": reference, "restored_sha256": restored, "bit_exact": restored == reference}
+        log(f"{key}: {processes} processes, checkpoint at step {step_at_checkpoint} ({checkpoint_s:.2f} s), "
+            f"restore {restore_s:.2f} s, bit exact: {restored == reference}; {results[key]['shim_log']}")
         assert restored == reference, "final weights differ from the uninterrupted run"
     finally:
         bundle.destroy()
         shutil.rmtree(images, ignore_errors=True)
+
+
+def scenario_training_bit_exact(results: dict) -> str | None:
+    """A plain training loop (data made on the GPU)."""
+    bit_exact_training(results, "training", "train.py", {})
+
+
+def scenario_dataloader_fork(results: dict) -> str | None:
+    """The common loop: DataLoader(num_workers=2, pin_memory=True), workers forked after CUDA init
+    (they hold the driver's descriptors and mappings, the driver does not know them)."""
+    bit_exact_training(results, "dataloader_fork", "train_loader.py", {"WORKERS": "2", "PIN_MEMORY": "1"})
+
+
+def scenario_dataloader_spawn(results: dict) -> str | None:
+    """The same loop with spawned workers: multiprocessing's named semaphores need CRIU's link-remap."""
+    bit_exact_training(results, "dataloader_spawn", "train_loader.py",
+                       {"WORKERS": "2", "PIN_MEMORY": "1", "START_METHOD": "spawn"})
+
+
+@harness.nftables_network_lock()
+def scenario_ddp_one_rank(results: dict) -> str | None:
+    """DistributedDataParallel with NCCL on one GPU: the per-rank baseline for two."""
+    bit_exact_training(results, "ddp_1", "train_ddp.py", {"WORLD": "1", **NCCL_KEEP, **NCCL_SAFE, "NCCL_NVLS_ENABLE": "0"},
+                       network=True)
+
+
+@harness.nftables_network_lock()
+def scenario_ddp_two_ranks(results: dict) -> str | None:
+    """DistributedDataParallel with NCCL, 2 ranks on 2 GPUs in one container, started with the settings
+    the driver needs: checkpointed, killed, restored, and the weights equal an uninterrupted run's."""
+    if gpu_count() < 2:
+        return "this machine has one GPU"
+    bit_exact_training(results, "ddp_2", "train_ddp.py", {"WORLD": "2", **NCCL_KEEP, **NCCL_SAFE, "NCCL_NVLS_ENABLE": "0"},
+                       gpu_minors=[0, 1], network=True)
 
 
 def gpu_memory_used_mib() -> int:
@@ -468,6 +516,26 @@ def scenario_podman_archive(results: dict) -> str | None:
 SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
+def multigpu_summary(results: dict) -> dict:
+    """The training-job figures side by side: bit-exactness per shape, one rank against two."""
+    ran = {key: results[key] for key in ("dataloader_fork", "dataloader_spawn", "ddp_1", "ddp_2") if key in results}
+    if not ran:
+        return {}
+    summary: dict = {"machine": results["machine"], "passed": results["passed"], "failed": results["failed"],
+                     "dataloader_bit_exact": ran.get("dataloader_fork", {}).get("bit_exact"),
+                     "dataloader_spawn_bit_exact": ran.get("dataloader_spawn", {}).get("bit_exact"),
+                     "nccl_bit_exact": ran.get("ddp_2", {}).get("bit_exact"),
+                     "restore_on_other_gpu_ok": "restore_on_other_gpu" in results["passed"]}
+    one, two = ran.get("ddp_1", {}).get("manifest_timings"), ran.get("ddp_2", {}).get("manifest_timings")
+    if one and two:
+        for phase in ("device_checkpoint_s", "dump_s", "total_s"):
+            summary[f"one_rank_{phase}"], summary[f"two_ranks_{phase}"] = one[phase], two[phase]
+        summary["two_over_one_device_checkpoint"] = round(two["device_checkpoint_s"] / one["device_checkpoint_s"], 3)
+        summary["one_rank_restore_s"], summary["two_ranks_restore_s"] = ran["ddp_1"]["restore_s"], ran["ddp_2"]["restore_s"]
+    summary["runs"] = ran
+    return summary
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     harness.OUT = out
@@ -486,6 +554,8 @@ def main() -> int:
             traceback.print_exc()
             results["failed"][name] = f"{type(error).__name__}: {error}"[-2000:]
         (out / "gpu_tests.json").write_text(json.dumps(results, indent=2))
+    if summary := multigpu_summary(results):
+        (out / "multigpu.json").write_text(json.dumps(summary, indent=2))
     log(f"passed {len(results['passed'])}, failed {len(results['failed'])}: {list(results['failed'])}, "
         f"not run: {results['not_run']}")
     print(f"{len(results['passed'])} passed, {len(results['failed'])} failed")

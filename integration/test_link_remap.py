@@ -1,0 +1,64 @@
+"""A file held under a removed name while still linked (a POSIX named semaphore) through podman.
+
+multiprocessing's locks with the "spawn" start method are glibc named semaphores: sem_open
+maps /dev/shm/sem.<random>, links the semaphore's name to it and removes the random name.
+CRIU then refuses the dump ("Can't create link remap ... Use link-remap option"). The test
+image has no multiprocessing (python3-minimal), so the workload makes the same state by the
+same three steps, then counts; the shim adds CRIU's link-remap and the restored workload
+goes on, and with criu.link_remap = "never" CRIU refuses as before and the container keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from bed import CONFIG, COUNTER_SOURCE, PODMAN_IMAGE, assert_continues, sh, wait_counter
+
+SEMAPHORE_LIKE = (
+    "import os\n"
+    "fd = os.open('/dev/shm/sem.gpuckptTmp', os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)\n"
+    "os.write(fd, bytes(32))\n"
+    "os.link('/dev/shm/sem.gpuckptTmp', '/dev/shm/sem.gpuckpt-lock')\n"
+    "os.unlink('/dev/shm/sem.gpuckptTmp')\n"
+)
+
+
+@pytest.fixture
+def semaphore_container(runc_delegate):
+    name = f"gpuckpt-linkremap-{os.getpid()}"
+    sh("podman", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none", PODMAN_IMAGE,
+       "python3", "-c", SEMAPHORE_LIKE + COUNTER_SOURCE)
+    yield name
+    sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+def _state(name: str):
+    return lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout
+
+
+def test_named_semaphore_is_dumped_with_link_remap_and_restored(semaphore_container):
+    name = semaphore_container
+    before = wait_counter(_state(name), 2)
+    sh("podman", "container", "checkpoint", name)
+    sh("podman", "container", "restore", name)
+    assert_continues(before, _state(name))
+    # the semaphore is still one file under its name, and the temporary link is gone again
+    listing = sh("podman", "exec", name, "ls", "/dev/shm").stdout.split()
+    assert listing == ["sem.gpuckpt-lock"], listing
+
+
+def test_link_remap_never_leaves_it_to_criu_and_the_container_running(semaphore_container):
+    name = semaphore_container
+    before = wait_counter(_state(name), 2)
+    with CONFIG.open("a") as config:
+        config.write('[criu]\nlink_remap = "never"\n')
+    refused = sh("podman", "container", "checkpoint", name, check=False)
+    assert refused.returncode != 0
+    assert "sem.gpuckptTmp is held under a removed name" in refused.stderr, refused.stderr
+    dump_log = re.search(r"log file: (\S+)", refused.stderr).group(1)
+    assert "Use link-remap option" in open(dump_log).read()
+    assert sh("podman", "inspect", "--format", "{{.State.Status}}", name).stdout.strip() == "running"
+    assert_continues(before, _state(name))
