@@ -457,3 +457,34 @@ def test_docker_checkpoint_of_a_suspended_pause_dumps_the_suspended_processes(su
     assert sorted(p.host_pid for p in manifest.processes) == sorted(node.pids)
     assert node.driver.calls_of("lock").count(node.pids[0]) == 1  # locked once, by the pause
     assert read_suspension("ctr") is None  # the dump ended the processes; the image holds them
+
+
+def test_forked_children_are_released_before_the_lock_and_never_given_to_the_driver(make_node, monkeypatch) -> None:
+    node = make_node(3)
+    child = node.pids[2]
+    node.driver = FakeDriver(node.pids[:2], forked_pids=[child])  # a DataLoader worker: NOT_INITIALIZED
+    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
+    monkeypatch.setattr(discovery, "find_cuda_pids", lambda pids: sorted(node.pids))
+    released: list[list[int]] = []
+    from gpuckpt.cuda import forked
+    monkeypatch.setattr(forked, "release_forked_children", lambda pids: released.append(list(pids)) or [])
+    assert node.checkpoint() == 0
+    assert released == [[child]]
+    assert child not in node.driver.calls_of("lock") and child not in node.driver.calls_of("checkpoint")
+    assert sorted(p.host_pid for p in read_manifest(str(node.images)).processes) == sorted(node.pids[:2])
+
+
+def test_a_forked_child_that_cannot_be_released_refuses_before_any_lock(make_node, monkeypatch) -> None:
+    node = make_node(2)
+    child = node.pids[1]
+    node.driver = FakeDriver(node.pids[:1], forked_pids=[child])
+    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
+    monkeypatch.setattr(discovery, "find_cuda_pids", lambda pids: sorted(node.pids))
+    os.kill(child, signal.SIGSTOP)
+    try:
+        with pytest.raises(DelegateError, match=rf"forked child\(ren\) {child} .*stopped.*keeps running"):
+            node.checkpoint()
+    finally:
+        os.kill(child, signal.SIGCONT)
+    assert node.driver.calls_of("lock") == [] and "checkpoint" not in node.verbs_called()
+    assert node.all_running()
