@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Literal
+import re
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.safefiles import replace_private
@@ -20,66 +21,106 @@ MANIFEST_NAME = "gpuckpt-manifest.json"
 SCHEMA_VERSION = 1
 MAX_MANIFEST_BYTES = 4 << 20
 
+# A manifest comes with an image from wherever the image came from: every field that could
+# reach a command line, a config line, a path or a terminal is allow-listed or bounded here,
+# so every reader gets the same checks.
+PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT
+MAX_BYTES = 1 << 50  # any GPU's or process's device memory, with room
+MAX_ITEMS = 4096
+MAX_SECONDS = 1e7
+# The three options the shim adds to a dump and again to the restore (shim/network.py).
+NetworkOption = Literal["--tcp-established", "--ext-unix-sk", "--file-locks"]
+GpuUuid = Annotated[str, StringConstraints(pattern=r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+                                                   r"[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]
+Pid = Annotated[int, Field(ge=1, le=PID_MAX)]
+Count = Annotated[int, Field(ge=0, le=1 << 20)]
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+Seconds = Annotated[float, Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+
+def _printable(text: str) -> str:
+    """No control characters: these strings are printed by `gpuckpt inspect` and in logs."""
+    if any(ord(char) < 0x20 or 0x7f <= ord(char) < 0xa0 for char in text):
+        raise ValueError("holds control characters")
+    return text
+
+
+def Text(max_length: int):  # noqa: N802 (a type)
+    return Annotated[str, StringConstraints(max_length=max_length), AfterValidator(_printable)]
+
+
+CRIU_CONFIG_LINE = re.compile(r"^(ghost-limit [1-9][0-9]{0,15}|network-lock (iptables|nftables)|link-remap)$")
+
+
+def _criu_config_line(line: str) -> str:
+    """Only the lines the shim writes (shim/criuconf.py): ghost-limit N, network-lock X, link-remap."""
+    if not CRIU_CONFIG_LINE.match(line) or (line.startswith("ghost-limit") and int(line.split()[1]) > MAX_BYTES):
+        raise ValueError("allowed lines: 'ghost-limit N' (bytes), 'network-lock iptables|nftables', 'link-remap'")
+    return line
+
 
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class GpuRecord(_Record):
-    index: int
-    uuid: str
-    name: str
-    memory_total_bytes: int
+    index: Annotated[int, Field(ge=0, le=1023)]
+    uuid: GpuUuid
+    name: Text(96)
+    memory_total_bytes: Bytes
 
 
 class CudaProcessRecord(_Record):
-    host_pid: int
-    container_pid: int
+    host_pid: Pid
+    container_pid: Pid
     # Device memory the driver moved to host memory (NVML's figure before the move).
-    checkpointed_bytes: int = 0
-    gpu_uuids: list[str] = []
+    checkpointed_bytes: Bytes = 0
+    gpu_uuids: Annotated[list[GpuUuid], Field(max_length=64)] = []
 
 
 class Timings(_Record):
-    lock_s: float = 0.0
-    device_checkpoint_s: float = 0.0
-    dump_s: float = 0.0
-    total_s: float = 0.0
+    lock_s: Seconds = 0.0
+    device_checkpoint_s: Seconds = 0.0
+    dump_s: Seconds = 0.0
+    total_s: Seconds = 0.0
     # --leave-running: first lock to last unlock.
-    downtime_s: float | None = None
+    downtime_s: Seconds | None = None
 
 
 class NetworkPolicy(_Record):
     """What the container's sockets were doing at checkpoint time and what the shim chose."""
 
-    tcp_connected: list[str] = []
-    tcp_listening: list[str] = []
-    unix_external: int = 0
-    file_locks: int = 0
-    engine_options: list[str] = []  # passed by the engine itself: respected as they were
-    added_options: list[str] = []  # added by the shim; restore adds them again
-    network_lock: str = "iptables"
-    sockets_unreadable: str = ""  # set when sock_diag could not be read: nothing was added for sockets
+    tcp_connected: Annotated[list[Text(160)], Field(max_length=MAX_ITEMS)] = []
+    tcp_listening: Annotated[list[Text(160)], Field(max_length=MAX_ITEMS)] = []
+    unix_external: Count = 0
+    file_locks: Count = 0
+    engine_options: Annotated[list[NetworkOption], Field(max_length=3)] = []  # passed by the engine: as they were
+    added_options: Annotated[list[NetworkOption], Field(max_length=3)] = []  # added by the shim; restore adds them again
+    network_lock: Literal["iptables", "nftables"] = "iptables"
+    sockets_unreadable: Text(1024) = ""  # set when sock_diag could not be read: nothing was added for sockets
 
 
 class Manifest(_Record):
     kind: Literal["gpuckpt-manifest"] = "gpuckpt-manifest"
     schema_version: int = Field(default=SCHEMA_VERSION)
-    created: str
-    container_id: str
-    driver_version: str = ""
-    cuda_driver_version: int = 0
-    gpus: list[GpuRecord] = []  # the container's GPUs, in index order
+    created: Annotated[str, StringConstraints(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")]
+    # runc's rule for a container ID (podman's are 64 hex digits).
+    container_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_+.-]{0,1023}$")]
+    driver_version: Annotated[str, StringConstraints(pattern=r"^(\d{1,5}(\.\d{1,5}){0,3})?$")] = ""
+    cuda_driver_version: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    gpus: Annotated[list[GpuRecord], Field(max_length=64)] = []  # the container's GPUs, in index order
     # Every GPU of the node: the driver may see them all, and a remap must cover each.
-    node_gpu_uuids: list[str] = []
-    processes: list[CudaProcessRecord] = []
+    node_gpu_uuids: Annotated[list[GpuUuid], Field(max_length=64)] = []
+    processes: Annotated[list[CudaProcessRecord], Field(max_length=MAX_ITEMS)] = []
     # What handled the GPU state: this shim, or CRIU's own CUDA plugin.
     gpu_handler: Literal["gpuckpt", "criu-cuda-plugin", "none"] = "gpuckpt"
-    delegate: str = ""
-    delegate_args: list[str] = []
+    delegate: Text(4096) = ""
+    delegate_args: Annotated[list[Text(4096)], Field(max_length=1024)] = []  # recorded, never run again
     leave_running: bool = False
     network: NetworkPolicy = NetworkPolicy()
-    criu_config: list[str] = []  # lines of the shim's CRIU config file for the dump
+    # lines of the shim's CRIU config file for the dump
+    criu_config: Annotated[list[Annotated[str, StringConstraints(max_length=64), AfterValidator(_criu_config_line)]],
+                           Field(max_length=8)] = []
     timings: Timings = Timings()
 
 
@@ -119,4 +160,5 @@ def parse_manifest(text: bytes, path: str) -> Manifest:
         return Manifest.model_validate(raw)
     except ValidationError as error:
         first = error.errors()[0]
-        raise ImageError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise ImageError(f"{path}: {'.'.join(map(str, first['loc']))}: {message}") from None

@@ -120,14 +120,14 @@ def test_inspect_reads_the_manifest_from_a_directory_and_an_archive(tmp_path, ca
     (source / "pages-1.img").write_bytes(bytes(1 << 20))
     write_manifest(str(source), Manifest(
         created="2026-11-22T00:00:00Z", container_id="ctr1", driver_version="580.159.04",
-        gpus=[GpuRecord(index=0, uuid="GPU-1", name="NVIDIA H100", memory_total_bytes=80 << 30)],
-        processes=[CudaProcessRecord(host_pid=42, container_pid=1, checkpointed_bytes=2 << 30, gpu_uuids=["GPU-1"])]))
+        gpus=[GpuRecord(index=0, uuid="GPU-11111111-2222-3333-4444-555555555555", name="NVIDIA H100", memory_total_bytes=80 << 30)],
+        processes=[CudaProcessRecord(host_pid=42, container_pid=1, checkpointed_bytes=2 << 30, gpu_uuids=["GPU-11111111-2222-3333-4444-555555555555"])]))
     archive = tmp_path / "ckpt.tar.zst"
     write_archive(str(source), str(archive))
     for path in (source, archive):
         assert main(["inspect", str(path)]) == 0
         text = capsys.readouterr().out
-        assert "container   ctr1" in text and "CUDA pid    42 (in container 1): 2.00 GiB on GPU-1" in text
+        assert "container   ctr1" in text and "CUDA pid    42 (in container 1): 2.00 GiB on GPU-11111111-2222-3333-4444-555555555555" in text
         assert main(["inspect", "--json", str(path)]) == 0
         assert json.loads(capsys.readouterr().out)["manifest"]["processes"][0]["host_pid"] == 42
 
