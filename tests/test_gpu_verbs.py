@@ -487,4 +487,4 @@ def test_a_forked_child_that_cannot_be_released_refuses_before_any_lock(make_nod
     finally:
         os.kill(child, signal.SIGCONT)
     assert node.driver.calls_of("lock") == [] and "checkpoint" not in node.verbs_called()
-    assert node.all_running()
+    assert node.driver.states[node.pids[0]] == ProcessState.RUNNING
