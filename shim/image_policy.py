@@ -34,6 +34,7 @@ A spec without process.capabilities leaves runc's capabilities as they are: no c
 from __future__ import annotations
 
 import json
+import os
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -252,6 +253,8 @@ def check_restore(image_dir: str, bundle: str, what: str) -> None:
     from gpuckpt.oci.criu_images import directory_source, read_checkpoint_images
     from gpuckpt.safefiles import read_bounded
 
+    if not os.path.lexists(os.path.join(image_dir, "inventory.img")):
+        return  # CRIU restores nothing without it (it is the first file CRIU reads): the delegate says why
     spec_path = f"{bundle.rstrip('/')}/config.json"
     spec = parse_grant(read_bounded(spec_path, MAX_SPEC_BYTES, spec_path), spec_path)
     check_images(read_checkpoint_images(directory_source(image_dir), image_dir), spec, what)

@@ -198,3 +198,17 @@ def test_an_archives_images_are_checked_against_its_spec_dump(tmp_path: Path) ->
     with pytest.raises(ImageError, match=r"^edited.tar: the checkpoint holds more than the container's spec grants: "
                                          r"process 1 \(sleep\): effective capabilities hold CAP_DAC_READ_SEARCH"):
         check_archive(str(edited), spec_dump, "edited.tar")
+
+
+def test_an_image_dir_without_inventory_is_left_to_the_delegate(tmp_path: Path) -> None:
+    """CRIU reads inventory.img first and restores nothing without it; runc reports that itself."""
+    (tmp_path / "images").mkdir()
+    check_restore(str(tmp_path / "images"), str(tmp_path / "no-bundle"), "restore of c1")
+
+
+@pytest.mark.hostile("checkpoint directory given as a symlink")
+def test_an_image_dir_reached_through_a_link_is_refused(tmp_path: Path) -> None:
+    shutil.copytree(REAL_DUMP, tmp_path / "real")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ImageError, match="cannot open the checkpoint directory"):
+        check_restore(str(tmp_path / "link"), str(bundle_with(tmp_path, BASE_SPEC)), "restore of c1")
