@@ -474,6 +474,7 @@ def test_forked_children_are_released_before_the_lock_and_never_given_to_the_dri
     assert sorted(p.host_pid for p in read_manifest(str(node.images)).processes) == sorted(node.pids[:2])
 
 
+@pytest.mark.hostile("a forked child of a CUDA process stopped (SIGSTOP) by the container before the checkpoint")
 def test_a_forked_child_that_cannot_be_released_refuses_before_any_lock(make_node, monkeypatch) -> None:
     node = make_node(2)
     child = node.pids[1]
