@@ -14,7 +14,12 @@ from gpuckpt.shim.argv import RuntimeArgs
 
 
 def _timestamp() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime()).replace("+0000", "Z")
+    """Local time in RFC 3339, as logrus writes it: containerd decodes `time` as RFC 3339 and
+    drops a line whose offset lacks the colon (+0100)."""
+    now = time.localtime()
+    offset = time.strftime("%z", now)
+    zone = "Z" if offset in ("+0000", "-0000") else f"{offset[:3]}:{offset[3:]}"
+    return time.strftime("%Y-%m-%dT%H:%M:%S", now) + zone
 
 
 def format_line(level: str, message: str, log_format: str) -> str:
