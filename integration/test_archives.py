@@ -37,6 +37,16 @@ def counter_container(runc_delegate):
     sh("podman", "rm", "-f", "-t", "0", name, check=False)
 
 
+@pytest.fixture
+def unsigned_allowed(tmp_path):
+    """podman's own archives and hand-made ones are unsigned: this test's directory is an explicit
+    exception in the trust policy while it runs (gpuckpt import refuses them otherwise)."""
+    source = f"archive:{tmp_path}/"
+    sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test")
+    yield source
+    sh(GPUCKPT, "trust", "disallow-unsigned", source)
+
+
 def staging_leftovers() -> list[str]:
     imports = Path("/run/gpuckpt/imports")
     return ([p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")]
@@ -68,7 +78,7 @@ def test_podman_restores_our_archive_and_checkpointctl_reads_it(counter_containe
 
 
 @pytest.mark.parametrize("runtime", ["gpuckpt-runtime", "runc"])
-def test_we_restore_podmans_archive(runc_delegate, tmp_path, runtime) -> None:
+def test_we_restore_podmans_archive(runc_delegate, tmp_path, unsigned_allowed, runtime) -> None:
     """Through the shim, the pages are staged beside podman's storage and renamed into place by
     the shim's restore; with another runtime, podman reads the checked archive through a FIFO."""
     name = start_counter(["--runtime", runtime])
@@ -111,7 +121,7 @@ def evil_entry(kind: str) -> tarfile.TarInfo:
 
 
 @pytest.mark.parametrize("kind", ["dotdot", "absolute", "symlink", "device"])
-def test_hostile_archive_is_refused_before_podman_sees_it(tmp_path, kind) -> None:
+def test_hostile_archive_is_refused_before_podman_sees_it(tmp_path, unsigned_allowed, kind) -> None:
     archive = tmp_path / "hostile.tar.zst"
     hostile_archive(archive, evil_entry(kind))
     containers = sh("podman", "ps", "-aq").stdout
@@ -125,7 +135,7 @@ def test_hostile_archive_is_refused_before_podman_sees_it(tmp_path, kind) -> Non
     assert staging_leftovers() == []
 
 
-def test_corrupt_config_and_truncated_stream_are_refused(tmp_path) -> None:
+def test_corrupt_config_and_truncated_stream_are_refused(tmp_path, unsigned_allowed) -> None:
     bad_config = tmp_path / "config.tar.zst"
     info = tarfile.TarInfo("stats-dump")
     info.size = 6

@@ -281,11 +281,11 @@ def load_trust() -> Trust:
 
 
 def log_unsigned_use(rule: UnsignedSource, what: str, quiet: bool = False) -> None:
-    """An unsigned checkpoint accepted under an exception: one line for the operator, one JSON line
-    in the trust log (root only)."""
-    line = f"gpuckpt: {what} is unsigned: accepted because {policy_path()} allows unsigned from {rule.source}"
+    """An unsigned checkpoint accepted under an exception: one JSON line in the trust log (root only)
+    and, unless `quiet`, one line on stdout (stderr stays for the error, if one follows)."""
     if not quiet:
-        print(line, file=sys.stderr)
+        print(f"gpuckpt: {what} is unsigned: accepted because {policy_path()} allows unsigned from {rule.source} "
+              f"(logged in {trust_log_path()})")
     record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": "unsigned-accepted",
               "what": what, "source": rule.source, "note": rule.note, "pid": os.getpid()}
     log_path = trust_log_path()

@@ -251,7 +251,7 @@ def test_unsigned_is_refused_unless_its_source_is_allowed_and_that_is_logged(tmp
     assert f"gpuckpt trust allow-unsigned archive:{archive}" in str(refused.value)
     assert main(["trust", "allow-unsigned", f"archive:{archive.parent}/", "--note", "podman's own exports"]) == 0
     import_(str(archive), load_trust())
-    assert f"{archive} is unsigned: accepted because" in capsys.readouterr().err
+    assert f"{archive} is unsigned: accepted because" in capsys.readouterr().out
     logged = [json.loads(line) for line in (tmp_path / "log" / "trust.log").read_text().splitlines()]
     assert logged[-1]["what"] == str(archive) and logged[-1]["source"] == f"archive:{archive.parent}/"
     other = tmp_path / "elsewhere.tar"
