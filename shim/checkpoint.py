@@ -148,12 +148,14 @@ class Checkpoint:
             # must not also try (it would find the processes already checkpointed).
             disable_criu_plugins()
             log(self.args, "info", f"CRIU CUDA plugin {plugin} disabled for this dump; gpuckpt handles the GPU")
+        freezer = Freezer.of_process(int(self.state["pid"]))
         if paused is not None and paused.engine == PAUSE_ENGINE:
+            self._release_forked_children(freezer)
             return self._dump_suspended(paused, started)
         if not cuda_pids:
             log(self.args, "info", f"{self.container_id}: GPU container without CUDA processes: plain dump")
+            self._release_forked_children(freezer)
             return self._dump_plain(started, gpu=True)
-        freezer = Freezer.of_process(int(self.state["pid"]))
         return self._checkpoint_gpu(driver, cuda_pids, freezer, started)
 
     def _dump_suspended(self, record, started: float) -> int:
@@ -218,7 +220,7 @@ class Checkpoint:
                             "lock and checkpoint, frozen again before the dump")
                     session.require_running()
                     refuse_stopped(session.pids)
-                    self._release_forked_children()
+                    self._release_forked_children(freezer)
                     session.lock(lock_timeout_ms)
                     session.checkpoint()
                 dump_started = time.monotonic()
@@ -246,14 +248,16 @@ class Checkpoint:
                              timings=session.timings)
         return 0
 
-    def _release_forked_children(self) -> None:
+    def _release_forked_children(self, freezer) -> None:
         """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump
         them; before any lock, so a failure leaves everything running."""
         from gpuckpt.cuda.forked import release_forked_children
+        from gpuckpt.shim.freezer import thawed
 
         if not self.forked_children:
             return
-        holds = release_forked_children(self.forked_children)
+        with thawed(freezer):  # ptrace cannot stop a frozen process (docker pauses first)
+            holds = release_forked_children(self.forked_children)
         log(self.args, "info", f"{self.container_id}: {len(holds)} forked child(ren) of CUDA processes let go of "
             f"the GPU driver they inherited ({sum(len(h.fds) for h in holds)} descriptor(s), "
             f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
