@@ -173,6 +173,11 @@ def scenario_dataloader_spawn(results: dict) -> str | None:
                        {"WORKERS": "2", "PIN_MEMORY": "1", "START_METHOD": "spawn"})
 
 
+def scenario_compiled(results: dict) -> str | None:
+    """The DataLoader loop with torch.compile: inductor's compile workers beside the forked data workers."""
+    bit_exact_training(results, "compiled", "train_loader.py", {"WORKERS": "2", "PIN_MEMORY": "1", "COMPILE": "1"})
+
+
 @harness.nftables_network_lock()
 def scenario_ddp_one_rank(results: dict) -> str | None:
     """DistributedDataParallel with NCCL on one GPU: the per-rank baseline for two."""

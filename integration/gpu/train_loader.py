@@ -2,7 +2,8 @@
 # (deterministic: per-index seeded samples, fixed seeds), for the bit-exact checkpoint tests.
 # Env: STEPS, STATE (rewritten with the step number), RESULT (final weights digest), PAUSE_AT
 # (from that step on, sleep a little per step so the test can checkpoint mid-run), WORKERS,
-# START_METHOD ("" = the platform default, fork; or "spawn"), PIN_MEMORY ("1"/"0").
+# START_METHOD ("" = the platform default, fork; or "spawn"), PIN_MEMORY ("1"/"0"),
+# COMPILE ("1": torch.compile the model; inductor starts its compile workers).
 import hashlib
 import os
 import time
@@ -30,6 +31,7 @@ def main() -> None:
     # CUDA first, then the workers: forked children of an initialised CUDA process
     model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    forward = torch.compile(model) if os.environ.get("COMPILE") == "1" else model
     loader = DataLoader(Synthetic(), batch_size=256, num_workers=int(os.environ.get("WORKERS", "2")),
                         pin_memory=os.environ.get("PIN_MEMORY", "1") == "1",
                         multiprocessing_context=os.environ.get("START_METHOD") or None, persistent_workers=True)
@@ -37,7 +39,7 @@ def main() -> None:
         if step == steps:
             break
         inputs, target = inputs.cuda(non_blocking=True), target.cuda(non_blocking=True)
-        loss = torch.nn.functional.mse_loss(model(inputs), target)
+        loss = torch.nn.functional.mse_loss(forward(inputs), target)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
