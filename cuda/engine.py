@@ -4,37 +4,138 @@ One worker thread per process (the driver API is safe to call concurrently for
 different PIDs and scales ~3.3x for four). Every process the session touched is
 remembered, so `rollback` can put each back to running from whatever state the
 driver reports, and no path leaves a process locked or checkpointed.
+
+A watchdog guards every driver call. The driver's lock ignores its timeout for a
+stopped process and waits until it is continued (r580, H100), and a process in the
+container can stop a CUDA process (SIGSTOP) between the shim's check and the lock.
+Past the lock's timeout plus a margin (for the other calls, which have no timeout:
+past the margin), a target found stopped is continued with SIGCONT: that is what
+ends the driver's wait, after which the call completes and the session rolls back
+as for any failure, names the stopped PID, and stops it again as it was. A target
+that stays stopped (a tracer's stop, which SIGCONT does not end) or a call that
+never returns is abandoned after a bound: its thread is a daemon, the shim exits,
+and the error says the process may stay locked.
 """
 
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 
+from gpuckpt.cuda.discovery import is_stopped
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.errors import GpuCheckpointError
 
+# Past the lock's own timeout, a lock still in flight is waiting on something the timeout
+# does not cover; the other calls get the same margin before a stopped target is continued.
+WATCHDOG_MARGIN_S = 2.0
+# A target still stopped this long after the first SIGCONT, or a lock this long past its
+# margin, is given up on.
+GIVE_UP_S = 10.0
+POLL_S = 0.05
 
-def run_parallel(action: Callable[[int], None], pids: Sequence[int]) -> dict[int, BaseException]:
+
+class StoppedDuringCall(GpuCheckpointError):
+    """The process was stopped while a driver call waited on it; it was continued so the call could return."""
+
+
+class CallAbandoned(GpuCheckpointError):
+    """A driver call did not return within the watchdog's bound; its thread was left behind."""
+
+
+@dataclass
+class Watchdog:
+    """What to do about calls still in flight: from `act_after_s` on, continue stopped targets;
+    give up on a call once its target stayed stopped for GIVE_UP_S, or at `give_up_after_s`."""
+
+    act_after_s: float
+    give_up_after_s: float | None = None
+    continued: set[int] = field(default_factory=set)  # every pid sent SIGCONT
+    stopped_since: dict[int, float] = field(default_factory=dict)
+
+    def check(self, pending: Sequence[int], elapsed_s: float, now: float) -> list[int]:
+        """Act on the pids whose calls are still in flight; the pids to abandon."""
+        if elapsed_s < self.act_after_s:
+            return []
+        abandon = []
+        for pid in pending:
+            if is_stopped(pid):
+                since = self.stopped_since.setdefault(pid, now)
+                self.continued.add(pid)
+                _signal(pid, signal.SIGCONT)
+                if now - since >= GIVE_UP_S:
+                    abandon.append(pid)
+            else:
+                self.stopped_since.pop(pid, None)
+        if self.give_up_after_s is not None and elapsed_s >= self.give_up_after_s:
+            return list(pending)
+        return abandon
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class _Call(threading.Thread):
+    """One driver call for one pid, on a daemon thread: a call the driver never returns must
+    not keep the shim from exiting."""
+
+    def __init__(self, action: Callable[[int], None], pid: int) -> None:
+        super().__init__(name=f"gpuckpt-cuda-{pid}", daemon=True)
+        self.action, self.pid = action, pid
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.action(self.pid)
+        except BaseException as error:  # handed to the caller, which reports it per pid
+            self.error = error
+
+
+def _wait(calls: list[_Call], watchdog: Watchdog | None) -> set[int]:
+    """Wait for every call (watched); the pids of calls abandoned still in flight."""
+    started = time.monotonic()
+    abandoned: set[int] = set()
+    while pending := [call for call in calls if call.is_alive() and call.pid not in abandoned]:
+        pending[0].join(POLL_S)
+        if watchdog is not None:
+            now = time.monotonic()
+            still = [call.pid for call in pending if call.is_alive()]
+            abandoned.update(watchdog.check(still, now - started, now))
+    return abandoned
+
+
+def run_parallel(action: Callable[[int], None], pids: Sequence[int],
+                 watchdog: Watchdog | None = None) -> dict[int, BaseException]:
     """Run `action(pid)` for every pid at once; the failures by pid.
 
-    Even if the calling thread is interrupted (a signal handler raising), every
-    call already started is waited for before the interruption propagates: the
-    caller's journal must know each process's outcome before it rolls back.
+    Even if the calling thread is interrupted (a signal handler raising), every call
+    already started is waited for (watched) before the interruption propagates: the
+    caller's journal must know each process's outcome before it rolls back. A call the
+    watchdog abandons fails with CallAbandoned.
     """
+    calls = [_Call(action, pid) for pid in pids]
+    for call in calls:
+        call.start()
+    try:
+        abandoned = _wait(calls, watchdog)
+    except BaseException:
+        _wait(calls, watchdog)
+        raise
     failures: dict[int, BaseException] = {}
-    if not pids:
-        return failures
-    # On interruption, leaving the `with` still waits for every call in flight.
-    with ThreadPoolExecutor(max_workers=len(pids), thread_name_prefix="gpuckpt-cuda") as pool:
-        futures: dict[Future, int] = {pool.submit(action, pid): pid for pid in pids}
-        wait(futures)
-    for future, pid in futures.items():
-        error = future.exception()
-        if error is not None:
-            failures[pid] = error
+    for call in calls:
+        if call.pid in abandoned:
+            failures[call.pid] = CallAbandoned("the driver call did not return (the process stays stopped, "
+                                               "held by a tracer?); it may stay locked")
+        elif call.error is not None:
+            failures[call.pid] = call.error
     return failures
 
 
@@ -50,14 +151,28 @@ class CudaSession:
         self.driver = driver
         self.pids = sorted(set(pids))
         self.touched: set[int] = set()  # every pid a lock was tried on: rollback candidates
+        self.continued: set[int] = set()  # stopped pids the watchdog continued: stopped again by rollback
+        self.abandoned: set[int] = set()  # pids whose driver call never returned: not touched again
         self.timings: dict[str, float] = {}
 
-    def _timed(self, name: str, action: Callable[[int], None], pids: Sequence[int], step: str) -> None:
+    def _timed(self, name: str, action: Callable[[int], None], pids: Sequence[int], step: str,
+               watchdog: Watchdog | None = None) -> None:
         started = time.monotonic()
-        failures = run_parallel(action, pids)
+        watchdog = watchdog or Watchdog(act_after_s=WATCHDOG_MARGIN_S)
+        failures = self._watched(action, pids, watchdog, step)
         self.timings[name] = time.monotonic() - started
         if failures:
             raise GpuCheckpointError(describe_failures(step, failures))
+
+    def _watched(self, action: Callable[[int], None], pids: Sequence[int], watchdog: Watchdog,
+                 step: str) -> dict[int, BaseException]:
+        failures = run_parallel(action, [pid for pid in pids if pid not in self.abandoned], watchdog)
+        self.continued |= watchdog.continued
+        self.abandoned |= {pid for pid, error in failures.items() if isinstance(error, CallAbandoned)}
+        for pid in sorted(watchdog.continued - failures.keys()):
+            failures[pid] = StoppedDuringCall(
+                f"was stopped (SIGSTOP) during the {step}; continued (SIGCONT) so the driver call could return")
+        return failures
 
     def require_running(self) -> None:
         """Refuse processes someone else has locked or checkpointed (we must not resume those)."""
@@ -70,7 +185,9 @@ class CudaSession:
 
     def lock(self, timeout_ms: int) -> None:
         self.touched.update(self.pids)
-        self._timed("lock_s", lambda pid: self.driver.lock(pid, timeout_ms), self.pids, "lock")
+        after_s = timeout_ms / 1000 + WATCHDOG_MARGIN_S
+        self._timed("lock_s", lambda pid: self.driver.lock(pid, timeout_ms), self.pids, "lock",
+                    Watchdog(act_after_s=after_s, give_up_after_s=after_s + GIVE_UP_S))
 
     def checkpoint(self) -> None:
         """Move each process's device memory into its host memory; the GPU is released."""
@@ -96,8 +213,15 @@ class CudaSession:
             self.driver.unlock(pid)
 
     def rollback(self) -> list[str]:
-        """Bring every touched process back to running; what could not be, one line each."""
-        failures = run_parallel(self._resume_one, sorted(self.touched))
-        # A process that no longer exists needs no resuming.
-        return [f"pid {pid}: {error}" for pid, error in sorted(failures.items())
-                if os.path.exists(f"/proc/{pid}")]
+        """Bring every touched process back to running, and stop again those the watchdog
+        continued; what could not be resumed, one line each."""
+        left_behind = sorted(self.touched & self.abandoned)
+        failures = self._watched(self._resume_one, sorted(self.touched - self.abandoned),
+                                 Watchdog(act_after_s=WATCHDOG_MARGIN_S), "rollback")
+        for pid in sorted(self.continued - self.abandoned):
+            _signal(pid, signal.SIGSTOP)  # as the container left it
+        # A process that no longer exists needs no resuming; one the watchdog continued
+        # during the rollback itself was resumed all the same.
+        lines = [f"pid {pid}: {error}" for pid, error in sorted(failures.items())
+                 if os.path.exists(f"/proc/{pid}") and not isinstance(error, StoppedDuringCall)]
+        return [f"pid {pid}: its driver call never returned; it may stay locked" for pid in left_behind] + lines

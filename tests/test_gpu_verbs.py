@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -227,6 +228,111 @@ def test_stopped_process_is_refused_before_any_lock(make_node) -> None:
         assert node.driver.calls_of("lock") == [] and node.all_running()
     finally:
         os.kill(node.pids[1], signal.SIGCONT)
+
+
+# -- a process stopped between the shim's check and the driver's call (the watchdog) -----
+
+
+class StopRaceDriver(FakeDriver):
+    """A process in the container stops `victim` (SIGSTOP) just as the shim calls `method` on it,
+    after the shim's "stopped?" check. Like r580 on an H100, the call then waits for as long as
+    the process stays stopped, whatever the lock's timeout, and goes ahead once it is continued.
+    With `hold`, something keeps the victim stopped (a tracer's stop: SIGCONT does not end it)."""
+
+    def __init__(self, pids, victim: int, method: str, **kwargs) -> None:
+        super().__init__(pids, **kwargs)
+        self.victim, self.method = victim, method
+        self.hold = threading.Event()
+
+    def _stopped_here(self, method: str, pid: int) -> None:
+        if pid == self.victim and method == self.method:
+            os.kill(pid, signal.SIGSTOP)
+            while not discovery.is_stopped(pid):  # the signal is delivered asynchronously
+                threading.Event().wait(0.001)
+            deadline = time.monotonic() + 10
+            while True:
+                if self.hold.is_set():
+                    os.kill(pid, signal.SIGSTOP)
+                elif not discovery.is_stopped(pid):
+                    return
+                elif time.monotonic() > deadline:  # without the watchdog the shim would wait here for ever
+                    raise AssertionError(f"nothing continued process {pid} within 10 s")
+                threading.Event().wait(0.01)
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        self._stopped_here("lock", pid)
+        super().lock(pid, timeout_ms)
+
+    def checkpoint(self, pid: int) -> None:
+        self._stopped_here("checkpoint", pid)
+        super().checkpoint(pid)
+
+
+@pytest.fixture
+def quick_watchdog(monkeypatch, node):
+    from support import write_config
+
+    from gpuckpt.cuda import engine
+
+    monkeypatch.setattr(engine, "WATCHDOG_MARGIN_S", 0.2)
+    monkeypatch.setattr(engine, "GIVE_UP_S", 0.5)
+    return lambda made: write_config(made.dir, f'delegate = "{made.runtime}"\n[cuda]\nlock_timeout_ms = 100\n')
+
+
+def race(node: Node, monkeypatch, method: str) -> StopRaceDriver:
+    node.driver = StopRaceDriver(node.pids, node.pids[1], method, visible_gpus={pid: [UUID0] for pid in node.pids})
+    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
+    return node.driver
+
+
+@pytest.mark.hostile("a CUDA process stopped (SIGSTOP) by the container between the shim's check and the lock")
+@pytest.mark.parametrize("method, step", [("lock", "lock"), ("checkpoint", "device checkpoint")])
+def test_a_process_stopped_during_the_call_is_continued_rolled_back_and_named(make_node, monkeypatch, quick_watchdog,
+                                                                               method, step) -> None:
+    node = make_node(3)
+    quick_watchdog(node)
+    race(node, monkeypatch, method)
+    victim = node.pids[1]
+    started = time.monotonic()
+    try:
+        with pytest.raises(DelegateError) as raised:
+            node.checkpoint()
+        assert time.monotonic() - started < 3  # timeout 0.1 s + margin 0.2 s, not for ever
+        message = str(raised.value)
+        assert "\n" not in message
+        assert (f"pid {victim}: was stopped (SIGSTOP) during the {step}; continued (SIGCONT) so the driver call "
+                "could return); its CUDA processes were restored and unlocked and the container keeps running") in message
+        assert node.all_running() and "checkpoint" not in node.verbs_called()
+        deadline = time.monotonic() + 2  # SIGSTOP takes effect asynchronously
+        while not discovery.is_stopped(victim) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert discovery.is_stopped(victim)  # stopped again, as the container had it
+        assert not any(discovery.is_stopped(pid) for pid in node.pids if pid != victim)
+    finally:
+        os.kill(victim, signal.SIGCONT)
+
+
+@pytest.mark.hostile("a CUDA process held stopped (SIGCONT does not end it) while the driver locks it")
+def test_a_call_that_never_returns_is_abandoned_and_the_shim_exits(make_node, monkeypatch, quick_watchdog) -> None:
+    node = make_node(2)
+    quick_watchdog(node)
+    driver = race(node, monkeypatch, "lock")
+    driver.hold.set()
+    victim = node.pids[1]
+    started = time.monotonic()
+    try:
+        with pytest.raises(GpuCheckpointError) as raised:
+            node.checkpoint()
+        assert time.monotonic() - started < 5
+        message = str(raised.value)
+        assert "\n" not in message and f"pid {victim}: the driver call did not return" in message
+        assert f"rollback could not resume pid {victim}: its driver call never returned; it may stay locked" in message
+        assert driver.states[node.pids[0]] == ProcessState.RUNNING  # the other one was rolled back
+        assert driver.calls_of("unlock") == [node.pids[0]]  # the abandoned one was not touched again
+        assert "checkpoint" not in node.verbs_called()
+    finally:
+        driver.hold.clear()
+        os.kill(victim, signal.SIGCONT)
 
 
 def test_unrestorable_process_is_refused_before_any_lock(make_node, monkeypatch) -> None:
