@@ -65,6 +65,10 @@ def install() -> dict:
     if wheels:
         sh(TORCH_PYTHON, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
            "--target", str(SITE), "--upgrade", *wheels)
+    pycriu, system_pycriu = CARRY / "pycriu", Path("/usr/lib/python3/dist-packages/pycriu")
+    if pycriu.is_dir() and not system_pycriu.exists():  # where a distribution's python3-pycriu lives
+        shutil.copytree(pycriu, system_pycriu)
+        sh("chmod", "-R", "go-w", str(system_pycriu))
     link = SITE / "gpuckpt"
     if not link.exists():
         link.symlink_to(REPO)
