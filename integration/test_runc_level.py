@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
 from bed import COUNTER_SOURCE, ROOTFS_TAR, RUNTIME, assert_continues, sh, wait_counter
+from gpuckpt.errors import GpuCheckpointError
+from gpuckpt.oci.spec import Device
+from gpuckpt.shim.devnodes import sync_nvidia_nodes
 
 RUNTIME_ROOT = "/run/gpuckpt-it"
 
@@ -194,3 +199,61 @@ def test_a_split_criu_config_key_in_the_restore_bundle_is_refused(annotated, roo
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert "runc splits labels at the first '=' and would act on it as org.criu.config" in refused.stderr
     assert runtime("state", container_id, check=False).returncode != 0  # nothing was restored
+
+
+# Device-node sync on restore acts on the /dev the runtime made, never through a root the
+# container chose: a real runc container whose init chroots into a host directory bind-mounted
+# as a volume (CAP_SYS_CHROOT, which docker grants by default), next to one that does not.
+CHROOT_INIT = "import os, time; os.chroot('/mnt/volume'); os.chdir('/'); time.sleep(600)"
+
+
+@pytest.fixture
+def gpu_container(rootfs, tmp_path, runc_delegate):
+    started = []
+
+    def start(chroot: bool) -> tuple[int, Path]:
+        volume = tmp_path / f"volume-{len(started)}"
+        (volume / "dev").mkdir(parents=True)
+        os.mknod(volume / "dev" / "nvidia0", 0o600 | stat.S_IFCHR, os.makedev(195, 0))  # looks stale to the sync
+        bundle_dir = tmp_path / f"b{len(started)}"
+        bundle_dir.mkdir()
+        spec = json.loads((make_bundle(rootfs, bundle_dir) / "config.json").read_text())
+        spec["process"]["args"] = ["python3", "-c", CHROOT_INIT if chroot else "import time; time.sleep(600)"]
+        spec["process"]["capabilities"] = {kind: ["CAP_SYS_CHROOT"] for kind in ("bounding", "effective", "permitted")}
+        spec["mounts"].append({"destination": "/mnt/volume", "type": "bind", "source": str(volume),
+                               "options": ["rbind", "rw"]})
+        (bundle_dir / "bundle" / "config.json").write_text(json.dumps(spec))
+        container_id = f"gpuckpt-it-devnodes-{os.getpid()}-{len(started)}"
+        started.append(container_id)
+        detached("run", "-d", "--pid-file", str(bundle_dir / "pid"), container_id, cwd=bundle_dir / "bundle")
+        pid = int((bundle_dir / "pid").read_text())
+        deadline = time.monotonic() + 10
+        while chroot and os.readlink(f"/proc/{pid}/root") != "/mnt/volume":  # as its mount namespace names it
+            assert time.monotonic() < deadline, "the container's init did not chroot"
+            time.sleep(0.05)
+        return pid, volume
+
+    yield start
+    for container_id in started:
+        sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
+
+
+NVIDIA1 = Device(path="/dev/nvidia1", type="c", major=195, minor=1, fileMode=0o666)
+
+
+@pytest.mark.hostile("restored container whose init chrooted into a host volume, at device-node sync")
+def test_device_nodes_never_follow_a_root_the_container_chose(gpu_container, rootfs) -> None:
+    pid, volume = gpu_container(chroot=True)
+    with pytest.raises(GpuCheckpointError) as raised:
+        sync_nvidia_nodes(pid, [NVIDIA1], str(rootfs))
+    assert str(raised.value).startswith(f"restored process {pid} has a root other than the container's rootfs {rootfs}")
+    assert sorted(os.listdir(volume / "dev")) == ["nvidia0"]  # the host directory is untouched
+    assert not (rootfs / "dev" / "nvidia1").exists()
+
+
+def test_device_nodes_go_into_the_dev_the_runtime_made(gpu_container, rootfs) -> None:
+    pid, volume = gpu_container(chroot=False)
+    assert sync_nvidia_nodes(pid, [NVIDIA1], str(rootfs)) == ["created /dev/nvidia1 (195:1)"]
+    made = os.lstat(f"/proc/{pid}/root/dev/nvidia1")  # in the container's /dev tmpfs
+    assert stat.S_ISCHR(made.st_mode) and made.st_rdev == os.makedev(195, 1)
+    assert not (rootfs / "dev" / "nvidia1").exists() and sorted(os.listdir(volume / "dev")) == ["nvidia0"]

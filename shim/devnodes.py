@@ -8,9 +8,13 @@ GPU it is asked to restore onto. Only character devices named /dev/nvidia* in th
 spec's `linux.devices` are created, and only stale /dev/nvidiaN GPU nodes the spec
 no longer lists are removed.
 
-Every operation is relative to a directory descriptor for the container's /dev
-opened without following a link, so nothing inside the container can point the
-shim (root, on the host) at a host path.
+The /dev acted on is the one the runtime set up: reached from the restored process's
+root only when that root is the container's rootfs from the restore spec (the same
+directory on the host), never from a root the container chose for itself (its init
+may chroot into a host volume). Every operation is relative to a directory descriptor
+for that /dev, opened without following a link from the root's descriptor that was
+checked, so nothing inside the container can point the shim (root, on the host) at a
+host path.
 """
 
 from __future__ import annotations
@@ -47,15 +51,38 @@ def _shares_our_mounts(pid: int) -> bool:
         raise GpuCheckpointError(f"cannot read the mount namespace of restored process {pid}: {error.strerror}") from None
 
 
-def sync_nvidia_nodes(pid: int, devices) -> list[str]:
-    """Bring the /dev of process `pid`'s mount namespace in line with `devices`; returns what changed."""
+def _container_dev(pid: int, rootfs: str) -> int:
+    """A descriptor for the /dev the runtime set up in the container of process `pid`."""
+    try:
+        expected = os.stat(rootfs) if rootfs else None  # the engine's directory; the container cannot rename it
+    except OSError as error:
+        raise GpuCheckpointError(f"cannot read the container's rootfs {rootfs}: {error.strerror}") from None
+    try:
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as error:
+        raise GpuCheckpointError(f"cannot open the root of restored process {pid}: {error.strerror}") from None
+    try:
+        found = os.fstat(root)
+        if expected is None or (found.st_dev, found.st_ino) != (expected.st_dev, expected.st_ino):
+            raise GpuCheckpointError(
+                f"restored process {pid} has a root other than the container's rootfs {rootfs or '(none in the spec)'} "
+                "(it changed its root, e.g. chroot): its NVIDIA device nodes are only set up in the /dev the "
+                "runtime made")
+        try:
+            return os.open("dev", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
+        except OSError as error:
+            raise GpuCheckpointError(f"cannot open /dev of restored process {pid}: {error.strerror}") from None
+    finally:
+        os.close(root)
+
+
+def sync_nvidia_nodes(pid: int, devices, rootfs: str) -> list[str]:
+    """Bring the container's /dev (process `pid`'s mount namespace, `rootfs` its root on the host)
+    in line with `devices`; returns what changed."""
     wanted = _wanted(devices)
     if not wanted or _shares_our_mounts(pid):
         return []  # a process seeing the host's /dev is never the shim's to edit
-    try:
-        dev = os.open(f"/proc/{pid}/root/dev", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as error:
-        raise GpuCheckpointError(f"cannot open /dev of restored process {pid}: {error.strerror}") from None
+    dev = _container_dev(pid, rootfs)
     changes = []
     try:
         present = {}

@@ -71,6 +71,7 @@ class GpuRestore:
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
         self.spec_devices: list = []
+        self.rootfs = ""
 
     def _target_gpus(self):
         from gpuckpt.cuda.compat import check_node
@@ -78,8 +79,9 @@ class GpuRestore:
         from gpuckpt.cuda.inventory import container_gpus
         from gpuckpt.oci.spec import read_spec
 
-        spec = read_spec(os.path.abspath(self.verb.value("bundle", "b") or "."))
-        self.spec_devices = spec.linux.devices
+        bundle = os.path.abspath(self.verb.value("bundle", "b") or ".")
+        spec = read_spec(bundle)
+        self.spec_devices, self.rootfs = spec.linux.devices, spec.rootfs(bundle)
         node_gpus = list_gpus()
         target = container_gpus(spec, [], node_gpus)
         check_node(self.manifest, target, driver_version_string(), self.config.cuda.driver_version_policy)
@@ -154,7 +156,7 @@ class GpuRestore:
         from gpuckpt.shim.devnodes import sync_nvidia_nodes
 
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
-        for change in sync_nvidia_nodes(int(state["pid"]), self.spec_devices):
+        for change in sync_nvidia_nodes(int(state["pid"]), self.spec_devices, self.rootfs):
             log(self.args, "info", f"{self.container_id}: {change} (the restore spec's devices)")
         host_pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
                                         int(state["pid"]))
