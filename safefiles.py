@@ -44,3 +44,61 @@ def read_bounded(path: str, limit: int, what: str) -> bytes:
     if len(data) > limit:
         raise ImageError(f"{what}: larger than {limit} bytes")
     return data
+
+
+# Output paths: the directory the operator names is followed (a link there is the operator's
+# choice); below it, every directory and file is made here and reached through descriptors,
+# never through a name that something swapped for a link in the meantime.
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def open_directory(path: str) -> int:
+    """A descriptor of an existing directory the operator named (links followed)."""
+    return os.open(path, _DIRECTORY_FLAGS)
+
+
+def make_directory_at(parent_fd: int, name: str, mode: int = 0o700) -> tuple[int, bool]:
+    """The directory `name` in `parent_fd`, made now (mkdirat) or already there, opened without
+    following a link (ELOOP/ENOTDIR if one is there); its descriptor, and whether it was made now."""
+    try:
+        os.mkdir(name, mode, dir_fd=parent_fd)
+        made = True
+    except FileExistsError:
+        made = False
+    return os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=parent_fd), made
+
+
+def make_directories(path: str, mode: int = 0o700) -> tuple[int, int, bool]:
+    """`path` as a directory: its nearest existing ancestor is followed (the operator's), each
+    missing directory below it, `path` included, made by mkdirat and opened without following.
+    Returns the descriptors of its parent and of itself, and whether it was made now."""
+    parent, name = os.path.split(os.path.abspath(path))
+    missing = []
+    while not os.path.isdir(parent):
+        parent, component = os.path.split(parent)
+        missing.append(component)
+    parent_fd = open_directory(parent)
+    try:
+        for component in reversed(missing):
+            fd, _ = make_directory_at(parent_fd, component, mode)
+            os.close(parent_fd)
+            parent_fd = fd
+        return parent_fd, *make_directory_at(parent_fd, name, mode)
+    except BaseException:
+        os.close(parent_fd)
+        raise
+
+
+def create_private_at(dir_fd: int, name: str) -> int:
+    """create_private, in the directory `dir_fd`."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        pass
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+
+
+def write_private_at(dir_fd: int, name: str, data: bytes) -> None:
+    """`data` as a new root-only file `name` in the directory `dir_fd`."""
+    with os.fdopen(create_private_at(dir_fd, name), "wb") as out:
+        out.write(data)

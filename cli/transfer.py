@@ -143,16 +143,21 @@ def run_export(options: argparse.Namespace) -> int:
 
 def run_import(options: argparse.Namespace) -> int:
     """Staged when podman will restore through gpuckpt-runtime (the pages go beside podman's
-    storage once, podman imports the rest); streamed through a FIFO otherwise."""
-    from gpuckpt.oci.archive import decompressed, open_archive
-    from gpuckpt.oci.import_staging import Staging
-    from gpuckpt.oci.podman_archive import copy_checked, described, import_refusals
+    storage once, podman imports the rest); streamed through a FIFO otherwise. The archive's
+    config is checked before anything is staged, and nothing is staged past the operator's
+    bounds (oci.import_bounds)."""
+    from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
+    from gpuckpt.oci.config import load_config
+    from gpuckpt.oci.import_bounds import RatioGuard, StagingBudget
+    from gpuckpt.oci.import_staging import HeldOutput, Staging
+    from gpuckpt.oci.podman_archive import copy_checked, described, described_dumps, import_refusals
     from gpuckpt.oci.provenance import verify_archive_signature
     from gpuckpt.oci.trust import load_trust
     from gpuckpt.process import run
     from gpuckpt.shim.image_policy import check_archive
 
     podman = _podman()
+    limits = load_config().import_
     verification = verify_archive_signature(options.archive, load_trust(), options.signature)  # before any staging
     started = time.monotonic()
     flags = ["--name", options.name] if options.name else []
@@ -162,29 +167,41 @@ def run_import(options: argparse.Namespace) -> int:
     near = os.path.dirname(graph_root)
     if os.stat(near).st_dev != os.stat(graph_root).st_dev:
         near = graph_root  # the storage is a filesystem of its own
-    staging = Staging(near)
-    try:
-        light = os.path.join(staging.directory, "archive.tar")
-        progress, kept = Progress(f"importing {options.archive}"), {}
-        raw = open_archive(options.archive)
-        fd = os.open(light, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with raw, os.fdopen(fd, "wb") as out:
-            copied = copy_checked(decompressed(verification.reader(raw)), out, options.archive, progress, kept,
-                                  divert=staging.divert, trailer=(staging.placeholder(),),
-                                  observe=verification.observe)
-            verification.finish()
-        progress.end()
-        checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
-        if not options.trust_config and (refusals := import_refusals(checked)):
+    staging = Staging(near, StagingBudget(options.archive, near, limits))
+    held = HeldOutput(spill=staging.light)  # what comes before config.dump (podman: devshm-checkpoint.tar)
+
+    def config_read(kept: dict[str, bytes]) -> None:
+        """config.dump and spec.dump, checked before anything is staged; then where the rest goes."""
+        dumps = described_dumps(options.archive, kept)
+        if not options.trust_config and (refusals := import_refusals(dumps)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
                              "(give --trust-config if you trust where the archive comes from)")
+        if os.path.basename(dumps.config.runtime) == "gpuckpt-runtime":
+            staging.start()  # the pages are staged; otherwise podman reads them from the archive
+        held.release(staging.light())
+
+    try:
+        progress, kept = Progress(f"importing {options.archive}"), {}
+        raw = open_archive(options.archive)
+        with raw:
+            copied = copy_checked(decompressed(verification.reader(raw)), held, options.archive, progress, kept,
+                                  divert=staging.divert, trailer=(staging.placeholder(),),
+                                  observe=verification.observe, first=config_read,
+                                  guard=RatioGuard(options.archive, raw.tell, limits.max_entry_ratio, READ_BYTES,
+                                                   os.fstat(raw.fileno()).st_size))
+            verification.finish()
+        staging.close_light()
+        progress.end()
+        checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
+        light = staging.light_path
         check_archive(light, checked.spec_bytes, options.archive)  # CRIU's images against spec.dump, trusted or not
         phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
-        if os.path.basename(checked.config.runtime) == "gpuckpt-runtime":
+        if staging.active:
             staging.record()  # from here the shim may take the pages
             finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
         else:
             staging.remove()
+            staging.budget.take("the archive, unpacked by podman", copied.bytes)
             phases = [f"checked in {time.monotonic() - started:.1f} s, streamed: runtime {checked.config.runtime}"]
             finished = _import_streamed(podman, checked, flags, phases, verification)
     finally:

@@ -167,3 +167,124 @@ def test_a_host_bind_mount_needs_trust_config(runc_delegate, tmp_path) -> None:
         assert_continues(before, read_state(name))
     finally:
         sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+class _Zeros(io.RawIOBase):
+    """`size` zero bytes, made as they are read (a 4 GiB entry never sits in memory)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readinto(self, buffer) -> int:
+        count = min(len(buffer), self.left)
+        buffer[:count] = bytes(count)
+        self.left -= count
+        return count
+
+    def readable(self) -> bool:
+        return True
+
+
+def zero_pages_archive(path: Path, pages_first: bool) -> None:
+    """The issue's archive: a podman-shaped archive whose pages-1.img is 4 GiB of zeros (about
+    140 KB of zstd), with its pages before its config, or after a config that passes the checks
+    and names gpuckpt-runtime (so that the pages would be staged)."""
+    config = json.dumps({"id": "0" * 64, "name": f"zero-pages-{os.getpid()}", "runtime": "gpuckpt-runtime"}).encode()
+    small = [("config.dump", config), ("spec.dump", b"{}")]
+    image = [("checkpoint/inventory.img", b"x"), ("checkpoint/pages-1.img", 4 << 30)]
+    with open(path, "wb") as raw, zstandard.ZstdCompressor(level=1, threads=2).stream_writer(raw) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w|") as tar:
+        for entry, data in image + small if pages_first else small + image:
+            info = tarfile.TarInfo(entry)
+            info.size = data if isinstance(data, int) else len(data)
+            tar.addfile(info, _Zeros(data) if isinstance(data, int) else io.BytesIO(data))
+
+
+class StagingWatch:
+    """What the staging directories beside podman's storage hold on disk while an import runs,
+    polled every millisecond: the most bytes allocated at once, and every file name seen."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.most_bytes, self.names, self._stop = 0, set(), threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            held = 0
+            for directory in Path("/var/lib/containers").glob(".gpuckpt-import-*"):
+                try:
+                    for file in directory.iterdir():
+                        self.names.add(file.name)
+                        held += file.lstat().st_blocks * 512
+                except FileNotFoundError:
+                    pass  # removed meanwhile
+            self.most_bytes = max(self.most_bytes, held)
+            self._stop.wait(0.001)
+
+    def __enter__(self) -> "StagingWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *failure) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.mark.hostile("a 140 KB zstd archive whose pages-1.img is 4 GiB of zeros, before or after a passing config")
+@pytest.mark.parametrize("pages_first", [True, False], ids=["pages-before-config", "config-first"])
+def test_a_small_archive_of_zero_pages_stages_nothing(tmp_path, unsigned_allowed, pages_first) -> None:
+    """The issue's attack: import reserved (fallocate) and wrote 4 GiB before the config was
+    checked. Now the config comes first or the archive is refused, and a pages entry that could
+    only come from an all-zero stream is refused at its header, before a byte is reserved."""
+    archive = tmp_path / "zero-pages.tar.zst"
+    zero_pages_archive(archive, pages_first)
+    assert 100_000 < archive.stat().st_size < 200_000
+    containers = sh("podman", "ps", "-aq").stdout
+    with StagingWatch() as watch:
+        result = sh(GPUCKPT, "import", str(archive), check=False)
+    message = result.stderr.strip()
+    assert result.returncode == 1 and len(message.splitlines()) == 1 and f" {archive}: " in message, message
+    if pages_first:
+        assert "checkpoint/inventory.img comes before config.dump and spec.dump: refused" in message
+        assert watch.most_bytes == 0 and not watch.names  # no staging directory was ever made
+    else:
+        assert ("checkpoint/pages-1.img declares 4096 MiB, which would expand more than 4096 times its compressed "
+                "size: refused (import.max_entry_ratio") in message
+        assert "pages-1.img" not in watch.names and watch.most_bytes < 1 << 20  # the small entries before it only
+    assert set(sh("podman", "ps", "-aq").stdout.split()) <= set(containers.split())  # podman never ran
+    assert staging_leftovers() == []
+
+
+@pytest.mark.hostile("a real podman archive larger than the operator's import.max_staged_bytes")
+def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_delegate, tmp_path, unsigned_allowed) -> None:
+    """Refused mid-staging (the pages declare more than the cap): no staging directory, no partial
+    file, no record, no container; the same archive imports once the operator raises the cap."""
+    from bed import CONFIG
+
+    name = start_counter([])
+    archive = tmp_path / "podmans.tar.zst"
+    try:
+        before = wait_counter(read_state(name), minimum=3)
+        sh("podman", "container", "checkpoint", "--export", str(archive), name)
+        sh("podman", "rm", "-f", name)
+        configured = CONFIG.read_text()
+        CONFIG.write_text(configured + "[import]\nmax_staged_bytes = 8388608\n")
+        containers = sh("podman", "ps", "-aq").stdout
+        with StagingWatch() as watch:
+            refused = sh(GPUCKPT, "import", str(archive), check=False)
+        message = refused.stderr.strip()
+        assert refused.returncode == 1 and len(message.splitlines()) == 1, message
+        assert (f"{archive}: checkpoint/pages-1.img needs " in message and "MiB of staging, more than this import may still stage"
+                in message and "import.max_staged_bytes 8 MiB" in message), message
+        assert "pages-1.img" not in watch.names and watch.most_bytes <= 8 << 20
+        assert set(sh("podman", "ps", "-aq").stdout.split()) <= set(containers.split())  # no container made
+        assert staging_leftovers() == []
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["podmans.tar.zst"]
+        CONFIG.write_text(configured)
+        sh(GPUCKPT, "import", str(archive))
+        assert_continues(before, read_state(name))
+        assert staging_leftovers() == []
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)

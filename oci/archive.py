@@ -20,7 +20,12 @@ from gpuckpt.safefiles import create_private
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
+# A sanity bound of the format (one process's pages on a large node); what an import may write
+# is the operator's staging budget (oci.import_bounds), checked against each entry's size.
 MAX_MEMBER_BYTES = 1 << 40
+# What a decompressor reads from the archive at a time (zstd here; gzip reads less): the
+# granularity at which an entry's compressed bytes are known (oci.import_bounds.RatioGuard).
+READ_BYTES = 128 << 10
 
 
 @dataclass(frozen=True)
@@ -166,7 +171,7 @@ def decompressed(raw) -> object:
     raw.seek(0)
     if magic == ZSTD_MAGIC:
         return zstandard.ZstdDecompressor().stream_reader(ZstdFrameCheck(raw), read_across_frames=True,
-                                                           read_size=1 << 20)
+                                                           read_size=READ_BYTES)
     if magic[:2] == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=raw, mode="rb")
     return raw

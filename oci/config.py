@@ -73,11 +73,26 @@ class CriuConfig(_Section):
     link_remap: Literal["auto", "never"] = "auto"
 
 
+class ImportConfig(_Section):
+    # What one `gpuckpt import` may write to disk before podman restores (an archive from
+    # another node is untrusted until checked): staged bytes stop at the staging filesystem's
+    # free space minus `reserve_bytes`, and at `max_staged_bytes` ("auto": this node's memory
+    # and swap, the most a checkpoint restored here can hold in pages).
+    max_staged_bytes: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
+    reserve_bytes: int = Field(default=1 << 30, ge=0)
+    # An entry may expand at most this many times the compressed bytes it came from, counted as
+    # it is read. Real checkpoints here reached 1-912 (a process holding 256 MiB of zeros: 912);
+    # all-zero memory reaches ~30000 with zstd, so a checkpoint that is almost nothing but
+    # zeroed memory needs this raised.
+    max_entry_ratio: int = Field(default=4096, ge=1, le=1 << 20)
+
+
 class Config(_Section):
     # runc, crun, another runc-compatible name looked up on PATH, or an absolute path.
     delegate: str = "runc"
     cuda: CudaConfig = CudaConfig()
     criu: CriuConfig = CriuConfig()
+    import_: ImportConfig = Field(default=ImportConfig(), alias="import")  # `import` is a keyword
 
     @field_validator("delegate")
     @classmethod
@@ -87,13 +102,18 @@ class Config(_Section):
         return value
 
 
+def _field(section: type[BaseModel], key: str):
+    """A section's field by its key in the file (the alias, where the name is a Python keyword)."""
+    return next(field for name, field in section.model_fields.items() if (field.alias or name) == key)
+
+
 def _describe(error: dict, model: type[BaseModel]) -> str:
     key = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         section: type[BaseModel] = model
         for part in error["loc"][:-1]:
-            section = section.model_fields[str(part)].annotation  # type: ignore[assignment]
-        allowed = ", ".join(section.model_fields)
+            section = _field(section, str(part)).annotation  # type: ignore[assignment]
+        allowed = ", ".join(field.alias or name for name, field in section.model_fields.items())
         return f"unknown key {key!r} (allowed: {allowed})"
     message = error["msg"].removeprefix("Value error, ")
     return f"key {key!r}: {message}"

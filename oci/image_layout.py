@@ -12,6 +12,7 @@ Reading trusts nothing: digests must be sha256 hex (they name files), sizes must
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
-from gpuckpt.safefiles import create_private, read_bounded
+from gpuckpt.safefiles import create_private_at, make_directories, make_directory_at, read_bounded, write_private_at
 
 LAYOUT_FILE = "oci-layout"
 INDEX_FILE = "index.json"
@@ -122,11 +123,6 @@ class _Hashing:
         return f"sha256:{self.hash.hexdigest()}"
 
 
-def _write_private(path: str, data: bytes) -> None:
-    with os.fdopen(create_private(path), "wb") as out:
-        out.write(data)
-
-
 def _json_bytes(model: BaseModel) -> bytes:
     return json.dumps(model.model_dump(exclude_defaults=False, exclude_none=True), separators=(",", ":")).encode()
 
@@ -135,7 +131,10 @@ class CheckpointImageWriter:
     """One checkpoint image into a new layout directory (root-only: it holds process memory).
 
     `layer()` gives the stream the uncompressed layer tar is written to; `finish()` adds
-    the config, manifest and index. Nothing is left behind on failure (`discard()`).
+    the config, manifest and index. Nothing is left behind on failure (`discard()`). Below the
+    directory's parent (the operator's: a link there is followed), the directory, blobs/sha256
+    and every file are made here and reached through descriptors (mkdirat, openat with
+    O_NOFOLLOW, renameat), so a link swapped in meanwhile is never followed.
     """
 
     # (layer digest, annotations) -> annotations to add, the signature (oci.provenance); None: unsigned
@@ -143,23 +142,37 @@ class CheckpointImageWriter:
 
     def __init__(self, directory: str, tag: str, threads: int = 0) -> None:
         self.directory, self.tag, self.threads = directory, tag, threads
-        if os.path.lexists(directory):
-            import stat
-
-            status = os.lstat(directory)
-            if not stat.S_ISDIR(status.st_mode) or status.st_uid != os.geteuid() or os.listdir(directory):
-                raise UsageError(f"{directory}: already exists; give a new directory, or an empty one of yours, "
-                                 "for the image layout")
-        os.makedirs(os.path.join(directory, "blobs", "sha256"), mode=0o700, exist_ok=True)
-        os.chmod(directory, 0o700)
-        self.blobs = os.path.join(directory, "blobs", "sha256")
-        self._partial = os.path.join(self.blobs, f".layer-{os.getpid()}.partial")
+        self.name = os.path.basename(directory)
+        self.parent_fd = self.dir_fd = self.blobs_fd = -1
+        self.made = False
         self._file = self._compressed = self._tar_side = self._zstd = None
+        refused = UsageError(f"{directory}: already exists; give a new directory, or an empty one of yours, "
+                             "for the image layout")
+        try:
+            self.parent_fd, self.dir_fd, self.made = make_directories(directory)
+            if not self.made and (os.fstat(self.dir_fd).st_uid != os.geteuid() or os.listdir(self.dir_fd)):
+                raise refused
+            os.fchmod(self.dir_fd, 0o700)
+            sha256_parent, _ = make_directory_at(self.dir_fd, "blobs")
+            try:
+                self.blobs_fd, _ = make_directory_at(sha256_parent, "sha256")
+            finally:
+                os.close(sha256_parent)
+        except OSError as error:
+            self.discard()
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):  # a link or a file where a directory goes
+                raise refused from None
+            raise UsageError(f"{directory}: cannot make the image layout: {error.strerror}") from None
+        except BaseException:
+            self.discard()
+            raise
+        self.blobs = os.path.join(directory, "blobs", "sha256")
+        self._partial = f".layer-{os.getpid()}.partial"
         self.layer_digest = self.diff_id = ""
         self.layer_size = 0
 
     def layer(self):
-        fd = create_private(self._partial)
+        fd = create_private_at(self.blobs_fd, self._partial)
         self._file = os.fdopen(fd, "wb")
         self._compressed = _Hashing(self._file)
         self._zstd = zstd_compressor(self.threads).stream_writer(self._compressed, closefd=False)
@@ -171,16 +184,21 @@ class CheckpointImageWriter:
         self._file.close()
         self.layer_digest, self.layer_size = self._compressed.digest, self._compressed.size
         self.diff_id = self._tar_side.digest
-        os.replace(self._partial, self._blob(self.layer_digest))
+        os.replace(self._partial, self._blob(self.layer_digest), src_dir_fd=self.blobs_fd, dst_dir_fd=self.blobs_fd)
 
-    def _blob(self, digest: str) -> str:
-        return os.path.join(self.blobs, digest.removeprefix("sha256:"))
+    @staticmethod
+    def _blob(digest: str) -> str:
+        """A blob's name in blobs/sha256."""
+        return digest.removeprefix("sha256:")
 
     def _add_blob(self, data: bytes, media_type: str) -> Descriptor:
         digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
-        if not os.path.exists(self._blob(digest)):
-            _write_private(self._blob(digest), data)
+        write_private_at(self.blobs_fd, self._blob(digest), data)
         return Descriptor(mediaType=media_type, digest=digest, size=len(data))
+
+    def write_file(self, name: str, data: bytes) -> None:
+        """A new root-only file at the top of the layout."""
+        write_private_at(self.dir_fd, name, data)
 
     def finish(self, archive) -> str:
         """Complete the layout for the checked archive that went into the layer; the manifest digest."""
@@ -199,15 +217,32 @@ class CheckpointImageWriter:
         manifest_descriptor = self._add_blob(_json_bytes(manifest), MANIFEST_TYPE)
         manifest_descriptor.annotations = {REF_NAME: self.tag}
         index = ImageIndex(schemaVersion=2, manifests=[manifest_descriptor])
-        _write_private(os.path.join(self.directory, LAYOUT_FILE), _json_bytes(LayoutVersion()))
-        _write_private(os.path.join(self.directory, INDEX_FILE), _json_bytes(index))
+        self.write_file(LAYOUT_FILE, _json_bytes(LayoutVersion()))
+        self.write_file(INDEX_FILE, _json_bytes(index))
+        self._close_directories()
         return manifest_descriptor.digest
 
+    def _close_directories(self) -> None:
+        for fd in (self.blobs_fd, self.dir_fd, self.parent_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.parent_fd = self.dir_fd = self.blobs_fd = -1
+
     def discard(self) -> None:
+        """Remove what was made: the directory, or what was put in the empty one that was there."""
         import shutil
 
         close_quietly(self._zstd, self._file)
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self.made and self.parent_fd >= 0:
+            shutil.rmtree(self.name, ignore_errors=True, dir_fd=self.parent_fd)
+        elif self.dir_fd >= 0:
+            shutil.rmtree("blobs", ignore_errors=True, dir_fd=self.dir_fd)
+            for name in (LAYOUT_FILE, INDEX_FILE):
+                try:
+                    os.unlink(name, dir_fd=self.dir_fd)
+                except FileNotFoundError:
+                    pass
+        self._close_directories()
 
 
 def go_architecture() -> str:

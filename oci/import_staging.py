@@ -8,6 +8,10 @@ placeholder naming a random token. When podman then calls gpuckpt-runtime to res
 finds the placeholder in the image directory, looks the token up in its root-only state
 directory, and renames the staged pages into place before CRIU runs.
 
+Nothing is staged before the archive's config.dump and spec.dump are checked, and nothing past
+the operator's bounds (oci.import_bounds): each pages file's declared size is taken from the
+budget before it is reserved (fallocate), every other byte before it is written.
+
 Only the shim's own record, written by `gpuckpt import` as root, says where pages come from: an
 archive that carries a placeholder is refused on reading, and a token with no record fails the
 restore with one line.
@@ -21,6 +25,7 @@ import queue
 import re
 import secrets
 import shutil
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
@@ -28,12 +33,15 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuckpt.errors import ImageError
+from gpuckpt.oci.import_bounds import StagedFile, StagingBudget
 from gpuckpt.safefiles import read_bounded, replace_private
 
 PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
 PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
 TOKEN_PATTERN = r"[0-9a-f]{32}"
 MAX_RECORD_BYTES = 1 << 20
+LIGHT_ARCHIVE = "archive.tar"  # what podman imports: everything but the pages
+HELD_BYTES = 64 << 20  # before the config: podman's default /dev/shm size, which devshm-checkpoint.tar holds
 
 
 class Placeholder(BaseModel):
@@ -61,22 +69,57 @@ def _record_path(token: str) -> str:
 
 
 class Staging:
-    """One import's staged pages (used by `gpuckpt import`); remove() leaves nothing behind."""
+    """One import's staged files (used by `gpuckpt import`), every byte taken from `budget` before
+    it is written or reserved; the directory is made on first use, once the archive's config is
+    checked (or to hold more than HELD_BYTES before it); remove() leaves nothing behind."""
 
-    def __init__(self, near: str) -> None:
-        import tempfile
-
+    def __init__(self, near: str, budget: StagingBudget) -> None:
+        self.near, self.budget = near, budget
         self.token = secrets.token_hex(16)
-        self.directory = tempfile.mkdtemp(prefix=".gpuckpt-import-", dir=near)  # 0700
+        self.directory = ""
+        self.active = False  # the pages are staged here (the restore goes through the shim)
         self.pages: list[str] = []
         self.recorded = False
+        self._dir_fd = -1
+        self._light = None
+
+    def _create(self, name: str) -> int:
+        """A new root-only file in the staging directory (made now if need be), for writing."""
+        if not self.directory:
+            self.directory = tempfile.mkdtemp(prefix=".gpuckpt-import-", dir=self.near)  # 0700
+            self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                       dir_fd=self._dir_fd)
+
+    def start(self) -> None:
+        """The archive's config is checked and restores through the shim: stage its pages here."""
+        self.active = True
+
+    def light(self) -> StagedFile:
+        """The archive podman gets (all but the pages, and the placeholder), made on first use."""
+        if self._light is None:
+            self._light = StagedFile(os.fdopen(self._create(LIGHT_ARCHIVE), "wb"), self.budget,
+                                     "the entries other than pages")
+        return self._light
+
+    @property
+    def light_path(self) -> str:
+        return os.path.join(self.directory, LIGHT_ARCHIVE)
+
+    def close_light(self) -> None:
+        if self._light is not None:
+            self._light.out.close()
 
     def divert(self, member):
-        """A file for a pages image's data (closed by the copy), None for any other entry."""
+        """A file for a pages image's data (closed by the copy), None for any other entry; when the
+        pages are not staged (podman will read the archive itself), a stream that drops them."""
         directory, _, name = member.name.rpartition("/")
         if directory != "checkpoint" or not PAGES_FILE.fullmatch(name):
             return None
-        fd = os.open(os.path.join(self.directory, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        if not self.active:
+            return _Dropped()
+        self.budget.take(member.name, member.size)  # checked before a byte is reserved for it
+        fd = self._create(name)
         self.pages.append(name)
         try:
             if member.size:
@@ -102,7 +145,55 @@ class Staging:
                 os.unlink(_record_path(self.token))
             except FileNotFoundError:
                 pass
-        shutil.rmtree(self.directory, ignore_errors=True)
+        if self._light is not None:
+            try:
+                self._light.out.close()
+            except OSError:
+                pass  # already failing: that error is the one reported
+            self._light = None
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            self.directory, self.active = "", False
+
+
+class _Dropped:
+    def write(self, data) -> int:
+        return len(data)
+
+    def __enter__(self) -> "_Dropped":
+        return self
+
+    def __exit__(self, *failure) -> None:
+        pass
+
+
+class HeldOutput:
+    """What copy_checked writes before the archive's config is checked (podman writes
+    devshm-checkpoint.tar first): held in memory up to HELD_BYTES, past which it goes on to
+    `spill()`'s stream; then `release(target)` sends it on to `target`, or drops it (None)."""
+
+    def __init__(self, spill, limit_bytes: int = 0) -> None:
+        self.spill, self.limit_bytes = spill, limit_bytes or HELD_BYTES
+        self.held, self.target, self.released = bytearray(), None, False
+
+    def write(self, data) -> int:
+        if self.target is not None:
+            self.target.write(data)
+        elif not self.released:
+            self.held += data
+            if len(self.held) > self.limit_bytes:
+                self.target = self.spill()
+                self.target.write(self.held)
+                self.held = bytearray()
+        return len(data)
+
+    def release(self, target) -> None:
+        if target is not None and self.target is None:
+            target.write(self.held)
+        self.held, self.target, self.released = bytearray(), target, True
 
 
 class ParallelFile:

@@ -4,7 +4,10 @@ The layout, as podman 4 writes it and CRI-O and checkpointctl read it: `config.d
 (podman's container config) and `spec.dump` (the OCI spec) at the top, `checkpoint/`
 with CRIU's image (and gpuckpt's manifest), `rootfs-diff.tar`, `network.status`,
 `devshm-checkpoint.tar`, `stats-dump`, `artifacts/`. podman reads `config.dump` and
-`spec.dump` first, then everything.
+`spec.dump` first, then everything. podman 4.3 writes `artifacts/` and `devshm-checkpoint.tar`,
+then `config.dump`, `spec.dump`, the small files, `checkpoint/` (sorted: the GPU manifest before
+the pages), `rootfs-diff.tar`; `gpuckpt export` keeps that order. An import relies on it: the
+config is checked before any entry of `checkpoint/` (copy_checked's `first`).
 
 Archives are read defensively (`oci.archive.checked_name`) and re-emitted entry by
 entry, so what reaches podman has passed the same checks as what we unpack.
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 import time
 from dataclasses import dataclass, field
@@ -22,10 +26,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_compressor
+from gpuckpt.oci.import_staging import PAGES_FILE
 from gpuckpt.oci.import_staging import PLACEHOLDER as STAGING_PLACEHOLDER
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from gpuckpt.oci.spec import Spec
-from gpuckpt.safefiles import create_private
+from gpuckpt.safefiles import create_private_at, open_directory
 
 CONFIG_DUMP = "config.dump"
 SPEC_DUMP = "spec.dump"
@@ -34,6 +39,7 @@ CRIU_INVENTORY = f"{CHECKPOINT_DIR}/inventory.img"
 GPU_MANIFEST = f"{CHECKPOINT_DIR}/{MANIFEST_NAME}"
 MAX_DUMP_BYTES = 16 << 20
 REQUIRED = (CONFIG_DUMP, SPEC_DUMP, CRIU_INVENTORY)
+STAGED_PAGES = re.compile(f"{CHECKPOINT_DIR}/{PAGES_FILE.pattern}")  # what an import stages itself
 
 
 class PodmanConfigDump(BaseModel):
@@ -85,13 +91,20 @@ def described(path: str, kept: dict[str, bytes], names: list[str], files: int, t
     missing = [name for name in REQUIRED if name not in names]
     if missing:
         raise ImageError(f"{path}: not a podman checkpoint archive: no {', '.join(missing)}")
+    archive = described_dumps(path, kept)
+    archive.manifest = parse_manifest(kept[GPU_MANIFEST], f"{path}:{GPU_MANIFEST}") if GPU_MANIFEST in kept else None
+    archive.files, archive.bytes, archive.names = files, total, names
+    return archive
+
+
+def described_dumps(path: str, kept: dict[str, bytes]) -> PodmanArchive:
+    """config.dump and spec.dump parsed, all an import checks before it stages anything."""
     try:
         config = PodmanConfigDump.model_validate(json.loads(kept[CONFIG_DUMP]))
         spec = Spec.model_validate(json.loads(kept[SPEC_DUMP]))
     except (ValueError, ValidationError, RecursionError) as error:
         raise ImageError(f"{path}: {CONFIG_DUMP} or {SPEC_DUMP} is not valid: {str(error).splitlines()[0]}") from None
-    manifest = parse_manifest(kept[GPU_MANIFEST], f"{path}:{GPU_MANIFEST}") if GPU_MANIFEST in kept else None
-    return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], manifest, files, total, names, spec)
+    return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], None, spec=spec)
 
 
 # podman's default capabilities (containers.conf default_capabilities, podman 4)
@@ -105,7 +118,6 @@ def import_refusals(archive: PodmanArchive) -> list[str]:
     more of this node than an ordinary `podman run` does: hooks, privilege, added capabilities,
     host bind mounts, a runtime given by path. podman's own --import trusts all of it."""
     import posixpath
-    import re
 
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
@@ -165,14 +177,20 @@ class Copied:
 
 
 def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None,
-                 divert=None, trailer: tuple[tuple[str, bytes], ...] = (), observe=None) -> Copied:
+                 divert=None, trailer: tuple[tuple[str, bytes], ...] = (), observe=None, first=None,
+                 guard=None) -> Copied:
     """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry
     checked (oci.tarstream), owned by root. `source` must have readinto().
 
     With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there.
     `divert(member)` may return a stream for a file's bare data instead (the entry is then left
     out of `out`); `trailer` entries (name, bytes) are added at the end. `observe(member)` hears
-    of every entry first and may return a stream that sees a file's data too (oci.provenance)."""
+    of every entry first and may return a stream that sees a file's data too (oci.provenance).
+
+    For an import: `first(kept)` checks config.dump and spec.dump as soon as both are read, and
+    must have passed before any entry of checkpoint/ comes (a GPU manifest there, parsed as it
+    comes, before any pages file): nothing is staged for an archive before its config is checked.
+    `guard` (oci.import_bounds.RatioGuard) bounds how far each entry's data expands."""
     import zlib
 
     import zstandard
@@ -180,9 +198,12 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
     from gpuckpt.oci import tarstream
 
     copied, written, seen = Copied(), 0, set()
+    config_checked, pages_seen = first is None, False
 
     def moved(count: int) -> None:
         copied.bytes += count
+        if guard is not None:
+            guard.moved(count)
         if progress:
             progress(copied.bytes)
 
@@ -194,6 +215,16 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
             copied.names.append(member.name)
             if member.name.endswith(f"/{STAGING_PLACEHOLDER}") or member.name == STAGING_PLACEHOLDER:
                 raise ImageError(f"{path}: archive entry {member.name!r} is gpuckpt's own import placeholder: refused")
+            if not config_checked and member.name.partition("/")[0] == CHECKPOINT_DIR:
+                raise ImageError(f"{path}: {member.name} comes before {CONFIG_DUMP} and {SPEC_DUMP}: refused (gpuckpt "
+                                 "import checks the container config before it stages anything; podman and gpuckpt "
+                                 "export write config.dump first)")
+            if first is not None and member.name == GPU_MANIFEST and pages_seen:
+                raise ImageError(f"{path}: {GPU_MANIFEST} comes after a pages image: refused (it is checked before "
+                                 "any page is staged; podman and gpuckpt export write it first)")
+            pages_seen = pages_seen or STAGED_PAGES.fullmatch(member.name) is not None
+            if guard is not None:
+                guard.entry(member.name, member.size)
             watch = observe(member) if observe is not None else None
             diverted = divert(member) if divert is not None and member.isfile() else None
             if diverted is not None:
@@ -214,6 +245,11 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                 moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, out), watch=watch)
                 kept[member.name] = bytes(data[:member.size])
                 copied.bytes += member.size
+                if not config_checked and CONFIG_DUMP in kept and SPEC_DUMP in kept:
+                    config_checked = True
+                    first(kept)
+                if first is not None and member.name == GPU_MANIFEST:
+                    parse_manifest(kept[GPU_MANIFEST], f"{path}:{GPU_MANIFEST}")
             else:
                 moved_bytes = tarstream.copy_data(reader, member.size, out, moved, watch=watch)
             written += moved_bytes if out is not None else 0
@@ -244,16 +280,20 @@ class _Collect:
 
 class ArchiveWriter:
     """A podman checkpoint archive written as it streams: zstd (multithreaded) into FILE.partial,
-    renamed into place once complete; root-only, as it holds process memory."""
+    renamed into place once complete; root-only, as it holds process memory. Both names are
+    reached through a descriptor of their directory (the operator's, opened once): a link put at
+    either name is replaced, never followed."""
 
     def __init__(self, path: str, threads: int = 0) -> None:
         self.path, self.threads, self.partial = path, threads, f"{path}.partial"
+        self.name = os.path.basename(path)
         self._file = self._zstd = None
+        self.dir_fd = open_directory(os.path.dirname(path) or ".")
 
     def layer(self):
         from gpuckpt.oci.image_layout import _Hashing
 
-        self._file = os.fdopen(create_private(self.partial), "wb")
+        self._file = os.fdopen(create_private_at(self.dir_fd, f"{self.name}.partial"), "wb")
         self._hashed = _Hashing(self._file)  # the archive's sha256, for its signature
         self._zstd = zstd_compressor(self.threads).stream_writer(self._hashed, closefd=False)
         return self._zstd
@@ -262,9 +302,19 @@ class ArchiveWriter:
         self._zstd.close()
         self._file.close()
         self.sha256 = self._hashed.hash.hexdigest()
-        os.replace(self.partial, self.path)
+        os.replace(f"{self.name}.partial", self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+        self._close_directory()
 
     def discard(self) -> None:
         close_quietly(self._zstd, self._file)
-        if os.path.exists(self.partial):
-            os.unlink(self.partial)
+        if self.dir_fd >= 0:
+            try:
+                os.unlink(f"{self.name}.partial", dir_fd=self.dir_fd)
+            except FileNotFoundError:
+                pass
+        self._close_directory()
+
+    def _close_directory(self) -> None:
+        if self.dir_fd >= 0:
+            os.close(self.dir_fd)
+            self.dir_fd = -1

@@ -12,6 +12,8 @@ import tarfile
 import pytest
 
 from gpuckpt.errors import ImageError
+from gpuckpt.oci.config import ImportConfig
+from gpuckpt.oci.import_bounds import StagingBudget
 from gpuckpt.oci.import_staging import PLACEHOLDER, Staging, claim_staged_pages
 from gpuckpt.oci.podman_archive import check_podman_archive, copy_checked
 
@@ -20,7 +22,8 @@ from test_podman_archive import podman_tar
 
 def stage(node, source: bytes) -> tuple[Staging, bytes]:
     (node / "storage").mkdir(exist_ok=True)
-    staging = Staging(str(node / "storage"))
+    staging = Staging(str(node / "storage"), StagingBudget("podman.tar", str(node / "storage"), ImportConfig()))
+    staging.start()
     light = io.BytesIO()
     copy_checked(io.BytesIO(source), light, "podman.tar", kept={}, divert=staging.divert,
                  trailer=(staging.placeholder(),))
@@ -51,8 +54,9 @@ def test_pages_go_beside_and_come_back_through_the_record(node) -> None:
     with tarfile.open(fileobj=io.BytesIO(source)) as tar:
         assert (image_dir / "pages-1.img").read_bytes() == tar.extractfile("checkpoint/pages-1.img").read()
     assert not (image_dir / PLACEHOLDER).exists()
+    directory = staging.directory
     staging.remove()
-    assert not os.path.exists(staging.directory) and not os.listdir(node / "state" / "imports")
+    assert not os.path.exists(directory) and not os.listdir(node / "state" / "imports")
 
 
 def test_no_placeholder_no_work_and_a_placeholder_without_record_fails_the_restore(node) -> None:
