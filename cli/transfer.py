@@ -203,7 +203,7 @@ def run_import(options: argparse.Namespace) -> int:
             staging.remove()
             staging.budget.take("the archive, unpacked by podman", copied.bytes)
             phases = [f"checked in {time.monotonic() - started:.1f} s, streamed: runtime {checked.config.runtime}"]
-            finished = _import_streamed(podman, checked, flags, phases, verification)
+            finished = _import_streamed(podman, checked, flags, phases, verification, limits)
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
@@ -212,11 +212,13 @@ def run_import(options: argparse.Namespace) -> int:
     return 0
 
 
-def _import_streamed(podman: str, checked, flags: list[str], phases: list[str], verification):
+def _import_streamed(podman: str, checked, flags: list[str], phases: list[str], verification, limits):
     """podman reads the checked archive through a FIFO, as often as it opens it (podman 4.3:
-    three times: the config, a full scan, the untar); every later pass is re-checked."""
+    three times: the config, a full scan, the untar); every later pass is re-checked, within the
+    same bounds, and may not hold more than the checked pass did."""
     from gpuckpt.fifo import open_when_peer, private_fifo, wait_reader_gone, widen
-    from gpuckpt.oci.archive import decompressed
+    from gpuckpt.oci.archive import READ_BYTES, decompressed
+    from gpuckpt.oci.import_bounds import RatioGuard
     from gpuckpt.oci.podman_archive import copy_checked, write_config_only
     from gpuckpt.process import Background
 
@@ -235,8 +237,11 @@ def _import_streamed(podman: str, checked, flags: list[str], phases: list[str], 
                         else:
                             with open(checked.path, "rb") as raw:
                                 again = verification.again()  # the file is read anew: checked anew
+                                guard = RatioGuard(checked.path, raw.tell, limits.max_entry_ratio, READ_BYTES,
+                                                   os.fstat(raw.fileno()).st_size)
                                 copy_checked(decompressed(raw), stream, checked.path,
-                                             observe=again.observe if again else None)
+                                             progress=lambda done: _no_more_than(checked, done),
+                                             observe=again.observe if again else None, guard=guard)
                         stream.flush()
                         wait_reader_gone(fd, podman_run.running)
                     except BrokenPipeError:
@@ -246,3 +251,9 @@ def _import_streamed(podman: str, checked, flags: list[str], phases: list[str], 
         except BaseException:
             podman_run.kill()
             raise
+
+
+def _no_more_than(checked, done: int) -> None:
+    if done > checked.bytes:
+        raise ImageError(f"{checked.path}: holds more than the {checked.bytes} bytes it held when checked: "
+                         "changed since; refused")
