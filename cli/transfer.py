@@ -201,7 +201,7 @@ def run_import(options: argparse.Namespace) -> int:
             finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
         else:
             staging.remove()
-            staging.budget.take("the archive, unpacked by podman", copied.bytes)
+            staging.budget.take("the archive unpacked by podman", copied.bytes)
             phases = [f"checked in {time.monotonic() - started:.1f} s, streamed: runtime {checked.config.runtime}"]
             finished = _import_streamed(podman, checked, flags, phases, verification, limits)
     finally:

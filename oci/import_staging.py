@@ -99,7 +99,7 @@ class Staging:
         """The archive podman gets (all but the pages, and the placeholder), made on first use."""
         if self._light is None:
             self._light = StagedFile(os.fdopen(self._create(LIGHT_ARCHIVE), "wb"), self.budget,
-                                     "the entries other than pages")
+                                     "the rest of the archive")
         return self._light
 
     @property
