@@ -144,14 +144,19 @@ class _Messages:
 
 
 def _require_root_owned(path: str) -> None:
+    """The directory, every directory above it, and every file in it (and in its __pycache__)
+    owned by root and writable by no one else: the shim imports code from there as root."""
     real = os.path.realpath(path)
     parts = real.split("/")
-    for end in range(1, len(parts) + 1):
-        current = "/".join(parts[:end]) or "/"
+    checked = ["/".join(parts[:end]) or "/" for end in range(1, len(parts) + 1)]
+    for directory in (real, os.path.join(real, "__pycache__")):
+        if os.path.isdir(directory):
+            checked += [directory] + [os.path.join(directory, name) for name in os.listdir(directory)]
+    for current in checked:
         info = os.lstat(current)
         if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise ImageError(f"cannot check CRIU images: {current} (on the way to CRIU's python bindings) "
-                             "is not owned by root or is writable by others")
+            raise ImageError(f"cannot check CRIU images: {current} (CRIU's python bindings) is not owned by root "
+                             "or is writable by others")
 
 
 # --- the files ------------------------------------------------------------------------------

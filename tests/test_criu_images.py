@@ -234,3 +234,24 @@ def test_random_images_read_or_fail_with_one_line(files: dict[str, bytes]) -> No
         read_checkpoint_images(mapping_source(files), "fuzz")
     except ImageError as error:
         assert "\n" not in str(error)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the bindings' directory must be root's")
+@pytest.mark.hostile("CRIU's python bindings with a file others may write (code the shim would import as root)")
+def test_the_bindings_are_imported_only_from_root_guarded_files() -> None:
+    import tempfile
+
+    from gpuckpt.oci.criu_images import PYCRIU_DIRS, _require_root_owned
+
+    installed = next(path for path in PYCRIU_DIRS if os.path.isdir(path))
+    home = tempfile.mkdtemp(dir=os.path.expanduser("~"))  # root's, not world-writable like /tmp
+    try:
+        copy = Path(home) / "images"
+        shutil.copytree(installed, copy)
+        _require_root_owned(str(copy))
+        (copy / "core_pb2.py").chmod(0o664)
+        with pytest.raises(ImageError, match=r"core_pb2.py \(CRIU's python bindings\) is not owned by root or is "
+                                             "writable by others"):
+            _require_root_owned(str(copy))
+    finally:
+        shutil.rmtree(home)
