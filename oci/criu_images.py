@@ -69,7 +69,11 @@ class ThreadImage:
     tid: int
     creds: Creds | None       # None: CRIU would leave the restorer's own (root's) credentials
     seccomp_mode: int         # 0 disabled, 1 strict, 2 filter
-    seccomp_filters: int      # length of the thread's filter chain (0 when not filtering)
+    seccomp_chain: tuple[int, ...] = ()  # indices into CheckpointImages.seccomp_programs, newest first
+
+    @property
+    def seccomp_filters(self) -> int:
+        return len(self.seccomp_chain)
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class CheckpointImages:
 
     where: str
     dumper_namespaces: dict[str, int]   # inventory root_ids: the namespaces CRIU itself was in
+    arch: int = 0                       # core_entry.mtype of the first task (1: x86_64)
+    seccomp_programs: list[bytes] = field(default_factory=list)  # seccomp.img's filters (BPF)
     tasks: list[TaskImage] = field(default_factory=list)
     user_namespaces: dict[int, tuple[tuple[IdMap, ...], tuple[IdMap, ...]]] = field(default_factory=dict)
 
@@ -289,20 +295,20 @@ def _namespaces(ids) -> dict[str, int]:
     return {kind: getattr(ids, f"{kind}_ns_id") for kind in NAMESPACE_FIELDS}
 
 
-def _filter_chain(index: int, filters: list, where: str) -> int:
-    """How many filters a thread runs under, following `prev` links (each checked, no loops)."""
-    seen: set[int] = set()
+def _filter_chain(index: int, filters: list, where: str) -> tuple[int, ...]:
+    """The filters a thread runs under, newest first, following `prev` links (each checked, no loops)."""
+    seen: dict[int, None] = {}
     while True:
         if index >= len(filters):
             raise ImageError(f"{where}: seccomp filter index {index}, but seccomp.img holds {len(filters)}")
         if index in seen:
             raise ImageError(f"{where}: seccomp filter chain loops at index {index}")
-        seen.add(index)
+        seen[index] = None
         program = filters[index]
         if not program.filter or len(program.filter) % 8:
             raise ImageError(f"{where}: seccomp filter {index} is not a BPF program ({len(program.filter)} bytes)")
         if not program.HasField("prev"):
-            return len(seen)
+            return tuple(seen)
         index = program.prev
 
 
@@ -329,6 +335,7 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
     filters = list(seccomp_entry.seccomp_filters) if seccomp_entry is not None else []
     if len(filters) > MAX_FILTERS:
         raise ImageError(f"{at('seccomp.img')}: {len(filters)} filters, more than {MAX_FILTERS}")
+    images.seccomp_programs = [bytes(program.filter) for program in filters]
     threads_seen = 0
     for process in tree:
         tids = list(process.threads) or [process.pid]
@@ -339,6 +346,7 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
         for tid in tids:
             name = f"core-{tid}.img"
             core = _one(read(name, MAX_FILE_BYTES), at(name), "CORE", messages.core, messages)
+            images.arch = images.arch or core.mtype
             if tid == process.pid or not threads:
                 state = core.tc.task_state if core.HasField("tc") else state
                 comm = core.tc.comm if core.HasField("tc") else comm
@@ -351,7 +359,7 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
             # CRIU takes these for a task whose core holds none
             threads = [thread if thread.creds is not None else
                        ThreadImage(thread.tid, _creds(entry, at(f"creds-{process.pid}.img")), thread.seccomp_mode,
-                                   thread.seccomp_filters) for thread in threads]
+                                   thread.seccomp_chain) for thread in threads]
         ids = _one(read(f"ids-{process.pid}.img", MAX_FILE_BYTES), at(f"ids-{process.pid}.img"), "IDS",
                    messages.ids, messages, required=False)
         if ids is not None:
@@ -363,7 +371,7 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
 
 def _thread(tid: int, core, filters: list, where: str) -> ThreadImage:
     if not core.HasField("thread_core"):
-        return ThreadImage(tid, None, 0, 0)
+        return ThreadImage(tid, None, 0)
     thread_core = core.thread_core
     mode = thread_core.seccomp_mode if thread_core.HasField("seccomp_mode") else 0
     filter_index = thread_core.seccomp_filter if thread_core.HasField("seccomp_filter") else None
@@ -372,7 +380,7 @@ def _thread(tid: int, core, filters: list, where: str) -> ThreadImage:
             mode = core.tc.old_seccomp_mode
         if core.tc.HasField("old_seccomp_filter"):
             filter_index = core.tc.old_seccomp_filter
-    chain = _filter_chain(filter_index or 0, filters, where) if mode == 2 else 0
+    chain = _filter_chain(filter_index or 0, filters, where) if mode == 2 else ()
     creds = _creds(thread_core.creds, where) if thread_core.HasField("creds") else None
     return ThreadImage(tid, creds, mode, chain)
 

@@ -20,9 +20,11 @@ could reach under the kernel's rules (a process may always drop privilege):
   group and additionalGids; otherwise a setuid program or the capability reaches any of them;
 - securebits: only set with CAP_SETPCAP, so none without it reachable;
 - no_new_privs: once set never cleared, so every thread has it when the spec sets it;
-- seccomp: when the spec has linux.seccomp, every thread runs under a filter (or strict mode).
-  The filter program itself is not compared with the spec's rules (that needs libseccomp's
-  compilation of the spec): an image could carry a filter that allows everything;
+- seccomp: when the spec has linux.seccomp, every thread runs under a filter (or strict mode),
+  and its chain of filters, run as the kernel runs them (oci.seccomp_bpf), must deny each syscall
+  of GUARDED_SYSCALLS (modules, file handles, mounts, BPF, keys, ptrace, the clock...) that the
+  spec denies whatever its arguments (x86_64 images). Other syscalls are not compared: that
+  would need libseccomp's compilation of the spec;
 - namespaces: for each namespace the spec creates, no process may be in the namespace CRIU
   itself was in when it dumped (inventory.img's root_ids): CRIU would then restore it into the
   restoring node's namespace instead of a new one. Without a user namespace in the spec, no
@@ -40,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import CheckpointImages, IdMap, TaskImage, ThreadImage
+from gpuckpt.oci.seccomp_bpf import allows, chain_action, decode
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
@@ -54,7 +57,23 @@ CAP_SETGID, CAP_SETUID, CAP_SETPCAP = CAP_NUMBERS["CAP_SETGID"], CAP_NUMBERS["CA
 # (criu/pstree.c get_clone_mask). cgroup namespaces are restored from the cgroup image instead.
 NAMESPACE_KINDS = {"pid": "pid", "network": "net", "ipc": "ipc", "uts": "uts", "mount": "mnt", "user": "user",
                    "time": "time"}
-SECCOMP_DISABLED = 0
+SECCOMP_DISABLED, SECCOMP_FILTER = 0, 2
+X86_64 = 1  # core_entry.mtype
+# Syscalls that widen what a process reaches (kernel modules, file handles, mounts, BPF, keys,
+# other processes, the clock), x86_64 numbers (asm/unistd_64.h): where the spec's seccomp denies
+# one, the image's filters must deny it too.
+GUARDED_SYSCALLS = {
+    "kexec_load": 246, "kexec_file_load": 320, "init_module": 175, "finit_module": 313, "delete_module": 176,
+    "open_by_handle_at": 304, "name_to_handle_at": 303, "mount": 165, "umount2": 166, "pivot_root": 155,
+    "swapon": 167, "swapoff": 168, "reboot": 169, "bpf": 321, "perf_event_open": 298, "ptrace": 101,
+    "unshare": 272, "setns": 308, "keyctl": 250, "add_key": 248, "request_key": 249, "fsopen": 430,
+    "fsconfig": 431, "fsmount": 432, "move_mount": 429, "open_tree": 428, "userfaultfd": 323, "iopl": 172,
+    "ioperm": 173, "clock_settime": 227, "settimeofday": 164, "clock_adjtime": 305, "adjtimex": 159, "acct": 163,
+    "quotactl": 179, "lookup_dcookie": 212, "process_vm_writev": 311, "process_vm_readv": 310, "syslog": 103,
+    "sethostname": 170, "setdomainname": 171, "chroot": 161, "mknod": 133, "create_module": 174,
+    "query_module": 178, "nfsservctl": 180, "uselib": 134, "vhangup": 153, "_sysctl": 156,
+}
+NOT_DENYING = {"SCMP_ACT_ALLOW", "SCMP_ACT_LOG", "SCMP_ACT_TRACE", "SCMP_ACT_NOTIFY"}
 MAX_SHOWN = 4
 
 
@@ -144,6 +163,7 @@ class Grant:
         self.gids_free = not self.no_new_privs or self._reachable(CAP_SETGID)
         self.secbits_free = self._reachable(CAP_SETPCAP)
         self.new_namespaces = {ns.type for ns in spec.linux.namespaces if not ns.path}
+        self.denied_syscalls = _denied_by(spec.linux.seccomp) if spec.linux.seccomp is not None else {}
 
     def _reachable(self, cap: int) -> bool:
         return not self.limits_caps or cap in self.reachable
@@ -152,13 +172,14 @@ class Grant:
 def refusals(images: CheckpointImages, spec: SpecGrant) -> list[str]:
     """One line per thing a live process of the images holds beyond the spec's grant."""
     grant, problems = Grant(spec), []
+    filters = _Filters(images)
     for task in images.tasks:
         if not task.alive:
             continue
         problems += _namespace_problems(task, images, grant)
         for thread in task.threads:
             who = f"process {task.pid} ({task.comm})" + (f" thread {thread.tid}" if thread.tid != task.pid else "")
-            problems += [f"{who}: {problem}" for problem in _thread_problems(thread, grant)]
+            problems += [f"{who}: {problem}" for problem in _thread_problems(thread, grant, filters)]
     return list(dict.fromkeys(problems))
 
 
@@ -171,7 +192,7 @@ def check_images(images: CheckpointImages, spec: SpecGrant, what: str) -> None:
                          "refused")
 
 
-def _thread_problems(thread: ThreadImage, grant: Grant) -> list[str]:
+def _thread_problems(thread: ThreadImage, grant: Grant, filters: _Filters) -> list[str]:
     creds, problems = thread.creds, []
     if creds is None:
         return ["no credentials in its core image (CRIU would leave it the restorer's, root's): "
@@ -204,7 +225,53 @@ def _thread_problems(thread: ThreadImage, grant: Grant) -> list[str]:
         problems.append("no_new_privs off, the spec sets noNewPrivileges")
     if grant.spec.linux.seccomp is not None and thread.seccomp_mode == SECCOMP_DISABLED:
         problems.append("no seccomp filter, the spec gives the container one (linux.seccomp)")
+    elif thread.seccomp_mode == SECCOMP_FILTER and grant.denied_syscalls and filters.checkable:
+        if allowed := filters.allowed(thread.seccomp_chain, grant.denied_syscalls):
+            problems.append(f"its seccomp filters allow {', '.join(allowed[:MAX_SHOWN])}"
+                            f"{f' (+{len(allowed) - MAX_SHOWN} more)' if len(allowed) > MAX_SHOWN else ''}, "
+                            "which the spec's linux.seccomp denies")
     return problems
+
+
+def _denied_by(seccomp: dict) -> dict[str, int]:
+    """The guarded syscalls the spec's seccomp denies whatever their arguments (x86_64)."""
+    rules = seccomp.get("syscalls") or []
+    arches = seccomp.get("architectures") or []
+    if not isinstance(rules, list) or (arches and "SCMP_ARCH_X86_64" not in arches):
+        return {}
+    allowing, denying = set(), set()
+    for rule in rules:
+        if not isinstance(rule, dict) or not isinstance(rule.get("names"), list):
+            continue
+        names = {name for name in rule["names"] if isinstance(name, str)}
+        if rule.get("action") in NOT_DENYING:
+            allowing |= names  # with or without argument conditions: not denied whatever the arguments
+        elif not rule.get("args"):
+            denying |= names
+    denied = set(GUARDED_SYSCALLS) if seccomp.get("defaultAction") not in NOT_DENYING else denying
+    return {name: GUARDED_SYSCALLS[name] for name in sorted(denied - allowing) if name in GUARDED_SYSCALLS}
+
+
+class _Filters:
+    """The images' seccomp programs, decoded once; what a thread's chain allows."""
+
+    def __init__(self, images: CheckpointImages) -> None:
+        self.checkable = images.arch == X86_64  # the guarded syscalls' numbers are x86_64's
+        self.where = f"{images.where}/seccomp.img"
+        self.programs = [decode(program, f"{self.where} filter {index}")
+                         for index, program in enumerate(images.seccomp_programs)] if self.checkable else []
+        self.seen: dict[tuple[tuple[int, ...], int], bool] = {}
+
+    def allowed(self, chain: tuple[int, ...], syscalls: dict[str, int]) -> list[str]:
+        programs = [self.programs[index] for index in chain]
+        found = []
+        for name, number in syscalls.items():
+            key = (chain, number)
+            if key not in self.seen:
+                self.seen[key] = allows(chain_action(programs, number, self.where))
+            if self.seen[key]:
+                found.append(name)
+        return found
 
 
 def _reach_words(grant: Grant) -> str:

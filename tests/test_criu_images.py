@@ -74,11 +74,13 @@ class ImageBuilder:
         mode = (2, 0) if seccomp else (None, None)
         for tid in (1, *threads):
             self.write(f"core-{tid}.img", "CORE", self.core(creds, *mode))
-        if seccomp:
-            bpf = bytes(8)  # one instruction: the reader checks shape, not meaning
-            self.write("seccomp.img", "SECCOMP", self.pb.seccomp(seccomp_filters=[self.pb.seccomp.DESCRIPTOR
-                       .fields_by_name["seccomp_filters"].message_type._concrete_class(filter=bpf)]))
+        if seccomp:  # podman's default filter, as runc compiled it (filter 0)
+            (self.dir / "seccomp.img").write_bytes((REAL_DUMP / "seccomp.img").read_bytes())
         return self.dir
+
+    def filter(self, program: bytes, prev: int | None = None):
+        entry_type = self.pb.seccomp.DESCRIPTOR.fields_by_name["seccomp_filters"].message_type._concrete_class
+        return entry_type(filter=program) if prev is None else entry_type(filter=program, prev=prev)
 
 
 def read(directory: Path):
@@ -92,7 +94,7 @@ def test_a_real_criu_dump_reads_as_podman_made_it() -> None:
     assert (task.pid, task.comm, task.alive) == (1, "sleep", True)
     (thread,) = task.threads
     assert thread.creds.cap_eff == thread.creds.cap_bnd == DEFAULT_CAPS
-    assert (thread.creds.uid, thread.creds.no_new_privs, thread.seccomp_mode, thread.seccomp_filters) == (0, False, 2, 1)
+    assert (thread.creds.uid, thread.creds.no_new_privs, thread.seccomp_mode, thread.seccomp_chain) == (0, False, 2, (0,))
 
 
 def test_threads_each_have_their_own_credentials(tmp_path: Path) -> None:
@@ -183,18 +185,17 @@ def test_missing_files_are_named(tmp_path: Path) -> None:
 def test_seccomp_chains_are_followed_with_bounds(tmp_path: Path) -> None:
     build = ImageBuilder(tmp_path)
     build.checkpoint()
-    entry_type = build.pb.seccomp.DESCRIPTOR.fields_by_name["seccomp_filters"].message_type._concrete_class
     build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[
-        entry_type(filter=bytes(8), prev=1), entry_type(filter=bytes(16), prev=0)]))
+        build.filter(bytes(8), prev=1), build.filter(bytes(16), prev=0)]))
     with pytest.raises(ImageError, match="chain loops"):
         read(tmp_path)
     build.write("core-1.img", "CORE", build.core(None, 2, 5))
     with pytest.raises(ImageError, match="filter index 5"):
         read(tmp_path)
-    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[entry_type(filter=bytes(8)),
-                                                                          entry_type(filter=bytes(16), prev=0)]))
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[build.filter(bytes(8)),
+                                                                          build.filter(bytes(16), prev=0)]))
     build.write("core-1.img", "CORE", build.core(None, 2, 1))
-    assert read(tmp_path).tasks[0].threads[0].seccomp_filters == 2
+    assert read(tmp_path).tasks[0].threads[0].seccomp_chain == (1, 0)
 
 
 @pytest.mark.hostile("pstree declaring more threads than the reader's cap")

@@ -1,0 +1,110 @@
+"""Seccomp filter programs (classic BPF) as the kernel runs them: what a chain returns for a syscall.
+
+Phases: decode a program (8-byte `sock_filter` instructions, only the opcodes seccomp accepts),
+run it on a `seccomp_data` (nr, arch, instruction pointer, six arguments; 64 bytes), every jump
+forward and every load inside the data, and combine a chain's results the kernel's way (the
+action of highest precedence wins). A program the kernel would refuse is an ImageError.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from gpuckpt.errors import ImageError
+
+AUDIT_ARCH_X86_64 = 0xC000003E
+SECCOMP_DATA_BYTES = 64
+MAX_INSNS = 4096                 # BPF_MAXINSNS
+RET_ACTION_FULL = 0xFFFF0000
+RET_ALLOW, RET_LOG = 0x7FFF0000, 0x7FFC0000
+ACTION_NAMES = {0x80000000: "kill-process", 0x00000000: "kill-thread", 0x00030000: "trap", 0x00050000: "errno",
+                0x7FC00000: "user-notif", 0x7FF00000: "trace", RET_LOG: "log", RET_ALLOW: "allow"}
+MEMORY_WORDS = 16                # BPF_MEMWORDS
+
+_ALU = {0x00: lambda a, b: a + b, 0x10: lambda a, b: a - b, 0x20: lambda a, b: a * b,
+        0x30: lambda a, b: a // b if b else None, 0x40: lambda a, b: a | b, 0x50: lambda a, b: a & b,
+        0x60: lambda a, b: a << (b & 31), 0x70: lambda a, b: a >> (b & 31), 0xA0: lambda a, b: a ^ b}
+_JUMPS = {0x10: lambda a, b: a == b, 0x20: lambda a, b: a > b, 0x30: lambda a, b: a >= b,
+          0x40: lambda a, b: bool(a & b)}
+
+
+def seccomp_data(nr: int, arch: int = AUDIT_ARCH_X86_64, args: tuple[int, ...] = (0,) * 6) -> bytes:
+    return struct.pack("<iIQ6Q", nr, arch, 0, *args)
+
+
+def decode(program: bytes, what: str) -> list[tuple[int, int, int, int]]:
+    if not program or len(program) % 8 or len(program) // 8 > MAX_INSNS:
+        raise ImageError(f"{what}: a seccomp program of {len(program)} bytes (1 to {MAX_INSNS} 8-byte instructions)")
+    return list(struct.iter_unpack("<HBBI", program))
+
+
+def run(program: list[tuple[int, int, int, int]], data: bytes, what: str) -> int:
+    """The program's return value for `data` (at most one pass over it: jumps go forward only)."""
+    a = x = 0
+    memory = [0] * MEMORY_WORDS
+    pc = 0
+    while pc < len(program):
+        code, jt, jf, k = program[pc]
+        klass = code & 0x07
+        if code == 0x20:                                   # ld [k]
+            if k % 4 or k + 4 > SECCOMP_DATA_BYTES:
+                raise ImageError(f"{what}: seccomp program loads seccomp_data at byte {k}")
+            (a,) = struct.unpack_from("<I", data, k)
+        elif code == 0x80:                                 # ld len
+            a = SECCOMP_DATA_BYTES
+        elif code == 0x81:                                 # ldx len
+            x = SECCOMP_DATA_BYTES
+        elif code in (0x00, 0x01):                         # ld #k, ldx #k
+            a, x = (k, x) if code == 0x00 else (a, k)
+        elif code in (0x60, 0x61, 0x02, 0x03):             # ld M[k], ldx M[k], st M[k], stx M[k]
+            if k >= MEMORY_WORDS:
+                raise ImageError(f"{what}: seccomp program uses scratch word {k}")
+            if code == 0x60:
+                a = memory[k]
+            elif code == 0x61:
+                x = memory[k]
+            else:
+                memory[k] = a if code == 0x02 else x
+        elif klass == 0x04:                                # alu
+            operation = code & 0xF0
+            if code == 0x84:
+                a = -a & 0xFFFFFFFF
+            elif operation in _ALU:
+                result = _ALU[operation](a, x if code & 0x08 else k)
+                if result is None:
+                    return 0  # division by zero ends the program with 0 (kill)
+                a = result & 0xFFFFFFFF
+            else:
+                raise ImageError(f"{what}: seccomp program has opcode {code:#x}")
+        elif klass == 0x05:                                # jumps
+            if code == 0x05:
+                pc += k
+            elif code & 0xF0 in _JUMPS:
+                pc += jt if _JUMPS[code & 0xF0](a, x if code & 0x08 else k) else jf
+            else:
+                raise ImageError(f"{what}: seccomp program has opcode {code:#x}")
+        elif code == 0x06:                                 # ret #k
+            return k
+        elif code == 0x16:                                 # ret a
+            return a
+        elif code == 0x07:                                 # tax
+            x = a
+        elif code == 0x87:                                 # txa
+            a = x
+        else:
+            raise ImageError(f"{what}: seccomp program has opcode {code:#x}")
+        pc += 1
+    raise ImageError(f"{what}: seccomp program runs past its end")
+
+
+def chain_action(programs: list[list[tuple[int, int, int, int]]], nr: int, what: str,
+                 arch: int = AUDIT_ARCH_X86_64) -> int:
+    """The action a chain of filters takes for syscall `nr` (no arguments): the kernel runs every
+    filter and keeps the action of highest precedence (lowest as a signed 32-bit number)."""
+    data = seccomp_data(nr, arch)
+    actions = [run(program, data, what) & RET_ACTION_FULL for program in programs]
+    return min(actions, key=lambda action: action - (1 << 32) if action & 0x80000000 else action)
+
+
+def allows(action: int) -> bool:
+    return action in (RET_ALLOW, RET_LOG)

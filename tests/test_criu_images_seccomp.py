@@ -1,0 +1,133 @@
+"""Seccomp programs from CRIU images run as the kernel runs them, and compared with the spec's rules."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.criu_images import directory_source, mapping_source, read_checkpoint_images
+from gpuckpt.oci.seccomp_bpf import RET_ALLOW, allows, chain_action, decode, run, seccomp_data
+from gpuckpt.shim.image_policy import refusals
+from test_criu_images import REAL_DUMP, ImageBuilder
+from test_criu_images_policy import spec
+
+ALL_CAPS_FILTER = Path(__file__).parent / "data" / "criu-podman-allcaps-seccomp.img"  # --cap-add=ALL's, runc
+ERRNO, KILL_PROCESS = 0x00050000, 0x80000000
+READ, OPEN_BY_HANDLE_AT, BPF = 0, 304, 321
+
+
+def insn(code: int, k: int = 0, jt: int = 0, jf: int = 0) -> bytes:
+    return struct.pack("<HBBI", code, jt, jf, k)
+
+
+def ret(action: int) -> bytes:
+    return insn(0x06, action)
+
+
+def real_filter(seccomp_img: Path = REAL_DUMP / "seccomp.img") -> list:
+    """The decoded programs of a seccomp.img, read with the real dump's other images."""
+    files = {path.name: path.read_bytes() for path in REAL_DUMP.glob("*.img")}
+    images = read_checkpoint_images(mapping_source({**files, "seccomp.img": seccomp_img.read_bytes()}), "real")
+    return [decode(program, "real") for program in images.seccomp_programs]
+
+
+def test_podmans_default_filter_allows_read_and_denies_file_handles() -> None:
+    programs = real_filter()
+    assert allows(chain_action(programs, READ, "real"))
+    assert chain_action(programs, OPEN_BY_HANDLE_AT, "real") == ERRNO
+    assert not allows(chain_action(programs, BPF, "real"))
+
+
+def test_the_all_capabilities_filter_allows_what_the_default_denies() -> None:
+    programs = real_filter(ALL_CAPS_FILTER)
+    assert allows(chain_action(programs, OPEN_BY_HANDLE_AT, "real"))
+    assert allows(chain_action(programs, BPF, "real"))
+
+
+def test_a_chain_takes_the_action_of_highest_precedence() -> None:
+    allow, errno, kill = (decode(ret(action), "p") for action in (RET_ALLOW, ERRNO | 1, KILL_PROCESS))
+    assert chain_action([allow, errno], READ, "c") == ERRNO
+    assert chain_action([errno, kill, allow], READ, "c") == KILL_PROCESS
+    assert chain_action([allow], READ, "c") == RET_ALLOW
+
+
+def test_arithmetic_jumps_and_scratch_memory() -> None:
+    program = decode(b"".join([
+        insn(0x20, 0),            # A = nr
+        insn(0x04, 5),            # A += 5
+        insn(0x02, 3),            # M[3] = A
+        insn(0x01, 0),            # X = 0
+        insn(0x61, 3),            # X = M[3]
+        insn(0x87),               # A = X
+        insn(0x15, 9, 0, 1),      # A == 9 ? next : skip one
+        ret(RET_ALLOW),
+        ret(ERRNO),
+    ]), "p")
+    assert run(program, seccomp_data(4), "p") == RET_ALLOW
+    assert run(program, seccomp_data(5), "p") == ERRNO
+    divide_by_x = decode(insn(0x01, 0) + insn(0x3C) + ret(RET_ALLOW), "p")
+    assert run(divide_by_x, seccomp_data(0), "p") == 0  # the kernel ends it with 0: kill
+
+
+@pytest.mark.hostile("seccomp programs the kernel refuses (bad opcode, loads outside seccomp_data, jumps past the end)")
+@pytest.mark.parametrize("program, message", [
+    (insn(0xFF), "opcode 0xff"),
+    (insn(0x20, 64) + ret(0), "loads seccomp_data at byte 64"),
+    (insn(0x20, 2) + ret(0), "loads seccomp_data at byte 2"),
+    (insn(0x05, 7) + ret(0), "runs past its end"),
+    (insn(0x00, 1), "runs past its end"),
+    (insn(0x60, 16) + ret(0), "scratch word 16"),
+    (b"", "1 to 4096"),
+    (ret(0) * 4097, "1 to 4096"),
+    (b"\x06" * 7, "1 to 4096"),
+])
+def test_programs_the_kernel_would_refuse_are_one_line(program: bytes, message: str) -> None:
+    with pytest.raises(ImageError, match=message):
+        run(decode(program, "p"), seccomp_data(0), "p")
+
+
+@pytest.mark.hostile("seccomp.img whose filter is replaced by one allowing every syscall")
+def test_a_filter_allowing_what_the_spec_denies_is_refused(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[build.filter(ret(RET_ALLOW))]))
+    held = read_checkpoint_images(directory_source(str(tmp_path)), "images")
+    assert refusals(held, spec()) == ["process 1 (sleep): its seccomp filters allow _sysctl, acct, add_key, bpf "
+                                      "(+24 more), which the spec's linux.seccomp denies"]
+    assert refusals(held, spec(linux_seccomp=None)) == []  # no rules in the spec: nothing to compare
+
+
+def test_a_process_adding_its_own_filter_on_top_passes(tmp_path: Path) -> None:
+    """A filter the program installed itself (allow-all, chained on the runtime's) changes nothing."""
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    real = (REAL_DUMP / "seccomp.img").read_bytes()
+    entry = build.pb.seccomp()
+    entry.ParseFromString(real[12:])
+    entry.seccomp_filters.append(build.filter(ret(RET_ALLOW), prev=0))
+    build.write("seccomp.img", "SECCOMP", entry)
+    build.write("core-1.img", "CORE", build.core(None, 2, 1))
+    held = read_checkpoint_images(directory_source(str(tmp_path)), "images")
+    assert held.tasks[0].threads[0].seccomp_chain == (1, 0)
+    assert refusals(held, spec()) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x0C, 0x15, 0x16, 0x1D,
+                                           0x20, 0x25, 0x35, 0x3C, 0x45, 0x60, 0x61, 0x80, 0x81, 0x84, 0x87, 0x94,
+                                           0xFF]),
+                          st.integers(0, 3), st.integers(0, 3), st.integers(0, 70)), min_size=1, max_size=40),
+       st.integers(-(2**31), 2**31 - 1))
+@pytest.mark.hostile("fuzzed seccomp programs")
+def test_fuzzed_programs_return_a_value_or_one_line(instructions, nr: int) -> None:
+    program = b"".join(insn(code, k, jt, jf) for code, jt, jf, k in instructions)
+    try:
+        result = run(decode(program, "fuzz"), seccomp_data(nr), "fuzz")
+        assert 0 <= result < 2**32
+    except ImageError as error:
+        assert "\n" not in str(error) and str(error).startswith("fuzz: ")
