@@ -261,7 +261,8 @@ def test_a_small_archive_of_zero_pages_stages_nothing(tmp_path, unsigned_allowed
 
 
 @pytest.mark.hostile("a real podman archive larger than the operator's import.max_staged_bytes")
-def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_delegate, tmp_path, unsigned_allowed) -> None:
+def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_delegate, tmp_path,
+                                                                      unsigned_allowed) -> None:
     """Refused mid-staging (the pages declare more than the cap): no staging directory, no partial
     file, no record, no container; the same archive imports once the operator raises the cap."""
     from bed import CONFIG
@@ -278,8 +279,9 @@ def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_deleg
             refused = sh(GPUCKPT, "import", str(archive), check=False)
         message = refused.stderr.strip()
         assert refused.returncode == 1 and len(message.splitlines()) == 1, message
-        assert (f"{archive}: checkpoint/pages-1.img needs " in message and "MiB of staging, more than this import may still stage"
-                in message and "import.max_staged_bytes 8 MiB" in message), message
+        assert f"{archive}: checkpoint/pages-1.img needs " in message, message
+        assert "MiB of staging, more than this import may still stage" in message, message
+        assert "import.max_staged_bytes 8 MiB" in message, message
         assert "pages-1.img" not in watch.names and watch.most_bytes <= 8 << 20
         assert not podman_made(name)  # podman never ran
         assert staging_leftovers() == []

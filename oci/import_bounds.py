@@ -41,8 +41,9 @@ class StagingBudget:
         free = status.f_bavail * status.f_frsize
         cap = node_memory_bytes() if limits.max_staged_bytes == "auto" else limits.max_staged_bytes
         self.path, self.left = path, max(0, min(cap, free - limits.reserve_bytes))
-        self.why = (f"import.max_staged_bytes {cap // MIB} MiB{' (auto: memory and swap)' * (limits.max_staged_bytes == 'auto')}, "
-                    f"{free // MIB} MiB free on {directory} less import.reserve_bytes {limits.reserve_bytes // MIB} MiB")
+        auto = " (auto: memory and swap)" if limits.max_staged_bytes == "auto" else ""
+        self.why = (f"import.max_staged_bytes {cap // MIB} MiB{auto}, {free // MIB} MiB free on {directory} "
+                    f"less import.reserve_bytes {limits.reserve_bytes // MIB} MiB")
 
     def take(self, name: str, size: int) -> None:
         """Count `size` more bytes for `name`; an ImageError, before any is written, past the bound."""
