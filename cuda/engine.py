@@ -42,9 +42,17 @@ POLL_S = 0.05
 class StoppedDuringCall(GpuCheckpointError):
     """The process was stopped while a driver call waited on it; it was continued so the call could return."""
 
+    def __init__(self, pid: int, step: str) -> None:
+        super().__init__(f"pid {pid} was stopped (SIGSTOP) during the {step}; continued (SIGCONT) so the driver "
+                         "call could return")
+
 
 class CallAbandoned(GpuCheckpointError):
     """A driver call did not return within the watchdog's bound; its thread was left behind."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(f"pid {pid}: the driver call did not return (the process stays stopped, held by a "
+                         "tracer?); it may stay locked")
 
 
 @dataclass
@@ -132,16 +140,32 @@ def run_parallel(action: Callable[[int], None], pids: Sequence[int],
     failures: dict[int, BaseException] = {}
     for call in calls:
         if call.pid in abandoned:
-            failures[call.pid] = CallAbandoned("the driver call did not return (the process stays stopped, "
-                                               "held by a tracer?); it may stay locked")
+            failures[call.pid] = CallAbandoned(call.pid)
         elif call.error is not None:
             failures[call.pid] = call.error
     return failures
 
 
 def describe_failures(step: str, failures: dict[int, BaseException]) -> str:
-    parts = [f"pid {pid}: {error}" for pid, error in sorted(failures.items())]
+    parts = [str(error) if isinstance(error, (StoppedDuringCall, CallAbandoned)) else f"pid {pid}: {error}"
+             for pid, error in sorted(failures.items())]
     return f"{step} failed for {len(failures)} CUDA process(es): " + "; ".join(parts)
+
+
+def query_states(driver: CudaDriver, pids: Sequence[int]) -> dict[int, ProcessState | BaseException]:
+    """Each pid's checkpoint state, or the error its query raised; watched like every driver call
+    (GetState also waits while its process is stopped: H100, r580). A process stopped meanwhile
+    is continued so the query returns, stopped again, and answered with StoppedDuringCall."""
+    found: dict[int, ProcessState | BaseException] = {}
+
+    def read(pid: int) -> None:
+        found[pid] = driver.state(pid)
+    watchdog = Watchdog(act_after_s=WATCHDOG_MARGIN_S, give_up_after_s=WATCHDOG_MARGIN_S + GIVE_UP_S)
+    failures = run_parallel(read, pids, watchdog)
+    for pid in sorted(watchdog.continued):
+        _signal(pid, signal.SIGSTOP)  # as the container left it; nothing else was touched
+        failures.setdefault(pid, StoppedDuringCall(pid, "state query"))
+    return {**found, **failures}
 
 
 class CudaSession:
@@ -170,14 +194,21 @@ class CudaSession:
         self.continued |= watchdog.continued
         self.abandoned |= {pid for pid, error in failures.items() if isinstance(error, CallAbandoned)}
         for pid in sorted(watchdog.continued - failures.keys()):
-            failures[pid] = StoppedDuringCall(
-                f"was stopped (SIGSTOP) during the {step}; continued (SIGCONT) so the driver call could return")
+            failures[pid] = StoppedDuringCall(pid, step)
         return failures
+
+    def states(self) -> dict[int, ProcessState]:
+        """Each process's checkpoint state (query_states); any failure is one GpuCheckpointError."""
+        answers = query_states(self.driver, self.pids)
+        failures = {pid: answer for pid, answer in answers.items() if isinstance(answer, BaseException)}
+        self.abandoned |= {pid for pid, error in failures.items() if isinstance(error, CallAbandoned)}
+        if failures:
+            raise GpuCheckpointError(describe_failures("state query", failures))
+        return {pid: answer for pid, answer in answers.items() if isinstance(answer, ProcessState)}
 
     def require_running(self) -> None:
         """Refuse processes someone else has locked or checkpointed (we must not resume those)."""
-        for pid in self.pids:
-            state = self.driver.state(pid)
+        for pid, state in sorted(self.states().items()):
             if state != ProcessState.RUNNING:
                 raise GpuCheckpointError(
                     f"CUDA process {pid} is {state.name.lower()}, not running: "

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from gpuckpt.cuda.devices import NVIDIA_DEVICE_PREFIX
 from gpuckpt.cuda.discovery import is_stopped
 from gpuckpt.cuda.driver import CudaDriver
+from gpuckpt.cuda.engine import query_states
 from gpuckpt.errors import DriverError, GpuCheckpointError
 from gpuckpt.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
 
@@ -40,15 +41,15 @@ def split_forked_children(driver: CudaDriver, holding_pids: list[int]) -> tuple[
     """(CUDA processes, forked children) among the processes that hold /dev/nvidia*: a child is
     one the driver answers CUDA_ERROR_NOT_INITIALIZED for."""
     cuda_pids, children = [], []
+    answers = query_states(driver, holding_pids)  # watched: GetState waits while a process is stopped
     for pid in holding_pids:
-        try:
-            driver.state(pid)
-        except DriverError as error:
-            if error.cuda_error != CUDA_ERROR_NOT_INITIALIZED:
-                raise
+        answer = answers[pid]
+        if isinstance(answer, DriverError) and answer.cuda_error == CUDA_ERROR_NOT_INITIALIZED:
             children.append(pid)
-            continue
-        cuda_pids.append(pid)
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            cuda_pids.append(pid)
     return cuda_pids, children
 
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.cuda.engine import CudaSession
+from gpuckpt.cuda.engine import CudaSession, query_states
 from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
 from gpuckpt.oci.suspension import SuspendedProcess, Suspension
 
@@ -20,12 +20,12 @@ from gpuckpt.oci.suspension import SuspendedProcess, Suspension
 def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
     """The processes the driver holds checkpointed (they no longer show up as GPU users)."""
     found = []
+    answers = query_states(driver, pids)  # watched: GetState waits while a process is stopped
     for pid in pids:
-        try:
-            if driver.state(pid) == ProcessState.CHECKPOINTED:
-                found.append(pid)
-        except DriverError:
-            continue  # not a CUDA process
+        if isinstance(answers[pid], BaseException) and not isinstance(answers[pid], DriverError):
+            raise answers[pid]
+        if answers[pid] == ProcessState.CHECKPOINTED:  # a DriverError: not a CUDA process
+            found.append(pid)
     return found
 
 
@@ -89,7 +89,8 @@ def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = ()
         session.restore(pairs)
     except GpuckptError as error:
         # Cleanly suspended again: whatever came back goes back to host memory.
-        back = [pid for pid in pids if driver.state(pid) == ProcessState.LOCKED]
+        answers = query_states(driver, pids)
+        back = [pid for pid in pids if answers[pid] == ProcessState.LOCKED]
         again = CudaSession(driver, back)
         try:
             again.checkpoint()

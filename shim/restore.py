@@ -150,7 +150,7 @@ class GpuRestore:
     def _restore_gpu(self, driver, pairs) -> None:
         from gpuckpt.cuda.discovery import container_pid, container_processes
         from gpuckpt.cuda.driver import ProcessState
-        from gpuckpt.cuda.engine import CudaSession
+        from gpuckpt.cuda.engine import CudaSession, query_states
 
         wanted = {record.container_pid for record in self.manifest.processes}
         from gpuckpt.shim.devnodes import sync_nvidia_nodes
@@ -165,8 +165,11 @@ class GpuRestore:
             seen = sorted(container_pid(pid) for pid in host_pids)
             raise GpuCheckpointError(f"found {len(found)} of the {len(wanted)} checkpointed CUDA processes "
                                      f"(container PIDs wanted {sorted(wanted)}, present {seen})")
+        answers = query_states(driver, found)  # watched: GetState waits while a process is stopped
         for pid in found:
-            process_state = driver.state(pid)
+            process_state = answers[pid]
+            if isinstance(process_state, BaseException):
+                raise process_state
             if process_state != ProcessState.CHECKPOINTED:
                 raise GpuCheckpointError(f"restored process {pid} is {process_state.name.lower()}, not checkpointed")
         session = CudaSession(driver, found)
