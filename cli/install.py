@@ -46,17 +46,12 @@ def _reload_dockerd() -> str:
     return f"dockerd (pid {pid}) reloaded its runtimes"
 
 
-def _node_key() -> str:
-    from gpuckpt.oci.trust import ensure_node_key, node_key_path
-
-    signer, made = ensure_node_key()
-    return f"{node_key_path()}: {'made' if made else 'kept'} this node's signing key {signer.key_id}"
-
-
 def run(options: argparse.Namespace) -> int:
     runtime_path = _runtime_path(options.runtime_path)
     if os.geteuid() == 0:  # a non-root run edits a --config of its own and signs nothing
-        print(_node_key())
+        from gpuckpt.cli.trust import run_init
+
+        run_init(options)
     if options.engine == "podman":
         change = engines.register_podman(runtime_path, default=options.default,
                                          conf_path=options.config or engines.PODMAN_CONF)

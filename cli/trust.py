@@ -1,5 +1,6 @@
 """`gpuckpt trust`: whose signed checkpoints this node restores, and from where unsigned ones.
 
+init: make this node's signing key if it has none (what `gpuckpt install` does first);
 add NAME FILE|- / remove NAME / list: trusted public keys (oci.trust's trust.toml);
 export-key: this node's public key, for the other node's `trust add`;
 allow-unsigned SOURCE / disallow-unsigned SOURCE: the explicit exceptions, each use logged;
@@ -9,6 +10,8 @@ verify ARCHIVE|oci:DIR[:TAG]: check a signature without restoring anything.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import os
 import socket
 import time
 
@@ -18,6 +21,8 @@ from gpuckpt.errors import UsageError
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("trust", help="signing keys this node trusts, and its node key")
     verbs = parser.add_subparsers(dest="trust_command", required=True, metavar="VERB")
+    init = verbs.add_parser("init", help="make this node's signing key if it has none (gpuckpt install does)")
+    init.set_defaults(handler=run_init)
     add = verbs.add_parser("add", help="trust checkpoints signed by another node's key")
     add.add_argument("name", help="a name for that node (letters, digits, '.', '_', '-')")
     add.add_argument("key_file", metavar="PUBKEYFILE|-", help="what `gpuckpt trust export-key` printed there")
@@ -43,10 +48,16 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _edit(change) -> str:
-    from gpuckpt.oci.trust import load_policy, save_policy
+    """Read, change and write the policy under an exclusive lock: two edits at once both land."""
+    from gpuckpt.oci.trust import load_policy, policy_path, save_policy
 
-    policy = load_policy()
-    return save_policy(change(policy))
+    os.makedirs(os.path.dirname(policy_path()), mode=0o755, exist_ok=True)
+    fd = os.open(f"{policy_path()}.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return save_policy(change(load_policy()))
+    finally:
+        os.close(fd)
 
 
 def run_add(options: argparse.Namespace) -> int:
@@ -113,6 +124,14 @@ def run_disallow_unsigned(options: argparse.Namespace) -> int:
         return policy.model_copy(update={"allow_unsigned": kept})
 
     print(f"{_edit(change)}: unsigned checkpoints from {options.source} refused again")
+    return 0
+
+
+def run_init(options: argparse.Namespace) -> int:
+    from gpuckpt.oci.trust import ensure_node_key, node_key_path
+
+    signer, made = ensure_node_key()
+    print(f"{node_key_path()}: {'made' if made else 'kept'} this node's signing key {signer.key_id}")
     return 0
 
 

@@ -21,6 +21,7 @@ import zstandard
 
 from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 from test_registry import registry  # noqa: F401  (the loopback registry fixture)
+from test_runc_level import RUNTIME_ROOT, detached, make_bundle, rootfs, runtime  # noqa: F401  (rootfs: a fixture)
 
 TRUST_LOG = Path("/var/log/gpuckpt/trust.log")
 
@@ -86,6 +87,17 @@ def start_counter(name: str):
     return wait_counter(lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout, minimum=3)
 
 
+def staging_leftovers() -> set[str]:
+    imports = Path("/run/gpuckpt/imports")
+    return ({p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")}
+            | set(os.listdir(imports) if imports.exists() else []))
+
+
+def podman_has(name: str) -> bool:
+    """Whether podman knows a container of that name (other suites may run containers meanwhile)."""
+    return sh("podman", "container", "exists", name, check=False).returncode == 0
+
+
 def one_line_refusal(result, *needles: str) -> str:
     assert result.returncode == 1, result.stdout + result.stderr
     message = result.stderr.strip()
@@ -146,12 +158,11 @@ def tamper_pages(archive: Path) -> str:
 def test_a_tampered_archive_is_refused_nothing_staged_podman_never_ran(exported) -> None:
     name, archive, _ = exported
     changed = tamper_pages(archive)
-    containers = sh("podman", "ps", "-aq").stdout
+    before = staging_leftovers()
     refused = sh(GPUCKPT, "import", str(archive), check=False)
     one_line_refusal(refused, str(archive), f"entry '{changed}' does not match its signed sha256")
-    assert sh("podman", "ps", "-aq").stdout == containers  # podman never restored anything
-    assert [p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")] == []
-    assert not Path("/run/gpuckpt/imports").exists() or os.listdir("/run/gpuckpt/imports") == []
+    assert not podman_has(name)  # podman never restored it
+    assert staging_leftovers() <= before  # nothing staged stays (other suites' imports may come and go)
 
 
 @pytest.mark.hostile("an unsigned archive (podman's own --export)")
@@ -164,12 +175,12 @@ def test_unsigned_is_refused_by_default_and_restored_under_an_explicit_logged_ex
         before = start_counter(name)
         sh("podman", "container", "checkpoint", "--export", str(archive), name)
         sh("podman", "rm", "-f", name)
-        containers = sh("podman", "ps", "-aq").stdout
         refused = sh(GPUCKPT, "import", str(archive), check=False)
         one_line_refusal(refused, f"no signature ({archive}.sig)", f"gpuckpt trust allow-unsigned archive:{archive}")
-        assert sh("podman", "ps", "-aq").stdout == containers
+        assert not podman_has(name)
         sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "podman's own exports, test")
-        assert f"UNSIGNED accepted (logged) from: {source}" in sh(GPUCKPT, "doctor", check=False).stdout
+        trust_line = next(line for line in sh(GPUCKPT, "doctor", check=False).stdout.splitlines() if "trust:" in line)
+        assert "UNSIGNED accepted (logged) from:" in trust_line and source in trust_line
         imported = sh(GPUCKPT, "import", str(archive))
         assert f"{archive} is unsigned: accepted because" in imported.stdout
         logged = [json.loads(line) for line in TRUST_LOG.read_text().splitlines()]
@@ -217,3 +228,81 @@ def test_the_image_signature_travels_through_the_registry(registry, runc_delegat
                          "annotation 'io.podman.annotations.checkpoint.name' differs from the signed one")
     finally:
         sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+def edit_archive(archive: Path, edit) -> None:
+    """podman's archive unpacked, `edit(member, data)` applied to each entry (None: dropped), packed again."""
+    plain = zstandard.ZstdDecompressor().decompressobj().decompress(archive.read_bytes())
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(plain)) as tar, tarfile.open(fileobj=out, mode="w",
+                                                                     format=tarfile.PAX_FORMAT) as again:
+        for member in tar:
+            data = tar.extractfile(member).read() if member.isfile() else None
+            for member, data in edit(member, data):
+                again.addfile(member, io.BytesIO(data) if data is not None else None)
+    archive.write_bytes(zstandard.ZstdCompressor().compress(out.getvalue()))
+
+
+def edit_descriptors(member, data):
+    """runc's descriptors.json (the restored process's stdio) pointed elsewhere."""
+    if member.name == "checkpoint/descriptors.json":
+        data = data.replace(b"/dev/null", b"/dev/zero")
+        member.size = len(data)
+    yield member, data
+
+
+def add_image(member, data):
+    yield member, data
+    if member.name == "checkpoint/inventory.img":
+        extra = tarfile.TarInfo("checkpoint/ipcns-shm-99.img")
+        extra.size = 4
+        yield extra, b"evil"
+
+
+@pytest.mark.hostile("podman's own --import of a shim-made archive with descriptors.json edited or a CRIU image added")
+@pytest.mark.parametrize("edit, message", [
+    (edit_descriptors, "descriptors.json does not match its sha256 signed at dump"),
+    (add_image, "ipcns-shm-99.img is not among the files signed at dump"),
+])
+def test_the_shim_refuses_a_dump_changed_after_it_signed_it(runc_delegate, tmp_path, edit, message) -> None:
+    name = f"gpuckpt-dumpsig-{os.getpid()}-{edit.__name__}"
+    archive = tmp_path / "edited.tar.zst"
+    try:
+        start_counter(name)
+        sh("podman", "container", "checkpoint", "--export", str(archive), name)  # through the shim: signed at dump
+        sh("podman", "rm", "-f", name)
+        edit_archive(archive, edit)
+        refused = sh("podman", "container", "restore", "--import", str(archive), check=False)
+        assert refused.returncode != 0 and message in refused.stderr, refused.stderr
+        assert sh("podman", "inspect", "--format", "{{.State.Status}}", name).stdout.strip() != "running"
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+@pytest.mark.hostile("a checkpoint dumped by plain runc, restored through gpuckpt-runtime")
+def test_a_plain_runc_dump_is_restored_only_under_restore_any(runc_delegate, rootfs, tmp_path) -> None:
+    """podman will not restore an archive through another runtime than the one that made it, so at runc level."""
+    container_id = f"gpuckpt-plainrunc-{os.getpid()}"
+    bundle = make_bundle(rootfs, tmp_path)
+    try:
+        (rootfs / "tmp" / "state").unlink(missing_ok=True)
+        detached("run", "-d", container_id, cwd=bundle)
+        read_state = lambda: (rootfs / "tmp" / "state").read_text()  # noqa: E731
+        before = wait_counter(read_state, minimum=3)
+        images = tmp_path / "images"
+        sh("runc", "--root", RUNTIME_ROOT, "checkpoint", "--image-path", str(images), container_id)  # plain runc
+        restore = ["restore", "-d", "--bundle", str(bundle), "--image-path", str(images), container_id]
+        refused = runtime(*restore, check=False)
+        assert refused.returncode == 1 and "has no gpuckpt-dump.sig" in refused.stderr, refused.stderr
+        assert "gpuckpt trust allow-unsigned restore:any" in refused.stderr
+        assert runtime("state", container_id, check=False).returncode != 0  # nothing was restored
+        sh(GPUCKPT, "trust", "allow-unsigned", "restore:any", "--note", "integration test: plain runc dumps")
+        try:
+            detached(*restore, cwd=bundle)
+        finally:
+            sh(GPUCKPT, "trust", "disallow-unsigned", "restore:any")
+        assert_continues(before, read_state)
+        logged = [json.loads(line) for line in TRUST_LOG.read_text().splitlines()]
+        assert any(entry["source"] == "restore:any" and container_id in entry["what"] for entry in logged[-5:])
+    finally:
+        runtime("delete", "-f", container_id, check=False)

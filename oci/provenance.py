@@ -295,3 +295,4 @@ def verify_image_signature(manifest, trust: Trust, what: str) -> tuple[SignedCon
         raise SignatureError(f"{what}: annotation {changed[0][0]!r} differs from the signed one: refused")
     return content, signer.name
 
+

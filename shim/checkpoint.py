@@ -303,6 +303,11 @@ class Checkpoint:
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
         )
         write_manifest(image_dir_of(self.verb), manifest)
+        from gpuckpt.oci.dump_signature import sign_dump
+
+        if sign_dump(image_dir_of(self.verb)) is None:
+            log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
+                "install makes one); a restore of it needs the trust policy's restore:any")
 
 
 def needs_link_remap(pids: list[int]) -> set[str]:

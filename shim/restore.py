@@ -48,6 +48,12 @@ def run(args: RuntimeArgs, delegate: str) -> int:
 
     if staged := claim_staged_pages(image_dir_of(verb)):
         log(args, "info", f"{verb.container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
+    from gpuckpt.oci.dump_signature import verify_dump
+    from gpuckpt.oci.trust import load_trust
+
+    # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote them
+    verified, signed = verify_dump(image_dir_of(verb), load_trust(), f"restore of {verb.container_id}")
+    log(args, "debug" if signed else "warning", verified)
     manifest = read_manifest(image_dir_of(verb))
     argv = args.argv
     if manifest is not None:

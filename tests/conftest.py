@@ -19,6 +19,17 @@ def no_leaked_criu_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("CRIU_CONFIG_FILE")
 
 
+@pytest.fixture(autouse=True)
+def own_trust_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every unit test signs and verifies with a node key of its own, never /etc/gpuckpt's."""
+    from gpuckpt.oci.trust import ensure_node_key
+
+    trust = tmp_path_factory.mktemp("trust")
+    monkeypatch.setenv("GPUCKPT_TRUST_DIR", str(trust / "etc"))
+    monkeypatch.setenv("GPUCKPT_TRUST_LOG", str(trust / "trust.log"))
+    ensure_node_key()
+
+
 @pytest.fixture
 def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private config path and state dir; the config file does not exist yet."""

@@ -82,6 +82,7 @@ def install() -> dict:
     runc = shutil.which("runc")
     Path("/etc/gpuckpt/config.toml").write_text(f'delegate = "{runc}"\n')
     os.chmod("/etc/gpuckpt/config.toml", 0o644)
+    sh(CLI, "trust", "init")  # the node key: the shim signs each dump with it and verifies it at restore
     facts = {
         "runc": sh("runc", "--version").stdout.splitlines()[0],
         "criu": sh("criu", "--version").stdout.strip().splitlines()[0],
