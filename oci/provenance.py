@@ -294,5 +294,3 @@ def verify_image_signature(manifest, trust: Trust, what: str) -> tuple[SignedCon
         changed = sorted(set(annotations.items()) ^ set((content.annotations or {}).items()))
         raise SignatureError(f"{what}: annotation {changed[0][0]!r} differs from the signed one: refused")
     return content, signer.name
-
-
