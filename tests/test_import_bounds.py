@@ -16,6 +16,7 @@ from gpuckpt.errors import ConfigError, ImageError
 from gpuckpt.oci.archive import READ_BYTES, decompressed
 from gpuckpt.oci.config import ImportConfig, parse_config
 from gpuckpt.oci.import_bounds import RatioGuard, StagingBudget, node_memory_bytes
+from gpuckpt.oci import import_staging
 from gpuckpt.oci.import_staging import HeldOutput, Staging
 from gpuckpt.oci.podman_archive import copy_checked, described_dumps, import_refusals
 
@@ -159,6 +160,28 @@ def test_a_refused_config_stages_nothing(tmp_path) -> None:
     with pytest.raises(ImageError, match="a privileged container: refused"):
         checking.run(zstd(podman43_tar(config=privileged)))
     assert checking.names[-1] == "spec.dump" and checking.staged() == []  # stopped at the check
+
+
+def test_more_than_held_before_the_config_is_staged_within_the_budget_and_removed_if_refused(tmp_path,
+                                                                                             monkeypatch) -> None:
+    """A container with a larger /dev/shm: its devshm-checkpoint.tar (before config.dump) no longer
+    fits in memory (64 MiB; 1 MiB here) and goes to the staging directory, taken from the budget."""
+    monkeypatch.setattr(import_staging, "HELD_BYTES", 1 << 20)
+    devshm = bytes(2 << 20)
+    checking = Pass(tmp_path / "storage")
+    checking.run(zstd(podman43_tar(devshm=devshm)))
+    with tarfile.open(checking.staging.light_path) as light:
+        assert light.getmember("devshm-checkpoint.tar").size == len(devshm)
+    checking.staging.remove()
+    privileged = json.dumps(json.loads(CONFIG) | {"privileged": True}).encode()
+    refused = Pass(tmp_path / "other")
+    with pytest.raises(ImageError, match="a privileged container: refused"):
+        refused.run(zstd(podman43_tar(devshm=devshm, config=privileged)))
+    assert refused.staged() == []
+    small = Pass(tmp_path / "small", ImportConfig(max_staged_bytes=1 << 20, reserve_bytes=0))
+    with pytest.raises(ImageError, match=r"the rest of the archive needs \d+ MiB of staging, more than this import may still stage \(1 MiB"):
+        small.run(zstd(podman43_tar(devshm=devshm)))
+    assert small.staged() == []
 
 
 def test_another_runtime_stages_no_pages(tmp_path) -> None:
