@@ -179,7 +179,8 @@ def test_more_than_held_before_the_config_is_staged_within_the_budget_and_remove
         refused.run(zstd(podman43_tar(devshm=devshm, config=privileged)))
     assert refused.staged() == []
     small = Pass(tmp_path / "small", ImportConfig(max_staged_bytes=1 << 20, reserve_bytes=0))
-    with pytest.raises(ImageError, match=r"the rest of the archive needs \d+ MiB of staging, more than this import may still stage \(1 MiB"):
+    with pytest.raises(ImageError, match=r"the rest of the archive needs \d+ MiB of staging, more than this "
+                                         r"import may still stage \(1 MiB"):
         small.run(zstd(podman43_tar(devshm=devshm)))
     assert small.staged() == []
 
