@@ -7,7 +7,10 @@ uncompressed copy touches the disk. The result is podman's own layout: `podman c
 restore --import` and checkpointctl read it.
 
 Import: the archive is read and checked once (entries, sizes, config.dump, spec.dump, the
-GPU manifest) before podman sees anything; then podman's `restore --import` reads a FIFO that
+GPU manifest) before podman sees anything; config.dump and spec.dump are checked as soon as
+they are read, before anything is staged, and nothing is staged past the operator's bounds
+(oci.import_bounds). Through gpuckpt-runtime the pages are staged for the shim and podman
+imports the rest (oci.import_staging); otherwise podman's `restore --import` reads a FIFO that
 gpuckpt serves each time podman opens it (podman 4.3 opens it three times): config.dump and
 spec.dump alone first, then the whole archive decompressed and re-checked entry by entry.
 """
