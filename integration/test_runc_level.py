@@ -133,8 +133,9 @@ def annotated(rootfs, tmp_path):
     config = tmp_path / "config.toml"
     config.write_text('delegate = "runc"\n')
     config.chmod(0o644)
-    yield bundle, container_id, criu_config, log_name, config, {**os.environ, "GPUCKPT_CONFIG": str(config)}
-    sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
+    env = {**os.environ, "GPUCKPT_CONFIG": str(config)}
+    yield bundle, container_id, criu_config, log_name, config, env
+    sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False, env=env)
     os.unlink(criu_config)
 
 
@@ -158,7 +159,7 @@ def test_runcs_criu_config_test_passes_once_the_operator_allows_it(annotated, ro
     detached("restore", "-d", "--work-path", str(work), "--image-path", str(tmp_path / "images"),
              "--bundle", str(bundle_dir), container_id, cwd=bundle_dir, env=env)
     assert (work / log_name).exists(), sorted(os.listdir(work))
-    assert json.loads(runtime("state", container_id).stdout)["status"] == "running"
+    assert json.loads(runtime("state", container_id, env=env).stdout)["status"] == "running"
     assert_continues(before, read_counter(rootfs))
 
 
@@ -176,7 +177,7 @@ def test_runcs_criu_config_test_is_refused_by_default(annotated, rootfs, tmp_pat
         "chosen by the container is refused; the operator may allow it with criu.allow_container_config = true "
         f"in {config}")
     assert not images.exists() or not os.listdir(images)  # nothing dumped, no manifest
-    assert json.loads(runtime("state", container_id).stdout)["status"] == "running"
+    assert json.loads(runtime("state", container_id, env=env).stdout)["status"] == "running"
     assert_continues(before, read_counter(rootfs))
 
 
@@ -198,7 +199,7 @@ def test_a_split_criu_config_key_in_the_restore_bundle_is_refused(annotated, roo
                       check=False, env=env)
     assert refused.returncode == 1 and len(refused.stderr.strip().splitlines()) == 1
     assert "runc splits labels at the first '=' and would act on it as org.criu.config" in refused.stderr
-    assert runtime("state", container_id, check=False).returncode != 0  # nothing was restored
+    assert runtime("state", container_id, check=False, env=env).returncode != 0  # nothing was restored
 
 
 # Device-node sync on restore acts on the /dev the runtime made, never through a root the
@@ -208,8 +209,12 @@ CHROOT_INIT = "import os, time; os.chroot('/mnt/volume'); os.chdir('/'); time.sl
 
 
 @pytest.fixture
-def gpu_container(rootfs, tmp_path, runc_delegate):
+def gpu_container(rootfs, tmp_path):
     started = []
+    config = tmp_path / "config.toml"
+    config.write_text('delegate = "runc"\n')
+    config.chmod(0o644)
+    env = {**os.environ, "GPUCKPT_CONFIG": str(config)}  # the node's file is shared with the tests beside
 
     def start(chroot: bool) -> tuple[int, Path]:
         volume = tmp_path / f"volume-{len(started)}"
@@ -225,7 +230,7 @@ def gpu_container(rootfs, tmp_path, runc_delegate):
         (bundle_dir / "bundle" / "config.json").write_text(json.dumps(spec))
         container_id = f"gpuckpt-it-devnodes-{os.getpid()}-{len(started)}"
         started.append(container_id)
-        detached("run", "-d", "--pid-file", str(bundle_dir / "pid"), container_id, cwd=bundle_dir / "bundle")
+        detached("run", "-d", "--pid-file", str(bundle_dir / "pid"), container_id, cwd=bundle_dir / "bundle", env=env)
         pid = int((bundle_dir / "pid").read_text())
         deadline = time.monotonic() + 10
         while chroot and os.readlink(f"/proc/{pid}/root") != "/mnt/volume":  # as its mount namespace names it
@@ -235,7 +240,7 @@ def gpu_container(rootfs, tmp_path, runc_delegate):
 
     yield start
     for container_id in started:
-        sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
+        sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False, env=env)
 
 
 NVIDIA1 = Device(path="/dev/nvidia1", type="c", major=195, minor=1, fileMode=0o666)
