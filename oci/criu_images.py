@@ -364,7 +364,8 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
                    messages.ids, messages, required=False)
         if ids is not None:
             namespaces.append(_namespaces(ids))
-        images.tasks.append(TaskImage(process.pid, state, comm[:64], tuple(threads), tuple(namespaces)))
+        shown = "".join(char if char.isprintable() else "?" for char in comm[:64])  # it goes into one-line errors
+        images.tasks.append(TaskImage(process.pid, state, shown, tuple(threads), tuple(namespaces)))
     _read_user_namespaces(read, images, messages, at)
     return images
 

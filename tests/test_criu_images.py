@@ -256,3 +256,11 @@ def test_the_bindings_are_imported_only_from_root_guarded_files() -> None:
             _require_root_owned(str(copy))
     finally:
         shutil.rmtree(home)
+
+
+@pytest.mark.hostile("process name with a newline and escape codes in core.img")
+def test_a_process_name_cannot_break_the_one_line(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    build.write("core-1.img", "CORE", build.core(None, 2, 0, comm="x\nFAKE: ok\x1b[2J"))
+    assert read(tmp_path).tasks[0].comm == "x?FAKE: ok?[2J"
