@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 
+from google.protobuf.message import DecodeError
+
 from gpuckpt.errors import ImageError
 
 # Where CRIU's python bindings are looked for: the test bed's CRIU prefix (install-system.sh),
@@ -144,9 +146,6 @@ class _Messages:
         self.seccomp = modules["seccomp_pb2"].seccomp_entry
         self.userns = modules["userns_pb2"].userns_entry
         self.creds = modules["creds_pb2"].creds_entry
-        from google.protobuf.message import DecodeError
-
-        self.decode_error = DecodeError
 
 
 def _require_root_owned(path: str) -> None:
@@ -257,7 +256,7 @@ def _entries(data: bytes, where: str, kind: str, message, messages: _Messages, l
         entry = message()
         try:
             entry.ParseFromString(data[offset:offset + size])
-        except (messages.decode_error, ValueError, RuntimeError, OverflowError) as error:
+        except (DecodeError, ValueError, RuntimeError, OverflowError) as error:
             raise ImageError(f"{where}: entry at byte {offset - 4} is not a valid {kind} message: "
                              f"{str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
         entries.append(entry)

@@ -41,8 +41,11 @@ import os
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.criu_images import CheckpointImages, IdMap, TaskImage, ThreadImage
+from gpuckpt.oci import tarstream
+from gpuckpt.oci.criu_images import (CheckpointImages, IdMap, TaskImage, ThreadImage, directory_source, image_limit,
+                                     mapping_source, read_checkpoint_images, wanted_image)
 from gpuckpt.oci.seccomp_bpf import allows, chain_action, decode
+from gpuckpt.safefiles import read_bounded
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
@@ -317,9 +320,6 @@ CHECKPOINT_PREFIX = "checkpoint/"
 
 def check_restore(image_dir: str, bundle: str, what: str) -> None:
     """The shim's restore: CRIU's images in `image_dir` against the bundle's config.json."""
-    from gpuckpt.oci.criu_images import directory_source, read_checkpoint_images
-    from gpuckpt.safefiles import read_bounded
-
     if not os.path.lexists(os.path.join(image_dir, "inventory.img")):
         return  # CRIU restores nothing without it (it is the first file CRIU reads): the delegate says why
     spec_path = f"{bundle.rstrip('/')}/config.json"
@@ -330,9 +330,6 @@ def check_restore(image_dir: str, bundle: str, what: str) -> None:
 def check_archive(tar_path: str, spec_bytes: bytes, what: str) -> None:
     """`gpuckpt import`: the checkpoint/ images of a checked tar (written by us, uncompressed)
     against the archive's spec.dump, before podman sees it."""
-    from gpuckpt.oci import tarstream
-    from gpuckpt.oci.criu_images import image_limit, mapping_source, read_checkpoint_images, wanted_image
-
     spec = parse_grant(spec_bytes, f"{what}: spec.dump")
     files: dict[str, bytes] = {}
     kept = 0
