@@ -13,12 +13,13 @@ import itertools
 import os
 import stat
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
 import zstandard
 
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+from bed import CONFIG, COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 _names = itertools.count()
 
@@ -209,8 +210,6 @@ class StagingWatch:
     polled every millisecond: the most bytes allocated at once, and every file name seen."""
 
     def __init__(self) -> None:
-        import threading
-
         self.most_bytes, self.names, self._stop = 0, set(), threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
 
@@ -265,8 +264,6 @@ def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_deleg
                                                                       unsigned_allowed) -> None:
     """Refused mid-staging (the pages declare more than the cap): no staging directory, no partial
     file, no record, no container; the same archive imports once the operator raises the cap."""
-    from bed import CONFIG
-
     name = start_counter([])
     archive = tmp_path / "podmans.tar.zst"
     try:
