@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from bed import CONFIG, COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 _names = itertools.count()
 
@@ -270,10 +270,11 @@ def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_deleg
         before = wait_counter(read_state(name), minimum=3)
         sh("podman", "container", "checkpoint", "--export", str(archive), name)
         sh("podman", "rm", "-f", name)
-        configured = CONFIG.read_text()
-        CONFIG.write_text(configured + "[import]\nmax_staged_bytes = 8388608\n")
+        capped = tmp_path / "node" / "config.toml"  # this import's own: tests beside it rewrite the node's
+        capped.parent.mkdir()
+        capped.write_text('delegate = "runc"\n[import]\nmax_staged_bytes = 8388608\n')
         with StagingWatch() as watch:
-            refused = sh(GPUCKPT, "import", str(archive), check=False)
+            refused = sh(GPUCKPT, "import", str(archive), check=False, env=dict(os.environ, GPUCKPT_CONFIG=str(capped)))
         message = refused.stderr.strip()
         assert refused.returncode == 1 and len(message.splitlines()) == 1, message
         assert f"{archive}: checkpoint/pages-1.img needs " in message, message
@@ -282,9 +283,8 @@ def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_deleg
         assert "pages-1.img" not in watch.names and watch.most_bytes <= 8 << 20
         assert not podman_made(name)  # podman never ran
         assert staging_leftovers() == []
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["podmans.tar.zst"]
-        CONFIG.write_text(configured)
-        sh(GPUCKPT, "import", str(archive))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["node", "podmans.tar.zst"]
+        sh(GPUCKPT, "import", str(archive))  # under the node's config: the default bounds
         assert_continues(before, read_state(name))
         assert staging_leftovers() == []
     finally:
