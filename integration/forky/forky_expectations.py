@@ -1,0 +1,32 @@
+"""pytest plugin for the forky engine set (integration/forky/inside.sh loads it with -p): the tests
+known to fail there because of a product bug are marked xfail(strict=True), so the run stays
+green while the bug is open and turns red (XPASS) the day it is fixed, to drop the entry."""
+
+from __future__ import annotations
+
+import pytest
+
+_CRUN_128 = ("crun 1.28 cannot restore a bundle at runc level (CRIU: \"mnt: No mapping for N:(null) mountpoint\"), "
+             "with or without the shim; podman's own restores through crun 1.28 pass, and the Debian 12 set "
+             "keeps trixie's crun 1.21 for this reason (install-system.sh)")
+KNOWN_FAILURES: dict[str, str] = {
+    # product bug, issue #19 item 2 (cli/transfer.py, fifo.py)
+    "integration/test_archives.py::test_we_restore_podmans_archive[runc]":
+        "gpuckpt import hangs on an archive whose container ran under runc or crun with podman >= 5.8.2: the "
+        "streamed path keeps the FIFO's write end open until podman closes its read end (fifo.py "
+        "wait_reader_gone), while podman unpacks config.dump through a child that reads to end-of-file",
+    # product bug: the shim gives CRIU link-remap through CRIU_CONFIG_FILE (shim/criuconf.py)
+    "integration/test_link_remap.py::test_named_semaphore_is_dumped_with_link_remap_and_restored":
+        "with runc 1.3, link-remap given through CRIU_CONFIG_FILE does not reach the dump (CRIU: \"Use "
+        "link-remap option\"; the same with plain runc 1.3 and that variable), while /etc/criu/runc.conf "
+        "does: the shim's criu.link_remap = \"auto\" does nothing there",
+    "integration/test_runc_level.py::test_bundle_checkpoint_restore[crun]": _CRUN_128,
+    "integration/test_runc_level.py::test_deleted_shared_memory_is_carried_with_a_raised_ghost_limit[crun]": _CRUN_128,
+}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        reason = KNOWN_FAILURES.get(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
