@@ -138,6 +138,24 @@ def test_a_signed_archive_moves_to_a_node_that_trusts_the_signer(exported, node_
     assert sh("podman", "ps", "-aq", "--filter", f"name={name}").stdout == ""  # on node B only
 
 
+def test_a_signed_archive_of_a_runc_container_streams_checked_on_every_read(runc_delegate, tmp_path) -> None:
+    """Not through the shim: podman reads the archive itself (three times), each read checked
+    against the signature again."""
+    name = f"gpuckpt-sigrunc-{os.getpid()}"
+    archive = tmp_path / "runc.tar.zst"
+    try:
+        sh("podman", "run", "-d", "--runtime", "runc", "--name", name, "--network", "none", PODMAN_IMAGE,
+           "python3", "-c", COUNTER_SOURCE)
+        before = wait_counter(lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout, minimum=3)
+        sh(GPUCKPT, "export", name, "-o", str(archive))
+        sh("podman", "rm", "-f", name)
+        imported = sh(GPUCKPT, "import", str(archive))
+        assert "streamed: runtime runc" in imported.stdout and "unsigned" not in imported.stdout
+        assert_continues(before, lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout)
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
 def tamper_pages(archive: Path) -> str:
     """One byte of a pages entry changed and the archive compressed again, its signature kept."""
     plain = zstandard.ZstdDecompressor().decompressobj().decompress(archive.read_bytes())

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import re
 import time
 from collections.abc import Mapping
@@ -221,7 +220,3 @@ def open_envelope(data: bytes, trusted: Mapping[str, TrustedKey], what: str,
         raise SignatureError(f"{what}: a signature of {'an' if content.kind[0] in 'aei' else 'a'} {content.kind}, "
                              f"not of {'an' if kind[0] in 'aei' else 'a'} {kind}")
     return content, signer
-
-
-def canonical_json(value) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
