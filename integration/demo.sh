@@ -12,7 +12,7 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 state() { podman exec "$name" cat /tmp/state; }
 archive=/var/tmp/$name.tar.zst
-trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true; rm -f "$archive"' EXIT
+trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true; rm -f "$archive" "$archive.sig"' EXIT
 continues() {  # before after: same token and checksum, counter further on
     read -r token_before count_before sum_before <<<"$1"
     read -r token_after count_after sum_after <<<"$2"
@@ -42,6 +42,7 @@ echo "== moving it as an archive: gpuckpt export (podman's format, multithreaded
 before=$(state)
 t=$(now); gpuckpt export "$name" -o "$archive" >/dev/null
 echo "   exported in $(elapsed "$t") s: $(du -h "$archive" | cut -f1), mode $(stat -c %a "$archive")"
+echo "   $(gpuckpt trust verify "$archive")"
 podman rm -f -t 0 "$name" >/dev/null
 t=$(now); gpuckpt import "$archive" >/dev/null
 echo "   imported and restored in $(elapsed "$t") s; status: $(podman inspect -f '{{.State.Status}}' "$name")"
