@@ -75,7 +75,8 @@ def check_trust() -> str:
     try:
         trust = load_trust()
     except GpuckptError as error:
-        raise CheckFailed(str(error), f"fix {policy_path()} or {node_key_path()} (see README: Security model)") from None
+        raise CheckFailed(str(error), f"fix {policy_path()} or {node_key_path()} (see README: Signed checkpoints)") \
+            from None
     if trust.node_key_id is None:
         raise CheckFailed(f"{node_key_path()}: this node has no signing key: gpuckpt export cannot sign",
                           "gpuckpt install --engine podman (makes the key)")

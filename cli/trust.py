@@ -77,7 +77,8 @@ def run_add(options: argparse.Namespace) -> int:
     def change(policy):
         for other in policy.key:
             if other.name == entry.name:
-                raise UsageError(f"a key named {entry.name} is already trusted: `gpuckpt trust remove {entry.name}` first")
+                raise UsageError(f"a key named {entry.name} is already trusted: "
+                                 f"`gpuckpt trust remove {entry.name}` first")
             if key_id_of(parse_public_key(other.public_key, other.name)) == key_id:
                 raise UsageError(f"key {key_id} is already trusted as {other.name}")
         return policy.model_copy(update={"key": [*policy.key, entry]})

@@ -83,8 +83,9 @@ def sign_dump(image_dir: str) -> str | None:
 
 def verify_dump(image_dir: str, trust: Trust, what: str) -> tuple[str, bool]:
     """A CRIU image directory checked against its dump signature before anything restores from it;
-    the line to log, and whether it was signed. A file not signed, missing, or of another size or content is a SignatureError;
-    so is an unsigned directory, unless the trust policy allows `restore:any` (logged)."""
+    the line to log, and whether it was signed. A file not signed, missing, or of another size or
+    content is a SignatureError; so is an unsigned directory, unless the trust policy allows
+    `restore:any` (logged)."""
     if not os.path.lexists(os.path.join(image_dir, "inventory.img")):
         return f"{what}: {image_dir} holds no inventory.img: CRIU restores nothing, the delegate says why", True
     path = os.path.join(image_dir, DUMP_SIGNATURE)
@@ -96,7 +97,8 @@ def verify_dump(image_dir: str, trust: Trust, what: str) -> tuple[str, bool]:
                                  "`gpuckpt trust allow-unsigned restore:any`)")
         log_unsigned_use(rule, f"{what} ({image_dir})", quiet=True)
         return f"{what}: unsigned checkpoint restored: the trust policy allows restore:any (logged)", False
-    content, signer = open_envelope(read_bounded(path, MAX_SIGNATURE_BYTES, path), trust.keys, f"{what}: {path}", "dump")
+    envelope = read_bounded(path, MAX_SIGNATURE_BYTES, path)
+    content, signer = open_envelope(envelope, trust.keys, f"{what}: {path}", "dump")
     signed = {entry.name: entry for entry in content.entries}
     files = _image_files(image_dir, what)
     for name, status in files.items():
@@ -110,4 +112,5 @@ def verify_dump(image_dir: str, trust: Trust, what: str) -> tuple[str, bool]:
     missing = sorted(set(signed) - set(files))
     if missing:
         raise SignatureError(f"{what}: {image_dir} lacks {', '.join(missing[:3])}, signed at dump: refused")
-    return f"{what}: checkpoint signed at dump by {signer.name} (key {content.key_id}), {len(files)} files verified", True
+    return (f"{what}: checkpoint signed at dump by {signer.name} (key {content.key_id}), {len(files)} files verified",
+            True)

@@ -170,7 +170,7 @@ def load_policy(path: str | None = None) -> TrustPolicy:
 
 
 POLICY_HEADER = """\
-# gpuckpt trust policy (see README: Security model). Edited by `gpuckpt trust`; hand edits are kept
+# gpuckpt trust policy (see README: Signed checkpoints). Edited by `gpuckpt trust`; hand edits are kept
 # only as values. [[key]]: public keys of nodes whose signed checkpoints this node restores
 # (this node's own key, node.key beside this file, is always trusted). [[allow_unsigned]]:
 # sources from which UNSIGNED checkpoints are restored anyway; every use is logged.

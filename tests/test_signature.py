@@ -276,12 +276,13 @@ def test_hashing_reader_sees_the_whole_file_once_even_after_seeking_back(tmp_pat
 def image_manifest(annotations: dict[str, str]) -> ImageManifest:
     descriptor = {"mediaType": "application/vnd.oci.image.layer.v1.tar+zstd", "digest": "sha256:" + "1" * 64,
                   "size": 10}
-    return ImageManifest(schemaVersion=2, config={**descriptor, "mediaType": "application/vnd.oci.image.config.v1+json"},
-                         layers=[descriptor], annotations=annotations)
+    config = {**descriptor, "mediaType": "application/vnd.oci.image.config.v1+json"}
+    return ImageManifest(schemaVersion=2, config=config, layers=[descriptor], annotations=annotations)
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda a: a | {"io.podman.annotations.checkpoint.name": "other"}, "annotation 'io.podman.annotations.checkpoint.name'"),
+    (lambda a: a | {"io.podman.annotations.checkpoint.name": "other"},
+     "annotation 'io.podman.annotations.checkpoint.name'"),
     (lambda a: a | {"org.criu.config": "/tmp/x"}, "annotation 'org.criu.config'"),
     (lambda a: {k: v for k, v in a.items() if k != SIGNATURE_ANNOTATION}, "no io.gpuckpt.signature annotation"),
 ])
