@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
 from gpuckpt.oci.trust import Trust, log_unsigned_use
@@ -30,14 +32,50 @@ def signature_path(archive: str) -> str:
     return f"{archive}{SIGNATURE_SUFFIX}"
 
 
-class _Digest:
-    """One file entry's sha256, fed by copy_checked (`write`), never its padding."""
+class BackgroundSha256:
+    """sha256 taken on a thread of its own, in order: hashlib lets go of the GIL for large pieces,
+    so hashing overlaps the decompression and staging instead of adding to them (3 GB of pages,
+    16 CPUs: the import's pass 2.8 s unchecked, 7.1 s hashing inline, 5.1 s so; README). At most
+    MAX_PENDING pieces wait; `hexdigest` waits for all."""
+
+    MAX_PENDING = 4
 
     def __init__(self) -> None:
-        self.hash, self.size = hashlib.sha256(), 0
+        self.hash = hashlib.sha256()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future] = deque()
+
+    def update(self, data: bytes) -> None:
+        if len(data) < 1 << 16:  # not worth a thread's round trip
+            self._drain(0)
+            self.hash.update(data)
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpuckpt-sha256")
+        self._pending.append(self._pool.submit(self.hash.update, data))
+        self._drain(self.MAX_PENDING)
+
+    def _drain(self, keep: int) -> None:
+        while len(self._pending) > keep:
+            self._pending.popleft().result()
+
+    def hexdigest(self) -> str:
+        self._drain(0)
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+        return self.hash.hexdigest()
+
+
+class _Digest:
+    """One file entry's sha256, fed by copy_checked (`write`), never its padding; the piece is
+    copied (copy_checked reuses its buffer) and hashed in the background."""
+
+    def __init__(self) -> None:
+        self.hash, self.size = BackgroundSha256(), 0
 
     def write(self, data) -> None:
-        self.hash.update(data)
+        self.hash.update(bytes(data))
         self.size += len(data)
 
 
@@ -127,16 +165,17 @@ class HashingReader:
     """The raw archive as read once from the start (seeks back included), its sha256 taken on the way."""
 
     def __init__(self, raw) -> None:
-        self.raw, self.hash, self.position, self.hashed_to = raw, hashlib.sha256(), 0, 0
+        self.raw, self.hash, self.position, self.hashed_to = raw, BackgroundSha256(), 0, 0
         self.name = getattr(raw, "name", "archive")
         self.skipped = False
 
-    def _saw(self, data) -> None:
+    def _saw(self, data: bytes) -> None:
         end = self.position + len(data)
         if self.position > self.hashed_to:
             self.skipped = True
         elif end > self.hashed_to:
-            self.hash.update(memoryview(data)[self.hashed_to - self.position:])
+            seen = self.hashed_to - self.position
+            self.hash.update(data[seen:] if seen else data)
             self.hashed_to = end
         self.position = end
 
@@ -147,7 +186,7 @@ class HashingReader:
 
     def readinto(self, target) -> int:
         count = self.raw.readinto(target)
-        self._saw(memoryview(target)[:count])
+        self._saw(bytes(memoryview(target)[:count]))  # the caller reuses its buffer
         return count
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
