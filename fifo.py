@@ -61,18 +61,3 @@ def widen(fd: int) -> None:
         fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
     except OSError:
         pass
-
-
-def wait_reader_gone(fd: int, peer_alive: Callable[[], bool]) -> None:
-    """Hold our write end until the reader has closed its end.
-
-    A second open for writing would otherwise meet the reader's first open, still
-    there, and pour the second pass into the first (podman reads the archive twice).
-    """
-    import select
-
-    poller = select.poll()
-    poller.register(fd, select.POLLERR)  # a pipe's write end reports POLLERR once no reader is left
-    while peer_alive():
-        if any(events & select.POLLERR for _, events in poller.poll(50)):
-            return

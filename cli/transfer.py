@@ -10,9 +10,8 @@ Import: the archive is read and checked once (entries, sizes, config.dump, spec.
 GPU manifest) before podman sees anything; config.dump and spec.dump are checked as soon as
 they are read, before anything is staged, and nothing is staged past the operator's bounds
 (oci.import_bounds). Through gpuckpt-runtime the pages are staged for the shim and podman
-imports the rest (oci.import_staging); otherwise podman's `restore --import` reads a FIFO that
-gpuckpt serves each time podman opens it (podman 4.3 opens it three times): config.dump and
-spec.dump alone first, then the whole archive decompressed and re-checked entry by entry.
+imports the rest (oci.import_staging); otherwise the archive is read again, re-checked entry
+by entry, and written compressed beside podman's storage for podman's `restore --import`.
 """
 
 from __future__ import annotations
@@ -203,10 +202,10 @@ def run_import(options: argparse.Namespace) -> int:
             staging.record()  # from here the shim may take the pages
             finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
         else:
-            staging.remove()
+            phases = [f"checked in {time.monotonic() - started:.1f} s; runtime {checked.config.runtime}"]
+            copy = _stage_checked_copy(checked, staging, verification, limits, phases)
             staging.budget.take("the archive unpacked by podman", copied.bytes)
-            phases = [f"checked in {time.monotonic() - started:.1f} s, streamed: runtime {checked.config.runtime}"]
-            finished = _import_streamed(podman, checked, flags, phases, verification, limits)
+            finished = run([podman, "container", "restore", "--import", copy, *flags], timeout_s=3600)
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
@@ -215,45 +214,37 @@ def run_import(options: argparse.Namespace) -> int:
     return 0
 
 
-def _import_streamed(podman: str, checked, flags: list[str], phases: list[str], verification, limits):
-    """podman reads the checked archive through a FIFO, as often as it opens it (podman 4.3:
-    three times: the config, a full scan, the untar); every later pass is re-checked, within the
-    same bounds, and may not hold more than the checked pass did."""
-    from gpuckpt.fifo import open_when_peer, private_fifo, wait_reader_gone, widen
+def _stage_checked_copy(checked, staging, verification, limits, phases: list[str]) -> str:
+    """The archive read again, checked again (signature, bounds, no more than the checked pass
+    held) and written compressed into the staging directory, which podman then imports as a
+    file. A FIFO served podman 4.3's three opens, but podman >= 5.8.2 reads the first one to its
+    end and waits, which a FIFO held open for the next pass never gives: a file serves both."""
     from gpuckpt.oci.archive import READ_BYTES, decompressed
     from gpuckpt.oci.import_bounds import RatioGuard
-    from gpuckpt.oci.podman_archive import copy_checked, write_config_only
-    from gpuckpt.process import Background
+    from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked
 
-    with private_fifo("gpuckpt-import-") as fifo:
-        podman_run = Background([podman, "container", "restore", "--import", fifo, *flags])
-        try:
-            passes = 0
-            while (fd := open_when_peer(fifo, writing=True, peer_alive=podman_run.running)) is not None:
-                passes += 1
-                widen(fd)
-                pass_started = time.monotonic()
-                with os.fdopen(fd, "wb") as stream:
-                    try:
-                        if passes == 1:
-                            write_config_only(checked, stream)
-                        else:
-                            with open(checked.path, "rb") as raw:
-                                again = verification.again()  # the file is read anew: checked anew
-                                guard = RatioGuard(checked.path, raw.tell, limits.max_entry_ratio, READ_BYTES,
-                                                   os.fstat(raw.fileno()).st_size)
-                                copy_checked(decompressed(raw), stream, checked.path,
-                                             progress=lambda done: _no_more_than(checked, done),
-                                             observe=again.observe if again else None, guard=guard)
-                        stream.flush()
-                        wait_reader_gone(fd, podman_run.running)
-                    except BrokenPipeError:
-                        pass  # podman stopped reading: it needed no more, or its message follows
-                phases.append(f"podman's read {passes} took {time.monotonic() - pass_started:.1f} s")
-            return podman_run.wait(check=True)
-        except BaseException:
-            podman_run.kill()
-            raise
+    pass_started = time.monotonic()
+    staging.budget.take("the checked copy for podman", os.path.getsize(checked.path))  # about its size again
+    writer = ArchiveWriter(os.path.join(staging.directory, CHECKED_COPY))
+    try:
+        with open(checked.path, "rb") as raw:
+            again = verification.again()  # the file is read anew: checked anew
+            guard = RatioGuard(checked.path, raw.tell, limits.max_entry_ratio, READ_BYTES,
+                               os.fstat(raw.fileno()).st_size)
+            copy_checked(decompressed(raw), writer.layer(), checked.path,
+                         progress=lambda done: _no_more_than(checked, done),
+                         observe=again.observe if again else None, guard=guard)
+            if again:
+                again.finish()
+        writer.finish(checked)
+    except BaseException:
+        writer.discard()
+        raise
+    phases.append(f"checked copy for podman in {time.monotonic() - pass_started:.1f} s")
+    return writer.path
+
+
+CHECKED_COPY = "checked-archive.tar.zst"
 
 
 def _no_more_than(checked, done: int) -> None:

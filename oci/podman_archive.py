@@ -141,15 +141,6 @@ def import_refusals(archive: PodmanArchive) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
-def write_config_only(checked: PodmanArchive, out) -> None:
-    """A plain tar of config.dump and spec.dump alone: all podman's first reading pass looks at."""
-    from gpuckpt.oci import tarstream
-
-    written = sum(write_small_entry(out, name, data)
-                  for name, data in ((CONFIG_DUMP, checked.config_bytes), (SPEC_DUMP, checked.spec_bytes)))
-    tarstream.write_end(out, written)
-
-
 def write_small_entry(out, name: str, data: bytes) -> int:
     """One root-only file entry made here; returns the bytes written."""
     from gpuckpt.oci import tarstream

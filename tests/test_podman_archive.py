@@ -17,8 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout
-from gpuckpt.oci.podman_archive import (ArchiveWriter, check_podman_archive, copy_checked, described,
-                                        write_config_only)
+from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described
 
 CONFIG = json.dumps({"id": "c0ffee" * 10 + "abcd", "name": "web", "rootfsImageName": "localhost/app:1",
                      "rootfsImageID": "ab" * 32, "RawImageName": "localhost/app:1", "runtime": "gpuckpt-runtime",
@@ -62,16 +61,6 @@ def test_copy_re_emits_every_entry_owned_by_root_and_keeps_the_small_files() -> 
         assert [m.name for m in again] == [m.name for m in original] == copied.names
         assert all(m.uid == 0 and m.uname == "root" for m in again)
         assert again.extractfile("checkpoint/pages-1.img").read() == original.extractfile("checkpoint/pages-1.img").read()
-
-
-def test_config_only_pass_holds_just_the_two_dumps(tmp_path) -> None:
-    path = tmp_path / "podman.tar"
-    path.write_bytes(podman_tar())
-    out = io.BytesIO()
-    write_config_only(check_podman_archive(str(path)), out)
-    out.seek(0)
-    with tarfile.open(fileobj=out) as tar:
-        assert {m.name: tar.extractfile(m).read() for m in tar}["config.dump"] == CONFIG
 
 
 @pytest.mark.parametrize("extra, message", [
