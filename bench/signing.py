@@ -19,8 +19,8 @@ import time
 
 from gpuckpt.oci.archive import decompressed, open_archive
 from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked
-from gpuckpt.oci.provenance import ExportSigning, verify_archive_signature
-from gpuckpt.oci.trust import ensure_node_key, load_trust
+from gpuckpt.transfer.provenance import ExportSigning, verify_archive_signature
+from gpuckpt.node.trust import ensure_node_key, load_trust
 
 CHUNK = 64 << 20
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuckpt import process
+from gpuckpt.host import process
 from gpuckpt.errors import GpuckptError, UsageError
 
 ENGINES = ("auto", "podman", "docker", "runc")
@@ -21,7 +21,7 @@ class ContainerRef:
 
 
 def _inspect(engine_cli: str, name: str, engine: str) -> ContainerRef | None:
-    from gpuckpt.shim.resolve import find_program
+    from gpuckpt.host.process import find_program
 
     program = find_program(engine_cli)
     if program is None:
@@ -34,8 +34,8 @@ def _inspect(engine_cli: str, name: str, engine: str) -> ContainerRef | None:
 
 
 def _runc(name: str, root: str | None) -> ContainerRef | None:
-    from gpuckpt.oci.config import load_config
-    from gpuckpt.oci.paths import config_path
+    from gpuckpt.node.config import load_config
+    from gpuckpt.node.paths import config_path
     from gpuckpt.shim.delegate import container_state
     from gpuckpt.shim.resolve import resolve_delegate
 

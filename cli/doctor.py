@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from gpuckpt import process
+from gpuckpt.host import process
 from gpuckpt.errors import GpuckptError
 
 MIN_CRIU_MAJOR = 4
@@ -52,8 +52,8 @@ def check_criu() -> str:
 
 
 def check_config_and_delegate() -> str:
-    from gpuckpt.oci.config import load_config
-    from gpuckpt.oci.paths import config_path
+    from gpuckpt.node.config import load_config
+    from gpuckpt.node.paths import config_path
     from gpuckpt.shim.delegate import delegate_version
     from gpuckpt.shim.resolve import resolve_delegate
 
@@ -70,7 +70,7 @@ def check_config_and_delegate() -> str:
 
 def check_trust() -> str:
     """The node key and the trust policy; every source allowed unsigned, named."""
-    from gpuckpt.oci.trust import load_trust, node_key_path, policy_path
+    from gpuckpt.node.trust import load_trust, node_key_path, policy_path
 
     try:
         trust = load_trust()
@@ -87,7 +87,7 @@ def check_trust() -> str:
 
 
 def check_network_lock() -> str:
-    from gpuckpt.shim.resolve import find_program
+    from gpuckpt.host.process import find_program
 
     if not (find_program("iptables-restore") or find_program("nft")):
         raise CheckFailed("neither iptables-restore nor nft found: CRIU cannot lock the network",
@@ -97,7 +97,7 @@ def check_network_lock() -> str:
 
 def _check_engine(engine: str, program: str, registration: Callable[[], tuple[str | None, bool]]) -> str | None:
     """An installed engine must have the runtime registered; an absent one is not checked."""
-    from gpuckpt.shim.resolve import find_program
+    from gpuckpt.host.process import find_program
 
     if not find_program(program):
         return None
@@ -108,7 +108,7 @@ def _check_engine(engine: str, program: str, registration: Callable[[], tuple[st
 
 
 def check_podman() -> str | None:
-    from gpuckpt.oci.engines import podman_registration
+    from gpuckpt.node.engines import podman_registration
 
     def registration() -> tuple[str | None, bool]:
         paths, default = podman_registration()
@@ -117,7 +117,7 @@ def check_podman() -> str | None:
 
 
 def check_docker() -> str | None:
-    from gpuckpt.oci.engines import docker_registration
+    from gpuckpt.node.engines import docker_registration
 
     return _check_engine("docker", "dockerd", docker_registration)
 

@@ -35,7 +35,7 @@ def _directory_summary(path: str, kind: str) -> dict:
     checkpoint image); files are read without following links."""
     from gpuckpt.oci.manifest import read_manifest
     from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, described
-    from gpuckpt.safefiles import read_bounded
+    from gpuckpt.host.safefiles import read_bounded
 
     names, sizes, kept = [], [], {}
     for directory, subdirectories, files in os.walk(path):
@@ -57,8 +57,8 @@ def _directory_summary(path: str, kind: str) -> dict:
 def _storage_image_summary(name: str) -> dict | None:
     """A checkpoint image in podman's local storage (`podman container checkpoint --create-image`,
     or pulled): mounted read-only by podman for the reading, unmounted after. None: no such image."""
-    from gpuckpt.process import run
-    from gpuckpt.shim.resolve import find_program
+    from gpuckpt.host.process import run
+    from gpuckpt.host.process import find_program
 
     podman = find_program("podman")
     if podman is None or run([podman, "image", "exists", name], check=False).returncode != 0:

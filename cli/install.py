@@ -1,6 +1,6 @@
 """`gpuckpt install --engine podman|docker`: register gpuckpt-runtime with an engine.
 
-Makes this node's signing key if it has none (oci.trust: root only, never replaced), then
+Makes this node's signing key if it has none (node.trust: root only, never replaced), then
 edits the engine's own config idempotently (backup first, other settings kept) and, for a
 running dockerd, asks it to reload its runtimes.
 """
@@ -12,7 +12,7 @@ import os
 import signal
 
 from gpuckpt.errors import UsageError
-from gpuckpt.oci import engines
+from gpuckpt.node import engines
 
 DOCKER_PID_FILE = "/var/run/docker.pid"
 
@@ -27,7 +27,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _runtime_path(given: str | None) -> str:
-    from gpuckpt.shim.resolve import find_program
+    from gpuckpt.host.process import find_program
 
     path = given or find_program(engines.RUNTIME_NAME)
     if not path or not os.path.isabs(path) or not os.access(path, os.X_OK):

@@ -31,8 +31,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def run_suspend(options: argparse.Namespace) -> int:
     from gpuckpt.cuda.driver import load_driver
     from gpuckpt.cuda.suspend import suspend
-    from gpuckpt.oci.config import load_config
-    from gpuckpt.oci.suspension import read_suspension, write_suspension
+    from gpuckpt.node.config import load_config
+    from gpuckpt.node.suspension import read_suspension, write_suspension
 
     container = find_container(options.container, options.engine, options.root)
     if read_suspension(container.container_id):
@@ -63,7 +63,7 @@ def _pairs(record, uuids: list[str]):
 def run_resume(options: argparse.Namespace) -> int:
     from gpuckpt.cuda.driver import load_driver
     from gpuckpt.cuda.suspend import resume
-    from gpuckpt.oci.suspension import read_suspension, remove_suspension
+    from gpuckpt.node.suspension import read_suspension, remove_suspension
 
     container = find_container(options.container, options.engine, options.root)
     record = read_suspension(container.container_id)
@@ -76,7 +76,7 @@ def run_resume(options: argparse.Namespace) -> int:
 
 
 def run_status(options: argparse.Namespace) -> int:
-    from gpuckpt.oci.suspension import all_suspensions
+    from gpuckpt.node.suspension import all_suspensions
 
     records = all_suspensions()
     if options.json:

@@ -9,8 +9,8 @@ restore --import` and checkpointctl read it.
 Import: the archive is read and checked once (entries, sizes, config.dump, spec.dump, the
 GPU manifest) before podman sees anything; config.dump and spec.dump are checked as soon as
 they are read, before anything is staged, and nothing is staged past the operator's bounds
-(oci.import_bounds). Through gpuckpt-runtime the pages are staged for the shim and podman
-imports the rest (oci.import_staging); otherwise the archive is read again, re-checked entry
+(transfer.bounds). Through gpuckpt-runtime the pages are staged for the shim and podman
+imports the rest (transfer.staging); otherwise the archive is read again, re-checked entry
 by entry, and written compressed beside podman's storage for podman's `restore --import`.
 """
 
@@ -64,7 +64,7 @@ class Progress:
 
 
 def _podman() -> str:
-    from gpuckpt.shim.resolve import find_program
+    from gpuckpt.host.process import find_program
 
     podman = find_program("podman")
     if podman is None:
@@ -95,11 +95,11 @@ def _writer(output: str, threads: int):
 
 
 def run_export(options: argparse.Namespace) -> int:
-    from gpuckpt.fifo import open_when_peer, private_fifo, widen
+    from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
     from gpuckpt.oci.podman_archive import copy_checked, described
-    from gpuckpt.oci.provenance import ExportSigning
-    from gpuckpt.oci.trust import require_node_key
-    from gpuckpt.process import Background
+    from gpuckpt.transfer.provenance import ExportSigning
+    from gpuckpt.node.trust import require_node_key
+    from gpuckpt.host.process import Background
 
     podman = _podman()
     if options.threads < 0:
@@ -147,16 +147,16 @@ def run_import(options: argparse.Namespace) -> int:
     """Staged when podman will restore through gpuckpt-runtime (the pages go beside podman's
     storage once, podman imports the rest); streamed through a FIFO otherwise. The archive's
     config is checked before anything is staged, and nothing is staged past the operator's
-    bounds (oci.import_bounds)."""
+    bounds (transfer.bounds)."""
     from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
-    from gpuckpt.oci.config import load_config
-    from gpuckpt.oci.import_bounds import RatioGuard, StagingBudget
-    from gpuckpt.oci.import_staging import HeldOutput, Staging
+    from gpuckpt.node.config import load_config
+    from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
+    from gpuckpt.transfer.staging import HeldOutput, Staging
     from gpuckpt.oci.podman_archive import copy_checked, described, described_dumps, import_refusals
-    from gpuckpt.oci.provenance import verify_archive_signature
-    from gpuckpt.oci.trust import load_trust
-    from gpuckpt.process import run
-    from gpuckpt.shim.image_policy import check_archive
+    from gpuckpt.transfer.provenance import verify_archive_signature
+    from gpuckpt.node.trust import load_trust
+    from gpuckpt.host.process import run
+    from gpuckpt.policy.image import check_archive
 
     podman = _podman()
     limits = load_config().import_
@@ -220,7 +220,7 @@ def _stage_checked_copy(checked, staging, verification, limits, phases: list[str
     file. A FIFO served podman 4.3's three opens, but podman >= 5.8.2 reads the first one to its
     end and waits, which a FIFO held open for the next pass never gives: a file serves both."""
     from gpuckpt.oci.archive import READ_BYTES, decompressed
-    from gpuckpt.oci.import_bounds import RatioGuard
+    from gpuckpt.transfer.bounds import RatioGuard
     from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked
 
     pass_started = time.monotonic()

@@ -1,7 +1,7 @@
 """`gpuckpt trust`: whose signed checkpoints this node restores, and from where unsigned ones.
 
 init: make this node's signing key if it has none (what `gpuckpt install` does first);
-add NAME FILE|- / remove NAME / list: trusted public keys (oci.trust's trust.toml);
+add NAME FILE|- / remove NAME / list: trusted public keys (node.trust's trust.toml);
 export-key: this node's public key, for the other node's `trust add`;
 allow-unsigned SOURCE / disallow-unsigned SOURCE: the explicit exceptions, each use logged;
 verify ARCHIVE|oci:DIR[:TAG]: check a signature without restoring anything.
@@ -49,7 +49,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def _edit(change) -> str:
     """Read, change and write the policy under an exclusive lock: two edits at once both land."""
-    from gpuckpt.oci.trust import load_policy, policy_path, save_policy
+    from gpuckpt.node.trust import load_policy, policy_path, save_policy
 
     os.makedirs(os.path.dirname(policy_path()), mode=0o755, exist_ok=True)
     fd = os.open(f"{policy_path()}.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -64,7 +64,7 @@ def run_add(options: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from gpuckpt.oci.signature import key_id_of, parse_public_key, public_key_line
-    from gpuckpt.oci.trust import KeyEntry, read_key_text
+    from gpuckpt.node.trust import KeyEntry, read_key_text
 
     public = parse_public_key(read_key_text(options.key_file), options.key_file)
     try:
@@ -101,7 +101,7 @@ def run_remove(options: argparse.Namespace) -> int:
 
 
 def run_allow_unsigned(options: argparse.Namespace) -> int:
-    from gpuckpt.oci.trust import UnsignedSource, checked_source
+    from gpuckpt.node.trust import UnsignedSource, checked_source
 
     try:
         rule = UnsignedSource(source=checked_source(options.source), note=options.note)
@@ -129,7 +129,7 @@ def run_disallow_unsigned(options: argparse.Namespace) -> int:
 
 
 def run_init(options: argparse.Namespace) -> int:
-    from gpuckpt.oci.trust import ensure_node_key, node_key_path
+    from gpuckpt.node.trust import ensure_node_key, node_key_path
 
     signer, made = ensure_node_key()
     print(f"{node_key_path()}: {'made' if made else 'kept'} this node's signing key {signer.key_id}")
@@ -138,7 +138,7 @@ def run_init(options: argparse.Namespace) -> int:
 
 def run_export_key(options: argparse.Namespace) -> int:
     from gpuckpt.oci.signature import public_key_line
-    from gpuckpt.oci.trust import require_node_key
+    from gpuckpt.node.trust import require_node_key
 
     print(public_key_line(require_node_key().public, socket.gethostname()))
     return 0
@@ -146,7 +146,7 @@ def run_export_key(options: argparse.Namespace) -> int:
 
 def run_list(options: argparse.Namespace) -> int:
     from gpuckpt.oci.signature import key_id_of, parse_public_key
-    from gpuckpt.oci.trust import THIS_NODE, load_node_key, load_policy, node_key_path, policy_path
+    from gpuckpt.node.trust import THIS_NODE, load_node_key, load_policy, node_key_path, policy_path
 
     signer, policy = load_node_key(), load_policy()
     print(f"{THIS_NODE}: {signer.key_id + ' (' + node_key_path() + ')' if signer else 'no node key (gpuckpt install)'}")
@@ -160,8 +160,8 @@ def run_list(options: argparse.Namespace) -> int:
 
 def run_verify(options: argparse.Namespace) -> int:
     from gpuckpt.oci.image_layout import parse_target, read_layout, verify_layer
-    from gpuckpt.oci.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
-    from gpuckpt.oci.trust import load_trust
+    from gpuckpt.transfer.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
+    from gpuckpt.node.trust import load_trust
 
     trust = load_trust()
     if (image := parse_target(options.target)) is not None:

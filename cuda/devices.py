@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuckpt.errors import DriverError
-from gpuckpt.procfs import fd_targets
+from gpuckpt.host.procfs import fd_targets
 
 NVIDIA_DEVICE_PREFIX = "/dev/nvidia"  # nvidiactl, nvidia-uvm, nvidia0..N: any means the driver is held
 

@@ -8,59 +8,12 @@ answers. All from /proc and NVML, read-only.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 
 from gpuckpt.errors import DriverError
 
 # NCCL's P2P and cuMem transports leave state the driver cannot restore (error 801,
 # seen on 2x H200): a job must run with both of these to be checkpointable.
 NCCL_SAFE_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
-
-
-def container_pid(host_pid: int) -> int:
-    """The PID a process has inside its own PID namespace (NSpid's last field)."""
-    try:
-        with open(f"/proc/{host_pid}/status") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except (OSError, ValueError):
-        pass
-    return host_pid
-
-
-def is_stopped(pid: int) -> bool:
-    """Stopped by a signal or a tracer (state T or t in /proc/PID/stat)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError):
-        return False
-
-
-def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it, from /proc's children lists (independent of cgroups)."""
-    found, pending = [], [pid]
-    while pending:
-        current = pending.pop()
-        found.append(current)
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{current}/task/{tid}/children") as children:
-                    pending.extend(int(child) for child in children.read().split())
-            except (OSError, ValueError):
-                continue
-    return found
-
-
-def container_processes(listed: Iterable[int], init_pid: int) -> list[int]:
-    """The runtime's list of a container's PIDs (its cgroup) joined with init's process tree,
-    which also holds processes CRIU restored outside that cgroup."""
-    return sorted(set(listed) | set(descendants(init_pid)))
 
 
 def find_cuda_pids(pids: list[int]) -> list[int]:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpuckpt.cuda.discovery import is_stopped
+from gpuckpt.host.procfs import is_stopped
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.errors import GpuCheckpointError
 

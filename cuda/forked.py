@@ -7,7 +7,7 @@ never be used in it. CRIU cannot dump those descriptors or mappings, and driver 
 way to checkpoint them (590's "launch job" is meant for this). What the shim does instead is
 what the kernel does when such a child exits, which workers do all the time: it closes the
 child's /dev/nvidia* descriptors and unmaps its /dev/nvidia* mappings, by system calls run
-inside the child (`gpuckpt.ptrace`). The child's own memory and every other file stay as
+inside the child (`gpuckpt.host.ptrace`). The child's own memory and every other file stay as
 they are, the parent's device state is untouched, and CRIU then dumps the child like any
 process. Done before the lock, so a failure leaves every process running.
 """
@@ -18,11 +18,11 @@ import os
 from dataclasses import dataclass
 
 from gpuckpt.cuda.devices import NVIDIA_DEVICE_PREFIX
-from gpuckpt.cuda.discovery import is_stopped
+from gpuckpt.host.procfs import is_stopped
 from gpuckpt.cuda.driver import CudaDriver
 from gpuckpt.cuda.engine import query_states
 from gpuckpt.errors import DriverError, GpuCheckpointError
-from gpuckpt.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
+from gpuckpt.host.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
 
 CUDA_ERROR_NOT_INITIALIZED = "CUDA_ERROR_NOT_INITIALIZED"
 SPAWN_HINT = ("start the workers with the 'spawn' method instead (DataLoader(..., multiprocessing_context='spawn'))")

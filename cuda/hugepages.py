@@ -14,7 +14,7 @@ import fcntl
 import os
 from collections.abc import Iterator
 
-from gpuckpt.oci.paths import state_dir
+from gpuckpt.node.paths import state_dir
 
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
 from gpuckpt.oci.manifest import GpuRecord
-from gpuckpt.procfs import fd_targets
+from gpuckpt.host.procfs import fd_targets
 
 NVIDIA_DEVICE_LINK = re.compile(r"^/dev/nvidia(\d+)$")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from gpuckpt.oci.paths import state_dir
+from gpuckpt.node.paths import state_dir
 
 CRIU_DEFAULT_PLUGIN_DIR = "/usr/lib/criu"
 CUDA_PLUGIN = "cuda_plugin.so"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.cuda.engine import CudaSession, query_states
 from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
-from gpuckpt.oci.suspension import SuspendedProcess, Suspension
+from gpuckpt.node.suspension import SuspendedProcess, Suspension
 
 
 def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
@@ -31,7 +31,8 @@ def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
 
 def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock_timeout_ms: int) -> Suspension:
     from gpuckpt.cuda.devices import compute_processes
-    from gpuckpt.cuda.discovery import descendants, find_cuda_pids, is_stopped
+    from gpuckpt.cuda.discovery import find_cuda_pids
+    from gpuckpt.host.procfs import descendants, is_stopped
 
     from gpuckpt.cuda.forked import split_forked_children
 
@@ -77,7 +78,7 @@ def _check_memory(record: Suspension, pairs: Sequence[GpuPair]) -> None:
 
 def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = ()) -> float:
     """Bring the suspended processes back; the seconds it took."""
-    from gpuckpt.cuda.discovery import descendants
+    from gpuckpt.host.procfs import descendants
 
     _check_memory(record, pairs)
     pids = checkpointed_pids(driver, descendants(record.init_pid))

@@ -104,7 +104,7 @@ def test_keep_keeps_the_checkpoint_files(container) -> None:
 
 def test_failed_checkpoint_leaves_container_running(delegate) -> None:
     """CRIU refuses a connection on the container's own loopback without --tcp-established, which
-    the default policy does not add for loopback (see shim/network.py): the checkpoint fails,
+    the default policy does not add for loopback (see policy/network.py): the checkpoint fails,
     says what to enable, and the workload goes on."""
     box = PodmanContainer(["--runtime", "gpuckpt-runtime"])
     try:

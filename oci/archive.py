@@ -16,15 +16,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from gpuckpt.errors import ImageError
-from gpuckpt.safefiles import create_private
+from gpuckpt.host.safefiles import create_private
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
 # A sanity bound of the format (one process's pages on a large node); what an import may write
-# is the operator's staging budget (oci.import_bounds), checked against each entry's size.
+# is the operator's staging budget (transfer.bounds), checked against each entry's size.
 MAX_MEMBER_BYTES = 1 << 40
 # What a decompressor reads from the archive at a time (zstd here; gzip reads less): the
-# granularity at which an entry's compressed bytes are known (oci.import_bounds.RatioGuard).
+# granularity at which an entry's compressed bytes are known (transfer.bounds.RatioGuard).
 READ_BYTES = 128 << 10
 
 
@@ -178,9 +178,9 @@ def decompressed(raw) -> object:
 
 
 def open_archive(path: str):
-    """The archive file, opened for one sequential read (oci.direct_read: around the page
+    """The archive file, opened for one sequential read (transfer.direct_read: around the page
     cache); an ImageError names it if it cannot be."""
-    from gpuckpt.oci.direct_read import DirectReader
+    from gpuckpt.transfer.direct_read import DirectReader
 
     try:
         return DirectReader(path)

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
-from gpuckpt.safefiles import create_private_at, make_directories, make_directory_at, read_bounded, write_private_at
+from gpuckpt.host.safefiles import create_private_at, make_directories, make_directory_at, read_bounded, write_private_at
 
 LAYOUT_FILE = "oci-layout"
 INDEX_FILE = "index.json"
@@ -137,7 +137,7 @@ class CheckpointImageWriter:
     O_NOFOLLOW, renameat), so a link swapped in meanwhile is never followed.
     """
 
-    # (layer digest, annotations) -> annotations to add, the signature (oci.provenance); None: unsigned
+    # (layer digest, annotations) -> annotations to add, the signature (transfer.provenance); None: unsigned
     sign = None
 
     def __init__(self, directory: str, tag: str, threads: int = 0) -> None:

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.safefiles import replace_private
+from gpuckpt.host.safefiles import replace_private
 
 MANIFEST_NAME = "gpuckpt-manifest.json"
 SCHEMA_VERSION = 1
@@ -28,7 +28,7 @@ PID_MAX = 1 << 22  # the kernel's PID_MAX_LIMIT
 MAX_BYTES = 1 << 50  # any GPU's or process's device memory, with room
 MAX_ITEMS = 4096
 MAX_SECONDS = 1e7
-# The three options the shim adds to a dump and again to the restore (shim/network.py).
+# The three options the shim adds to a dump and again to the restore (policy/network.py).
 NetworkOption = Literal["--tcp-established", "--ext-unix-sk", "--file-locks"]
 GpuUuid = Annotated[str, StringConstraints(pattern=r"^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
                                                    r"[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$")]

@@ -26,11 +26,11 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_compressor
-from gpuckpt.oci.import_staging import PAGES_FILE
-from gpuckpt.oci.import_staging import PLACEHOLDER as STAGING_PLACEHOLDER
+from gpuckpt.transfer.staging import PAGES_FILE
+from gpuckpt.transfer.staging import PLACEHOLDER as STAGING_PLACEHOLDER
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from gpuckpt.oci.spec import Spec
-from gpuckpt.safefiles import create_private_at, open_directory
+from gpuckpt.host.safefiles import create_private_at, open_directory
 
 CONFIG_DUMP = "config.dump"
 SPEC_DUMP = "spec.dump"
@@ -176,12 +176,12 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
     With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there.
     `divert(member)` may return a stream for a file's bare data instead (the entry is then left
     out of `out`); `trailer` entries (name, bytes) are added at the end. `observe(member)` hears
-    of every entry first and may return a stream that sees a file's data too (oci.provenance).
+    of every entry first and may return a stream that sees a file's data too (transfer.provenance).
 
     For an import: `first(kept)` checks config.dump and spec.dump as soon as both are read, and
     must have passed before any entry of checkpoint/ comes (a GPU manifest there, parsed as it
     comes, before any pages file): nothing is staged for an archive before its config is checked.
-    `guard` (oci.import_bounds.RatioGuard) bounds how far each entry's data expands."""
+    `guard` (transfer.bounds.RatioGuard) bounds how far each entry's data expands."""
     import zlib
 
     import zstandard

@@ -17,7 +17,13 @@ extras=${GPUCKPT_EXTRAS:-gpu}
 if [ ! -x "$prefix/venv/bin/python3" ]; then
     "$python" -m venv "$prefix/venv"
 fi
-"$prefix/venv/bin/python3" -m pip install -q --disable-pip-version-check --upgrade "$src[$extras]"
+# Built from a copy of the tree: setuptools' build/ keeps the files of modules that have since
+# moved (and would ship them), and two installs at once would share it.
+build=$(mktemp -d)
+trap 'rm -rf "$build"' EXIT
+tar -C "$src" --exclude=./.git --exclude=./build --exclude='./*.egg-info' --exclude='./.carry*' \
+    --exclude=./.gpusnap --exclude='__pycache__' --exclude=./integration/gpu/results -cf - . | tar -C "$build" -xf -
+"$prefix/venv/bin/python3" -m pip install -q --disable-pip-version-check --upgrade "$build[$extras]"
 site=$("$prefix/venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
 write_launcher() {  # NAME MODULE

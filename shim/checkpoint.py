@@ -36,7 +36,7 @@ class Checkpoint:
     """One checkpoint through the shim, from policy to manifest."""
 
     def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict) -> None:
-        from gpuckpt.oci.config import load_config
+        from gpuckpt.node.config import load_config
         from gpuckpt.oci.spec import container_annotations, read_spec
 
         self.args, self.verb, self.delegate, self.state = args, verb, delegate, state
@@ -53,14 +53,14 @@ class Checkpoint:
         self.forked_children: list[int] = []
 
     def _refuse_container_criu_config(self) -> None:
-        from gpuckpt.oci.paths import config_path
-        from gpuckpt.shim.policy import refuse_runtime_annotations
+        from gpuckpt.node.paths import config_path
+        from gpuckpt.policy.annotations import refuse_runtime_annotations
 
         refuse_runtime_annotations(self.annotations, self.container_id, self.config.criu, config_path(),
                                    [self.state["bundle"], self.spec.rootfs(self.state["bundle"])])
 
     def _choose_network_options(self) -> None:
-        from gpuckpt.shim.network import choose, container_policy, inspect_container
+        from gpuckpt.policy.network import choose, container_policy, inspect_container
 
         policy = container_policy(self.config.criu, self.annotations, self.container_id)
         found = inspect_container(int(self.state["pid"]), self.pids)
@@ -90,7 +90,7 @@ class Checkpoint:
         self.criu_config = lines
 
     def _failure_hint(self) -> str:
-        from gpuckpt.shim.network import missing_option_hint
+        from gpuckpt.policy.network import missing_option_hint
 
         hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
         if not hint and self.config.criu.link_remap == "never" and (linked := needs_link_remap(self.pids)):
@@ -100,7 +100,7 @@ class Checkpoint:
 
     def _refuse_unrestorable(self, cuda_pids: list[int], inventory) -> None:
         from gpuckpt.cuda.discovery import unrestorable_reason
-        from gpuckpt.shim.policy import unrestorable_allowed
+        from gpuckpt.policy.annotations import unrestorable_allowed
 
         # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
         spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
@@ -114,8 +114,8 @@ class Checkpoint:
                 log(self.args, "warning", f"{reason} (allowed by the operator)")
 
     def run(self) -> int:
-        from gpuckpt.cuda.discovery import container_processes
-        from gpuckpt.shim.undumpable import refuse_undumpable
+        from gpuckpt.host.procfs import container_processes
+        from gpuckpt.policy.undumpable import refuse_undumpable
 
         started = time.monotonic()
         self._refuse_container_criu_config()
@@ -136,7 +136,7 @@ class Checkpoint:
 
         if self.verb.has("pre-dump"):
             raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty tracking")
-        from gpuckpt.oci.suspension import read_suspension
+        from gpuckpt.node.suspension import read_suspension
         from gpuckpt.shim.pause import PAUSE_ENGINE
 
         paused = read_suspension(self.container_id)
@@ -160,9 +160,9 @@ class Checkpoint:
 
     def _dump_suspended(self, record, started: float) -> int:
         """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
-        from gpuckpt.cuda.discovery import container_pid
+        from gpuckpt.host.procfs import container_pid
         from gpuckpt.cuda.inventory import describe_container_gpus
-        from gpuckpt.oci.suspension import remove_suspension
+        from gpuckpt.node.suspension import remove_suspension
 
         cuda_pids = [process.pid for process in record.processes]
         inventory = describe_container_gpus(self.spec, [])
@@ -193,7 +193,7 @@ class Checkpoint:
         return 0
 
     def _checkpoint_gpu(self, driver, cuda_pids: list[int], freezer, started: float) -> int:
-        from gpuckpt.cuda.discovery import container_pid
+        from gpuckpt.host.procfs import container_pid
         from gpuckpt.cuda.engine import CudaSession
         from gpuckpt.cuda.hugepages import hugepages_always
         from gpuckpt.cuda.inventory import describe_container_gpus
@@ -303,7 +303,7 @@ class Checkpoint:
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
         )
         write_manifest(image_dir_of(self.verb), manifest)
-        from gpuckpt.oci.dump_signature import sign_dump
+        from gpuckpt.transfer.dump_signature import sign_dump
 
         if sign_dump(image_dir_of(self.verb)) is None:
             log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
@@ -314,7 +314,7 @@ def needs_link_remap(pids: list[int]) -> set[str]:
     """Files in /dev/shm held under a removed name while still linked (POSIX named semaphores).
     Only there: CRIU makes its temporary link beside the file, which in /dev/shm is the
     container's own tmpfs."""
-    from gpuckpt.procfs import deleted_but_linked
+    from gpuckpt.host.procfs import deleted_but_linked
 
     return {path for path in deleted_but_linked(pids) if path.startswith("/dev/shm/") and "/" not in path[9:]}
 
@@ -322,7 +322,7 @@ def needs_link_remap(pids: list[int]) -> set[str]:
 def refuse_stopped(pids: list[int]) -> None:
     """The driver's lock ignores its timeout for a stopped process and waits for ever (seen on an
     H100, driver 580): refuse rather than hang the engine."""
-    from gpuckpt.cuda.discovery import is_stopped
+    from gpuckpt.host.procfs import is_stopped
 
     stopped = [pid for pid in pids if is_stopped(pid)]
     if stopped:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from gpuckpt import process
+from gpuckpt.host import process
 from gpuckpt.errors import DelegateError
 
 TYPE_CHECKING = False  # typing and signal (enum) cost start-up time on pass-through

@@ -31,18 +31,19 @@ def run(args: RuntimeArgs, delegate: str) -> int:
 
 
 def _opted_in(state: dict) -> bool:
-    from gpuckpt.oci.config import load_config
+    from gpuckpt.node.config import load_config
     from gpuckpt.oci.spec import container_annotations
 
     return container_annotations(state).get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
 
 
 def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int) -> int:
-    from gpuckpt.cuda.discovery import descendants, find_cuda_pids
+    from gpuckpt.cuda.discovery import find_cuda_pids
+    from gpuckpt.host.procfs import descendants
     from gpuckpt.cuda.driver import load_driver
     from gpuckpt.cuda.suspend import resume, suspend
-    from gpuckpt.oci.config import load_config
-    from gpuckpt.oci.suspension import remove_suspension, write_suspension
+    from gpuckpt.node.config import load_config
+    from gpuckpt.node.suspension import remove_suspension, write_suspension
 
     if not find_cuda_pids(descendants(init_pid)):
         return run_delegate(delegate, args.argv).returncode
@@ -62,7 +63,7 @@ def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int) -
 def _resume(args: RuntimeArgs, delegate: str, container_id: str) -> int:
     from gpuckpt.cuda.driver import load_driver
     from gpuckpt.cuda.suspend import resume
-    from gpuckpt.oci.suspension import read_suspension, remove_suspension
+    from gpuckpt.node.suspension import read_suspension, remove_suspension
 
     status = run_delegate(delegate, args.argv).returncode
     record = read_suspension(container_id)

@@ -13,7 +13,8 @@ import os
 import sys
 
 from gpuckpt.errors import DelegateError
-from gpuckpt.oci.paths import config_path, state_dir
+from gpuckpt.host.process import find_program
+from gpuckpt.node.paths import config_path, state_dir
 
 CACHE_NAME = "delegate.cache"
 CACHE_VERSION = "1"
@@ -63,19 +64,6 @@ def _write_cache(key: list[str], delegate: str) -> None:
         pass  # a cache we cannot write only costs start-up time
 
 
-def find_program(name: str, skip: str | None = None) -> str | None:
-    """Look `name` up on PATH like execvp, never returning the shim itself (`skip`)."""
-    if "/" in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            if skip and os.path.realpath(candidate) == skip:
-                continue
-            return os.path.abspath(candidate)
-    return None
-
-
 def resolve_delegate(delegate: str, config_file: str) -> str:
     """The executable path of the configured delegate, or a DelegateError naming where it was set."""
     own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None
@@ -97,7 +85,7 @@ def delegate_path() -> str:
     cached = _read_cache(key)
     if cached:
         return cached
-    from gpuckpt.oci.config import load_config  # pydantic: only on a cache miss
+    from gpuckpt.node.config import load_config  # pydantic: only on a cache miss
 
     path = resolve_delegate(load_config(config_file).delegate, config_file)
     _write_cache(key, path)

@@ -26,30 +26,30 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     if verb.has("help") or verb.has("h") or verb.container_id is None:
         return run_delegate(delegate, args.argv).returncode
     ensure_work_path(verb.value("work-path"))
-    from gpuckpt.oci.config import load_config
+    from gpuckpt.node.config import load_config
     from gpuckpt.oci.manifest import read_manifest
-    from gpuckpt.oci.paths import config_path
+    from gpuckpt.node.paths import config_path
     from gpuckpt.oci.spec import read_annotations
-    from gpuckpt.shim.policy import refuse_runtime_annotations
+    from gpuckpt.policy.annotations import refuse_runtime_annotations
 
     from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
 
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), verb.container_id, config.criu, config_path(), [bundle])
-    from gpuckpt.shim.image_policy import check_restore
+    from gpuckpt.policy.image import check_restore
 
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {verb.container_id}")
     if lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(lock)  # CRIU locks the network while it restores TCP connections too
 
-    from gpuckpt.oci.import_staging import claim_staged_pages
+    from gpuckpt.transfer.staging import claim_staged_pages
 
     if staged := claim_staged_pages(image_dir_of(verb)):
         log(args, "info", f"{verb.container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
-    from gpuckpt.oci.dump_signature import verify_dump
-    from gpuckpt.oci.trust import load_trust
+    from gpuckpt.transfer.dump_signature import verify_dump
+    from gpuckpt.node.trust import load_trust
 
     # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote them
     verified, signed = verify_dump(image_dir_of(verb), load_trust(), f"restore of {verb.container_id}")
@@ -69,7 +69,7 @@ def run(args: RuntimeArgs, delegate: str) -> int:
 
 class GpuRestore:
     def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, manifest, argv: list[str]) -> None:
-        from gpuckpt.oci.config import load_config
+        from gpuckpt.node.config import load_config
 
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
         self.container_id = verb.container_id
@@ -154,7 +154,7 @@ class GpuRestore:
         return False
 
     def _restore_gpu(self, driver, pairs) -> None:
-        from gpuckpt.cuda.discovery import container_pid, container_processes
+        from gpuckpt.host.procfs import container_pid, container_processes
         from gpuckpt.cuda.driver import ProcessState
         from gpuckpt.cuda.engine import CudaSession, query_states
 

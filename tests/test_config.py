@@ -4,7 +4,7 @@ import pytest
 
 from support import write_config
 from gpuckpt.errors import ConfigError
-from gpuckpt.oci.config import Config, load_config
+from gpuckpt.node.config import Config, load_config
 
 
 def test_no_file_gives_defaults(node) -> None:

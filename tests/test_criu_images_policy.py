@@ -13,7 +13,7 @@ import pytest
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, read_checkpoint_images
-from gpuckpt.shim.image_policy import CAP_NUMBERS, SpecGrant, check_archive, check_restore, refusals
+from gpuckpt.policy.image import CAP_NUMBERS, SpecGrant, check_archive, check_restore, refusals
 from test_criu_images import DEFAULT_CAPS, REAL_DUMP, ImageBuilder
 
 ALL_CAPS = frozenset(range(41))

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, mapping_source, read_checkpoint_images
-from gpuckpt.oci.seccomp_bpf import RET_ALLOW, allows, chain_action, decode, run, seccomp_data
-from gpuckpt.shim.image_policy import refusals
+from gpuckpt.policy.seccomp_bpf import RET_ALLOW, allows, chain_action, decode, run, seccomp_data
+from gpuckpt.policy.image import refusals
 from test_criu_images import REAL_DUMP, ImageBuilder
 from test_criu_images_policy import spec
 

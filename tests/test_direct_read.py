@@ -10,7 +10,7 @@ import zstandard
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.archive import decompressed, open_archive
-from gpuckpt.oci.direct_read import BUFFER_BYTES, DirectReader
+from gpuckpt.transfer.direct_read import BUFFER_BYTES, DirectReader
 
 
 @pytest.fixture

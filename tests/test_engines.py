@@ -5,7 +5,7 @@ import json
 import pytest
 
 from gpuckpt.errors import EngineConfigError
-from gpuckpt.oci import engines
+from gpuckpt.node import engines
 
 
 def test_podman_registration_keeps_user_settings_and_is_idempotent(tmp_path) -> None:

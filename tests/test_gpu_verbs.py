@@ -23,6 +23,7 @@ from gpuckpt.cuda import discovery, driver as driver_module, inventory
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.errors import DelegateError, GpuCheckpointError
+from gpuckpt.host import procfs
 from gpuckpt.oci.manifest import GpuRecord, read_manifest
 from gpuckpt.shim import checkpoint, freezer, restore
 from gpuckpt.shim.argv import parse_runtime_args
@@ -247,13 +248,13 @@ class StopRaceDriver(FakeDriver):
     def _stopped_here(self, method: str, pid: int) -> None:
         if pid == self.victim and method == self.method:
             os.kill(pid, signal.SIGSTOP)
-            while not discovery.is_stopped(pid):  # the signal is delivered asynchronously
+            while not procfs.is_stopped(pid):  # the signal is delivered asynchronously
                 threading.Event().wait(0.001)
             deadline = time.monotonic() + 10
             while True:
                 if self.hold.is_set():
                     os.kill(pid, signal.SIGSTOP)
-                elif not discovery.is_stopped(pid):
+                elif not procfs.is_stopped(pid):
                     return
                 elif time.monotonic() > deadline:  # without the watchdog the shim would wait here for ever
                     raise AssertionError(f"nothing continued process {pid} within 10 s")
@@ -315,10 +316,10 @@ def test_a_process_stopped_during_the_call_is_continued_rolled_back_and_named(ma
         assert node.all_running() and "checkpoint" not in node.verbs_called()
         assert method != "state" or node.driver.calls_of("lock") == []
         deadline = time.monotonic() + 2  # SIGSTOP takes effect asynchronously
-        while not discovery.is_stopped(victim) and time.monotonic() < deadline:
+        while not procfs.is_stopped(victim) and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert discovery.is_stopped(victim)  # stopped again, as the container had it
-        assert not any(discovery.is_stopped(pid) for pid in node.pids if pid != victim)
+        assert procfs.is_stopped(victim)  # stopped again, as the container had it
+        assert not any(procfs.is_stopped(pid) for pid in node.pids if pid != victim)
     finally:
         os.kill(victim, signal.SIGCONT)
 
@@ -534,7 +535,7 @@ def suspendable(make_node, monkeypatch):
 
     node = make_node(2)
     opt_in_to_suspend_on_pause(node)
-    monkeypatch.setattr(discovery, "descendants", lambda init: node.pids)
+    monkeypatch.setattr(procfs, "descendants", lambda init: node.pids)
     monkeypatch.setattr(devices, "compute_processes", lambda: {pid: {UUID0: 1 << 30} for pid in node.pids})
     monkeypatch.setattr(devices, "list_gpus", lambda: [
         GpuInfo(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=0)])
@@ -542,7 +543,7 @@ def suspendable(make_node, monkeypatch):
 
 
 def test_pause_suspends_before_the_freeze_and_resume_brings_back_after_the_thaw(suspendable) -> None:
-    from gpuckpt.oci.suspension import read_suspension
+    from gpuckpt.node.suspension import read_suspension
 
     node = suspendable
     assert run_verb(node, "pause") == 0
@@ -554,7 +555,7 @@ def test_pause_suspends_before_the_freeze_and_resume_brings_back_after_the_thaw(
 
 
 def test_failed_pause_gives_the_gpu_back(suspendable) -> None:
-    from gpuckpt.oci.suspension import read_suspension
+    from gpuckpt.node.suspension import read_suspension
 
     node = suspendable
     node.set_runtime(pause_status=1, state={"status": "running", "pid": node.pids[0], "bundle": str(node.bundle),
@@ -565,7 +566,7 @@ def test_failed_pause_gives_the_gpu_back(suspendable) -> None:
 
 def test_docker_checkpoint_of_a_suspended_pause_dumps_the_suspended_processes(suspendable) -> None:
     """containerd: pause, checkpoint, resume. The pause moved the GPU state; the dump takes it as it is."""
-    from gpuckpt.oci.suspension import read_suspension
+    from gpuckpt.node.suspension import read_suspension
 
     node = suspendable
     assert run_verb(node, "pause") == 0

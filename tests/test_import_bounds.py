@@ -14,10 +14,10 @@ import zstandard
 
 from gpuckpt.errors import ConfigError, ImageError
 from gpuckpt.oci.archive import READ_BYTES, decompressed
-from gpuckpt.oci.config import ImportConfig, parse_config
-from gpuckpt.oci.import_bounds import RatioGuard, StagingBudget, node_memory_bytes
-from gpuckpt.oci import import_staging
-from gpuckpt.oci.import_staging import HeldOutput, Staging
+from gpuckpt.node.config import ImportConfig, parse_config
+from gpuckpt.transfer.bounds import RatioGuard, StagingBudget, node_memory_bytes
+from gpuckpt.transfer import staging
+from gpuckpt.transfer.staging import HeldOutput, Staging
 from gpuckpt.oci.podman_archive import copy_checked, described_dumps, import_refusals
 
 from test_podman_archive import CONFIG, MANIFEST
@@ -166,7 +166,7 @@ def test_more_than_held_before_the_config_is_staged_within_the_budget_and_remove
                                                                                              monkeypatch) -> None:
     """A container with a larger /dev/shm: its devshm-checkpoint.tar (before config.dump) no longer
     fits in memory (64 MiB; 1 MiB here) and goes to the staging directory, taken from the budget."""
-    monkeypatch.setattr(import_staging, "HELD_BYTES", 1 << 20)
+    monkeypatch.setattr(staging, "HELD_BYTES", 1 << 20)
     devshm = bytes(2 << 20)
     checking = Pass(tmp_path / "storage")
     checking.run(zstd(podman43_tar(devshm=devshm)))

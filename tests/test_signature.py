@@ -18,11 +18,11 @@ from gpuckpt.cli.main import main
 from gpuckpt.errors import ConfigError
 from gpuckpt.oci.image_layout import ImageManifest
 from gpuckpt.oci.podman_archive import copy_checked
-from gpuckpt.oci.provenance import (SIGNATURE_ANNOTATION, EntryDigests, ExportSigning, HashingReader,
+from gpuckpt.transfer.provenance import (SIGNATURE_ANNOTATION, EntryDigests, ExportSigning, HashingReader,
                                     verify_archive_signature, verify_image_signature, write_archive_signature)
 from gpuckpt.oci.signature import (SignatureError, Signer, TrustedKey, open_envelope, parse_envelope,
                                    parse_public_key, public_key_line)
-from gpuckpt.oci.trust import (TrustPolicy, UnsignedSource, ensure_node_key, load_policy, load_trust, parse_policy,
+from gpuckpt.node.trust import (TrustPolicy, UnsignedSource, ensure_node_key, load_policy, load_trust, parse_policy,
                                save_policy)
 
 from test_podman_archive import podman_tar

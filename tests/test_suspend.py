@@ -8,11 +8,12 @@ import pytest
 
 from fake_driver import FakeDriver
 from gpuckpt.cuda import devices, discovery
+from gpuckpt.host import procfs
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import GpuPair, ProcessState
 from gpuckpt.cuda.suspend import resume, suspend
 from gpuckpt.errors import GpuCheckpointError
-from gpuckpt.oci.suspension import read_suspension, remove_suspension, write_suspension
+from gpuckpt.node.suspension import read_suspension, remove_suspension, write_suspension
 
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
 UUID1 = "GPU-66666666-7777-8888-9999-000000000000"
@@ -24,7 +25,7 @@ def workers(monkeypatch, node):
     sleeps = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
     pids = [p.pid for p in sleeps]
     driver = FakeDriver(pids, visible_gpus={pid: [UUID0, UUID1] for pid in pids})
-    monkeypatch.setattr(discovery, "descendants", lambda init: pids)
+    monkeypatch.setattr(procfs, "descendants", lambda init: pids)
     monkeypatch.setattr(discovery, "find_cuda_pids", lambda candidates: [p for p in candidates if p in pids])
     monkeypatch.setattr(devices, "compute_processes", lambda: {pid: {UUID0: 4 << 30} for pid in pids})
     free = {"bytes": 79 << 30}

@@ -13,7 +13,7 @@ import pytest
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.podman_archive import copy_checked
-from gpuckpt.safefiles import create_private, read_bounded
+from gpuckpt.host.safefiles import create_private, read_bounded
 
 
 def tar_of(*infos: tuple[tarfile.TarInfo, bytes], pax: dict | None = None, end: bytes = b"") -> bytes:

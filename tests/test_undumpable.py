@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from gpuckpt.errors import CheckpointRefusedError
-from gpuckpt.shim.undumpable import io_uring_holders, refuse_undumpable
+from gpuckpt.policy.undumpable import io_uring_holders, refuse_undumpable
 
 # io_uring_setup(2) through libc's syscall(); params is struct io_uring_params (120 bytes).
 RING_HOLDER = """

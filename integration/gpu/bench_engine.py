@@ -29,14 +29,15 @@ sys.path.insert(0, "/tmp/gpuckpt-site")
 
 
 def cuda_pids_of(bundle: Bundle) -> list[int]:
-    from gpuckpt.cuda.discovery import descendants, find_cuda_pids
+    from gpuckpt.cuda.discovery import find_cuda_pids
+    from gpuckpt.host.procfs import descendants
 
     return find_cuda_pids(descendants(bundle.state()["pid"]))
 
 
 def checkpointed_pids(driver, bundle: Bundle) -> list[int]:
     """After `runc restore` the processes hold no device file: ask the driver which are checkpointed."""
-    from gpuckpt.cuda.discovery import descendants
+    from gpuckpt.host.procfs import descendants
     from gpuckpt.cuda.suspend import checkpointed_pids as driver_checkpointed
 
     return driver_checkpointed(driver, descendants(bundle.state()["pid"]))

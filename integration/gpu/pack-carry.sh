@@ -14,7 +14,7 @@ bash integration/testbed/bundle-criu.sh .carry
 [ "$engine" = none ] || bash "integration/testbed/bundle-$engine.sh" .carry
 /opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
-    pydantic pyroute2 zstandard cryptography protobuf
+    pydantic pyroute2 zstandard cryptography protobuf tomlkit
 # CRIU's message definitions for the shim's image checks (pure Python, from Debian's python3-pycriu)
 cp -r /opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu .carry/pycriu
 tar -C .carry -cf - . | xz -T0 -6 >.carry.tar.xz

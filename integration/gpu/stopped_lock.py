@@ -18,7 +18,7 @@ import sys
 import time
 
 from gpuckpt.cuda import engine
-from gpuckpt.cuda.discovery import is_stopped
+from gpuckpt.host.procfs import is_stopped
 from gpuckpt.cuda.driver import ProcessState, load_driver
 from gpuckpt.errors import GpuCheckpointError
 

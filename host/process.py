@@ -116,3 +116,16 @@ class Background:
         if check:
             _raise_if_failed(self.name, self.argv, finished)
         return finished
+
+
+def find_program(name: str, skip: str | None = None) -> str | None:
+    """Look `name` up on PATH like execvp, never returning the shim itself (`skip`)."""
+    if "/" in name:
+        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
+    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+            if skip and os.path.realpath(candidate) == skip:
+                continue
+            return os.path.abspath(candidate)
+    return None

@@ -1,4 +1,5 @@
-"""Reading other processes' state from /proc: what their file descriptors point at.
+"""Reading other processes' state from /proc: their file descriptors and mappings, their PID
+inside the container, whether they are stopped, the process tree below one.
 
 Processes come and go while we look: anything that vanished is skipped, never an error.
 """
@@ -73,3 +74,49 @@ def deleted_but_linked(pids: Iterable[int]) -> set[str]:
     still linked elsewhere (glibc's sem_open maps a temporary name, links the real one and
     removes the temporary): CRIU dumps these only with `link-remap`."""
     return {path for path, status in _deleted_files_held(pids) if status.st_nlink > 0}
+
+
+def container_pid(host_pid: int) -> int:
+    """The PID a process has inside its own PID namespace (NSpid's last field)."""
+    try:
+        with open(f"/proc/{host_pid}/status") as status:
+            for line in status:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        pass
+    return host_pid
+
+
+def is_stopped(pid: int) -> bool:
+    """Stopped by a signal or a tracer (state T or t in /proc/PID/stat)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it, from /proc's children lists (independent of cgroups)."""
+    found, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        try:
+            tasks = os.listdir(f"/proc/{current}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{current}/task/{tid}/children") as children:
+                    pending.extend(int(child) for child in children.read().split())
+            except (OSError, ValueError):
+                continue
+    return found
+
+
+def container_processes(listed: Iterable[int], init_pid: int) -> list[int]:
+    """The runtime's list of a container's PIDs (its cgroup) joined with init's process tree,
+    which also holds processes CRIU restored outside that cgroup."""
+    return sorted(set(listed) | set(descendants(init_pid)))

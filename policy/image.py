@@ -21,7 +21,7 @@ could reach under the kernel's rules (a process may always drop privilege):
 - securebits: only set with CAP_SETPCAP, so none without it reachable;
 - no_new_privs: once set never cleared, so every thread has it when the spec sets it;
 - seccomp: when the spec has linux.seccomp, every thread runs under a filter (or strict mode),
-  and its chain of filters, run as the kernel runs them (oci.seccomp_bpf), must deny each syscall
+  and its chain of filters, run as the kernel runs them (policy.seccomp_bpf), must deny each syscall
   of GUARDED_SYSCALLS (modules, file handles, mounts, BPF, keys, ptrace, the clock...) that the
   spec denies whatever its arguments (x86_64 images). Other syscalls are not compared: that
   would need libseccomp's compilation of the spec;
@@ -44,8 +44,8 @@ from gpuckpt.errors import ImageError
 from gpuckpt.oci import tarstream
 from gpuckpt.oci.criu_images import (CheckpointImages, IdMap, TaskImage, ThreadImage, directory_source, image_limit,
                                      mapping_source, read_checkpoint_images, wanted_image)
-from gpuckpt.oci.seccomp_bpf import allows, chain_action, decode
-from gpuckpt.safefiles import read_bounded
+from gpuckpt.policy.seccomp_bpf import allows, chain_action, decode
+from gpuckpt.host.safefiles import read_bounded
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",

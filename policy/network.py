@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass, field
 
 from gpuckpt.oci.manifest import NetworkPolicy
-from gpuckpt.procfs import fd_targets
+from gpuckpt.host.procfs import fd_targets
 
 SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN, TCP_CLOSE = 10, 7
@@ -141,7 +141,7 @@ def container_policy(policy, annotations: dict[str, str], container_id: str = ""
     from pydantic import ValidationError
 
     from gpuckpt.errors import ConfigError
-    from gpuckpt.shim.policy import tightened
+    from gpuckpt.policy.annotations import tightened
 
     chosen = {key: annotations[name] for name, key in POLICY_ANNOTATIONS.items() if name in annotations}
     if not chosen:

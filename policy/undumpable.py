@@ -16,7 +16,7 @@ IO_URING = "anon_inode:[io_uring]"
 
 
 def io_uring_holders(pids: list[int]) -> list[int]:
-    from gpuckpt.procfs import fd_targets, mapped_targets
+    from gpuckpt.host.procfs import fd_targets, mapped_targets
 
     holding = {pid for pid, target in fd_targets(pids) if target == IO_URING}
     holding |= {pid for pid, target in mapped_targets(pids) if target == IO_URING}
@@ -24,7 +24,7 @@ def io_uring_holders(pids: list[int]) -> list[int]:
 
 
 def refuse_undumpable(container_id: str, pids: list[int]) -> None:
-    from gpuckpt.cuda.discovery import container_pid
+    from gpuckpt.host.procfs import container_pid
 
     holders = io_uring_holders(pids)
     if holders:

@@ -9,7 +9,7 @@ finds the placeholder in the image directory, looks the token up in its root-onl
 directory, and renames the staged pages into place before CRIU runs.
 
 Nothing is staged before the archive's config.dump and spec.dump are checked, and nothing past
-the operator's bounds (oci.import_bounds): each pages file's declared size is taken from the
+the operator's bounds (transfer.bounds): each pages file's declared size is taken from the
 budget before it is reserved (fallocate), every other byte before it is written.
 
 Only the shim's own record, written by `gpuckpt import` as root, says where pages come from: an
@@ -33,8 +33,8 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.import_bounds import StagedFile, StagingBudget
-from gpuckpt.safefiles import read_bounded, replace_private
+from gpuckpt.transfer.bounds import StagedFile, StagingBudget
+from gpuckpt.host.safefiles import read_bounded, replace_private
 
 PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
 PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
@@ -59,7 +59,7 @@ class StagedImport(BaseModel):
 
 
 def _records_dir() -> str:
-    from gpuckpt.oci.paths import state_dir
+    from gpuckpt.node.paths import state_dir
 
     return os.path.join(state_dir(), "imports")
 

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuckpt.errors import ConfigError
-from gpuckpt.oci.paths import config_path
+from gpuckpt.node.paths import config_path
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.config import ImportConfig
+from gpuckpt.node.config import ImportConfig
 
 MIB = 1 << 20
 

@@ -7,7 +7,7 @@ sha256 of every file but the memory pages) with the node key, and refuses to res
 that is not exactly that, signed by a key the node trusts (its own included), whatever engine
 moved it (podman --import, a checkpoint image, docker, a kubelet archive). An unsigned directory
 (plain runc's dump) is restored only under the trust policy's `restore:any` (logged). Pages are
-covered by the export signature (oci.provenance) while they travel, not here: hashing GiBs at
+covered by the export signature (transfer.provenance) while they travel, not here: hashing GiBs at
 every dump and restore would cost seconds.
 """
 
@@ -17,11 +17,11 @@ import hashlib
 import os
 import stat
 
-from gpuckpt.oci.import_staging import PAGES_FILE
-from gpuckpt.oci.provenance import MAX_SIGNATURE_BYTES
+from gpuckpt.transfer.staging import PAGES_FILE
+from gpuckpt.transfer.provenance import MAX_SIGNATURE_BYTES
 from gpuckpt.oci.signature import SignatureError, SignedEntry, open_envelope
-from gpuckpt.oci.trust import Trust, load_node_key, log_unsigned_use
-from gpuckpt.safefiles import read_bounded, replace_private
+from gpuckpt.node.trust import Trust, load_node_key, log_unsigned_use
+from gpuckpt.host.safefiles import read_bounded, replace_private
 
 DUMP_SIGNATURE = "gpuckpt-dump.sig"
 # Written around a dump or restore by CRIU, runc or the engine, read by none of them at restore:
