@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-
-from bed import GPUCKPT, PODMAN_IMAGE, sh
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 # The workload: every 0.2 s it notes the time; when armed (/tmp/armed, by the test) or when its
 # clock jumped (it has just been restored), it runs the escape, whose agent copies SECRET into
@@ -180,3 +179,27 @@ def test_an_archive_edited_to_hide_its_capabilities_is_refused(escaping_containe
     time.sleep(3)
     assert not marker.exists()
     assert secret.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_multithreaded_container_restores_with_every_thread_filtered(runc_delegate) -> None:
+    """CRIU writes the threads that share the leader's seccomp filters without any, and restores them
+    through the leader's TSYNC: the check must see them filtered (a false refusal otherwise), and the
+    restored threads are."""
+    name = f"gpuckpt-threads-{os.getpid()}"
+    source = ("import threading, time\n"
+              "for _ in range(3): threading.Thread(target=lambda: time.sleep(10**6), daemon=True).start()\n"
+              + COUNTER_SOURCE)
+    try:
+        sh("podman", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none", PODMAN_IMAGE,
+           "python3", "-c", source)
+        read_state = lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout  # noqa: E731
+        before = wait_counter(read_state, 2)
+        sh("podman", "container", "checkpoint", name)
+        sh("podman", "container", "restore", name)
+        assert_continues(before, read_state)
+        pid = sh("podman", "inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
+        modes = [line.split()[1] for task in Path(f"/proc/{pid}/task").iterdir()
+                 for line in (task / "status").read_text().splitlines() if line.startswith("Seccomp:")]
+        assert len(modes) == 4 and set(modes) == {"2"}, modes
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)

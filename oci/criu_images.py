@@ -39,6 +39,7 @@ MAX_TASKS = 32_768               # pstree entries
 MAX_THREADS = 65_536             # threads of all tasks together: one core file each
 MAX_FILTERS = 4_096              # seccomp filters in seccomp.img
 MAX_MAP_EXTENTS = 340            # the kernel's limit for uid_map/gid_map lines
+SECCOMP_FILTER_FLAG_TSYNC = 1
 TASK_DEAD = 2                    # a zombie: restored only to be reaped, never runs
 NAMESPACE_FIELDS = ("pid", "net", "ipc", "uts", "mnt", "user", "cgroup", "time")
 IMAGE_NAME = re.compile(r"(inventory|pstree|seccomp|(?:core|ids|userns|creds)-[0-9]{1,10})\.img")
@@ -352,6 +353,7 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
                 if core.HasField("ids"):
                     namespaces.append(_namespaces(core.ids))
             threads.append(_thread(tid, core, filters, at(name)))
+        threads = _propagate_tsync(process.pid, threads, filters)
         legacy = read(f"creds-{process.pid}.img", MAX_FILE_BYTES)
         if legacy is not None:
             entry = _one(legacy, at(f"creds-{process.pid}.img"), "CREDS", messages.creds, messages)
@@ -363,10 +365,28 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
                    messages.ids, messages, required=False)
         if ids is not None:
             namespaces.append(_namespaces(ids))
+        if isinstance(comm, bytes):  # protobuf's Python decoder hands invalid UTF-8 back as bytes
+            comm = comm.decode("utf-8", "replace")
         shown = "".join(char if char.isprintable() else "?" for char in comm[:64])  # it goes into one-line errors
         images.tasks.append(TaskImage(process.pid, state, shown, tuple(threads), tuple(namespaces)))
     _read_user_namespaces(read, images, messages, at)
     return images
+
+
+def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list) -> list[ThreadImage]:
+    """The seccomp each thread will hold, as CRIU restores it. When every thread shares the leader's
+    filters, CRIU's dump keeps them on the leader only, flagged SECCOMP_FILTER_FLAG_TSYNC, and
+    writes the other threads without seccomp (criu/seccomp.c try_use_tsync); the restorer installs
+    the leader's filters with that flag, which puts them on every thread of the process. Those
+    threads hold the leader's chain, and nothing else does: a filter without the flag stays on its
+    own thread."""
+    leader = next((thread for thread in threads if thread.tid == leader_tid), None)
+    if leader is None or leader.seccomp_mode != 2 or not leader.seccomp_chain:
+        return threads
+    if not all(filters[index].flags & SECCOMP_FILTER_FLAG_TSYNC for index in leader.seccomp_chain):
+        return threads
+    return [ThreadImage(thread.tid, thread.creds, 2, leader.seccomp_chain) if thread.seccomp_mode == 0 else thread
+            for thread in threads]
 
 
 def _thread(tid: int, core, filters: list, where: str) -> ThreadImage:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.criu_images import (MAX_FILE_BYTES, criu_messages, directory_source, mapping_source,
-                                     read_checkpoint_images)
+from gpuckpt.oci import criu_images
+from gpuckpt.oci.criu_images import (
+    MAX_FILE_BYTES,
+    PYCRIU_DIRS,
+    _require_root_owned,
+    criu_messages,
+    directory_source,
+    mapping_source,
+    read_checkpoint_images,
+)
 
 REAL_DUMP = Path(__file__).parent / "data" / "criu-podman-default"  # podman 4.3 + runc + CRIU 4.2.1, `sleep`
 DEFAULT_CAPS = frozenset({0, 1, 3, 4, 5, 6, 7, 8, 10, 18, 31})  # podman's eleven
@@ -200,8 +209,6 @@ def test_seccomp_chains_are_followed_with_bounds(tmp_path: Path) -> None:
 
 @pytest.mark.hostile("pstree declaring more threads than the reader's cap")
 def test_thread_count_is_capped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuckpt.oci import criu_images
-
     monkeypatch.setattr(criu_images, "MAX_THREADS", 3)
     build = ImageBuilder(tmp_path)
     build.checkpoint(threads=(2, 3, 4))
@@ -240,10 +247,6 @@ def test_random_images_read_or_fail_with_one_line(files: dict[str, bytes]) -> No
 @pytest.mark.skipif(os.geteuid() != 0, reason="the bindings' directory must be root's")
 @pytest.mark.hostile("CRIU's python bindings with a file others may write (code the shim would import as root)")
 def test_the_bindings_are_imported_only_from_root_guarded_files() -> None:
-    import tempfile
-
-    from gpuckpt.oci.criu_images import PYCRIU_DIRS, _require_root_owned
-
     installed = next(path for path in PYCRIU_DIRS if os.path.isdir(path))
     home = tempfile.mkdtemp(dir=os.path.expanduser("~"))  # root's, not world-writable like /tmp
     try:
@@ -264,3 +267,27 @@ def test_a_process_name_cannot_break_the_one_line(tmp_path: Path) -> None:
     build.checkpoint()
     build.write("core-1.img", "CORE", build.core(None, 2, 0, comm="x\nFAKE: ok\x1b[2J"))
     assert read(tmp_path).tasks[0].comm == "x?FAKE: ok?[2J"
+
+
+def _threads_under(tmp_path: Path, leader_flags: int):
+    """A leader under one filter flagged `leader_flags`, two threads written without seccomp, as
+    CRIU's dump writes threads that shared the leader's filters."""
+    build = ImageBuilder(tmp_path)
+    build.checkpoint(threads=(2, 3))
+    for tid in (2, 3):
+        build.write(f"core-{tid}.img", "CORE", build.core(None, None, None))
+    entry = build.filter(bytes(8))
+    entry.flags = leader_flags
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[entry]))
+    return read(tmp_path).tasks[0].threads
+
+
+def test_threads_written_without_seccomp_hold_the_leaders_tsync_filters(tmp_path: Path) -> None:
+    threads = _threads_under(tmp_path, leader_flags=1)  # SECCOMP_FILTER_FLAG_TSYNC: CRIU syncs every thread
+    assert [(thread.seccomp_mode, thread.seccomp_chain) for thread in threads] == [(2, (0,))] * 3
+
+
+@pytest.mark.hostile("threads written without seccomp under a leader whose filter lacks TSYNC")
+def test_without_tsync_the_other_threads_stay_unfiltered(tmp_path: Path) -> None:
+    threads = _threads_under(tmp_path, leader_flags=0)  # restored as written: no filter on threads 2 and 3
+    assert [thread.seccomp_mode for thread in threads] == [2, 0, 0]
