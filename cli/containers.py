@@ -7,8 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuckpt.host import process
 from gpuckpt.errors import GpuckptError, UsageError
+from gpuckpt.host import process
+from gpuckpt.host.programs import find_program
+from gpuckpt.node.config import load_config
+from gpuckpt.node.paths import config_path
+from gpuckpt.shim.delegate import container_state
+from gpuckpt.shim.resolve import resolve_delegate
 
 ENGINES = ("auto", "podman", "docker", "runc")
 
@@ -21,8 +26,6 @@ class ContainerRef:
 
 
 def _inspect(engine_cli: str, name: str, engine: str) -> ContainerRef | None:
-    from gpuckpt.host.process import find_program
-
     program = find_program(engine_cli)
     if program is None:
         return None
@@ -34,11 +37,6 @@ def _inspect(engine_cli: str, name: str, engine: str) -> ContainerRef | None:
 
 
 def _runc(name: str, root: str | None) -> ContainerRef | None:
-    from gpuckpt.node.config import load_config
-    from gpuckpt.node.paths import config_path
-    from gpuckpt.shim.delegate import container_state
-    from gpuckpt.shim.resolve import resolve_delegate
-
     delegate = resolve_delegate(load_config().delegate, config_path())
     try:
         state = container_state(delegate, ["--root", root] if root else [], name)

@@ -10,8 +10,16 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from gpuckpt.host import process
+from gpuckpt.cuda.driver import load_driver, version_text
 from gpuckpt.errors import GpuckptError
+from gpuckpt.host import process
+from gpuckpt.host.programs import find_program
+from gpuckpt.node.config import load_config
+from gpuckpt.node.engines import docker_registration, podman_registration
+from gpuckpt.node.paths import config_path
+from gpuckpt.node.trust import load_trust, node_key_path, policy_path
+from gpuckpt.shim.delegate import delegate_version
+from gpuckpt.shim.resolve import resolve_delegate
 
 MIN_CRIU_MAJOR = 4
 
@@ -52,11 +60,6 @@ def check_criu() -> str:
 
 
 def check_config_and_delegate() -> str:
-    from gpuckpt.node.config import load_config
-    from gpuckpt.node.paths import config_path
-    from gpuckpt.shim.delegate import delegate_version
-    from gpuckpt.shim.resolve import resolve_delegate
-
     path = config_path()
     try:
         config = load_config(path)
@@ -70,8 +73,6 @@ def check_config_and_delegate() -> str:
 
 def check_trust() -> str:
     """The node key and the trust policy; every source allowed unsigned, named."""
-    from gpuckpt.node.trust import load_trust, node_key_path, policy_path
-
     try:
         trust = load_trust()
     except GpuckptError as error:
@@ -87,8 +88,6 @@ def check_trust() -> str:
 
 
 def check_network_lock() -> str:
-    from gpuckpt.host.process import find_program
-
     if not (find_program("iptables-restore") or find_program("nft")):
         raise CheckFailed("neither iptables-restore nor nft found: CRIU cannot lock the network",
                           "apt-get install iptables")
@@ -97,8 +96,6 @@ def check_network_lock() -> str:
 
 def _check_engine(engine: str, program: str, registration: Callable[[], tuple[str | None, bool]]) -> str | None:
     """An installed engine must have the runtime registered; an absent one is not checked."""
-    from gpuckpt.host.process import find_program
-
     if not find_program(program):
         return None
     path, default = registration()
@@ -108,8 +105,6 @@ def _check_engine(engine: str, program: str, registration: Callable[[], tuple[st
 
 
 def check_podman() -> str | None:
-    from gpuckpt.node.engines import podman_registration
-
     def registration() -> tuple[str | None, bool]:
         paths, default = podman_registration()
         return (paths[0] if paths else None), default
@@ -117,8 +112,6 @@ def check_podman() -> str | None:
 
 
 def check_docker() -> str | None:
-    from gpuckpt.node.engines import docker_registration
-
     return _check_engine("docker", "dockerd", docker_registration)
 
 
@@ -126,7 +119,6 @@ def check_driver() -> str | None:
     """Only on a node with an NVIDIA GPU: the driver's checkpoint API must be there."""
     if not os.path.exists("/dev/nvidiactl"):
         return None
-    from gpuckpt.cuda.driver import load_driver, version_text
 
     try:
         version = load_driver().driver_version()

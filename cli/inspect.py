@@ -11,6 +11,12 @@ import json
 import os
 
 from gpuckpt.errors import UsageError
+from gpuckpt.host import process
+from gpuckpt.host.programs import find_program
+from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout, verify_layer
+from gpuckpt.oci.manifest import MANIFEST_NAME, parse_manifest, read_manifest
+from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, described, scan_archive
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -33,10 +39,6 @@ def _podman_summary(archive, kind: str) -> dict:
 def _directory_summary(path: str, kind: str) -> dict:
     """A checkpoint directory: the shim's image directory, or podman's layout unpacked (a mounted
     checkpoint image); files are read without following links."""
-    from gpuckpt.oci.manifest import read_manifest
-    from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, described
-    from gpuckpt.host.safefiles import read_bounded
-
     names, sizes, kept = [], [], {}
     for directory, subdirectories, files in os.walk(path):
         for name in files:
@@ -57,27 +59,21 @@ def _directory_summary(path: str, kind: str) -> dict:
 def _storage_image_summary(name: str) -> dict | None:
     """A checkpoint image in podman's local storage (`podman container checkpoint --create-image`,
     or pulled): mounted read-only by podman for the reading, unmounted after. None: no such image."""
-    from gpuckpt.host.process import run
-    from gpuckpt.host.process import find_program
-
     podman = find_program("podman")
-    if podman is None or run([podman, "image", "exists", name], check=False).returncode != 0:
+    if podman is None or process.run([podman, "image", "exists", name], check=False).returncode != 0:
         return None
-    annotations = json.loads(run([podman, "image", "inspect", "--format", "{{json .Annotations}}", name]).stdout or "{}")
-    mount_point = run([podman, "image", "mount", name]).stdout.strip()
+    annotations = json.loads(process.run([podman, "image", "inspect", "--format", "{{json .Annotations}}", name]).stdout or "{}")
+    mount_point = process.run([podman, "image", "mount", name]).stdout.strip()
     try:
         summary = _directory_summary(mount_point, "podman-image")
     finally:
-        run([podman, "image", "unmount", name], check=False)
+        process.run([podman, "image", "unmount", name], check=False)
     return summary | {"path": name, "image": {"tag": name, "layer_digest": "", "layer_media_type": "containers-storage",
                                               "annotations": annotations or {}}}
 
 
 def _archive_summary(path: str) -> dict:
     """What an archive holds, read once without unpacking: podman's layout or gpuckpt's own."""
-    from gpuckpt.oci.manifest import MANIFEST_NAME, parse_manifest
-    from gpuckpt.oci.podman_archive import CONFIG_DUMP, described, scan_archive
-
     copied, kept = scan_archive(path)
     summary = {"path": path, "files": copied.files, "bytes": copied.bytes, "stored_bytes": os.path.getsize(path)}
     if CONFIG_DUMP in kept:
@@ -89,8 +85,6 @@ def _archive_summary(path: str) -> dict:
 
 
 def _summary(path: str) -> dict:
-    from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout, verify_layer
-
     target = parse_target(path)
     if target is not None or is_layout(path):
         directory, tag = target if target is not None else (path, None)
@@ -137,9 +131,9 @@ def run(options: argparse.Namespace) -> int:
     print(f"GPU handler {manifest['gpu_handler']}; driver {manifest['driver_version'] or '-'}")
     for gpu in manifest["gpus"]:
         print(f"GPU {gpu['index']}       {gpu['name']} {gpu['uuid']} {gpu['memory_total_bytes'] >> 30} GiB")
-    for process in manifest["processes"]:
-        print(f"CUDA pid    {process['host_pid']} (in container {process['container_pid']}): "
-              f"{process['checkpointed_bytes'] / 2**30:.2f} GiB on {', '.join(process['gpu_uuids']) or '-'}")
+    for cuda_process in manifest["processes"]:
+        print(f"CUDA pid    {cuda_process['host_pid']} (in container {cuda_process['container_pid']}): "
+              f"{cuda_process['checkpointed_bytes'] / 2**30:.2f} GiB on {', '.join(cuda_process['gpu_uuids']) or '-'}")
     network = manifest["network"]
     print(f"CRIU config {'; '.join(manifest['criu_config']) or 'none of the shim'}")
     print(f"network     added {' '.join(network['added_options']) or 'nothing'}; engine passed "

@@ -11,7 +11,9 @@ import argparse
 import os
 import signal
 
+from gpuckpt.cli.trust import run_init
 from gpuckpt.errors import UsageError
+from gpuckpt.host.programs import find_program
 from gpuckpt.node import engines
 
 DOCKER_PID_FILE = "/var/run/docker.pid"
@@ -27,8 +29,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _runtime_path(given: str | None) -> str:
-    from gpuckpt.host.process import find_program
-
     path = given or find_program(engines.RUNTIME_NAME)
     if not path or not os.path.isabs(path) or not os.access(path, os.X_OK):
         raise UsageError(f"--runtime-path: {path or engines.RUNTIME_NAME + ' on PATH'} is not an executable absolute path")
@@ -49,7 +49,6 @@ def _reload_dockerd() -> str:
 def run(options: argparse.Namespace) -> int:
     runtime_path = _runtime_path(options.runtime_path)
     if os.geteuid() == 0:  # a non-root run edits a --config of its own and signs nothing
-        from gpuckpt.cli.trust import run_init
 
         run_init(options)
     if options.engine == "podman":

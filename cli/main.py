@@ -8,13 +8,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gpuckpt import __version__
+from gpuckpt.cli import doctor, inspect, install, suspend, transfer, trust
 from gpuckpt.errors import GpuckptError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from gpuckpt import __version__
-    from gpuckpt.cli import doctor, inspect, install, suspend, transfer, trust
-
     parser = argparse.ArgumentParser(prog="gpuckpt", description="Transparent checkpoint/restore of GPU containers.")
     parser.add_argument("--version", action="version", version=f"gpuckpt {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")

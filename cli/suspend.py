@@ -9,7 +9,13 @@ import argparse
 import json
 
 from gpuckpt.cli.containers import ENGINES, find_container
+from gpuckpt.cuda.compat import complete_pairs
+from gpuckpt.cuda.driver import GpuPair
+from gpuckpt.cuda.node import NodeGpus
+from gpuckpt.cuda.suspend import resume, suspend
 from gpuckpt.errors import UsageError
+from gpuckpt.node.config import load_config
+from gpuckpt.node.suspension import all_suspensions, read_suspension, remove_suspension, write_suspension
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -29,16 +35,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run_suspend(options: argparse.Namespace) -> int:
-    from gpuckpt.cuda.driver import load_driver
-    from gpuckpt.cuda.suspend import suspend
-    from gpuckpt.node.config import load_config
-    from gpuckpt.node.suspension import read_suspension, write_suspension
-
     container = find_container(options.container, options.engine, options.root)
     if read_suspension(container.container_id):
         raise UsageError(f"container {options.container} is already suspended (gpuckpt resume {options.container})")
-    record = suspend(load_driver(), container.container_id, container.engine, container.init_pid,
-                     load_config().cuda.lock_timeout_ms)
+    gpus = NodeGpus()
+    record = suspend(gpus.load_driver(), container.container_id, container.engine, container.init_pid,
+                     load_config().cuda.lock_timeout_ms, gpus=gpus)
     write_suspension(record)
     freed = sum(p.device_bytes for p in record.processes)
     print(f"suspended {options.container}: {len(record.processes)} CUDA process(es), "
@@ -46,38 +48,29 @@ def run_suspend(options: argparse.Namespace) -> int:
     return 0
 
 
-def _pairs(record, uuids: list[str]):
-    from gpuckpt.cuda.compat import complete_pairs
-    from gpuckpt.cuda.devices import list_gpus
-    from gpuckpt.cuda.driver import GpuPair
-
+def _pairs(record, uuids: list[str], gpus: NodeGpus):
     if not uuids:
         return []
     old = sorted({uuid for process in record.processes for uuid in process.gpu_uuids})
     if len(uuids) != len(old):
         raise UsageError(f"--gpu: give {len(old)} GPU UUID(s), one for each GPU the container used ({', '.join(old)})")
-    node = [gpu.uuid for gpu in list_gpus()]  # the driver wants every GPU the processes see covered
+    node = [gpu.uuid for gpu in gpus.list_gpus()]  # the driver wants every GPU the processes see covered
     return complete_pairs([GpuPair(o, n) for o, n in zip(old, uuids)], node, node)
 
 
 def run_resume(options: argparse.Namespace) -> int:
-    from gpuckpt.cuda.driver import load_driver
-    from gpuckpt.cuda.suspend import resume
-    from gpuckpt.node.suspension import read_suspension, remove_suspension
-
     container = find_container(options.container, options.engine, options.root)
     record = read_suspension(container.container_id)
     if record is None:
         raise UsageError(f"container {options.container} is not suspended")
-    seconds = resume(load_driver(), record, _pairs(record, options.gpu))
+    gpus = NodeGpus()
+    seconds = resume(gpus.load_driver(), record, _pairs(record, options.gpu, gpus), gpus=gpus)
     remove_suspension(container.container_id)
     print(f"resumed {options.container}: {len(record.processes)} CUDA process(es) in {seconds:.2f} s")
     return 0
 
 
 def run_status(options: argparse.Namespace) -> int:
-    from gpuckpt.node.suspension import all_suspensions
-
     records = all_suspensions()
     if options.json:
         print(json.dumps([record.model_dump() for record in records], indent=2))

@@ -22,6 +22,18 @@ import sys
 import time
 
 from gpuckpt.errors import ImageError, UsageError
+from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
+from gpuckpt.host.process import Background, run
+from gpuckpt.host.programs import find_program
+from gpuckpt.node.config import load_config
+from gpuckpt.node.trust import load_trust, require_node_key
+from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
+from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
+from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked, described, described_dumps, import_refusals
+from gpuckpt.policy.image import check_archive
+from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
+from gpuckpt.transfer.provenance import ExportSigning, verify_archive_signature
+from gpuckpt.transfer.staging import HeldOutput, Staging
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -64,8 +76,6 @@ class Progress:
 
 
 def _podman() -> str:
-    from gpuckpt.host.process import find_program
-
     podman = find_program("podman")
     if podman is None:
         raise UsageError("podman is not installed (export and import work on podman containers)")
@@ -80,9 +90,6 @@ def _ended_within(program, seconds: float) -> bool:
 
 
 def _writer(output: str, threads: int):
-    from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
-    from gpuckpt.oci.podman_archive import ArchiveWriter
-
     image = parse_target(output)
     if image is not None:
         return CheckpointImageWriter(*image, threads=threads), f"oci:{image[0]}:{image[1]}"
@@ -95,12 +102,6 @@ def _writer(output: str, threads: int):
 
 
 def run_export(options: argparse.Namespace) -> int:
-    from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
-    from gpuckpt.oci.podman_archive import copy_checked, described
-    from gpuckpt.transfer.provenance import ExportSigning
-    from gpuckpt.node.trust import require_node_key
-    from gpuckpt.host.process import Background
-
     podman = _podman()
     if options.threads < 0:
         raise UsageError(f"--threads {options.threads}: give 0 (one per CPU) or more")
@@ -148,16 +149,6 @@ def run_import(options: argparse.Namespace) -> int:
     storage once, podman imports the rest); streamed through a FIFO otherwise. The archive's
     config is checked before anything is staged, and nothing is staged past the operator's
     bounds (transfer.bounds)."""
-    from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
-    from gpuckpt.node.config import load_config
-    from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
-    from gpuckpt.transfer.staging import HeldOutput, Staging
-    from gpuckpt.oci.podman_archive import copy_checked, described, described_dumps, import_refusals
-    from gpuckpt.transfer.provenance import verify_archive_signature
-    from gpuckpt.node.trust import load_trust
-    from gpuckpt.host.process import run
-    from gpuckpt.policy.image import check_archive
-
     podman = _podman()
     limits = load_config().import_
     verification = verify_archive_signature(options.archive, load_trust(), options.signature)  # before any staging
@@ -219,10 +210,6 @@ def _stage_checked_copy(checked, staging, verification, limits, phases: list[str
     held) and written compressed into the staging directory, which podman then imports as a
     file. A FIFO served podman 4.3's three opens, but podman >= 5.8.2 reads the first one to its
     end and waits, which a FIFO held open for the next pass never gives: a file serves both."""
-    from gpuckpt.oci.archive import READ_BYTES, decompressed
-    from gpuckpt.transfer.bounds import RatioGuard
-    from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked
-
     pass_started = time.monotonic()
     staging.budget.take("the checked copy for podman", os.path.getsize(checked.path))  # about its size again
     writer = ArchiveWriter(os.path.join(staging.directory, CHECKED_COPY))

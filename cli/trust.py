@@ -15,7 +15,29 @@ import os
 import socket
 import time
 
+from pydantic import ValidationError
+
 from gpuckpt.errors import UsageError
+from gpuckpt.node.trust import (
+    THIS_NODE,
+    KeyEntry,
+    UnsignedSource,
+    checked_source,
+    ensure_node_key,
+    load_node_key,
+    load_policy,
+    load_trust,
+    node_key_path,
+    policy_path,
+    read_key_text,
+    require_node_key,
+    save_policy,
+)
+from gpuckpt.oci.archive import decompressed, open_archive
+from gpuckpt.oci.image_layout import parse_target, read_layout, verify_layer
+from gpuckpt.oci.podman_archive import copy_checked
+from gpuckpt.oci.signature import key_id_of, parse_public_key, public_key_line
+from gpuckpt.transfer.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -49,8 +71,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def _edit(change) -> str:
     """Read, change and write the policy under an exclusive lock: two edits at once both land."""
-    from gpuckpt.node.trust import load_policy, policy_path, save_policy
-
     os.makedirs(os.path.dirname(policy_path()), mode=0o755, exist_ok=True)
     fd = os.open(f"{policy_path()}.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -61,11 +81,6 @@ def _edit(change) -> str:
 
 
 def run_add(options: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from gpuckpt.oci.signature import key_id_of, parse_public_key, public_key_line
-    from gpuckpt.node.trust import KeyEntry, read_key_text
-
     public = parse_public_key(read_key_text(options.key_file), options.key_file)
     try:
         entry = KeyEntry(name=options.name, public_key=public_key_line(public),
@@ -101,8 +116,6 @@ def run_remove(options: argparse.Namespace) -> int:
 
 
 def run_allow_unsigned(options: argparse.Namespace) -> int:
-    from gpuckpt.node.trust import UnsignedSource, checked_source
-
     try:
         rule = UnsignedSource(source=checked_source(options.source), note=options.note)
     except ValueError as error:
@@ -129,25 +142,17 @@ def run_disallow_unsigned(options: argparse.Namespace) -> int:
 
 
 def run_init(options: argparse.Namespace) -> int:
-    from gpuckpt.node.trust import ensure_node_key, node_key_path
-
     signer, made = ensure_node_key()
     print(f"{node_key_path()}: {'made' if made else 'kept'} this node's signing key {signer.key_id}")
     return 0
 
 
 def run_export_key(options: argparse.Namespace) -> int:
-    from gpuckpt.oci.signature import public_key_line
-    from gpuckpt.node.trust import require_node_key
-
     print(public_key_line(require_node_key().public, socket.gethostname()))
     return 0
 
 
 def run_list(options: argparse.Namespace) -> int:
-    from gpuckpt.oci.signature import key_id_of, parse_public_key
-    from gpuckpt.node.trust import THIS_NODE, load_node_key, load_policy, node_key_path, policy_path
-
     signer, policy = load_node_key(), load_policy()
     print(f"{THIS_NODE}: {signer.key_id + ' (' + node_key_path() + ')' if signer else 'no node key (gpuckpt install)'}")
     for entry in policy.key:
@@ -159,10 +164,6 @@ def run_list(options: argparse.Namespace) -> int:
 
 
 def run_verify(options: argparse.Namespace) -> int:
-    from gpuckpt.oci.image_layout import parse_target, read_layout, verify_layer
-    from gpuckpt.transfer.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
-    from gpuckpt.node.trust import load_trust
-
     trust = load_trust()
     if (image := parse_target(options.target)) is not None:
         layout = read_layout(*image)
@@ -172,8 +173,6 @@ def run_verify(options: argparse.Namespace) -> int:
               f"{options.target}: signed by {signed[1]} (key {signed[0].key_id}, {signed[0].created}); "
               f"layer {layout.layer.digest} verified")
         return 0
-    from gpuckpt.oci.archive import decompressed, open_archive
-    from gpuckpt.oci.podman_archive import copy_checked
 
     verification = verify_archive_signature(options.target, trust, options.signature)
     with open_archive(options.target) as raw:

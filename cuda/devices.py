@@ -34,6 +34,8 @@ def _text(value: str | bytes) -> str:
 def _nvml(purpose: str) -> Iterator[Any]:
     """pynvml, initialised for one query; every NVML failure becomes a one-line DriverError."""
     try:
+        # Deferred: the gpu extra is optional, and a checkpoint of a container without GPU
+        # (which loads this module through cuda/node.py) must not pay for loading NVML.
         import pynvml
     except ImportError:
         raise DriverError(f"cannot {purpose}: NVML's Python binding is missing (pip install nvidia-ml-py)") from None

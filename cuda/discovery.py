@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from gpuckpt.cuda.devices import compute_pids, pids_holding_nvidia_devices
 from gpuckpt.errors import DriverError
 
 # NCCL's P2P and cuMem transports leave state the driver cannot restore (error 801,
@@ -18,8 +19,6 @@ NCCL_SAFE_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
 
 def find_cuda_pids(pids: list[int]) -> list[int]:
     """The CUDA processes among `pids`: the /proc scan, plus NVML's compute processes."""
-    from gpuckpt.cuda.devices import compute_pids, pids_holding_nvidia_devices
-
     found = set(pids_holding_nvidia_devices(pids))
     try:
         found.update(pid for pid in compute_pids() if pid in set(pids))

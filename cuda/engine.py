@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpuckpt.host.procfs import is_stopped
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.errors import GpuCheckpointError
+from gpuckpt.host.procfs import is_stopped
 
 # Past the lock's own timeout, a lock still in flight is waiting on something the timeout
 # does not cover; the other calls get the same margin before a stopped target is continued.

@@ -18,10 +18,10 @@ import os
 from dataclasses import dataclass
 
 from gpuckpt.cuda.devices import NVIDIA_DEVICE_PREFIX
-from gpuckpt.host.procfs import is_stopped
 from gpuckpt.cuda.driver import CudaDriver
 from gpuckpt.cuda.engine import query_states
 from gpuckpt.errors import DriverError, GpuCheckpointError
+from gpuckpt.host.procfs import is_stopped
 from gpuckpt.host.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
 
 CUDA_ERROR_NOT_INITIALIZED = "CUDA_ERROR_NOT_INITIALIZED"

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass, field
 
 from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
-from gpuckpt.oci.manifest import GpuRecord
 from gpuckpt.host.procfs import fd_targets
+from gpuckpt.oci.manifest import GpuRecord
 
 NVIDIA_DEVICE_LINK = re.compile(r"^/dev/nvidia(\d+)$")
 

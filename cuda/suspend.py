@@ -11,9 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+from gpuckpt.cuda.compat import memory_needed
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.cuda.engine import CudaSession, query_states
+from gpuckpt.cuda.forked import split_forked_children
+from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
+from gpuckpt.host.procfs import is_stopped
 from gpuckpt.node.suspension import SuspendedProcess, Suspension
 
 
@@ -29,21 +33,16 @@ def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
     return found
 
 
-def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock_timeout_ms: int) -> Suspension:
-    from gpuckpt.cuda.devices import compute_processes
-    from gpuckpt.cuda.discovery import find_cuda_pids
-    from gpuckpt.host.procfs import descendants, is_stopped
-
-    from gpuckpt.cuda.forked import split_forked_children
-
+def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock_timeout_ms: int, *,
+            gpus: NodeGpus) -> Suspension:
     # forked children (DataLoader workers) hold the driver but have no CUDA state to move
-    cuda_pids, _ = split_forked_children(driver, find_cuda_pids(descendants(init_pid)))
+    cuda_pids, _ = split_forked_children(driver, gpus.find_cuda_pids(gpus.descendants(init_pid)))
     if not cuda_pids:
         raise GpuCheckpointError(f"container {container} has no CUDA process to suspend")
     stopped = [pid for pid in cuda_pids if is_stopped(pid)]
     if stopped:
         raise GpuCheckpointError(f"CUDA process(es) {stopped} are stopped (paused or traced): resume them first")
-    usage = compute_processes()
+    usage = gpus.compute_processes()
     session = CudaSession(driver, cuda_pids)
     session.require_running()
     started = time.monotonic()
@@ -62,26 +61,21 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
         suspend_s=time.monotonic() - started)
 
 
-def _check_memory(record: Suspension, pairs: Sequence[GpuPair]) -> None:
+def _check_memory(record: Suspension, pairs: Sequence[GpuPair], gpus: NodeGpus) -> None:
     """Refuse (and stay suspended) when the GPUs no longer have the memory the processes need."""
-    from gpuckpt.cuda.compat import memory_needed
-    from gpuckpt.cuda.devices import list_gpus
-
     moved = {pair.old_uuid: pair.new_uuid for pair in pairs}
     needed = memory_needed(((p.gpu_uuids, p.device_bytes) for p in record.processes), moved)
-    free = {gpu.uuid: gpu.memory_free_bytes for gpu in list_gpus()}
+    free = {gpu.uuid: gpu.memory_free_bytes for gpu in gpus.list_gpus()}
     short = [f"{uuid} has {free.get(uuid, 0) >> 20} MiB free, needs {want >> 20} MiB"
              for uuid, want in needed.items() if want > free.get(uuid, 0)]
     if short:
         raise GpuCheckpointError(f"resume of {record.container} refused, it stays suspended: " + "; ".join(short))
 
 
-def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = ()) -> float:
+def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = (), *, gpus: NodeGpus) -> float:
     """Bring the suspended processes back; the seconds it took."""
-    from gpuckpt.host.procfs import descendants
-
-    _check_memory(record, pairs)
-    pids = checkpointed_pids(driver, descendants(record.init_pid))
+    _check_memory(record, pairs, gpus)
+    pids = checkpointed_pids(driver, gpus.descendants(record.init_pid))
     if not pids:
         raise GpuCheckpointError(f"container {record.container} has no suspended CUDA process")
     session = CudaSession(driver, pids)

@@ -6,6 +6,7 @@ ever does, the wait is ended by opening the other side ourselves, so nothing han
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tempfile
 import threading
@@ -55,8 +56,6 @@ F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in Python only from 3.10 on som
 def widen(fd: int) -> None:
     """A 1 MiB pipe buffer instead of 64 KiB: fewer, larger reads and writes for GiBs of pages.
     Best effort: above /proc/sys/fs/pipe-max-size an unprivileged caller is refused, and that is fine."""
-    import fcntl
-
     try:
         fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
     except OSError:

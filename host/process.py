@@ -1,5 +1,8 @@
 """Starting other programs: gpuckpt's one subprocess seam.
 
+Finding a program and becoming it live in host/programs.py, light enough for the shim's
+pass-through; this module is for the verbs and the CLI, which wait for what they start.
+
 Callers get a finished run's output or a CommandError whose message is one line
 naming the program and its last line of stderr.
 """
@@ -7,22 +10,13 @@ naming the program and its last line of stderr.
 from __future__ import annotations
 
 import os
-from gpuckpt.errors import GpuckptError
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
 
-TYPE_CHECKING = False  # typing's own flag costs an import on the shim's start-up path
-if TYPE_CHECKING:
-    import subprocess
-    from collections.abc import Mapping, Sequence
+from gpuckpt.host.programs import CommandError
 
-# `subprocess` is imported inside the functions: the shim's pass-through only execs.
-
-
-class CommandError(GpuckptError):
-    """A program could not be started, timed out, or exited non-zero."""
-
-    def __init__(self, message: str, returncode: int = 1) -> None:
-        super().__init__(message)
-        self.returncode = returncode
+__all__ = ["Background", "CommandError", "Finished", "run", "spawn"]  # CommandError: raised by both
 
 
 class Finished:
@@ -34,18 +28,8 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def exec_program(path: str, argv: Sequence[str]) -> None:
-    """Replace this process with `path` (argv[0] is `path`); returns only by raising."""
-    try:
-        os.execv(path, [path, *argv])
-    except OSError as error:
-        raise CommandError(f"cannot run {path}: {error.strerror}") from None
-
-
 def spawn(argv: Sequence[str]) -> subprocess.Popen:
     """Start a child sharing our stdio and every inherited fd (engines pass fds to runtimes)."""
-    import subprocess
-
     try:
         return subprocess.Popen(list(argv), close_fds=False)
     except OSError as error:
@@ -55,8 +39,6 @@ def spawn(argv: Sequence[str]) -> subprocess.Popen:
 def run(argv: Sequence[str], *, timeout_s: float = 120, check: bool = True,
         env: Mapping[str, str] | None = None, input_text: str | None = None) -> Finished:
     """Run to the end with output captured; with `check`, a non-zero exit is a CommandError."""
-    import subprocess
-
     name = os.path.basename(argv[0])
     try:
         completed = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
@@ -85,9 +67,6 @@ class Background:
     """A program running beside us, its output kept in private files until it ends."""
 
     def __init__(self, argv: Sequence[str]) -> None:
-        import subprocess
-        import tempfile
-
         self.name = os.path.basename(argv[0])
         self.argv = list(argv)
         self._out = tempfile.TemporaryFile()
@@ -116,16 +95,3 @@ class Background:
         if check:
             _raise_if_failed(self.name, self.argv, finished)
         return finished
-
-
-def find_program(name: str, skip: str | None = None) -> str | None:
-    """Look `name` up on PATH like execvp, never returning the shim itself (`skip`)."""
-    if "/" in name:
-        return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
-    for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-            if skip and os.path.realpath(candidate) == skip:
-                continue
-            return os.path.abspath(candidate)
-    return None

@@ -8,6 +8,7 @@ and never more than a bound.
 from __future__ import annotations
 
 import os
+import stat
 
 from gpuckpt.errors import ImageError
 
@@ -31,8 +32,6 @@ def replace_private(path: str, text: str) -> None:
 
 def read_bounded(path: str, limit: int, what: str) -> bytes:
     """A regular file's bytes, at most `limit`; never through a link, never a FIFO or device."""
-    import stat
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:

@@ -8,8 +8,8 @@ is refused before podman sees a byte of it.
 from __future__ import annotations
 
 import io
-import json
 import itertools
+import json
 import os
 import stat
 import tarfile
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import zstandard
-
 from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 _names = itertools.count()

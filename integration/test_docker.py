@@ -7,7 +7,6 @@ import json
 import os
 
 import pytest
-
 from bed import COUNTER_SOURCE, DOCKER, DOCKER_IMAGE, assert_continues, sh, wait_counter
 
 _names = itertools.count()

@@ -14,7 +14,6 @@ import os
 import re
 
 import pytest
-
 from bed import CONFIG, COUNTER_SOURCE, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 SEMAPHORE_LIKE = (

@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-
-from bed import COUNTER_SOURCE, TCP_HOLDER_SOURCE, PODMAN_IMAGE, RUNTIME, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, PODMAN_IMAGE, RUNTIME, TCP_HOLDER_SOURCE, assert_continues, sh, wait_counter
 
 _names = itertools.count()
 

@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 import pytest
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 from gpuckpt.oci.archive import decompressed
-
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 
 def free_port() -> int:

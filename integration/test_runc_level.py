@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from bed import COUNTER_SOURCE, ROOTFS_TAR, RUNTIME, assert_continues, sh, wait_counter
+
 from gpuckpt.errors import GpuCheckpointError
 from gpuckpt.oci.spec import Device
 from gpuckpt.shim.devnodes import sync_nvidia_nodes

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from bed import CONFIG, PODMAN_IMAGE, ROOTFS_TAR, RUNTIME, sh
 
 HERE = Path(__file__).parent

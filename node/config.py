@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpuckpt.errors import ConfigError
 from gpuckpt.node.paths import config_path
 
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -11,8 +11,11 @@ import json
 import os
 import shutil
 import time
+import tomllib
 
+import tomlkit
 from pydantic import BaseModel, ConfigDict, ValidationError
+from tomlkit.exceptions import TOMLKitError
 
 from gpuckpt.errors import EngineConfigError
 
@@ -67,9 +70,6 @@ class Change:
 
 def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN_CONF) -> Change:
     """Add `[engine.runtimes] gpuckpt-runtime = [PATH]` (and make it the default)."""
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
-
     old_text = _read(conf_path)
     try:
         document = tomlkit.parse(old_text or "")
@@ -122,7 +122,6 @@ def podman_registration(conf_path: str = PODMAN_CONF) -> tuple[list[str] | None,
     text = _read(conf_path)
     if text is None:
         return None, False
-    import tomllib
 
     try:
         engine = tomllib.loads(text).get("engine", {})

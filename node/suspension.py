@@ -11,8 +11,8 @@ import os
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.node.paths import state_dir
 from gpuckpt.host.safefiles import replace_private
+from gpuckpt.node.paths import state_dir
 
 SCHEMA_VERSION = 1
 

@@ -9,20 +9,23 @@ first problem is reported before anything lands outside the target.
 
 from __future__ import annotations
 
+import gzip
 import os
-import posixpath
+import shutil
 import tarfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import zstandard
+
 from gpuckpt.errors import ImageError
 from gpuckpt.host.safefiles import create_private
+from gpuckpt.oci import tarstream
+from gpuckpt.transfer.direct_read import DirectReader
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
-# A sanity bound of the format (one process's pages on a large node); what an import may write
-# is the operator's staging budget (transfer.bounds), checked against each entry's size.
-MAX_MEMBER_BYTES = 1 << 40
 # What a decompressor reads from the archive at a time (zstd here; gzip reads less): the
 # granularity at which an entry's compressed bytes are known (transfer.bounds.RatioGuard).
 READ_BYTES = 128 << 10
@@ -65,22 +68,6 @@ def write_archive(source: str, archive: str, *, threads: int = 0, level: int = D
             else:
                 tar.addfile(info)
     return os.path.getsize(archive)
-
-
-def checked_name(member: tarfile.TarInfo) -> str:
-    name = member.name
-    normalized = posixpath.normpath(name)
-    if name.startswith("/") or normalized.startswith("..") or "/../" in f"/{name}/" or normalized == ".":
-        raise ImageError(f"archive entry {name!r} escapes the target directory")
-    if "\0" in name:
-        raise ImageError(f"archive entry {name!r} has a NUL byte in its name")
-    if member.issym() or member.islnk():
-        raise ImageError(f"archive entry {name!r} is a link ({member.linkname!r}): only files and directories are accepted")
-    if not (member.isfile() or member.isdir()):
-        raise ImageError(f"archive entry {name!r} is a device, FIFO or other special file: refused")
-    if member.size < 0 or member.size > MAX_MEMBER_BYTES:
-        raise ImageError(f"archive entry {name!r} declares {member.size} bytes: refused")
-    return normalized
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -163,10 +150,6 @@ class ZstdFrameCheck:
 
 def decompressed(raw) -> object:
     """A readable stream of the tar inside `raw`: zstd (ours, podman's default), gzip, or none."""
-    import gzip
-
-    import zstandard
-
     magic = raw.read(4)
     raw.seek(0)
     if magic == ZSTD_MAGIC:
@@ -180,8 +163,6 @@ def decompressed(raw) -> object:
 def open_archive(path: str):
     """The archive file, opened for one sequential read (transfer.direct_read: around the page
     cache); an ImageError names it if it cannot be."""
-    from gpuckpt.transfer.direct_read import DirectReader
-
     try:
         return DirectReader(path)
     except OSError as error:
@@ -191,8 +172,6 @@ def open_archive(path: str):
 def zstd_compressor(threads: int = 0, level: int = DEFAULT_LEVEL):
     """Multithreaded zstd (`threads` 0: one per CPU) with a checksum, which makes a corrupted
     archive an error rather than corrupted process memory."""
-    import zstandard
-
     return zstandard.ZstdCompressor(level=level, threads=threads or os.cpu_count() or 1, write_checksum=True)
 
 
@@ -208,12 +187,6 @@ def close_quietly(*streams) -> None:
 
 def _entries(archive: str):
     """(member, reader) of each checked entry (oci.tarstream); the caller consumes each one's data."""
-    import zlib
-
-    import zstandard
-
-    from gpuckpt.oci import tarstream
-
     with open_archive(archive) as raw:
         try:
             yield from tarstream.entries(decompressed(raw), archive)
@@ -226,8 +199,6 @@ def read_archive(archive: str, target: str) -> list[Entry]:
 
     On any problem, what was unpacked so far is removed and an ImageError names it.
     """
-    from gpuckpt.oci import tarstream
-
     os.mkdir(target, 0o700)
     entries: list[Entry] = []
     try:
@@ -255,6 +226,4 @@ def read_archive(archive: str, target: str) -> list[Entry]:
 
 
 def _remove(target: str) -> None:
-    import shutil
-
     shutil.rmtree(target, ignore_errors=True)

@@ -16,15 +16,23 @@ import errno
 import hashlib
 import json
 import os
+import platform
 import re
+import shutil
 import time
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuckpt.errors import ImageError, UsageError
+from gpuckpt.host.safefiles import (
+    create_private_at,
+    make_directories,
+    make_directory_at,
+    read_bounded,
+    write_private_at,
+)
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
-from gpuckpt.host.safefiles import create_private_at, make_directories, make_directory_at, read_bounded, write_private_at
 
 LAYOUT_FILE = "oci-layout"
 INDEX_FILE = "index.json"
@@ -230,8 +238,6 @@ class CheckpointImageWriter:
 
     def discard(self) -> None:
         """Remove what was made: the directory, or what was put in the empty one that was there."""
-        import shutil
-
         close_quietly(self._zstd, self._file)
         if self.made and self.parent_fd >= 0:
             shutil.rmtree(self.name, ignore_errors=True, dir_fd=self.parent_fd)
@@ -246,16 +252,12 @@ class CheckpointImageWriter:
 
 
 def go_architecture() -> str:
-    import platform
-
     machine = platform.machine()
     return {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}.get(machine, machine)
 
 
 def checkpoint_annotations(archive) -> dict[str, str]:
     """The annotations podman's `restore IMAGE` and CRI-O's restore read, and ours."""
-    import platform
-
     config = archive.config
     annotations = {}
     for key in (CHECKPOINT_ANNOTATION, CRIO_CHECKPOINT_ANNOTATION):

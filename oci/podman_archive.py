@@ -9,7 +9,7 @@ then `config.dump`, `spec.dump`, the small files, `checkpoint/` (sorted: the GPU
 the pages), `rootfs-diff.tar`; `gpuckpt export` keeps that order. An import relies on it: the
 config is checked before any entry of `checkpoint/` (copy_checked's `first`).
 
-Archives are read defensively (`oci.archive.checked_name`) and re-emitted entry by
+Archives are read defensively (`oci.tarstream.checked_name`) and re-emitted entry by
 entry, so what reaches podman has passed the same checks as what we unpack.
 """
 
@@ -17,20 +17,25 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import re
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass, field
 
+import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
+from gpuckpt.host.safefiles import create_private_at, open_directory
+from gpuckpt.oci import tarstream
 from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_compressor
-from gpuckpt.transfer.staging import PAGES_FILE
-from gpuckpt.transfer.staging import PLACEHOLDER as STAGING_PLACEHOLDER
+from gpuckpt.oci.image_layout import _Hashing
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from gpuckpt.oci.spec import Spec
-from gpuckpt.host.safefiles import create_private_at, open_directory
+from gpuckpt.transfer.staging import PAGES_FILE
+from gpuckpt.transfer.staging import PLACEHOLDER as STAGING_PLACEHOLDER
 
 CONFIG_DUMP = "config.dump"
 SPEC_DUMP = "spec.dump"
@@ -117,8 +122,6 @@ def import_refusals(archive: PodmanArchive) -> list[str]:
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks, privilege, added capabilities,
     host bind mounts, a runtime given by path. podman's own --import trusts all of it."""
-    import posixpath
-
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
@@ -143,8 +146,6 @@ def import_refusals(archive: PodmanArchive) -> list[str]:
 
 def write_small_entry(out, name: str, data: bytes) -> int:
     """One root-only file entry made here; returns the bytes written."""
-    from gpuckpt.oci import tarstream
-
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
     padding = bytes(-len(data) % tarstream.BLOCK)
@@ -182,12 +183,6 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
     must have passed before any entry of checkpoint/ comes (a GPU manifest there, parsed as it
     comes, before any pages file): nothing is staged for an archive before its config is checked.
     `guard` (transfer.bounds.RatioGuard) bounds how far each entry's data expands."""
-    import zlib
-
-    import zstandard
-
-    from gpuckpt.oci import tarstream
-
     copied, written, seen = Copied(), 0, set()
     config_checked, pages_seen = first is None, False
 
@@ -282,8 +277,6 @@ class ArchiveWriter:
         self.dir_fd = open_directory(os.path.dirname(path) or ".")
 
     def layer(self):
-        from gpuckpt.oci.image_layout import _Hashing
-
         self._file = os.fdopen(create_private_at(self.dir_fd, f"{self.name}.partial"), "wb")
         self._hashed = _Hashing(self._file)  # the archive's sha256, for its signature
         self._zstd = zstd_compressor(self.threads).stream_writer(self._hashed, closefd=False)

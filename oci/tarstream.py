@@ -13,6 +13,7 @@ links, devices, sparse files, a stream ending early, a bad header checksum — i
 from __future__ import annotations
 
 import io
+import posixpath
 import tarfile
 
 from gpuckpt.errors import ImageError
@@ -25,6 +26,9 @@ MAX_EXTENSIONS = 8  # extension headers before one entry (tarfile recurses on ea
 # A checkpoint holds about ten files per process (CRIU's images), so this is 5,000 processes.
 # Each entry's header is a staged 512-byte block or more on import, taken from the staging budget.
 MAX_ENTRIES = 50_000
+# A sanity bound of the format (one process's pages on a large node); what an import may write
+# is the operator's staging budget (transfer.bounds), checked against each entry's size.
+MAX_MEMBER_BYTES = 1 << 40
 # PAX keys that describe the entry itself; anything else (GNU.sparse.*, vendor keys) is refused,
 # so no reader can see a size, name or sparse map other than the one checked here.
 PAX_KEYS = frozenset({"path", "linkpath", "size", "mtime", "atime", "ctime", "uid", "gid", "uname", "gname",
@@ -32,6 +36,23 @@ PAX_KEYS = frozenset({"path", "linkpath", "size", "mtime", "atime", "ctime", "ui
 PAX_KEY_PREFIXES = ("SCHILY.xattr.", "LIBARCHIVE.xattr.")
 EXTENSION_TYPES = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE,
                    tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK)
+
+
+def checked_name(member: tarfile.TarInfo) -> str:
+    """The entry's normalized name, if it stays inside the target and is a plain file or directory."""
+    name = member.name
+    normalized = posixpath.normpath(name)
+    if name.startswith("/") or normalized.startswith("..") or "/../" in f"/{name}/" or normalized == ".":
+        raise ImageError(f"archive entry {name!r} escapes the target directory")
+    if "\0" in name:
+        raise ImageError(f"archive entry {name!r} has a NUL byte in its name")
+    if member.issym() or member.islnk():
+        raise ImageError(f"archive entry {name!r} is a link ({member.linkname!r}): only files and directories are accepted")
+    if not (member.isfile() or member.isdir()):
+        raise ImageError(f"archive entry {name!r} is a device, FIFO or other special file: refused")
+    if member.size < 0 or member.size > MAX_MEMBER_BYTES:
+        raise ImageError(f"archive entry {name!r} declares {member.size} bytes: refused")
+    return normalized
 
 
 class TruncatedStream(ImageError):
@@ -84,8 +105,6 @@ def _parse(header_blocks: bytes, path: str) -> tarfile.TarInfo:
 
 def entries(source, path: str):
     """Yield (member, reader) for each entry; the caller consumes exactly _padded(member.size) bytes."""
-    from gpuckpt.oci.archive import checked_name
-
     reader = _Reader(source, path)
     pending, extensions, count = b"", 0, 0
     while True:

@@ -41,11 +41,20 @@ import os
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci import tarstream
-from gpuckpt.oci.criu_images import (CheckpointImages, IdMap, TaskImage, ThreadImage, directory_source, image_limit,
-                                     mapping_source, read_checkpoint_images, wanted_image)
-from gpuckpt.policy.seccomp_bpf import allows, chain_action, decode
 from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.oci import tarstream
+from gpuckpt.oci.criu_images import (
+    CheckpointImages,
+    IdMap,
+    TaskImage,
+    ThreadImage,
+    directory_source,
+    image_limit,
+    mapping_source,
+    read_checkpoint_images,
+    wanted_image,
+)
+from gpuckpt.policy.seccomp_bpf import allows, chain_action, decode
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",

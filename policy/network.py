@@ -8,12 +8,19 @@ option the engine passed itself is always left as it is.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from dataclasses import dataclass, field
 
-from gpuckpt.oci.manifest import NetworkPolicy
+from pydantic import ValidationError
+from pyroute2 import DiagSocket
+from pyroute2.netns import popns, pushns
+
+from gpuckpt.errors import ConfigError
 from gpuckpt.host.procfs import fd_targets
+from gpuckpt.oci.manifest import NetworkPolicy
+from gpuckpt.policy.annotations import tightened
 
 SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN, TCP_CLOSE = 10, 7
@@ -31,8 +38,6 @@ class SocketsFound:
 
 
 def _is_loopback(address: str) -> bool:
-    import ipaddress
-
     try:
         parsed = ipaddress.ip_address(address)
     except ValueError:
@@ -57,9 +62,6 @@ def _locks_held(pids: list[int]) -> int:
 
 def _diag(init_pid: int, inodes: set[int]) -> SocketsFound:
     """sock_diag in the container's network namespace (this thread only, then back)."""
-    from pyroute2 import DiagSocket
-    from pyroute2.netns import popns, pushns
-
     found = SocketsFound()
     pushns(f"/proc/{init_pid}/ns/net")
     try:
@@ -138,11 +140,6 @@ POLICY_ANNOTATIONS = {
 def container_policy(policy, annotations: dict[str, str], container_id: str = ""):
     """The operator's policy with the container's own choices (annotations) applied: each
     validated, and refused (PolicyError) where it would loosen the operator's."""
-    from pydantic import ValidationError
-
-    from gpuckpt.errors import ConfigError
-    from gpuckpt.policy.annotations import tightened
-
     chosen = {key: annotations[name] for name, key in POLICY_ANNOTATIONS.items() if name in annotations}
     if not chosen:
         return policy

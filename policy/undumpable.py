@@ -11,21 +11,18 @@ of libuv ignored UV_USE_IO_URING=0 there, USE_LIBUV=0 avoided it).
 from __future__ import annotations
 
 from gpuckpt.errors import CheckpointRefusedError
+from gpuckpt.host.procfs import container_pid, fd_targets, mapped_targets
 
 IO_URING = "anon_inode:[io_uring]"
 
 
 def io_uring_holders(pids: list[int]) -> list[int]:
-    from gpuckpt.host.procfs import fd_targets, mapped_targets
-
     holding = {pid for pid, target in fd_targets(pids) if target == IO_URING}
     holding |= {pid for pid, target in mapped_targets(pids) if target == IO_URING}
     return sorted(holding)
 
 
 def refuse_undumpable(container_id: str, pids: list[int]) -> None:
-    from gpuckpt.host.procfs import container_pid
-
     holders = io_uring_holders(pids)
     if holders:
         named = ", ".join(f"{pid} (pid {container_pid(pid)} in the container)" for pid in holders)

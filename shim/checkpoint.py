@@ -13,14 +13,41 @@ from __future__ import annotations
 import os
 import time
 
+from gpuckpt.cuda.engine import CudaSession
+from gpuckpt.cuda.forked import split_forked_children
+from gpuckpt.cuda.hugepages import hugepages_always
+from gpuckpt.cuda.inventory import Inventory
+from gpuckpt.cuda.node import NodeGpus
+from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, for_delegate, image_dir_of, parse_verb_args, with_options
-from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids, container_state, run_delegate
+from gpuckpt.host.procfs import container_pid, container_processes, deleted_but_linked, is_stopped
+from gpuckpt.node.config import load_config
+from gpuckpt.node.paths import config_path
+from gpuckpt.node.suspension import read_suspension, remove_suspension
+from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
+from gpuckpt.oci.spec import container_annotations, read_spec
+from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_allowed
+from gpuckpt.policy.network import choose, container_policy, inspect_container, missing_option_hint
+from gpuckpt.policy.undumpable import refuse_undumpable
+from gpuckpt.shim.argv import (
+    CHECKPOINT_VALUE_FLAGS,
+    RuntimeArgs,
+    VerbArgs,
+    for_delegate,
+    image_dir_of,
+    parse_verb_args,
+    with_options,
+)
+from gpuckpt.shim.criuconf import ghost_limit, network_lock_lines, use_criu_config
+from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, ensure_work_path, run_delegate
+from gpuckpt.shim.freezer import Freezer, thawed
 from gpuckpt.shim.interrupt import interruptible, uninterruptible
 from gpuckpt.shim.log import log
+from gpuckpt.shim.pause import PAUSE_ENGINE
+from gpuckpt.transfer.dump_signature import sign_dump
 
 
-def run(args: RuntimeArgs, delegate: str) -> int:
+def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verb = parse_verb_args(args.command_args, CHECKPOINT_VALUE_FLAGS)
     if verb.has("help") or verb.has("h") or verb.container_id is None:
         return run_delegate(delegate, args.argv).returncode  # usage: the delegate's own answer
@@ -29,17 +56,14 @@ def run(args: RuntimeArgs, delegate: str) -> int:
         state = container_state(delegate, args.global_argv, verb.container_id)
     except DelegateError:
         return run_delegate(delegate, args.argv).returncode  # no such container: runc's own error
-    return Checkpoint(args, verb, delegate, state).run()
+    return Checkpoint(args, verb, delegate, state, gpus or NodeGpus()).run()
 
 
 class Checkpoint:
     """One checkpoint through the shim, from policy to manifest."""
 
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict) -> None:
-        from gpuckpt.node.config import load_config
-        from gpuckpt.oci.spec import container_annotations, read_spec
-
-        self.args, self.verb, self.delegate, self.state = args, verb, delegate, state
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict, gpus: NodeGpus) -> None:
+        self.args, self.verb, self.delegate, self.state, self.gpus = args, verb, delegate, state, gpus
         self.container_id = verb.container_id
         self.config = load_config()
         self.spec = read_spec(state["bundle"])
@@ -53,15 +77,10 @@ class Checkpoint:
         self.forked_children: list[int] = []
 
     def _refuse_container_criu_config(self) -> None:
-        from gpuckpt.node.paths import config_path
-        from gpuckpt.policy.annotations import refuse_runtime_annotations
-
         refuse_runtime_annotations(self.annotations, self.container_id, self.config.criu, config_path(),
                                    [self.state["bundle"], self.spec.rootfs(self.state["bundle"])])
 
     def _choose_network_options(self) -> None:
-        from gpuckpt.policy.network import choose, container_policy, inspect_container
-
         policy = container_policy(self.config.criu, self.annotations, self.container_id)
         found = inspect_container(int(self.state["pid"]), self.pids)
         self.network = choose(found, set(self.verb.flags), policy)
@@ -73,8 +92,6 @@ class Checkpoint:
         self._choose_criu_config()
 
     def _choose_criu_config(self) -> None:
-        from gpuckpt.shim.criuconf import ghost_limit, network_lock_lines, use_criu_config
-
         lines = network_lock_lines(self.config.criu.network_lock)
         limit, why = ghost_limit(self.config.criu.ghost_limit, self.pids)
         if limit:
@@ -90,8 +107,6 @@ class Checkpoint:
         self.criu_config = lines
 
     def _failure_hint(self) -> str:
-        from gpuckpt.policy.network import missing_option_hint
-
         hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
         if not hint and self.config.criu.link_remap == "never" and (linked := needs_link_remap(self.pids)):
             hint = (f"{sorted(linked)[0]} is held under a removed name (a POSIX named semaphore): CRIU needs "
@@ -99,24 +114,18 @@ class Checkpoint:
         return f"; {hint}" if hint else ""
 
     def _refuse_unrestorable(self, cuda_pids: list[int], inventory) -> None:
-        from gpuckpt.cuda.discovery import unrestorable_reason
-        from gpuckpt.policy.annotations import unrestorable_allowed
-
         # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
         spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
 
         allowed = unrestorable_allowed(self.config.cuda, self.annotations, self.container_id)
         for pid in cuda_pids:
-            reason = unrestorable_reason(pid, spans_gpus)
+            reason = self.gpus.unrestorable_reason(pid, spans_gpus)
             if reason and not allowed:
                 raise GpuCheckpointError(f"checkpoint of {self.container_id} refused: {reason}")
             if reason:
                 log(self.args, "warning", f"{reason} (allowed by the operator)")
 
     def run(self) -> int:
-        from gpuckpt.host.procfs import container_processes
-        from gpuckpt.policy.undumpable import refuse_undumpable
-
         started = time.monotonic()
         self._refuse_container_criu_config()
         self.pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
@@ -128,20 +137,12 @@ class Checkpoint:
         return self._run_gpu(started)
 
     def _run_gpu(self, started: float) -> int:
-        from gpuckpt.cuda.discovery import find_cuda_pids
-        from gpuckpt.cuda.driver import load_driver
-        from gpuckpt.cuda.forked import split_forked_children
-        from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins
-        from gpuckpt.shim.freezer import Freezer
-
         if self.verb.has("pre-dump"):
             raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty tracking")
-        from gpuckpt.node.suspension import read_suspension
-        from gpuckpt.shim.pause import PAUSE_ENGINE
 
         paused = read_suspension(self.container_id)
-        driver = load_driver()
-        cuda_pids, self.forked_children = split_forked_children(driver, find_cuda_pids(self.pids))
+        driver = self.gpus.load_driver()
+        cuda_pids, self.forked_children = split_forked_children(driver, self.gpus.find_cuda_pids(self.pids))
         plugin = criu_cuda_plugin()
         if plugin:
             # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
@@ -160,12 +161,8 @@ class Checkpoint:
 
     def _dump_suspended(self, record, started: float) -> int:
         """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
-        from gpuckpt.host.procfs import container_pid
-        from gpuckpt.cuda.inventory import describe_container_gpus
-        from gpuckpt.node.suspension import remove_suspension
-
         cuda_pids = [process.pid for process in record.processes]
-        inventory = describe_container_gpus(self.spec, [])
+        inventory = self.gpus.describe_container_gpus(self.spec, [])
         inventory.memory_bytes = {p.pid: p.device_bytes for p in record.processes}
         inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}
@@ -180,25 +177,18 @@ class Checkpoint:
         return 0
 
     def _dump_plain(self, started: float, gpu: bool) -> int:
-        from gpuckpt.cuda.inventory import Inventory, describe_container_gpus
-
         status = run_delegate(self.delegate, self.argv).returncode
         if status != 0:
             hint = self._failure_hint()
             if hint:
                 raise DelegateError(f"checkpoint of {self.container_id} failed{hint}", status)
             return status
-        inventory = describe_container_gpus(self.spec, []) if gpu else Inventory("", 0, [])
+        inventory = self.gpus.describe_container_gpus(self.spec, []) if gpu else Inventory("", 0, [])
         self._write_manifest(inventory, [], started, dump_s=time.monotonic() - started)
         return 0
 
     def _checkpoint_gpu(self, driver, cuda_pids: list[int], freezer, started: float) -> int:
-        from gpuckpt.host.procfs import container_pid
-        from gpuckpt.cuda.engine import CudaSession
-        from gpuckpt.cuda.hugepages import hugepages_always
-        from gpuckpt.cuda.inventory import describe_container_gpus
-
-        inventory = describe_container_gpus(self.spec, cuda_pids)
+        inventory = self.gpus.describe_container_gpus(self.spec, cuda_pids)
         self._refuse_unrestorable(cuda_pids, inventory)
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
         session = CudaSession(driver, cuda_pids)
@@ -208,8 +198,6 @@ class Checkpoint:
 
     def _lock_checkpoint_dump(self, session, freezer, lock_timeout_ms: int, inventory, cuda_pids: list[int],
                               started: float) -> int:
-        from gpuckpt.shim.freezer import thawed
-
         dump_s = 0.0
         first_lock = time.monotonic()
         try:
@@ -251,20 +239,15 @@ class Checkpoint:
     def _release_forked_children(self, freezer) -> None:
         """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump
         them; before any lock, so a failure leaves everything running."""
-        from gpuckpt.cuda.forked import release_forked_children
-        from gpuckpt.shim.freezer import thawed
-
         if not self.forked_children:
             return
         with thawed(freezer):  # ptrace cannot stop a frozen process (docker pauses first)
-            holds = release_forked_children(self.forked_children)
+            holds = self.gpus.release_forked_children(self.forked_children)
         log(self.args, "info", f"{self.container_id}: {len(holds)} forked child(ren) of CUDA processes let go of "
             f"the GPU driver they inherited ({sum(len(h.fds) for h in holds)} descriptor(s), "
             f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
 
     def _roll_back(self, session, freezer, cause: BaseException) -> None:
-        from gpuckpt.shim.freezer import thawed
-
         with uninterruptible(), thawed(freezer):
             leftovers = session.rollback()
         what = "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
@@ -277,9 +260,6 @@ class Checkpoint:
 
     def _write_manifest(self, inventory, cuda_pids: list[int], started: float, *, dump_s: float,
                         downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
-        from gpuckpt.cuda.plugin import gpu_handler
-        from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
-
         timings = timings or {}
         manifest = Manifest(
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -303,7 +283,6 @@ class Checkpoint:
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
         )
         write_manifest(image_dir_of(self.verb), manifest)
-        from gpuckpt.transfer.dump_signature import sign_dump
 
         if sign_dump(image_dir_of(self.verb)) is None:
             log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
@@ -314,16 +293,12 @@ def needs_link_remap(pids: list[int]) -> set[str]:
     """Files in /dev/shm held under a removed name while still linked (POSIX named semaphores).
     Only there: CRIU makes its temporary link beside the file, which in /dev/shm is the
     container's own tmpfs."""
-    from gpuckpt.host.procfs import deleted_but_linked
-
     return {path for path in deleted_but_linked(pids) if path.startswith("/dev/shm/") and "/" not in path[9:]}
 
 
 def refuse_stopped(pids: list[int]) -> None:
     """The driver's lock ignores its timeout for a stopped process and waits for ever (seen on an
     H100, driver 580): refuse rather than hang the engine."""
-    from gpuckpt.host.procfs import is_stopped
-
     stopped = [pid for pid in pids if is_stopped(pid)]
     if stopped:
         raise GpuCheckpointError(f"CUDA process(es) {', '.join(map(str, stopped))} are stopped (SIGSTOP or a "

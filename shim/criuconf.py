@@ -10,14 +10,16 @@ from __future__ import annotations
 import hashlib
 import os
 
+from gpuckpt.host.procfs import deleted_file_sizes
+from gpuckpt.host.safefiles import replace_private
+from gpuckpt.node.paths import state_dir
+
 CRIU_DEFAULT_GHOST_LIMIT = 1 << 20
 
 
 def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
     """The ghost-limit to give CRIU (0: leave its default) and why, from the setting and the
     container's deleted-but-held files."""
-    from gpuckpt.host.procfs import deleted_file_sizes
-
     if setting != "auto":
         return int(setting), "set by criu.ghost_limit"
     ghosts = deleted_file_sizes(pids)
@@ -30,9 +32,6 @@ def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
 
 def use_criu_config(lines: list[str]) -> str:
     """Write `lines` as a CRIU config file and point CRIU_CONFIG_FILE at it; returns its path."""
-    from gpuckpt.node.paths import state_dir
-    from gpuckpt.host.safefiles import replace_private
-
     text = "".join(f"{line}\n" for line in lines)
     os.makedirs(state_dir(), mode=0o700, exist_ok=True)
     path = os.path.join(state_dir(), f"criu-{hashlib.sha256(text.encode()).hexdigest()[:16]}.conf")

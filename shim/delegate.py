@@ -1,32 +1,23 @@
-"""Every call of the delegate runtime (runc, crun, ...), through the process seam.
+"""Every call of the delegate runtime (runc, crun, ...) from an owned verb, through the process seam.
 
-Pass-through replaces the shim with the delegate (exec); owned verbs run it as a
-child with the caller's stdio and fds, forwarding signals, and pass its status on.
+Owned verbs run it as a child with the caller's stdio and fds, forwarding signals, and pass
+its status on. Pass-through (exec) is shim/resolve.py's, which loads none of this.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+from collections.abc import Sequence
 
-from gpuckpt.host import process
 from gpuckpt.errors import DelegateError
-
-TYPE_CHECKING = False  # typing and signal (enum) cost start-up time on pass-through
-if TYPE_CHECKING:
-    import subprocess
-    from collections.abc import Sequence
+from gpuckpt.host import process
 
 # Signals an engine may send to the runtime; runc forwards them to the container.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
 TERMINATING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
-
-
-def exec_delegate(delegate: str, argv: Sequence[str]) -> None:
-    """Become the delegate with argv unchanged; returns only by raising."""
-    try:
-        process.exec_program(delegate, argv)
-    except process.CommandError as error:
-        raise DelegateError(f"delegate runtime: {error}") from None
 
 
 def exit_status(returncode: int) -> int:
@@ -49,8 +40,6 @@ class DelegateRun:
         self._child: subprocess.Popen | None = None
 
     def _forward(self, signum: int, _frame: object) -> None:
-        import signal
-
         if signal.Signals(signum).name in TERMINATING_SIGNALS and self.interrupted_by is None:
             self.interrupted_by = signum
         if self._child is not None and self._child.returncode is None:
@@ -61,8 +50,6 @@ class DelegateRun:
 
     def start(self) -> None:
         """Start the child; from now until finish() our signals go to it."""
-        import signal
-
         self._previous = {sig: signal.signal(sig, self._forward)
                           for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
         try:
@@ -91,8 +78,6 @@ class DelegateRun:
             self._restore_handlers()
 
     def _restore_handlers(self) -> None:
-        import signal
-
         for sig, handler in getattr(self, "_previous", {}).items():
             signal.signal(sig, handler)
         self._previous = {}
@@ -124,8 +109,6 @@ def delegate_version(delegate: str) -> str:
 
 def container_state(delegate: str, global_argv: Sequence[str], container_id: str) -> dict:
     """`RT state ID` as a dict (status, pid, bundle, annotations, ...)."""
-    import json
-
     output = _query(delegate, [*global_argv, "state", container_id])
     try:
         return json.loads(output)
@@ -135,8 +118,6 @@ def container_state(delegate: str, global_argv: Sequence[str], container_id: str
 
 def container_pids(delegate: str, global_argv: Sequence[str], container_id: str) -> list[int]:
     """Host PIDs of every process in the container (`RT ps --format json ID`)."""
-    import json
-
     output = _query(delegate, [*global_argv, "ps", "--format", "json", container_id])
     try:
         return [int(pid) for pid in json.loads(output) or []]

@@ -1,17 +1,18 @@
 """`gpuckpt-runtime`: runc's command line; owned verbs here, the rest exec'd unchanged.
 
 This module is on the path of every container operation: it imports only the
-argv parser and the delegate seam until it knows the verb is one it owns.
+argv parser and the pass-through (shim/resolve.py) until it knows the verb is one it
+owns; the imports inside functions below are that dispatch, deferred on purpose.
 """
 
 from __future__ import annotations
 
 import sys
 
+from gpuckpt import __version__
 from gpuckpt.errors import GpuckptError
 from gpuckpt.shim.argv import RuntimeArgs, parse_runtime_args
-from gpuckpt.shim.delegate import exec_delegate
-from gpuckpt.shim.resolve import delegate_path
+from gpuckpt.shim.resolve import delegate_path, exec_delegate
 
 OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
@@ -29,8 +30,7 @@ def _run_owned(args: RuntimeArgs, delegate: str) -> int:
 
 
 def _print_version(delegate: str) -> int:
-    from gpuckpt import __version__
-    from gpuckpt.shim.delegate import delegate_version
+    from gpuckpt.shim.delegate import delegate_version  # subprocess: not for pass-through
 
     sys.stdout.write(f"gpuckpt-runtime version {__version__}\ndelegate: {delegate}\n")
     sys.stdout.write(delegate_version(delegate))

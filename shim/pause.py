@@ -7,16 +7,22 @@ the config; every other container's pause and resume go to the delegate unchange
 
 from __future__ import annotations
 
+from gpuckpt.cuda.node import NodeGpus
+from gpuckpt.cuda.suspend import resume, suspend
 from gpuckpt.errors import DelegateError, GpuckptError
+from gpuckpt.node.config import load_config
+from gpuckpt.node.suspension import read_suspension, remove_suspension, write_suspension
+from gpuckpt.oci.spec import container_annotations
 from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
-from gpuckpt.shim.delegate import container_state, exec_delegate, run_delegate
+from gpuckpt.shim.delegate import container_state, run_delegate
 from gpuckpt.shim.log import log
+from gpuckpt.shim.resolve import exec_delegate
 
 SUSPEND_ON_PAUSE_ANNOTATION = "io.gpuckpt.suspend-on-pause"
 PAUSE_ENGINE = "pause"  # the suspension record's engine when a pause made it
 
 
-def run(args: RuntimeArgs, delegate: str) -> int:
+def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verb = parse_verb_args(args.command_args, frozenset())
     container_id = verb.container_id
     try:
@@ -26,33 +32,23 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     if state is None or not _opted_in(state):
         exec_delegate(delegate, args.argv)
     if args.command == "pause":
-        return _pause(args, delegate, container_id, int(state["pid"]))
-    return _resume(args, delegate, container_id)
+        return _pause(args, delegate, container_id, int(state["pid"]), gpus or NodeGpus())
+    return _resume(args, delegate, container_id, gpus or NodeGpus())
 
 
 def _opted_in(state: dict) -> bool:
-    from gpuckpt.node.config import load_config
-    from gpuckpt.oci.spec import container_annotations
-
     return container_annotations(state).get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
 
 
-def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int) -> int:
-    from gpuckpt.cuda.discovery import find_cuda_pids
-    from gpuckpt.host.procfs import descendants
-    from gpuckpt.cuda.driver import load_driver
-    from gpuckpt.cuda.suspend import resume, suspend
-    from gpuckpt.node.config import load_config
-    from gpuckpt.node.suspension import remove_suspension, write_suspension
-
-    if not find_cuda_pids(descendants(init_pid)):
+def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, gpus: NodeGpus) -> int:
+    if not gpus.find_cuda_pids(gpus.descendants(init_pid)):
         return run_delegate(delegate, args.argv).returncode
-    driver = load_driver()
-    record = suspend(driver, container_id, PAUSE_ENGINE, init_pid, load_config().cuda.lock_timeout_ms)
+    driver = gpus.load_driver()
+    record = suspend(driver, container_id, PAUSE_ENGINE, init_pid, load_config().cuda.lock_timeout_ms, gpus=gpus)
     write_suspension(record)
     status = run_delegate(delegate, args.argv).returncode
     if status != 0:  # not frozen after all: give the GPU state back
-        resume(driver, record)
+        resume(driver, record, gpus=gpus)
         remove_suspension(container_id)
         return status
     log(args, "info", f"{container_id}: {len(record.processes)} CUDA process(es) suspended before the freeze "
@@ -60,17 +56,13 @@ def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int) -
     return 0
 
 
-def _resume(args: RuntimeArgs, delegate: str, container_id: str) -> int:
-    from gpuckpt.cuda.driver import load_driver
-    from gpuckpt.cuda.suspend import resume
-    from gpuckpt.node.suspension import read_suspension, remove_suspension
-
+def _resume(args: RuntimeArgs, delegate: str, container_id: str, gpus: NodeGpus) -> int:
     status = run_delegate(delegate, args.argv).returncode
     record = read_suspension(container_id)
     if status != 0 or record is None or record.engine != PAUSE_ENGINE:
         return status
     try:
-        seconds = resume(load_driver(), record)
+        seconds = resume(gpus.load_driver(), record, gpus=gpus)
     except GpuckptError as error:
         raise DelegateError(f"{container_id} is thawed but its GPU state is not back: {error}") from None
     remove_suspension(container_id)

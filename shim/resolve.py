@@ -1,4 +1,4 @@
-"""Which delegate runtime to run: from the config, with a start-up cache.
+"""Which delegate runtime to run (from the config, with a start-up cache), and becoming it.
 
 Validating the config needs pydantic (~100 ms to import), too slow for the
 `state` calls engines make all the time. The validated answer is cached in
@@ -13,8 +13,12 @@ import os
 import sys
 
 from gpuckpt.errors import DelegateError
-from gpuckpt.host.process import find_program
+from gpuckpt.host.programs import CommandError, exec_program, find_program
 from gpuckpt.node.paths import config_path, state_dir
+
+TYPE_CHECKING = False  # typing costs an import on every container operation
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 CACHE_NAME = "delegate.cache"
 CACHE_VERSION = "1"
@@ -90,3 +94,11 @@ def delegate_path() -> str:
     path = resolve_delegate(load_config(config_file).delegate, config_file)
     _write_cache(key, path)
     return path
+
+
+def exec_delegate(delegate: str, argv: Sequence[str]) -> None:
+    """Become the delegate with argv unchanged (the pass-through); returns only by raising."""
+    try:
+        exec_program(delegate, argv)
+    except CommandError as error:
+        raise DelegateError(f"delegate runtime: {error}") from None

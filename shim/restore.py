@@ -10,46 +10,69 @@ than left hanging.
 from __future__ import annotations
 
 import os
+import threading
 import time
 
+from gpuckpt.cuda.compat import check_node, gpu_pairs
+from gpuckpt.cuda.driver import ProcessState
+from gpuckpt.cuda.engine import CudaSession, query_states
+from gpuckpt.cuda.hugepages import hugepages_always
+from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, for_delegate, image_dir_of, parse_verb_args, with_options
-from gpuckpt.shim.delegate import DelegateRun, ensure_work_path, container_pids, container_state, kill_container, run_delegate
+from gpuckpt.host.procfs import container_pid, container_processes
+from gpuckpt.node.config import load_config
+from gpuckpt.node.paths import config_path
+from gpuckpt.node.trust import load_trust
+from gpuckpt.oci.manifest import read_manifest
+from gpuckpt.oci.spec import read_annotations, read_spec
+from gpuckpt.policy.annotations import refuse_runtime_annotations
+from gpuckpt.policy.image import check_restore
+from gpuckpt.shim.argv import (
+    RESTORE_VALUE_FLAGS,
+    RuntimeArgs,
+    VerbArgs,
+    for_delegate,
+    image_dir_of,
+    parse_verb_args,
+    with_options,
+)
+from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
+from gpuckpt.shim.delegate import (
+    DelegateRun,
+    container_pids,
+    container_state,
+    ensure_work_path,
+    kill_container,
+    run_delegate,
+)
+from gpuckpt.shim.devnodes import sync_nvidia_nodes
 from gpuckpt.shim.interrupt import uninterruptible
 from gpuckpt.shim.log import log
+from gpuckpt.transfer.dump_signature import verify_dump
+from gpuckpt.transfer.staging import claim_staged_pages
 
 START_TIMEOUT_S = 600.0
 
 
-def run(args: RuntimeArgs, delegate: str) -> int:
+def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verb = parse_verb_args(args.command_args, RESTORE_VALUE_FLAGS)
     if verb.has("help") or verb.has("h") or verb.container_id is None:
         return run_delegate(delegate, args.argv).returncode
     ensure_work_path(verb.value("work-path"))
-    from gpuckpt.node.config import load_config
-    from gpuckpt.oci.manifest import read_manifest
-    from gpuckpt.node.paths import config_path
-    from gpuckpt.oci.spec import read_annotations
-    from gpuckpt.policy.annotations import refuse_runtime_annotations
 
-    from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
 
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), verb.container_id, config.criu, config_path(), [bundle])
-    from gpuckpt.policy.image import check_restore
 
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {verb.container_id}")
     if lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(lock)  # CRIU locks the network while it restores TCP connections too
 
-    from gpuckpt.transfer.staging import claim_staged_pages
 
     if staged := claim_staged_pages(image_dir_of(verb)):
         log(args, "info", f"{verb.container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
-    from gpuckpt.transfer.dump_signature import verify_dump
-    from gpuckpt.node.trust import load_trust
 
     # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote them
     verified, signed = verify_dump(image_dir_of(verb), load_trust(), f"restore of {verb.container_id}")
@@ -64,14 +87,14 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     argv = for_delegate(delegate, args, argv)
     if manifest is None or not manifest.processes:
         return run_delegate(delegate, argv).returncode  # no GPU state to bring back
-    return GpuRestore(args, verb, delegate, manifest, argv).run()
+    return GpuRestore(args, verb, delegate, manifest, argv, gpus or NodeGpus()).run()
 
 
 class GpuRestore:
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, manifest, argv: list[str]) -> None:
-        from gpuckpt.node.config import load_config
-
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, manifest, argv: list[str],
+                 gpus: NodeGpus) -> None:
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
+        self.gpus = gpus
         self.container_id = verb.container_id
         self.config = load_config()
         self.detach = verb.has("detach") or verb.has("d")
@@ -80,33 +103,21 @@ class GpuRestore:
         self.rootfs = ""
 
     def _target_gpus(self):
-        from gpuckpt.cuda.compat import check_node
-        from gpuckpt.cuda.devices import driver_version_string, list_gpus
-        from gpuckpt.cuda.inventory import container_gpus
-        from gpuckpt.oci.spec import read_spec
-
         bundle = os.path.abspath(self.verb.value("bundle", "b") or ".")
         spec = read_spec(bundle)
         self.spec_devices, self.rootfs = spec.linux.devices, spec.rootfs(bundle)
-        node_gpus = list_gpus()
-        target = container_gpus(spec, [], node_gpus)
-        check_node(self.manifest, target, driver_version_string(), self.config.cuda.driver_version_policy)
+        node_gpus = self.gpus.list_gpus()
+        target = self.gpus.container_gpus(spec, [], node_gpus)
+        check_node(self.manifest, target, self.gpus.driver_version_string(), self.config.cuda.driver_version_policy)
         return target
 
     def run(self) -> int:
-        from gpuckpt.cuda.hugepages import hugepages_always
-
         with hugepages_always(self.config.cuda.host_hugepages == "always"):
             return self._run()
 
     def _run(self) -> int:
-        import threading
-
-        from gpuckpt.cuda.compat import gpu_pairs
-        from gpuckpt.cuda.driver import load_driver
-
         started = time.monotonic()
-        driver = load_driver()
+        driver = self.gpus.load_driver()
         # The controlling process must have initialised CUDA before a restore; cuInit takes
         # a while, so it runs beside the node check and the delegate's restore.
         init_errors: list[BaseException] = []
@@ -154,12 +165,7 @@ class GpuRestore:
         return False
 
     def _restore_gpu(self, driver, pairs) -> None:
-        from gpuckpt.host.procfs import container_pid, container_processes
-        from gpuckpt.cuda.driver import ProcessState
-        from gpuckpt.cuda.engine import CudaSession, query_states
-
         wanted = {record.container_pid for record in self.manifest.processes}
-        from gpuckpt.shim.devnodes import sync_nvidia_nodes
 
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
         for change in sync_nvidia_nodes(int(state["pid"]), self.spec_devices, self.rootfs):

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuckpt.node.trust import ensure_node_key
+
 sys.path.insert(0, str(Path(__file__).parent))  # tests' own helpers (fake_driver)
 
 
@@ -22,8 +24,6 @@ def no_leaked_criu_config(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def own_trust_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every unit test signs and verifies with a node key of its own, never /etc/gpuckpt's."""
-    from gpuckpt.node.trust import ensure_node_key
-
     trust = tmp_path_factory.mktemp("trust")
     monkeypatch.setenv("GPUCKPT_TRUST_DIR", str(trust / "etc"))
     monkeypatch.setenv("GPUCKPT_TRUST_LOG", str(trust / "trust.log"))

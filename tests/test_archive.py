@@ -10,10 +10,13 @@ import tarfile
 
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from gpuckpt.cli.main import main
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.archive import read_archive, write_archive
+from gpuckpt.oci.manifest import CudaProcessRecord, GpuRecord, Manifest, write_manifest
 
 
 @pytest.fixture
@@ -112,9 +115,6 @@ def test_fuzzed_archives_fail_cleanly_inside_the_target(tmp_path_factory, positi
 
 
 def test_inspect_reads_the_manifest_from_a_directory_and_an_archive(tmp_path, capsys, node) -> None:
-    from gpuckpt.cli.main import main
-    from gpuckpt.oci.manifest import CudaProcessRecord, GpuRecord, Manifest, write_manifest
-
     source = tmp_path / "ckpt"
     source.mkdir()
     (source / "pages-1.img").write_bytes(bytes(1 << 20))
@@ -133,8 +133,6 @@ def test_inspect_reads_the_manifest_from_a_directory_and_an_archive(tmp_path, ca
 
 
 def test_inspect_refuses_an_unknown_manifest_version(tmp_path, capsys, node) -> None:
-    from gpuckpt.cli.main import main
-
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "gpuckpt-manifest.json").write_text('{"schema_version": 99}')
     assert main(["inspect", str(tmp_path / "ckpt")]) == 1

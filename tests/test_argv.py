@@ -1,6 +1,12 @@
 """runc command-line parsing: globals, the verb, and the verb's flags."""
 
-from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RESTORE_VALUE_FLAGS, parse_runtime_args, parse_verb_args
+from gpuckpt.shim.argv import (
+    CHECKPOINT_VALUE_FLAGS,
+    RESTORE_VALUE_FLAGS,
+    for_delegate,
+    parse_runtime_args,
+    parse_verb_args,
+)
 
 
 def test_containerd_style_globals_then_verb() -> None:
@@ -41,8 +47,6 @@ def test_version_flag() -> None:
 
 
 def test_crun_dialect_for_owned_verbs() -> None:
-    from gpuckpt.shim.argv import for_delegate
-
     argv = ["--root", "/r", "restore", "--image-path", "/i", "--detach", "-no-subreaper", "-d", "--bundle", "/b", "c1"]
     args = parse_runtime_args(argv)
     assert for_delegate("/usr/local/bin/crun", args, argv) == [

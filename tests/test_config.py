@@ -1,8 +1,8 @@
 """The node config: defaults, validation messages that name file, key and allowed values."""
 
 import pytest
-
 from support import write_config
+
 from gpuckpt.errors import ConfigError
 from gpuckpt.node.config import Config, load_config
 

@@ -10,11 +10,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from test_criu_images import DEFAULT_CAPS, REAL_DUMP, ImageBuilder
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, read_checkpoint_images
 from gpuckpt.policy.image import CAP_NUMBERS, SpecGrant, check_archive, check_restore, refusals
-from test_criu_images import DEFAULT_CAPS, REAL_DUMP, ImageBuilder
 
 ALL_CAPS = frozenset(range(41))
 DEFAULT_NAMES = sorted(name for name, number in CAP_NUMBERS.items() if number in DEFAULT_CAPS)

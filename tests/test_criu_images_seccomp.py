@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_criu_images import REAL_DUMP, ImageBuilder
+from test_criu_images_policy import spec
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, mapping_source, read_checkpoint_images
-from gpuckpt.policy.seccomp_bpf import RET_ALLOW, allows, chain_action, decode, run, seccomp_data
 from gpuckpt.policy.image import refusals
-from test_criu_images import REAL_DUMP, ImageBuilder
-from test_criu_images_policy import spec
+from gpuckpt.policy.seccomp_bpf import RET_ALLOW, allows, chain_action, decode, run, seccomp_data
 
 ALL_CAPS_FILTER = Path(__file__).parent / "data" / "criu-podman-allcaps-seccomp.img"  # --cap-add=ALL's, runc
 ERRNO, KILL_PROCESS = 0x00050000, 0x80000000

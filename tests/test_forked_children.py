@@ -14,11 +14,11 @@ import textwrap
 import time
 
 import pytest
+from fake_driver import FakeDriver
 
 from gpuckpt.cuda.forked import CUDA_ERROR_NOT_INITIALIZED, device_hold, release_forked_children, split_forked_children
 from gpuckpt.errors import DriverError, GpuCheckpointError
 from gpuckpt.host.ptrace import SYS_CLOSE, remote_syscalls
-from fake_driver import FakeDriver
 
 CHILD = textwrap.dedent("""
     import ctypes, mmap, os, sys

@@ -17,15 +17,18 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fake_driver import FakeDriver
-from gpuckpt.cuda import discovery, driver as driver_module, inventory
+from support import write_config
+
+from gpuckpt.cuda import engine, inventory
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import ProcessState
+from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError
 from gpuckpt.host import procfs
+from gpuckpt.node.suspension import read_suspension
 from gpuckpt.oci.manifest import GpuRecord, read_manifest
-from gpuckpt.shim import checkpoint, freezer, restore
+from gpuckpt.shim import checkpoint, freezer, pause, restore
 from gpuckpt.shim.argv import parse_runtime_args
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -50,9 +53,9 @@ class Node:
         self.images = tmp_path / "images"
         self.set_runtime()
         self.driver = FakeDriver(self.pids, visible_gpus={pid: [UUID0] for pid in self.pids})
-        monkeypatch.setattr(driver_module, "load_driver", lambda: self.driver)
-        monkeypatch.setattr(discovery, "find_cuda_pids", lambda pids: [pid for pid in pids if pid in self.driver.states])
-        monkeypatch.setattr(inventory, "describe_container_gpus", lambda spec, pids: inventory.Inventory(
+        self.gpus: dict = {"load_driver": lambda: self.driver}  # NodeGpus fields this fake node replaces
+        self.gpus["find_cuda_pids"] = lambda pids: [pid for pid in pids if pid in self.driver.states]
+        self.gpus["describe_container_gpus"] = (lambda spec, pids: inventory.Inventory(
             driver_version="580.159.04", cuda_driver_version=13000,
             gpus=[GpuRecord(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30)],
             node_gpu_uuids=[UUID0, UUID1],
@@ -73,7 +76,7 @@ class Node:
 
     def checkpoint(self, *extra: str) -> int:
         args = parse_runtime_args(["--root", "/r", "checkpoint", "--image-path", str(self.images), *extra, "ctr"])
-        return checkpoint.run(args, str(self.runtime))
+        return checkpoint.run(args, str(self.runtime), NodeGpus(**self.gpus))
 
     def all_running(self) -> bool:
         return all(self.driver.states[pid] == ProcessState.RUNNING for pid in self.pids)
@@ -111,7 +114,6 @@ class BarrierDriver(FakeDriver):
 def test_happy_path_checkpoints_all_in_parallel_then_dumps(make_node, monkeypatch) -> None:
     node = make_node(4)
     node.driver = BarrierDriver(node.pids)
-    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
     assert node.checkpoint() == 0
     assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
     assert "checkpoint" in node.verbs_called()
@@ -171,7 +173,6 @@ class SigtermDriver(FakeDriver):
 def test_sigterm_midway_rolls_back(make_node, monkeypatch) -> None:
     node = make_node(2)
     node.driver = SigtermDriver(node.pids, delay_s={"checkpoint": 0.3})
-    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
     with pytest.raises(DelegateError, match="interrupted"):
         node.checkpoint()
     assert node.all_running()
@@ -277,10 +278,6 @@ class StopRaceDriver(FakeDriver):
 
 @pytest.fixture
 def quick_watchdog(monkeypatch, node):
-    from support import write_config
-
-    from gpuckpt.cuda import engine
-
     monkeypatch.setattr(engine, "WATCHDOG_MARGIN_S", 0.2)
     monkeypatch.setattr(engine, "GIVE_UP_S", 0.5)
     return lambda made: write_config(made.dir, f'delegate = "{made.runtime}"\n[cuda]\nlock_timeout_ms = 100\n')
@@ -288,7 +285,6 @@ def quick_watchdog(monkeypatch, node):
 
 def race(node: Node, monkeypatch, method: str) -> StopRaceDriver:
     node.driver = StopRaceDriver(node.pids, node.pids[1], method, visible_gpus={pid: [UUID0] for pid in node.pids})
-    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
     return node.driver
 
 
@@ -349,8 +345,7 @@ def test_a_call_that_never_returns_is_abandoned_and_the_shim_exits(make_node, mo
 
 def test_unrestorable_process_is_refused_before_any_lock(make_node, monkeypatch) -> None:
     node = make_node(2)
-    monkeypatch.setattr(discovery, "unrestorable_reason",
-                        lambda pid, spans_gpus=False: "runs NCCL without NCCL_P2P_DISABLE=1" if pid == node.pids[1] else None)
+    node.gpus["unrestorable_reason"] = lambda pid, spans_gpus=False: "runs NCCL without NCCL_P2P_DISABLE=1" if pid == node.pids[1] else None
     with pytest.raises(GpuCheckpointError, match="refused: runs NCCL"):
         node.checkpoint()
     assert node.driver.calls_of("lock") == [] and node.all_running()
@@ -362,7 +357,7 @@ def test_annotation_allows_an_unrestorable_process(make_node, monkeypatch) -> No
     spec = json.loads((node.bundle / "config.json").read_text())
     spec["annotations"] = {"io.gpuckpt.allow-unrestorable": "true"}
     (node.bundle / "config.json").write_text(json.dumps(spec))
-    monkeypatch.setattr(discovery, "unrestorable_reason", lambda pid, spans_gpus=False: "runs NCCL without NCCL_P2P_DISABLE=1")
+    node.gpus["unrestorable_reason"] = lambda pid, spans_gpus=False: "runs NCCL without NCCL_P2P_DISABLE=1"
     assert node.checkpoint() == 0
 
 
@@ -380,7 +375,7 @@ def test_container_without_gpu_takes_the_plain_path(make_node, monkeypatch) -> N
 
     def no_driver():
         raise AssertionError("the driver must not be loaded for a container without GPU")
-    monkeypatch.setattr(driver_module, "load_driver", no_driver)
+    node.gpus["load_driver"] = no_driver
     assert node.checkpoint() == 0
     assert "checkpoint" in node.verbs_called()
     manifest = read_manifest(str(node.images))  # the network policy is recorded for every checkpoint
@@ -393,11 +388,10 @@ def test_container_without_gpu_takes_the_plain_path(make_node, monkeypatch) -> N
 def checkpointed_node(make_node, monkeypatch, processes: int = 2) -> Node:
     node = make_node(processes)
     assert node.checkpoint() == 0
-    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids, gpus=None: [
+    node.gpus["container_gpus"] = (lambda spec, pids, gpus=None: [
         GpuInfo(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=0)])
-    from gpuckpt.cuda import devices
-    monkeypatch.setattr(devices, "driver_version_string", lambda: "580.159.04")
-    monkeypatch.setattr(devices, "list_gpus", lambda: [
+    node.gpus["driver_version_string"] = lambda: "580.159.04"
+    node.gpus["list_gpus"] = (lambda: [
         GpuInfo(index=i, uuid=u, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=i)
         for i, u in enumerate((UUID0, UUID1))])
     node.driver.initialized = False  # a new shim process: cuInit not called yet
@@ -411,16 +405,16 @@ def restore_args(node: Node):
 
 def test_restore_brings_every_process_back_and_unlocks(make_node, monkeypatch) -> None:
     node = checkpointed_node(make_node, monkeypatch, 3)
-    assert restore.run(restore_args(node), str(node.runtime)) == 0
+    assert restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus)) == 0
     assert node.all_running()
     assert node.driver.restored_pairs == {pid: [] for pid in node.pids}  # same GPU: no remap
 
 
 def test_restore_onto_another_gpu_remaps_every_uuid(make_node, monkeypatch) -> None:
     node = checkpointed_node(make_node, monkeypatch, 1)
-    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids, gpus=None: [
+    node.gpus["container_gpus"] = (lambda spec, pids, gpus=None: [
         GpuInfo(index=1, uuid=UUID1, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=1)])
-    assert restore.run(restore_args(node), str(node.runtime)) == 0
+    assert restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus)) == 0
     pairs = node.driver.restored_pairs[node.pids[0]]
     # the container sees only its own GPU, so its mapping covers everything the process sees
     assert [(p.old_uuid, p.new_uuid) for p in pairs] == [(UUID0, UUID1)]
@@ -429,12 +423,12 @@ def test_restore_onto_another_gpu_remaps_every_uuid(make_node, monkeypatch) -> N
 
 def test_restore_refused_on_another_chip_touches_nothing(make_node, monkeypatch) -> None:
     node = checkpointed_node(make_node, monkeypatch, 1)
-    monkeypatch.setattr(inventory, "container_gpus", lambda spec, pids, gpus=None: [
+    node.gpus["container_gpus"] = (lambda spec, pids, gpus=None: [
         GpuInfo(index=0, uuid=UUID1, name="NVIDIA A100-SXM4-80GB", memory_total_bytes=80 << 30,
                 memory_free_bytes=79 << 30, minor=0)])
     before = len(node.calls())
     with pytest.raises(GpuCheckpointError, match="is a NVIDIA A100-SXM4-80GB, the checkpoint's GPU 0 was a NVIDIA H100"):
-        restore.run(restore_args(node), str(node.runtime))
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
     assert len(node.calls()) == before  # the delegate was never called
     assert node.driver.states[node.pids[0]] == ProcessState.CHECKPOINTED
 
@@ -443,7 +437,7 @@ def test_failed_gpu_restore_kills_the_half_restored_container(make_node, monkeyp
     node = checkpointed_node(make_node, monkeypatch, 2)
     node.driver.fail_on[("restore", node.pids[1])] = "CUDA_ERROR_OUT_OF_MEMORY"
     with pytest.raises(GpuCheckpointError, match="the container was stopped"):
-        restore.run(restore_args(node), str(node.runtime))
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
     assert node.verbs_called()[-2:] == ["kill", "delete"]
 
 
@@ -468,14 +462,12 @@ def test_restore_from_a_bundle_with_the_annotation_is_refused(make_node) -> None
     spec["annotations"] = {"org.criu.config": "/tmp/evil.conf"}
     (node.bundle / "config.json").write_text(json.dumps(spec))
     with pytest.raises(Exception, match="criu.allow_container_config = true"):
-        restore.run(restore_args(node), str(node.runtime))
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
     assert "restore" not in node.verbs_called()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the allowed CRIU config file must be owned by root")
 def test_operator_may_allow_the_annotation(make_node) -> None:
-    from support import write_config
-
     node = make_node(1, gpu=False)
     site = node.dir / "criu"
     site.mkdir()
@@ -490,8 +482,6 @@ def test_operator_may_allow_the_annotation(make_node) -> None:
 
 @pytest.mark.hostile("io.gpuckpt.criu.tcp-established=always on a node whose operator said never")
 def test_a_loosening_annotation_is_refused_before_anything_runs(make_node) -> None:
-    from support import write_config
-
     node = make_node(1)
     write_config(node.dir, f'delegate = "{node.runtime}"\n[criu]\ntcp_established = "never"\n')
     spec = json.loads((node.bundle / "config.json").read_text())
@@ -510,7 +500,7 @@ def test_restore_from_a_bundle_with_a_split_criu_config_key_is_refused(make_node
     spec["annotations"] = {"org.criu.config=/tmp/evil.conf": ""}
     (node.bundle / "config.json").write_text(json.dumps(spec))
     with pytest.raises(Exception, match="runc splits labels at the first '=' and would act on it as org.criu.config"):
-        restore.run(restore_args(node), str(node.runtime))
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
     assert "restore" not in node.verbs_called()
 
 
@@ -524,27 +514,21 @@ def opt_in_to_suspend_on_pause(node: Node) -> None:
 
 
 def run_verb(node: Node, verb: str) -> int:
-    from gpuckpt.shim import pause
-
-    return pause.run(parse_runtime_args(["--root", "/r", verb, "ctr"]), str(node.runtime))
+    return pause.run(parse_runtime_args(["--root", "/r", verb, "ctr"]), str(node.runtime), NodeGpus(**node.gpus))
 
 
 @pytest.fixture
 def suspendable(make_node, monkeypatch):
-    from gpuckpt.cuda import devices
-
     node = make_node(2)
     opt_in_to_suspend_on_pause(node)
-    monkeypatch.setattr(procfs, "descendants", lambda init: node.pids)
-    monkeypatch.setattr(devices, "compute_processes", lambda: {pid: {UUID0: 1 << 30} for pid in node.pids})
-    monkeypatch.setattr(devices, "list_gpus", lambda: [
+    node.gpus["descendants"] = lambda init: node.pids
+    node.gpus["compute_processes"] = (lambda: {pid: {UUID0: 1 << 30} for pid in node.pids})
+    node.gpus["list_gpus"] = (lambda: [
         GpuInfo(index=0, uuid=UUID0, name=H100, memory_total_bytes=80 << 30, memory_free_bytes=79 << 30, minor=0)])
     return node
 
 
 def test_pause_suspends_before_the_freeze_and_resume_brings_back_after_the_thaw(suspendable) -> None:
-    from gpuckpt.node.suspension import read_suspension
-
     node = suspendable
     assert run_verb(node, "pause") == 0
     assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
@@ -555,8 +539,6 @@ def test_pause_suspends_before_the_freeze_and_resume_brings_back_after_the_thaw(
 
 
 def test_failed_pause_gives_the_gpu_back(suspendable) -> None:
-    from gpuckpt.node.suspension import read_suspension
-
     node = suspendable
     node.set_runtime(pause_status=1, state={"status": "running", "pid": node.pids[0], "bundle": str(node.bundle),
                                             "id": "ctr", "annotations": {"io.gpuckpt.suspend-on-pause": "true"}})
@@ -566,8 +548,6 @@ def test_failed_pause_gives_the_gpu_back(suspendable) -> None:
 
 def test_docker_checkpoint_of_a_suspended_pause_dumps_the_suspended_processes(suspendable) -> None:
     """containerd: pause, checkpoint, resume. The pause moved the GPU state; the dump takes it as it is."""
-    from gpuckpt.node.suspension import read_suspension
-
     node = suspendable
     assert run_verb(node, "pause") == 0
     assert node.checkpoint() == 0
@@ -581,11 +561,9 @@ def test_forked_children_are_released_before_the_lock_and_never_given_to_the_dri
     node = make_node(3)
     child = node.pids[2]
     node.driver = FakeDriver(node.pids[:2], forked_pids=[child])  # a DataLoader worker: NOT_INITIALIZED
-    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
-    monkeypatch.setattr(discovery, "find_cuda_pids", lambda pids: sorted(node.pids))
+    node.gpus["find_cuda_pids"] = lambda pids: sorted(node.pids)
     released: list[list[int]] = []
-    from gpuckpt.cuda import forked
-    monkeypatch.setattr(forked, "release_forked_children", lambda pids: released.append(list(pids)) or [])
+    node.gpus["release_forked_children"] = lambda pids: released.append(list(pids)) or []
     assert node.checkpoint() == 0
     assert released == [[child]]
     assert child not in node.driver.calls_of("lock") and child not in node.driver.calls_of("checkpoint")
@@ -597,8 +575,7 @@ def test_a_forked_child_that_cannot_be_released_refuses_before_any_lock(make_nod
     node = make_node(2)
     child = node.pids[1]
     node.driver = FakeDriver(node.pids[:1], forked_pids=[child])
-    monkeypatch.setattr(driver_module, "load_driver", lambda: node.driver)
-    monkeypatch.setattr(discovery, "find_cuda_pids", lambda pids: sorted(node.pids))
+    node.gpus["find_cuda_pids"] = lambda pids: sorted(node.pids)
     os.kill(child, signal.SIGSTOP)
     try:
         with pytest.raises(DelegateError, match=rf"forked child\(ren\) {child} .*stopped.*keeps running"):

@@ -11,16 +11,15 @@ import tarfile
 
 import pytest
 import zstandard
+from test_podman_archive import CONFIG, MANIFEST
 
 from gpuckpt.errors import ConfigError, ImageError
-from gpuckpt.oci.archive import READ_BYTES, decompressed
 from gpuckpt.node.config import ImportConfig, parse_config
-from gpuckpt.transfer.bounds import RatioGuard, StagingBudget, node_memory_bytes
-from gpuckpt.transfer import staging
-from gpuckpt.transfer.staging import HeldOutput, Staging
+from gpuckpt.oci.archive import READ_BYTES, decompressed
 from gpuckpt.oci.podman_archive import copy_checked, described_dumps, import_refusals
-
-from test_podman_archive import CONFIG, MANIFEST
+from gpuckpt.transfer import staging
+from gpuckpt.transfer.bounds import RatioGuard, StagingBudget, node_memory_bytes
+from gpuckpt.transfer.staging import HeldOutput, Staging
 
 SPEC = b'{"ociVersion": "1.0.2"}'
 PAGES = os.urandom(4096) * 16

@@ -10,14 +10,13 @@ import stat
 import tarfile
 
 import pytest
+from test_podman_archive import podman_tar
 
 from gpuckpt.errors import ImageError
 from gpuckpt.node.config import ImportConfig
-from gpuckpt.transfer.bounds import StagingBudget
-from gpuckpt.transfer.staging import PLACEHOLDER, Staging, claim_staged_pages
 from gpuckpt.oci.podman_archive import check_podman_archive, copy_checked
-
-from test_podman_archive import podman_tar
+from gpuckpt.transfer.bounds import StagingBudget
+from gpuckpt.transfer.staging import PLACEHOLDER, ParallelFile, Staging, claim_staged_pages
 
 
 def stage(node, source: bytes) -> tuple[Staging, bytes]:
@@ -91,8 +90,6 @@ def test_an_archive_carrying_a_placeholder_is_refused(tmp_path) -> None:
 
 
 def test_parallel_file_stores_every_byte_in_order(tmp_path) -> None:
-    from gpuckpt.transfer.staging import ParallelFile
-
     data = os.urandom(5 * ParallelFile.CHUNK_BYTES + 777)
     fd = os.open(tmp_path / "pages-1.img", os.O_WRONLY | os.O_CREAT, 0o600)
     with ParallelFile(fd, threads=3) as staged:
@@ -102,8 +99,6 @@ def test_parallel_file_stores_every_byte_in_order(tmp_path) -> None:
 
 
 def test_parallel_file_reports_a_failed_write(tmp_path) -> None:
-    from gpuckpt.transfer.staging import ParallelFile
-
     fd = os.open(tmp_path / "pages-1.img", os.O_RDONLY | os.O_CREAT, 0o600)  # writes fail: EBADF
     with pytest.raises(OSError):
         with ParallelFile(fd, threads=2) as staged:

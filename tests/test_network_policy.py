@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from gpuckpt.node.config import CriuConfig
 from gpuckpt.errors import ConfigError
+from gpuckpt.node.config import CriuConfig
 from gpuckpt.policy.network import SocketsFound, choose, container_policy, inspect_container, missing_option_hint
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sock_diag in another netns needs CAP_SYS_ADMIN (setns)")

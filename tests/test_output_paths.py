@@ -8,12 +8,11 @@ import os
 import stat
 
 import pytest
+from test_podman_archive import podman_tar
 
 from gpuckpt.errors import UsageError
 from gpuckpt.oci.image_layout import CheckpointImageWriter, read_layout
 from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described
-
-from test_podman_archive import podman_tar
 
 
 def victim(tmp_path):

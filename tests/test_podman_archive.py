@@ -3,6 +3,7 @@ streaming; every hostile or damaged input refused with one line, nothing written
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import io
@@ -13,11 +14,16 @@ import tarfile
 
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from gpuckpt.cli import inspect
+from gpuckpt.cli.main import main
+from gpuckpt.cli.transfer import Progress
 from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout
-from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described
+from gpuckpt.oci import image_layout
+from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout, verify_layer
+from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described, import_refusals
 
 CONFIG = json.dumps({"id": "c0ffee" * 10 + "abcd", "name": "web", "rootfsImageName": "localhost/app:1",
                      "rootfsImageID": "ab" * 32, "RawImageName": "localhost/app:1", "runtime": "gpuckpt-runtime",
@@ -234,11 +240,6 @@ def test_an_unknown_gpu_manifest_version_inside_is_refused(tmp_path) -> None:
 
 
 def test_an_os_error_is_one_line_from_the_cli(tmp_path, capsys, node, monkeypatch) -> None:
-    import errno
-
-    from gpuckpt.cli import inspect
-    from gpuckpt.cli.main import main
-
     def disk_full(path):
         raise OSError(errno.ENOSPC, "No space left on device", "/var/lib/containers/.gpuckpt-import-x")
 
@@ -249,8 +250,6 @@ def test_an_os_error_is_one_line_from_the_cli(tmp_path, capsys, node, monkeypatc
 
 
 def test_progress_shows_on_a_terminal_only(monkeypatch) -> None:
-    from gpuckpt.cli.transfer import Progress
-
     class Terminal(io.StringIO):
         def __init__(self, tty: bool) -> None:
             super().__init__()
@@ -299,8 +298,6 @@ def podman_spec(**changes) -> dict:
 ])
 def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, config_changes, spec_changes,
                                                                    refusal) -> None:
-    from gpuckpt.oci.podman_archive import import_refusals
-
     config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | config_changes
     path = tmp_path / "a.tar"
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec(**spec_changes)).encode()))
@@ -309,9 +306,6 @@ def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, conf
 
 
 def test_layouts_of_another_schema_or_a_huge_manifest_or_a_wrong_layer_are_refused(tmp_path, monkeypatch) -> None:
-    from gpuckpt.oci import image_layout
-    from gpuckpt.oci.image_layout import verify_layer
-
     layout = tmp_path / "img"
     write_image(layout)
     image = read_layout(str(layout))

@@ -10,8 +10,13 @@ import os
 import pytest
 
 from gpuckpt.node.config import CriuConfig, CudaConfig
+from gpuckpt.policy.annotations import (
+    PolicyError,
+    criu_config_file_problem,
+    refuse_runtime_annotations,
+    unrestorable_allowed,
+)
 from gpuckpt.policy.network import container_policy
-from gpuckpt.policy.annotations import PolicyError, criu_config_file_problem, refuse_runtime_annotations, unrestorable_allowed
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="root-owned files need root (CI runs as root)")
 ALLOWED = CriuConfig(allow_container_config=True)

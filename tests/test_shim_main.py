@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from support import write_config
 
 SHIM = [sys.executable, "-m", "gpuckpt.shim.main"]

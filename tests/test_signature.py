@@ -12,20 +12,43 @@ import tarfile
 
 import pytest
 import zstandard
-from hypothesis import HealthCheck, given, settings, strategies as st
+from cryptography.hazmat.primitives import serialization
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_podman_archive import podman_tar
 
 from gpuckpt.cli.main import main
 from gpuckpt.errors import ConfigError
+from gpuckpt.node.trust import (
+    TrustPolicy,
+    UnsignedSource,
+    ensure_node_key,
+    load_policy,
+    load_trust,
+    parse_policy,
+    save_policy,
+)
+from gpuckpt.oci.archive import decompressed, open_archive
 from gpuckpt.oci.image_layout import ImageManifest
 from gpuckpt.oci.podman_archive import copy_checked
-from gpuckpt.transfer.provenance import (SIGNATURE_ANNOTATION, EntryDigests, ExportSigning, HashingReader,
-                                    verify_archive_signature, verify_image_signature, write_archive_signature)
-from gpuckpt.oci.signature import (SignatureError, Signer, TrustedKey, open_envelope, parse_envelope,
-                                   parse_public_key, public_key_line)
-from gpuckpt.node.trust import (TrustPolicy, UnsignedSource, ensure_node_key, load_policy, load_trust, parse_policy,
-                               save_policy)
-
-from test_podman_archive import podman_tar
+from gpuckpt.oci.signature import (
+    SignatureError,
+    Signer,
+    TrustedKey,
+    open_envelope,
+    parse_envelope,
+    parse_public_key,
+    public_key_line,
+)
+from gpuckpt.transfer.provenance import (
+    SIGNATURE_ANNOTATION,
+    EntryDigests,
+    ExportSigning,
+    HashingReader,
+    verify_archive_signature,
+    verify_image_signature,
+    write_archive_signature,
+)
 
 
 @pytest.fixture
@@ -120,8 +143,6 @@ def test_structured_envelopes_are_refused_with_one_line(document: dict) -> None:
 
 
 def test_public_keys_read_in_our_line_and_in_pem() -> None:
-    from cryptography.hazmat.primitives import serialization
-
     signer = Signer.generate()
     pem = signer.public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     for text in (public_key_line(signer.public, "node-a"), pem.decode()):
@@ -145,8 +166,6 @@ def export(tmp_path, tar: bytes, signer: Signer) -> str:
 
 def import_(archive: str, trust, out=None) -> None:
     """What gpuckpt import does: signature first, then one pass that checks every entry."""
-    from gpuckpt.oci.archive import decompressed, open_archive
-
     verification = verify_archive_signature(archive, trust)
     with open_archive(archive) as raw:
         copy_checked(decompressed(verification.reader(raw)), out, archive, observe=verification.observe)

@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.podman_archive import copy_checked
 from gpuckpt.host.safefiles import create_private, read_bounded
+from gpuckpt.oci.podman_archive import copy_checked
 
 
 def tar_of(*infos: tuple[tarfile.TarInfo, bytes], pax: dict | None = None, end: bytes = b"") -> bytes:

@@ -17,11 +17,11 @@ import hashlib
 import os
 import stat
 
-from gpuckpt.transfer.staging import PAGES_FILE
-from gpuckpt.transfer.provenance import MAX_SIGNATURE_BYTES
-from gpuckpt.oci.signature import SignatureError, SignedEntry, open_envelope
-from gpuckpt.node.trust import Trust, load_node_key, log_unsigned_use
 from gpuckpt.host.safefiles import read_bounded, replace_private
+from gpuckpt.node.trust import Trust, load_node_key, log_unsigned_use
+from gpuckpt.oci.signature import SignatureError, SignedEntry, open_envelope
+from gpuckpt.transfer.provenance import MAX_SIGNATURE_BYTES
+from gpuckpt.transfer.staging import PAGES_FILE
 
 DUMP_SIGNATURE = "gpuckpt-dump.sig"
 # Written around a dump or restore by CRIU, runc or the engine, read by none of them at restore:

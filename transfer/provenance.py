@@ -19,9 +19,9 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
-from gpuckpt.node.trust import Trust, log_unsigned_use
 from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.node.trust import Trust, log_unsigned_use
+from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
 
 SIGNATURE_SUFFIX = ".sig"
 SIGNATURE_ANNOTATION = "io.gpuckpt.signature"

@@ -33,8 +33,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.transfer.bounds import StagedFile, StagingBudget
 from gpuckpt.host.safefiles import read_bounded, replace_private
+from gpuckpt.node.paths import state_dir
+from gpuckpt.transfer.bounds import StagedFile, StagingBudget
 
 PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
 PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
@@ -59,8 +60,6 @@ class StagedImport(BaseModel):
 
 
 def _records_dir() -> str:
-    from gpuckpt.node.paths import state_dir
-
     return os.path.join(state_dir(), "imports")
 
 

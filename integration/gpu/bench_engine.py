@@ -23,30 +23,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from harness import RUNTIME_ROOT, Bundle, assert_continues, install, log, manifest, wait_counters  # noqa: E402
 
+from gpuckpt.cuda.discovery import find_cuda_pids
+from gpuckpt.cuda.driver import load_driver
+from gpuckpt.cuda.suspend import checkpointed_pids as driver_checkpointed
+from gpuckpt.host.procfs import descendants
+
 COUNTER = ["python3", "/work/gpu_counter.py"]
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 sys.path.insert(0, "/tmp/gpuckpt-site")
 
 
 def cuda_pids_of(bundle: Bundle) -> list[int]:
-    from gpuckpt.cuda.discovery import find_cuda_pids
-    from gpuckpt.host.procfs import descendants
-
     return find_cuda_pids(descendants(bundle.state()["pid"]))
 
 
 def checkpointed_pids(driver, bundle: Bundle) -> list[int]:
     """After `runc restore` the processes hold no device file: ask the driver which are checkpointed."""
-    from gpuckpt.host.procfs import descendants
-    from gpuckpt.cuda.suspend import checkpointed_pids as driver_checkpointed
-
     return driver_checkpointed(driver, descendants(bundle.state()["pid"]))
 
 
 def plain_sequence(gib: str, images: Path) -> dict:
     """By hand: the driver calls one process at a time, runc directly, no shim."""
-    from gpuckpt.cuda.driver import load_driver
-
     driver = load_driver()
     bundle = Bundle("plain", COUNTER, {"GIB": gib})
     try:

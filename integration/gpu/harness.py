@@ -7,14 +7,18 @@ the GPU machine from the repository root (see "GPU tests" in the README).
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from pyroute2 import IPRoute, netns
 
 REPO = Path(__file__).resolve().parents[2]
 CARRY = REPO / ".carry"
@@ -42,8 +46,6 @@ def log(message: str) -> None:
 def unpack_carry() -> None:
     """integration/gpu/pack-carry.sh's .carry.tar.xz into .carry, unless this very pack is
     unpacked there already (a warm machine keeps .carry between calls, maybe from another pack)."""
-    import tarfile
-
     pack = REPO / ".carry.tar.xz"
     if not pack.exists():
         return
@@ -111,7 +113,6 @@ def make_netns(name: str) -> None:
     """A named network namespace with its loopback up (pyroute2, carried: no iproute2 there)."""
     if str(SITE) not in sys.path:
         sys.path.insert(0, str(SITE))
-    from pyroute2 import IPRoute, netns
 
     netns.create(name)
     with IPRoute(netns=name) as ip:
@@ -224,14 +225,12 @@ class Bundle:
         """A fresh network namespace at the same path for the restore, as podman makes one: the old
         one keeps the checkpointed job's TIME_WAIT sockets (CRIU then cannot bind NCCL's listening
         ports again: "Address already in use") and CRIU's network-lock table."""
-        from pyroute2 import netns
         netns.remove(self.name)
         make_netns(self.name)
 
     def destroy(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
         if self.netns:
-            from pyroute2 import netns
             netns.remove(self.name)
 
 
@@ -407,9 +406,6 @@ def rootfs_tar() -> Path:
     """A tiny image (as a tar for `docker import`/`podman import`) whose userland comes from the
     host by bind mounts, as the bundles' does: Ubuntu's /lib, /bin... links into /usr, the loader
     cache, the user database."""
-    import io
-    import tarfile
-
     path = WORK / "engine-rootfs.tar"
     WORK.mkdir(parents=True, exist_ok=True)
     with tarfile.open(path, mode="w") as tar:

@@ -18,8 +18,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402
-from harness import (CLI, RUNTIME_ROOT, TORCH_PYTHON, Bundle, assert_continues, image_bytes, install, log, manifest,  # noqa: E402
-                     nvidia_devices, sh, wait_counters)
+from harness import (  # noqa: E402
+    CLI,
+    RUNTIME_ROOT,
+    TORCH_PYTHON,
+    Bundle,
+    assert_continues,
+    image_bytes,
+    install,
+    log,
+    manifest,
+    nvidia_devices,
+    sh,
+    wait_counters,
+)
+
+from gpuckpt.cuda.devices import list_gpus
+from gpuckpt.cuda.driver import GpuPair, load_driver
+from gpuckpt.oci.spec import read_spec
+from gpuckpt.shim.devnodes import sync_nvidia_nodes
 
 COUNTER = ["python3", "/work/gpu_counter.py"]
 
@@ -297,10 +314,6 @@ def diagnose_remap() -> list[dict]:
     restore a process checkpointed on GPU 0 into a container given GPU 1 (a failed restore leaves
     the process checkpointed, so each variant is tried on the same process)."""
     sys.path.insert(0, str(harness.SITE))
-    from gpuckpt.cuda.devices import list_gpus
-    from gpuckpt.cuda.driver import GpuPair, load_driver
-    from gpuckpt.oci.spec import read_spec
-    from gpuckpt.shim.devnodes import sync_nvidia_nodes
 
     tried: list[dict] = []
     bundle = Bundle("remapdiag", COUNTER, {"GIB": "2"}, gpu_minors=[0])

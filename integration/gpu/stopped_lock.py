@@ -18,9 +18,9 @@ import sys
 import time
 
 from gpuckpt.cuda import engine
-from gpuckpt.host.procfs import is_stopped
 from gpuckpt.cuda.driver import ProcessState, load_driver
 from gpuckpt.errors import GpuCheckpointError
+from gpuckpt.host.procfs import is_stopped
 
 WORKER = (
     "import sys, time, torch\n"

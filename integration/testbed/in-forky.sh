@@ -9,8 +9,7 @@
 # namespace with the host's cgroup hierarchies bound below it (podman and CRIU need them), a
 # private /dev (the usual nodes, its own devpts and mqueue), and tmpfs /run and /tmp. Its network
 # namespace has only a loopback interface: nothing it runs can reach the host or the outside.
-# It also gets a cgroup of its own in every hierarchy and a cgroup namespace rooted there; the
-# cgroups its containers leave behind are removed when it ends.
+# The cgroups its containers leave behind are removed when it ends.
 # tini is PID 1 (it reaps conmon's orphans and forwards signals); when the command ends, every
 # process left in the namespace is killed and its mounts go with it.
 #
@@ -36,18 +35,10 @@ if [ "${1:-}" = --inner ]; then
     mount -t proc -o nosuid,nodev,noexec proc "$root/proc"
     mount -t sysfs -o nosuid,nodev,noexec sysfs "$root/sys" 2>/dev/null ||
         mount --rbind /sys "$root/sys"           # --fetch: the host's network namespace owns sysfs
-    # Each of the host's cgroup hierarchies, mounted anew: in this cgroup namespace, they show
-    # only the run's own subtree (see below), so podman, runc and CRIU work there as at the top.
-    mount -t tmpfs -o nosuid,nodev,noexec,mode=0755 tmpfs "$root/sys/fs/cgroup"
-    while read -r point type options; do
-        mkdir -p "$root$point"
-        if [ "$type" = cgroup2 ]; then
-            mount -t cgroup2 -o nosuid,nodev,noexec cgroup2 "$root$point"
-        else
-            mount -t cgroup -o "nosuid,nodev,noexec,$(echo "$options" | tr ',' '\n' | grep -vxE 'rw|ro' | paste -sd,)" \
-                cgroup "$root$point"
-        fi
-    done < <(cgroup_hierarchies)
+    # The host's cgroup hierarchies as they are (podman, runc and CRIU need them). Not a cgroup
+    # namespace: crun 1.28 restored a container of test_registry's second storage root into the
+    # namespace's root cgroup, then froze and killed everything in it (the whole run).
+    mount --rbind /sys/fs/cgroup "$root/sys/fs/cgroup"
     mount -t tmpfs -o nosuid,mode=0755,size=64m tmpfs "$root/dev"
     for node in "null c 1 3" "zero c 1 5" "full c 1 7" "random c 1 8" "urandom c 1 9" "tty c 5 0"; do
         read -r name type major minor <<<"$node"
@@ -113,46 +104,32 @@ done
 root=$(readlink -f "$root")
 [ -x "$root/usr/bin/tini" ] || { echo "in-forky.sh: no forky root at $root (run integration/testbed/forky-root.sh)" >&2; exit 1; }
 
-# A cgroup of its own in every hierarchy, below this process's, and a cgroup namespace rooted
-# there: the containers' cgroups land inside it, a cgroup-wide kill from inside reaches nothing
-# outside, and what the run leaves (containers' cgroups of processes killed with its PID
-# namespace) is removed with it afterwards.
-own=gpuckpt-forky-$$
-made=() back=()
-while read -r point type options; do
-    if [ "$type" = cgroup2 ]; then
-        current=$(sed -n 's/^0::\(.*\)/\1/p' /proc/self/cgroup)
-    else
-        want=$(echo "$options" | tr ',' '\n' | grep -vxE 'rw|ro' | sort | paste -sd,)
-        current=
-        while IFS=: read -r id controllers path; do
-            [ "$id" != 0 ] && [ "$(echo "$controllers" | tr ',' '\n' | sort | paste -sd,)" = "$want" ] &&
-                { current=$path; break; }
-        done </proc/self/cgroup
-    fi
-    [ -n "$current" ] || continue
-    parent=${point}${current%/}
-    mkdir -p "$parent/$own"
-    for knob in cpuset.cpus cpuset.mems; do   # an empty cpuset takes no process
-        [ ! -f "$parent/$knob" ] || cat "$parent/$knob" >"$parent/$own/$knob"
-    done
-    echo $$ >"$parent/$own/cgroup.procs"
-    made+=("$parent/$own") back+=("$parent")
-done < <(cgroup_hierarchies)
+# The cgroups the run's containers leave (their processes die with its PID namespace; a failed
+# crun restore leaves its cgroup too) are removed afterwards: the test names repeat from run to
+# run, as PIDs in a fresh namespace do, and a stale cgroup of the same name fails the next run.
+cgroup_dirs() {
+    cgroup_hierarchies | while read -r point _; do find "$point" -mindepth 1 -maxdepth 4 -type d; done | sort
+}
+before=$(mktemp)
+cgroup_dirs >"$before"
 cleanup() {
-    local i dir
-    for i in "${!made[@]}"; do
-        echo $$ >"${back[$i]}/cgroup.procs" 2>/dev/null || true
-        for _ in 1 2 3 4 5 6 7 8 9 10; do
-            find "${made[$i]}" -depth -type d -exec rmdir {} + 2>/dev/null || true
-            [ -d "${made[$i]}" ] || break
-            sleep 0.5
-        done
-        [ ! -d "${made[$i]}" ] || echo "in-forky.sh: warning: ${made[$i]} not removed" >&2
+    # New since the start, deepest first, and only what the run's engines name: a bundle's
+    # gpuckpt-* (the tests' runc-level containers) or podman's libpod-ID, not one of the host
+    # podman's own containers. rmdir refuses a cgroup that still holds a process.
+    local host_ids
+    host_ids=$(timeout 20 podman ps -a -q --no-trunc 2>/dev/null || true)
+    cgroup_dirs | comm -13 "$before" - | sort -r | while read -r dir; do
+        case ${dir##*/} in
+            gpuckpt-*) ;;
+            libpod-*) ! grep -qx "${dir##*/libpod-}" <<<"$host_ids" || continue;;
+            *) [[ $dir == */libpod_parent/libpod-* ]] || continue;;
+        esac
+        rmdir "$dir" 2>/dev/null || true
     done
+    rm -f "$before"
 }
 trap cleanup EXIT
-namespaces=(--mount --uts --ipc --pid --cgroup --fork --kill-child)
+namespaces=(--mount --uts --ipc --pid --fork --kill-child)
 [ "$fetch" = 1 ] || namespaces+=(--net)
 set +e
 unshare "${namespaces[@]}" -- bash "$(readlink -f "$0")" --inner "$root" "$fetch" "$@"
