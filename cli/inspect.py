@@ -15,15 +15,16 @@ from gpuckpt.host import process
 from gpuckpt.host.programs import find_program
 from gpuckpt.host.safefiles import read_bounded
 from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout, verify_layer
-from gpuckpt.oci.manifest import MANIFEST_NAME, parse_manifest, read_manifest
-from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, described, scan_archive
+from gpuckpt.oci.manifest import read_manifest
+from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, check_podman_archive, described
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("inspect", help="show what a checkpoint archive, image or directory holds")
-    parser.add_argument("path", help="a podman or gpuckpt archive (.tar.zst, .tar.gz, .tar), an OCI image "
-                                     "layout (DIR or oci:DIR[:TAG]), a checkpoint image in podman's storage "
-                                     "(NAME or containers-storage:NAME), or a checkpoint directory")
+    parser.add_argument("path", help="a checkpoint archive (.tar.zst, .tar.gz, .tar: podman's or gpuckpt "
+                                     "export's), an OCI image layout (DIR or oci:DIR[:TAG]), a checkpoint "
+                                     "image in podman's storage (NAME or containers-storage:NAME), or a "
+                                     "checkpoint directory")
     parser.add_argument("--json", action="store_true")
     parser.set_defaults(handler=run)
 
@@ -73,15 +74,10 @@ def _storage_image_summary(name: str) -> dict | None:
 
 
 def _archive_summary(path: str) -> dict:
-    """What an archive holds, read once without unpacking: podman's layout or gpuckpt's own."""
-    copied, kept = scan_archive(path)
-    summary = {"path": path, "files": copied.files, "bytes": copied.bytes, "stored_bytes": os.path.getsize(path)}
-    if CONFIG_DUMP in kept:
-        return summary | _podman_summary(described(path, kept, copied.names, copied.files, copied.bytes),
-                                         "podman-archive")
-    manifest = parse_manifest(kept[MANIFEST_NAME], f"{path}:{MANIFEST_NAME}") if MANIFEST_NAME in kept else None
-    return summary | {"kind": "gpuckpt-archive", "engine": None, "container": None,
-                      "manifest": manifest.model_dump() if manifest else None}
+    """What an archive holds, read once without unpacking (podman's layout: podman and `gpuckpt export` write it)."""
+    archive = check_podman_archive(path)
+    summary = {"path": path, "files": archive.files, "bytes": archive.bytes, "stored_bytes": os.path.getsize(path)}
+    return summary | _podman_summary(archive, "podman-archive")
 
 
 def _summary(path: str) -> dict:

@@ -37,7 +37,6 @@ FUNCTION_NAMES = {
     "restore": "cuCheckpointProcessRestore",
     "unlock": "cuCheckpointProcessUnlock",
     "state": "cuCheckpointProcessGetState",
-    "restore_thread_id": "cuCheckpointProcessGetRestoreThreadId",
 }
 REQUIRED_SYMBOLS = ("cuDriverGetVersion", "cuInit", "cuGetErrorName", *FUNCTION_NAMES.values())
 
@@ -89,14 +88,6 @@ def uuid_bytes(uuid: str) -> bytes:
         raise DriverError(f"malformed GPU UUID {uuid!r}: expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx "
                           "(hex digits, as nvidia-smi -L prints it)")
     return bytes.fromhex("".join(match.groups()))
-
-
-def uuid_text(raw: bytes) -> str:
-    """The nvidia-smi form of a 16-byte CUuuid."""
-    if len(raw) != 16:
-        raise DriverError(f"a CUuuid has 16 bytes, not {len(raw)}")
-    digits = raw.hex()
-    return f"GPU-{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
 
 
 @dataclass(frozen=True)
@@ -194,10 +185,6 @@ class CudaDriver(ABC):
     def state(self, pid: int) -> ProcessState:
         """Where the process is in the checkpoint cycle."""
 
-    @abstractmethod
-    def restore_thread_id(self, pid: int) -> int:
-        """The thread the driver restores the process's CUDA state on."""
-
 
 class LibCudaDriver(CudaDriver):
     """The driver itself, through libcuda.so.1.
@@ -240,7 +227,6 @@ class LibCudaDriver(CudaDriver):
             "cuCheckpointProcessRestore": [ctypes.c_int, ctypes.POINTER(CUcheckpointRestoreArgs)],
             "cuCheckpointProcessUnlock": [ctypes.c_int, ctypes.POINTER(CUcheckpointUnlockArgs)],
             "cuCheckpointProcessGetState": [ctypes.c_int, int_p],  # CUprocessState is a C enum
-            "cuCheckpointProcessGetRestoreThreadId": [ctypes.c_int, int_p],
         }
         for name, argtypes in signatures.items():
             function = getattr(self._lib, name)
@@ -299,11 +285,6 @@ class LibCudaDriver(CudaDriver):
             return ProcessState(value.value)
         except ValueError:
             raise DriverError(f"{FUNCTION_NAMES['state']}(pid {pid}) returned unknown state {value.value}") from None
-
-    def restore_thread_id(self, pid: int) -> int:
-        tid = ctypes.c_int(0)
-        self._call("restore_thread_id", pid, ctypes.pointer(tid))
-        return tid.value
 
 
 def load_driver() -> CudaDriver:

@@ -1,27 +1,17 @@
-"""Checkpoint archives: a checkpoint directory as one zstd-compressed tar stream, and back.
-
-Written as a stream (tar into a multithreaded zstd compressor, no intermediate copy),
-readable by root only: it holds process memory. Read defensively: the archive may come
-from another node, so only regular files and directories inside the target are
-accepted, sizes are bounded, a truncated or corrupt stream is an ImageError, and the
-first problem is reported before anything lands outside the target.
+"""The compressed stream of a checkpoint archive: opened for one sequential read, decompressed
+(zstd or gzip, each frame and block header checked as it passes, so a truncated or corrupt
+stream is an ImageError), and the multithreaded zstd compressor archives are written with.
+The tar inside is oci/tarstream.py's; podman's layout of it, oci/podman_archive.py's.
 """
 
 from __future__ import annotations
 
 import gzip
 import os
-import shutil
-import tarfile
-import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import zstandard
 
 from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import create_private
-from gpuckpt.oci import tarstream
 from gpuckpt.transfer.direct_read import DirectReader
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -29,45 +19,6 @@ DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompr
 # What a decompressor reads from the archive at a time (zstd here; gzip reads less): the
 # granularity at which an entry's compressed bytes are known (transfer.bounds.RatioGuard).
 READ_BYTES = 128 << 10
-
-
-@dataclass(frozen=True)
-class Entry:
-    name: str
-    size: int
-    is_dir: bool
-
-
-def _walk(source: str) -> Iterator[str]:
-    for directory, subdirectories, files in os.walk(source):
-        subdirectories.sort()
-        for name in sorted(subdirectories) + sorted(files):
-            yield os.path.join(directory, name)
-
-
-def write_archive(source: str, archive: str, *, threads: int = 0, level: int = DEFAULT_LEVEL) -> int:
-    """Pack `source` into `archive` (created 0600); the compressed size in bytes.
-
-    `threads` 0 means one per CPU. Only regular files and directories are packed: a
-    checkpoint directory holds nothing else, and a link would not survive the reader.
-    """
-    compressor = zstd_compressor(threads, level)
-    fd = create_private(archive)
-    with os.fdopen(fd, "wb") as raw, compressor.stream_writer(raw, closefd=False) as compressed, \
-            tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for path in _walk(source):
-            relative = os.path.relpath(path, source)
-            if os.path.islink(path) or not (os.path.isfile(path) or os.path.isdir(path)):
-                raise ImageError(f"{path}: only regular files and directories can be archived")
-            info = tar.gettarinfo(path, arcname=relative)
-            info.uid = info.gid = 0
-            info.uname = info.gname = "root"
-            if info.isfile():
-                with open(path, "rb") as member:
-                    tar.addfile(info, member)
-            else:
-                tar.addfile(info)
-    return os.path.getsize(archive)
 
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -183,47 +134,3 @@ def close_quietly(*streams) -> None:
                 stream.close()
         except Exception:  # noqa: BLE001
             pass
-
-
-def _entries(archive: str):
-    """(member, reader) of each checked entry (oci.tarstream); the caller consumes each one's data."""
-    with open_archive(archive) as raw:
-        try:
-            yield from tarstream.entries(decompressed(raw), archive)
-        except (zstandard.ZstdError, EOFError, OSError, zlib.error) as error:
-            raise ImageError(f"{archive}: truncated or corrupt archive: {error}") from None
-
-
-def read_archive(archive: str, target: str) -> list[Entry]:
-    """Unpack into `target` (created 0700, must not exist); what was unpacked.
-
-    On any problem, what was unpacked so far is removed and an ImageError names it.
-    """
-    os.mkdir(target, 0o700)
-    entries: list[Entry] = []
-    try:
-        for member, reader in _entries(archive):
-            name = member.name  # checked by tarstream
-            path = os.path.join(target, name)
-            parent = os.path.dirname(path)
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-            if os.path.realpath(parent) != os.path.join(os.path.realpath(target), os.path.dirname(name)).rstrip("/"):
-                raise ImageError(f"archive entry {name!r} escapes the target directory")
-            if member.isdir():
-                os.makedirs(path, mode=0o700, exist_ok=True)
-            else:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb", buffering=0) as out:
-                    tarstream.copy_data(reader, member.size, out, pad=False)  # exactly the declared size
-            entries.append(Entry(name, member.size, member.isdir()))
-    except FileExistsError as error:
-        _remove(target)
-        raise ImageError(f"archive entry {os.path.relpath(error.filename, target)!r} appears twice") from None
-    except BaseException:
-        _remove(target)
-        raise
-    return entries
-
-
-def _remove(target: str) -> None:
-    shutil.rmtree(target, ignore_errors=True)

@@ -113,7 +113,7 @@ class Manifest(_Record):
     node_gpu_uuids: Annotated[list[GpuUuid], Field(max_length=64)] = []
     processes: Annotated[list[CudaProcessRecord], Field(max_length=MAX_ITEMS)] = []
     # What handled the GPU state: this shim, or CRIU's own CUDA plugin.
-    gpu_handler: Literal["gpuckpt", "criu-cuda-plugin", "none"] = "gpuckpt"
+    gpu_handler: Literal["gpuckpt", "none"] = "gpuckpt"
     delegate: Text(4096) = ""
     delegate_args: Annotated[list[Text(4096)], Field(max_length=1024)] = []  # recorded, never run again
     leave_running: bool = False

@@ -60,7 +60,6 @@ class FakeDriver(CudaDriver):
         self.init_count = 0
         self.calls: list[tuple[str, int]] = []
         self.restored_pairs: dict[int, list[GpuPair]] = {}
-        self.restore_tids: dict[int, int] = {}
         self._lock = threading.Lock()
         self._thawed = threading.Condition(self._lock)
 
@@ -156,7 +155,6 @@ class FakeDriver(CudaDriver):
                     raise call_error("restore", pid, "CUDA_ERROR_INVALID_VALUE")
                 self.visible_gpus[pid] = [remap[uuid] for uuid in visible]
             self.restored_pairs[pid] = list(gpu_pairs)
-            self.restore_tids[pid] = pid + 1  # any thread of the process will do
             self.states[pid] = ProcessState.LOCKED
 
     def unlock(self, pid: int) -> None:
@@ -168,9 +166,3 @@ class FakeDriver(CudaDriver):
         self._enter("state", pid)
         with self._lock:
             return self._state_of("state", pid)
-
-    def restore_thread_id(self, pid: int) -> int:
-        self._enter("restore_thread_id", pid)
-        with self._lock:
-            self._state_of("restore_thread_id", pid)
-            return self.restore_tids.get(pid, pid)
