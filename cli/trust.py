@@ -13,7 +13,6 @@ import argparse
 import fcntl
 import os
 import socket
-import time
 
 from pydantic import ValidationError
 
@@ -37,6 +36,7 @@ from gpuckpt.oci.archive import decompressed, open_archive
 from gpuckpt.oci.image_layout import parse_target, read_layout, verify_layer
 from gpuckpt.oci.podman_archive import copy_checked
 from gpuckpt.oci.signature import key_id_of, parse_public_key, public_key_line
+from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.transfer.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
 
 
@@ -84,7 +84,7 @@ def run_add(options: argparse.Namespace) -> int:
     public = parse_public_key(read_key_text(options.key_file), options.key_file)
     try:
         entry = KeyEntry(name=options.name, public_key=public_key_line(public),
-                         added=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                         added=utc_now())
     except ValidationError as error:
         raise UsageError(f"{options.name!r}: {error.errors()[0]['msg']}") from None
     key_id = key_id_of(public)

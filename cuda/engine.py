@@ -256,3 +256,12 @@ class CudaSession:
         lines = [f"pid {pid}: {error}" for pid, error in sorted(failures.items())
                  if os.path.exists(f"/proc/{pid}") and not isinstance(error, StoppedDuringCall)]
         return [f"pid {pid}: its driver call never returned; it may stay locked" for pid in left_behind] + lines
+
+
+def refuse_stopped(pids: list[int], what: str = "CUDA process(es) {pids}") -> None:
+    """The driver's lock ignores its timeout for a stopped process and waits for ever (seen on an
+    H100, driver 580), and ptrace would run one: refuse rather than hang the engine."""
+    stopped = [pid for pid in pids if is_stopped(pid)]
+    if stopped:
+        named = what.format(pids=", ".join(map(str, stopped)))
+        raise GpuCheckpointError(f"{named} are stopped (SIGSTOP or a tracer): continue them (SIGCONT) and retry")

@@ -19,9 +19,8 @@ from dataclasses import dataclass
 
 from gpuckpt.cuda.devices import NVIDIA_DEVICE_PREFIX
 from gpuckpt.cuda.driver import CudaDriver
-from gpuckpt.cuda.engine import query_states
+from gpuckpt.cuda.engine import query_states, refuse_stopped
 from gpuckpt.errors import DriverError, GpuCheckpointError
-from gpuckpt.host.procfs import is_stopped
 from gpuckpt.host.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
 
 CUDA_ERROR_NOT_INITIALIZED = "CUDA_ERROR_NOT_INITIALIZED"
@@ -96,10 +95,7 @@ def release_device(hold: DeviceHold) -> None:
 def release_forked_children(children: list[int], prefix: str = NVIDIA_DEVICE_PREFIX) -> list[DeviceHold]:
     """Make every forked child let go of the driver; what each held. Refused, before any change,
     for a child that is stopped (ptrace would run it; SIGCONT it, or it is being debugged)."""
-    stopped = [pid for pid in children if is_stopped(pid)]
-    if stopped:
-        raise GpuCheckpointError(f"forked child(ren) {', '.join(map(str, stopped))} of a CUDA process are stopped "
-                                 "(SIGSTOP or a tracer): continue them (SIGCONT) and retry")
+    refuse_stopped(children, "forked child(ren) {pids} of a CUDA process")
     holds = [device_hold(pid, prefix) for pid in children]
     for hold in holds:
         release_device(hold)

@@ -6,14 +6,12 @@ restore time. GPUs are matched by the minor number of /dev/nvidiaN.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
 from gpuckpt.host.procfs import fd_targets
 from gpuckpt.oci.manifest import GpuRecord
-
-NVIDIA_DEVICE_LINK = re.compile(r"^/dev/nvidia(\d+)$")
+from gpuckpt.oci.spec import NVIDIA_DEVICE
 
 
 @dataclass
@@ -28,7 +26,7 @@ class Inventory:
 
 def minors_held_by(pids: list[int]) -> set[int]:
     """Minor numbers of the /dev/nvidiaN a process has open (when the spec does not list them)."""
-    matches = (NVIDIA_DEVICE_LINK.match(target) for _, target in fd_targets(pids))
+    matches = (NVIDIA_DEVICE.match(target) for _, target in fd_targets(pids))
     return {int(match.group(1)) for match in matches if match}
 
 

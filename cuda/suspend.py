@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 from gpuckpt.cuda.compat import memory_needed
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.cuda.engine import CudaSession, query_states
+from gpuckpt.cuda.engine import CudaSession, query_states, refuse_stopped
 from gpuckpt.cuda.forked import split_forked_children
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
-from gpuckpt.host.procfs import is_stopped
 from gpuckpt.node.suspension import SuspendedProcess, Suspension
+from gpuckpt.oci.timestamps import utc_now
 
 
 def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
@@ -39,9 +39,7 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
     cuda_pids, _ = split_forked_children(driver, gpus.find_cuda_pids(gpus.descendants(init_pid)))
     if not cuda_pids:
         raise GpuCheckpointError(f"container {container} has no CUDA process to suspend")
-    stopped = [pid for pid in cuda_pids if is_stopped(pid)]
-    if stopped:
-        raise GpuCheckpointError(f"CUDA process(es) {stopped} are stopped (paused or traced): resume them first")
+    refuse_stopped(cuda_pids)
     usage = gpus.compute_processes()
     session = CudaSession(driver, cuda_pids)
     session.require_running()
@@ -55,7 +53,7 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
         raise GpuCheckpointError(f"suspend of {container} failed ({error}); {state}") from None
     return Suspension(
         container=container, engine=engine, init_pid=init_pid,
-        since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        since=utc_now(),
         processes=[SuspendedProcess(pid=pid, gpu_uuids=sorted(usage.get(pid, {})),
                                     device_bytes=sum(usage.get(pid, {}).values())) for pid in cuda_pids],
         suspend_s=time.monotonic() - started)

@@ -13,20 +13,24 @@ import stat
 from gpuckpt.errors import ImageError
 
 
-def create_private(path: str) -> int:
-    """A new 0600 file at `path` (anything there before is removed); its descriptor, for writing."""
+def create_new(path: str, mode: int = 0o600) -> int:
+    """A new file at `path` (anything there before is removed), `mode` whatever the umask; its
+    descriptor, for writing."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    os.fchmod(fd, mode)
+    return fd
 
 
-def replace_private(path: str, text: str) -> None:
-    """`text` into `path` at once for any reader (written beside it, then renamed), root-only."""
+def replace_file(path: str, text: str | bytes, mode: int = 0o600) -> None:
+    """`text` into `path` at once for any reader (written beside it, then renamed); root-only
+    unless `mode` says otherwise."""
     temporary = f"{path}.{os.getpid()}.tmp"
-    with os.fdopen(create_private(temporary), "w", encoding="utf-8") as out:
-        out.write(text)
+    with os.fdopen(create_new(temporary, mode), "wb") as out:
+        out.write(text.encode() if isinstance(text, str) else text)
     os.replace(temporary, path)
 
 
@@ -89,7 +93,7 @@ def make_directories(path: str, mode: int = 0o700) -> tuple[int, int, bool]:
 
 
 def create_private_at(dir_fd: int, name: str) -> int:
-    """create_private, in the directory `dir_fd`."""
+    """create_new, in the directory `dir_fd`."""
     try:
         os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:

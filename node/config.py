@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import os
 import tomllib
-from typing import Annotated, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuckpt.errors import ConfigError
 from gpuckpt.node.paths import config_path
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class _Section(BaseModel):
@@ -120,16 +123,21 @@ def _describe(error: dict, model: type[BaseModel]) -> str:
     return f"key {key!r}: {message}"
 
 
-def parse_config(text: str, source: str) -> Config:
-    """Validate TOML text; `source` names the file in errors."""
+def validated_toml(text: str, source: str, model: type[ModelT], describe: Callable[[Any], str]) -> ModelT:
+    """TOML text as `model`; a ConfigError naming `source` and, through `describe`, the first problem."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"{source}: not valid TOML: {error}") from None
     try:
-        return Config.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(f"{source}: {_describe(error.errors()[0], Config)}") from None
+        raise ConfigError(f"{source}: {describe(error.errors()[0])}") from None
+
+
+def parse_config(text: str, source: str) -> Config:
+    """Validate TOML text; `source` names the file in errors."""
+    return validated_toml(text, source, Config, lambda error: _describe(error, Config))
 
 
 def load_config(path: str | None = None) -> Config:

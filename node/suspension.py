@@ -11,10 +11,11 @@ import os
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import replace_private
+from gpuckpt.host.safefiles import read_bounded, replace_file
 from gpuckpt.node.paths import state_dir
 
 SCHEMA_VERSION = 1
+MAX_RECORD_BYTES = 4 << 20  # a few hundred bytes per CUDA process
 
 
 class SuspendedProcess(BaseModel):
@@ -48,17 +49,17 @@ def _path(container: str) -> str:
 def write_suspension(record: Suspension) -> None:
     os.makedirs(_directory(), mode=0o700, exist_ok=True)
     path = _path(record.container)
-    replace_private(path, record.model_dump_json(indent=2))
+    replace_file(path, record.model_dump_json(indent=2))
 
 
 def read_suspension(container: str) -> Suspension | None:
-    try:
-        with open(_path(container)) as record_file:
-            raw = json.load(record_file)
-    except FileNotFoundError:
+    path = _path(container)
+    if not os.path.lexists(path):
         return None
-    except (OSError, ValueError) as error:
-        raise ImageError(f"{_path(container)}: unreadable suspension record: {error}") from None
+    try:
+        raw = json.loads(read_bounded(path, MAX_RECORD_BYTES, f"{path}: suspension record"))
+    except ValueError as error:
+        raise ImageError(f"{path}: unreadable suspension record: {error}") from None
     try:
         return Suspension.model_validate(raw)
     except ValidationError as error:

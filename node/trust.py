@@ -12,16 +12,17 @@ import json
 import os
 import stat
 import sys
-import time
-import tomllib
 from dataclasses import dataclass
 from typing import Literal
 
 import tomlkit
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuckpt.errors import ConfigError
+from gpuckpt.host.safefiles import create_new, replace_file
+from gpuckpt.node.config import validated_toml
 from gpuckpt.oci.signature import SignatureError, Signer, TrustedKey, key_id_of, parse_public_key
+from gpuckpt.oci.timestamps import utc_now
 
 DEFAULT_TRUST_DIR = "/etc/gpuckpt"
 TRUST_DIR_ENV = "GPUCKPT_TRUST_DIR"
@@ -146,14 +147,7 @@ def _read_root_file(path: str, limit: int, private: bool) -> bytes | None:
 
 
 def parse_policy(text: str, source: str) -> TrustPolicy:
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"{source}: not valid TOML: {error}") from None
-    try:
-        return TrustPolicy.model_validate(raw)
-    except ValidationError as error:
-        raise ConfigError(f"{source}: {_describe(error.errors()[0])}") from None
+    return validated_toml(text, source, TrustPolicy, _describe)
 
 
 def load_policy(path: str | None = None) -> TrustPolicy:
@@ -193,16 +187,7 @@ def save_policy(policy: TrustPolicy, path: str | None = None) -> str:
     text = render_policy(policy)
     parse_policy(text, path)  # what we write, we can read
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.unlink(temporary)
-    except FileNotFoundError:
-        pass
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        os.fchmod(fd, 0o644)  # whatever the umask
-        out.write(text)
-    os.replace(temporary, path)
+    replace_file(path, text, mode=0o644)
     return path
 
 
@@ -235,12 +220,7 @@ def ensure_node_key(path: str | None = None) -> tuple[Signer, bool]:
     signer = Signer.generate()
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     temporary = f"{path}.{os.getpid()}.tmp"
-    try:
-        os.unlink(temporary)
-    except FileNotFoundError:
-        pass
-    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "wb") as out:
+    with os.fdopen(create_new(temporary), "wb") as out:
         out.write(signer.pem())
     try:
         os.link(temporary, path)  # never replaces a key made meanwhile
@@ -286,7 +266,7 @@ def log_unsigned_use(rule: UnsignedSource, what: str, quiet: bool = False) -> No
     if not quiet:
         print(f"gpuckpt: {what} is unsigned: accepted because {policy_path()} allows unsigned from {rule.source} "
               f"(logged in {trust_log_path()})")
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": "unsigned-accepted",
+    record = {"time": utc_now(), "event": "unsigned-accepted",
               "what": what, "source": rule.source, "note": rule.note, "pid": os.getpid()}
     log_path = trust_log_path()
     os.makedirs(os.path.dirname(log_path), mode=0o700, exist_ok=True)

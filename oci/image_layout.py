@@ -19,7 +19,6 @@ import os
 import platform
 import re
 import shutil
-import time
 from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -33,6 +32,7 @@ from gpuckpt.host.safefiles import (
     write_private_at,
 )
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
+from gpuckpt.oci.timestamps import utc_now
 
 LAYOUT_FILE = "oci-layout"
 INDEX_FILE = "index.json"
@@ -94,10 +94,6 @@ class ImageConfig(_Json):
 
 class LayoutVersion(_Json):
     imageLayoutVersion: str = "1.0.0"
-
-
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def parse_target(target: str) -> tuple[str, str] | None:
@@ -214,7 +210,7 @@ class CheckpointImageWriter:
         annotations, architecture = checkpoint_annotations(archive), go_architecture()
         if self.sign is not None:
             annotations |= self.sign(self.layer_digest, annotations)
-        created = _now()
+        created = utc_now()
         config = ImageConfig(created=created, architecture=architecture,
                              rootfs=RootFs(diff_ids=[self.diff_id]),
                              history=[HistoryEntry(created=created, created_by="gpuckpt export")])

@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import replace_private
+from gpuckpt.host.safefiles import replace_file
 
 MANIFEST_NAME = "gpuckpt-manifest.json"
 SCHEMA_VERSION = 1
@@ -127,7 +127,7 @@ class Manifest(_Record):
 def write_manifest(image_dir: str, manifest: Manifest) -> str:
     """Write atomically, readable by root only (the image holds process memory anyway)."""
     path = os.path.join(image_dir, MANIFEST_NAME)
-    replace_private(path, manifest.model_dump_json(indent=2))
+    replace_file(path, manifest.model_dump_json(indent=2))
     return path
 
 

@@ -14,7 +14,6 @@ import base64
 import binascii
 import hashlib
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -25,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuckpt.errors import ImageError
+from gpuckpt.oci.timestamps import utc_now
 
 SCHEMA_VERSION = 1
 PAYLOAD_TYPE = "application/vnd.gpuckpt.signed-content.v1+json"
@@ -166,7 +166,7 @@ class Signer:
                                           serialization.NoEncryption())
 
     def content(self, kind: str, entries: list[SignedEntry], **fields) -> SignedContent:
-        created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        created = utc_now()
         return SignedContent(kind=kind, key_id=self.key_id, created=created, entries=entries, **fields)
 
     def sign(self, content: SignedContent) -> bytes:

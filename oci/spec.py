@@ -12,6 +12,7 @@ import re
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
+from gpuckpt.host.safefiles import read_bounded
 
 NVIDIA_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
 MAX_SPEC_BYTES = 16 << 20
@@ -102,14 +103,9 @@ class Spec(_Part):
 
 def read_spec(bundle: str) -> Spec:
     path = os.path.join(bundle, "config.json")
+    text = read_bounded(path, MAX_SPEC_BYTES, path)
     try:
-        with open(path, "rb") as spec_file:
-            text = spec_file.read(MAX_SPEC_BYTES + 1)
-        if len(text) > MAX_SPEC_BYTES:
-            raise ImageError(f"{path}: larger than {MAX_SPEC_BYTES} bytes")
         return Spec.model_validate(json.loads(text))
-    except OSError as error:
-        raise ImageError(f"{path}: cannot read: {error.strerror}") from None
     except ValueError as error:  # JSON and pydantic errors
         detail = error.errors()[0]["msg"] if isinstance(error, ValidationError) else str(error)
         raise ImageError(f"{path}: invalid OCI spec: {detail}") from None
@@ -127,10 +123,10 @@ def read_annotations(bundle: str) -> dict[str, str]:
     Policy checks use this rather than `read_spec`, so that a spec our model finds odd
     cannot slip an annotation past them; a file no runtime could parse yields {}.
     """
+    path = os.path.join(bundle, "config.json")
     try:
-        with open(os.path.join(bundle, "config.json"), "rb") as spec_file:
-            raw = json.loads(spec_file.read(MAX_SPEC_BYTES))
-    except (OSError, ValueError):
+        raw = json.loads(read_bounded(path, MAX_SPEC_BYTES, path))
+    except (ImageError, ValueError):
         return {}
     annotations = raw.get("annotations") if isinstance(raw, dict) else None
     return {str(k): str(v) for k, v in annotations.items()} if isinstance(annotations, dict) else {}

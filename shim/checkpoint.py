@@ -13,19 +13,20 @@ from __future__ import annotations
 import os
 import time
 
-from gpuckpt.cuda.engine import CudaSession
+from gpuckpt.cuda.engine import CudaSession, refuse_stopped
 from gpuckpt.cuda.forked import split_forked_children
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.inventory import Inventory
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.host.procfs import container_pid, container_processes, deleted_but_linked, is_stopped
+from gpuckpt.host.procfs import container_pid, container_processes, deleted_but_linked
 from gpuckpt.node.config import load_config
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.suspension import read_suspension, remove_suspension
 from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
 from gpuckpt.oci.spec import container_annotations, read_spec
+from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_allowed
 from gpuckpt.policy.network import choose, container_policy, inspect_container, missing_option_hint
 from gpuckpt.policy.undumpable import refuse_undumpable
@@ -262,7 +263,7 @@ class Checkpoint:
                         downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
         timings = timings or {}
         manifest = Manifest(
-            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            created=utc_now(),
             container_id=self.container_id,
             driver_version=inventory.driver_version,
             cuda_driver_version=inventory.cuda_driver_version,
@@ -294,12 +295,3 @@ def needs_link_remap(pids: list[int]) -> set[str]:
     Only there: CRIU makes its temporary link beside the file, which in /dev/shm is the
     container's own tmpfs."""
     return {path for path in deleted_but_linked(pids) if path.startswith("/dev/shm/") and "/" not in path[9:]}
-
-
-def refuse_stopped(pids: list[int]) -> None:
-    """The driver's lock ignores its timeout for a stopped process and waits for ever (seen on an
-    H100, driver 580): refuse rather than hang the engine."""
-    stopped = [pid for pid in pids if is_stopped(pid)]
-    if stopped:
-        raise GpuCheckpointError(f"CUDA process(es) {', '.join(map(str, stopped))} are stopped (SIGSTOP or a "
-                                 "tracer): the driver cannot lock them; continue them (SIGCONT) and retry")

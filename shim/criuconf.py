@@ -11,7 +11,7 @@ import hashlib
 import os
 
 from gpuckpt.host.procfs import deleted_file_sizes
-from gpuckpt.host.safefiles import replace_private
+from gpuckpt.host.safefiles import replace_file
 from gpuckpt.node.paths import state_dir
 
 CRIU_DEFAULT_GHOST_LIMIT = 1 << 20
@@ -36,7 +36,7 @@ def use_criu_config(lines: list[str]) -> str:
     os.makedirs(state_dir(), mode=0o700, exist_ok=True)
     path = os.path.join(state_dir(), f"criu-{hashlib.sha256(text.encode()).hexdigest()[:16]}.conf")
     if not os.path.exists(path):
-        replace_private(path, text)
+        replace_file(path, text)
     os.environ["CRIU_CONFIG_FILE"] = path
     return path
 

@@ -20,10 +20,10 @@ from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
 from gpuckpt.host.procfs import container_pid, container_processes
-from gpuckpt.node.config import load_config
+from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
-from gpuckpt.oci.manifest import read_manifest
+from gpuckpt.oci.manifest import Manifest, read_manifest
 from gpuckpt.oci.spec import read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
@@ -87,16 +87,17 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     argv = for_delegate(delegate, args, argv)
     if manifest is None or not manifest.processes:
         return run_delegate(delegate, argv).returncode  # no GPU state to bring back
-    return GpuRestore(args, verb, delegate, manifest, argv, gpus or NodeGpus()).run()
+    return GpuRestore(args, verb, delegate, config, manifest, argv, gpus or NodeGpus()).run()
 
 
 class GpuRestore:
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, manifest, argv: list[str],
-                 gpus: NodeGpus) -> None:
+    """The GPU side of one restore: node check, the delegate's restore, then the CUDA processes back."""
+
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, config: Config, manifest: Manifest,
+                 argv: list[str], gpus: NodeGpus) -> None:
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
-        self.gpus = gpus
+        self.config, self.gpus = config, gpus
         self.container_id = verb.container_id
-        self.config = load_config()
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
         self.spec_devices: list = []

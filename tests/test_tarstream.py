@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import create_private, read_bounded
+from gpuckpt.host.safefiles import create_new, read_bounded
 from gpuckpt.oci.podman_archive import copy_checked
 
 
@@ -82,13 +82,13 @@ def test_a_private_file_never_inherits_what_was_there(tmp_path) -> None:
     stale = tmp_path / "out.partial"
     stale.write_text("old")
     stale.chmod(0o666)
-    os.close(create_private(str(stale)))
+    os.close(create_new(str(stale)))
     assert stat.S_IMODE(stale.stat().st_mode) == 0o600 and stale.read_text() == ""
     victim = tmp_path / "victim"
     victim.write_text("keep")
     link = tmp_path / "link"
     link.symlink_to(victim)
-    os.close(create_private(str(link)))
+    os.close(create_new(str(link)))
     assert victim.read_text() == "keep" and not link.is_symlink()
 
 

@@ -17,7 +17,7 @@ import hashlib
 import os
 import stat
 
-from gpuckpt.host.safefiles import read_bounded, replace_private
+from gpuckpt.host.safefiles import read_bounded, replace_file
 from gpuckpt.node.trust import Trust, load_node_key, log_unsigned_use
 from gpuckpt.oci.signature import SignatureError, SignedEntry, open_envelope
 from gpuckpt.transfer.provenance import MAX_SIGNATURE_BYTES
@@ -77,7 +77,7 @@ def sign_dump(image_dir: str) -> str | None:
         digest = None if PAGES_FILE.fullmatch(name) else _file_sha256(path, status.st_size, image_dir)
         entries.append(SignedEntry(name=name, size=status.st_size, mode=status.st_mode & 0o777, sha256=digest))
     path = os.path.join(image_dir, DUMP_SIGNATURE)
-    replace_private(path, signer.sign(signer.content("dump", entries)).decode())
+    replace_file(path, signer.sign(signer.content("dump", entries)))
     return path
 
 

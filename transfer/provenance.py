@@ -19,7 +19,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.host.safefiles import create_new, read_bounded
 from gpuckpt.node.trust import Trust, log_unsigned_use
 from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
 
@@ -275,13 +275,7 @@ def write_archive_signature(archive: str, archive_sha256: str, entries: list[Sig
     """`ARCHIVE.sig` beside the archive (created new, 0644: it holds digests, no process data)."""
     path = signature_path(archive)
     envelope = signer.sign(signer.content("archive", entries, archive_sha256=archive_sha256))
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-    with os.fdopen(fd, "wb") as out:
-        os.fchmod(fd, 0o644)
+    with os.fdopen(create_new(path, 0o644), "wb") as out:
         out.write(envelope)
     return path
 

@@ -26,15 +26,15 @@ import re
 import secrets
 import shutil
 import tempfile
-import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import read_bounded, replace_private
+from gpuckpt.host.safefiles import read_bounded, replace_file
 from gpuckpt.node.paths import state_dir
+from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.transfer.bounds import StagedFile, StagingBudget
 
 PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
@@ -134,8 +134,8 @@ class Staging:
     def record(self) -> None:
         os.makedirs(_records_dir(), mode=0o700, exist_ok=True)
         record = StagedImport(token=self.token, pages_dir=self.directory, pages=self.pages,
-                              created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        replace_private(_record_path(self.token), record.model_dump_json())
+                              created=utc_now())
+        replace_file(_record_path(self.token), record.model_dump_json())
         self.recorded = True
 
     def remove(self) -> None:

@@ -1,0 +1,11 @@
+"""The one timestamp form every record gpuckpt writes carries: UTC, to the second, RFC 3339 with Z
+(manifests, suspension records, signatures, image annotations, the trust policy and its log)."""
+
+from __future__ import annotations
+
+import time
+
+
+def utc_now() -> str:
+    """Now, as "2026-11-23T17:00:04Z"."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
