@@ -1,14 +1,15 @@
 """pytest plugin for the forky engine set (integration/forky/inside.sh loads it with -p): the tests
-known to fail there because of a product bug are marked xfail(strict=True), so the run stays
-green while the bug is open and turns red (XPASS) the day it is fixed, to drop the entry."""
+known to fail there, each with its reason (a gpuckpt bug, or one of forky's engines), are marked
+xfail(strict=True): the run stays green while the bug is open and turns red (XPASS) the day it
+is fixed, to drop the entry."""
 
 from __future__ import annotations
 
 import pytest
 
 _CRUN_128 = ("crun 1.28 cannot restore a bundle at runc level (CRIU: \"mnt: No mapping for N:(null) mountpoint\"), "
-             "with or without the shim (plain `crun --root R restore -d --bundle B --pid-file F --image-path I`); podman's own restores through crun 1.28 pass, and the Debian 12 set "
-             "keeps trixie's crun 1.21 for this reason (install-system.sh)")
+             "with or without the shim (plain `crun --root R restore -d --bundle B --pid-file F --image-path I`); "
+             "podman's own restores through crun 1.28 pass, and the Debian 12 set keeps trixie's crun 1.21 for this reason (install-system.sh)")
 _STREAMED_IMPORT = ("gpuckpt import hangs on an archive whose container ran under runc or crun with podman >= 5.8.2: "
                     "the streamed path keeps the FIFO's write end open until podman closes its read end (fifo.py "
                     "wait_reader_gone), while podman unpacks config.dump through a child that reads to end-of-file")

@@ -104,6 +104,19 @@ done
 root=$(readlink -f "$root")
 [ -x "$root/usr/bin/tini" ] || { echo "in-forky.sh: no forky root at $root (run integration/testbed/forky-root.sh)" >&2; exit 1; }
 
+# A named cgroup v1 hierarchy that a container mounted and left behind (test_image_creds' escape
+# makes one) holds every process of the machine in its root: crun, asked to kill or delete a
+# container, then signals every process in that root, here the whole run (and on the host,
+# every process). One that nothing mounts any more is removed first: mounted once more in a
+# private mount namespace, its child cgroups removed, unmounted.
+for name in $(sed -n 's/^[0-9]*:name=\([^:]*\):.*/\1/p' /proc/self/cgroup); do
+    [ "$name" != systemd ] || continue
+    ! grep -qsF "name=$name" /proc/[0-9]*/mountinfo || continue     # mounted somewhere: in use
+    echo "in-forky.sh: removing the stale cgroup hierarchy name=$name (nothing mounts it)" >&2
+    unshare --mount --propagation private -- sh -c 'd=$(mktemp -d) && mount -t cgroup -o "none,name=$1" cgroup "$d" &&
+        find "$d" -mindepth 1 -depth -type d -exec rmdir {} \; ; umount "$d"; rmdir "$d"' - "$name" || true
+done
+
 # The cgroups the run's containers leave (their processes die with its PID namespace; a failed
 # crun restore leaves its cgroup too) are removed afterwards: the test names repeat from run to
 # run, as PIDs in a fresh namespace do, and a stale cgroup of the same name fails the next run.
