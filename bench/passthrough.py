@@ -73,9 +73,10 @@ def main() -> None:
                 shim_ms.append(time_once(shim_argv))
         finally:
             subprocess.run([delegate, "--root", root, "delete", "--force", container_id], check=False)
+    delegate_version = subprocess.run([delegate, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     result = {
         "machine": machine(),
-        "delegate": f"{delegate} ({subprocess.run([delegate, '--version'], capture_output=True, text=True).stdout.splitlines()[0]})",
+        "delegate": f"{delegate} ({delegate_version})",
         "runs": options.runs,
         "delegate_ms_median": round(statistics.median(delegate_ms), 3),
         "shim_ms_median": round(statistics.median(shim_ms), 3),

@@ -39,7 +39,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 def check_kernel() -> str:
     if not os.path.exists("/proc/sys/kernel/ns_last_pid"):
-        raise CheckFailed("the kernel lacks CONFIG_CHECKPOINT_RESTORE", "boot a kernel built with CONFIG_CHECKPOINT_RESTORE=y")
+        raise CheckFailed("the kernel lacks CONFIG_CHECKPOINT_RESTORE", "boot a kernel built with "
+                                                                        "CONFIG_CHECKPOINT_RESTORE=y")
     return "kernel has checkpoint/restore support"
 
 
@@ -51,7 +52,8 @@ def check_criu() -> str:
         raise CheckFailed(f"criu: {error}", install_fix) from None
     match = re.search(r"Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", version_text)
     if not match or int(match.group(1)) < MIN_CRIU_MAJOR:
-        raise CheckFailed(f"criu {match.group(0) if match else version_text.strip()!r} is older than {MIN_CRIU_MAJOR}", install_fix)
+        raise CheckFailed(f"criu {match.group(0) if match else version_text.strip()!r} is older than "
+                          f"{MIN_CRIU_MAJOR}", install_fix)
     check = process.run(["criu", "check"], timeout_s=60, check=False)
     if check.returncode != 0 or "Looks good" not in check.stdout + check.stderr:
         last = (check.stderr.strip() or check.stdout.strip() or "no output").splitlines()[-1]

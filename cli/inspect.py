@@ -63,7 +63,9 @@ def _storage_image_summary(name: str) -> dict | None:
     podman = find_program("podman")
     if podman is None or process.run([podman, "image", "exists", name], check=False).returncode != 0:
         return None
-    annotations = json.loads(process.run([podman, "image", "inspect", "--format", "{{json .Annotations}}", name]).stdout or "{}")
+    annotations = json.loads(
+        process.run([podman, "image", "inspect", "--format", "{{json .Annotations}}", name]).stdout or "{}"
+    )
     mount_point = process.run([podman, "image", "mount", name]).stdout.strip()
     try:
         summary = _directory_summary(mount_point, "podman-image")
@@ -112,7 +114,8 @@ def run(options: argparse.Namespace) -> int:
     if summary["container"]:
         container = summary["container"]
         print(f"{summary['engine']:<11} container {container['name']} ({container['id'][:12]}), image "
-              f"{container['image'] or '-'}, runtime {container['runtime'] or '-'}, created {container['created'] or '-'}")
+              f"{container['image'] or '-'}, runtime {container['runtime'] or '-'}, created "
+              f"{container['created'] or '-'}")
     if "image" in summary:
         image = summary["image"]
         where = (f"layer {image['layer_digest'][:19]} ({image['layer_media_type'].rsplit('.', 1)[-1]})"

@@ -31,7 +31,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 def _runtime_path(given: str | None) -> str:
     path = given or find_program(engines.RUNTIME_NAME)
     if not path or not os.path.isabs(path) or not os.access(path, os.X_OK):
-        raise UsageError(f"--runtime-path: {path or engines.RUNTIME_NAME + ' on PATH'} is not an executable absolute path")
+        raise UsageError(f"--runtime-path: {path or engines.RUNTIME_NAME + ' on PATH'} is not an executable absolute "
+                         "path")
     return path
 
 

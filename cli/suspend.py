@@ -19,7 +19,8 @@ from gpuckpt.node.suspension import all_suspensions, read_suspension, remove_sus
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    for name, handler, text in (("suspend", run_suspend, "move a container's GPU state to host memory, freeing its GPUs"),
+    for name, handler, text in (("suspend", run_suspend, "move a container's GPU state to host memory, freeing its "
+                                                         "GPUs"),
                                 ("resume", run_resume, "bring a suspended container's GPU state back")):
         parser = commands.add_parser(name, help=text)
         parser.add_argument("container", help="name or ID (podman, docker, or runc with --root)")

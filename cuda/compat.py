@@ -41,7 +41,9 @@ def node_differences(manifest: Manifest, target: list[GpuInfo], driver_version: 
     return problems
 
 
-def memory_needed(usages: Iterable[tuple[Sequence[str], int]], moved: Mapping[str, str] | None = None) -> dict[str, int]:
+def memory_needed(
+    usages: Iterable[tuple[Sequence[str], int]], moved: Mapping[str, str] | None = None
+) -> dict[str, int]:
     """Device bytes each GPU must have free: NVML reports a process's memory on its first GPU,
     which `moved` (old -> new UUID) may send elsewhere."""
     moved = moved or {}

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ ROOTFS_TAR = "/var/cache/gpuckpt-testbed/rootfs-python.tar"
 CONFIG = Path("/etc/gpuckpt/config.toml")
 RUNTIME = shutil.which("gpuckpt-runtime") or "/usr/local/bin/gpuckpt-runtime"
 GPUCKPT = shutil.which("gpuckpt") or "/usr/local/bin/gpuckpt"
+RUNTIME_ROOT = "/run/gpuckpt-it"  # runc-level tests' --root
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 180, **kwargs) -> subprocess.CompletedProcess:
@@ -71,3 +75,34 @@ def assert_continues(before: Counter, read_state) -> Counter:
     return after
 
 
+def make_bundle(rootfs: Path, tmp_path: Path, **spec_changes) -> Path:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    sh(RUNTIME, "spec", cwd=bundle)
+    spec = json.loads((bundle / "config.json").read_text())
+    spec["process"]["terminal"] = False
+    spec["process"]["args"] = ["python3", "-c", COUNTER_SOURCE]
+    spec["root"] = {"path": str(rootfs), "readonly": False}
+    spec.update(spec_changes)
+    (bundle / "config.json").write_text(json.dumps(spec))
+    return bundle
+
+
+def runtime(*argv: str, **kwargs) -> subprocess.CompletedProcess:
+    return sh(RUNTIME, "--root", RUNTIME_ROOT, *argv, **kwargs)
+
+
+def detached(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> None:
+    """Start a detached container. Its stdio is /dev/null (CRIU cannot dump host files or our
+    pipes as a container's stdio), so the runtime's errors come through its --log file."""
+    log = cwd / "runtime.log"
+    with open(os.devnull, "r+b") as null:
+        result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, "--log", str(log), *argv], stdin=null,
+                                stdout=null, stderr=null, cwd=cwd, timeout=120, env=env)
+    assert result.returncode == 0, log.read_text() if log.exists() else f"exit {result.returncode}"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # bed.py, the helpers
-from bed import CONFIG  # noqa: E402
+from bed import CONFIG, ROOTFS_TAR, free_port, sh
 
 
 @contextlib.contextmanager
@@ -56,3 +57,31 @@ def runc_delegate() -> Iterator[str]:
     """For tests of what surrounds the runtime (archives, images): one delegate is enough."""
     with configured_delegate("runc") as name:
         yield name
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("rootfs") / "rootfs"
+    root.mkdir()
+    sh("tar", "-C", str(root), "-xf", ROOTFS_TAR)
+    return root
+
+
+@pytest.fixture
+def registry(tmp_path):
+    port = free_port()
+    (tmp_path / "data").mkdir()
+    config = tmp_path / "registry.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    yield f"127.0.0.1:{port}"
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=10)

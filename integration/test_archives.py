@@ -89,7 +89,9 @@ def test_we_restore_podmans_archive(runc_delegate, tmp_path, unsigned_allowed, r
         sh("podman", "rm", "-f", name)
         imported = sh(GPUCKPT, "import", str(archive))
         assert f"restored {name}" in imported.stdout
-        assert ("staged" if runtime == "gpuckpt-runtime" else "runtime runc, checked copy for podman") in imported.stdout
+        assert (
+            "staged" if runtime == "gpuckpt-runtime" else "runtime runc, checked copy for podman"
+        ) in imported.stdout
         assert_continues(before, read_state(name))
         assert staging_leftovers() == []
     finally:

@@ -10,44 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import stat
-import subprocess
 import tarfile
-import time
 from pathlib import Path
 
-import pytest
 from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 from gpuckpt.oci.archive import decompressed
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture
-def registry(tmp_path):
-    port = free_port()
-    (tmp_path / "data").mkdir()
-    config = tmp_path / "registry.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    yield f"127.0.0.1:{port}"
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=10)
 
 
 def manifest_in_image(remote: str, layout: Path) -> dict:

@@ -5,41 +5,27 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, ROOTFS_TAR, RUNTIME, assert_continues, sh, wait_counter
+from bed import (
+    COUNTER_SOURCE,
+    RUNTIME,
+    RUNTIME_ROOT,
+    assert_continues,
+    detached,
+    make_bundle,
+    runtime,
+    sh,
+    wait_counter,
+)
 
 from gpuckpt.errors import GpuCheckpointError
 from gpuckpt.oci.spec import Device
 from gpuckpt.shim.devnodes import sync_nvidia_nodes
-
-RUNTIME_ROOT = "/run/gpuckpt-it"
-
-
-@pytest.fixture(scope="module")
-def rootfs(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("rootfs") / "rootfs"
-    root.mkdir()
-    sh("tar", "-C", str(root), "-xf", ROOTFS_TAR)
-    return root
-
-
-def make_bundle(rootfs: Path, tmp_path: Path, **spec_changes) -> Path:
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    sh(RUNTIME, "spec", cwd=bundle)
-    spec = json.loads((bundle / "config.json").read_text())
-    spec["process"]["terminal"] = False
-    spec["process"]["args"] = ["python3", "-c", COUNTER_SOURCE]
-    spec["root"] = {"path": str(rootfs), "readonly": False}
-    spec.update(spec_changes)
-    (bundle / "config.json").write_text(json.dumps(spec))
-    return bundle
 
 
 @pytest.fixture
@@ -47,20 +33,6 @@ def bundle(rootfs, tmp_path, delegate):
     container_id = f"gpuckpt-it-{os.getpid()}-{delegate}"
     yield make_bundle(rootfs, tmp_path), rootfs, container_id
     sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", container_id, check=False)
-
-
-def runtime(*argv: str, **kwargs) -> subprocess.CompletedProcess:
-    return sh(RUNTIME, "--root", RUNTIME_ROOT, *argv, **kwargs)
-
-
-def detached(*argv: str, cwd: Path, env: dict[str, str] | None = None) -> None:
-    """Start a detached container. Its stdio is /dev/null (CRIU cannot dump host files or our
-    pipes as a container's stdio), so the runtime's errors come through its --log file."""
-    log = cwd / "runtime.log"
-    with open(os.devnull, "r+b") as null:
-        result = subprocess.run([RUNTIME, "--root", RUNTIME_ROOT, "--log", str(log), *argv], stdin=null,
-                                stdout=null, stderr=null, cwd=cwd, timeout=120, env=env)
-    assert result.returncode == 0, log.read_text() if log.exists() else f"exit {result.returncode}"
 
 
 def test_bundle_checkpoint_restore(bundle, tmp_path) -> None:
@@ -181,7 +153,8 @@ def test_runcs_criu_config_test_is_refused_by_default(annotated, rootfs, tmp_pat
     assert_continues(before, read_counter(rootfs))
 
 
-@pytest.mark.hostile("restore bundle annotated org.criu.config=<path> (key split at '='), operator allows container configs")
+@pytest.mark.hostile("restore bundle annotated org.criu.config=<path> (key split at '='), operator allows container "
+                     "configs")
 def test_a_split_criu_config_key_in_the_restore_bundle_is_refused(annotated, rootfs, tmp_path) -> None:
     """The image was made without the annotation; the restore bundle carries it inside the key."""
     bundle_dir, container_id, criu_config, _, config, env = annotated

@@ -18,9 +18,18 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
-from test_registry import registry  # noqa: F401  (the loopback registry fixture)
-from test_runc_level import RUNTIME_ROOT, detached, make_bundle, rootfs, runtime  # noqa: F401  (rootfs: a fixture)
+from bed import (
+    COUNTER_SOURCE,
+    GPUCKPT,
+    PODMAN_IMAGE,
+    RUNTIME_ROOT,
+    assert_continues,
+    detached,
+    make_bundle,
+    runtime,
+    sh,
+    wait_counter,
+)
 
 TRUST_LOG = Path("/var/log/gpuckpt/trust.log")
 

@@ -339,7 +339,9 @@ def read_layout(directory: str, tag: str | None = None) -> CheckpointImage:
     if len(manifest.layers) != 1 or manifest.layers[0].mediaType not in LAYER_TYPES:
         raise ImageError(f"{directory}: not a checkpoint image: it must have one tar layer, "
                          f"not {[layer.mediaType for layer in manifest.layers]}")
-    if not any(key.startswith((CHECKPOINT_ANNOTATION, CRIO_CHECKPOINT_ANNOTATION)) for key in manifest.annotations or {}):
+    if not any(
+        key.startswith((CHECKPOINT_ANNOTATION, CRIO_CHECKPOINT_ANNOTATION)) for key in manifest.annotations or {}
+    ):
         raise ImageError(f"{directory}: not a checkpoint image: no {CHECKPOINT_ANNOTATION}.* or "
                          f"{CRIO_CHECKPOINT_ANNOTATION}.* annotations")
     layer = manifest.layers[0]

@@ -95,7 +95,8 @@ class NetworkPolicy(_Record):
     unix_external: Count = 0
     file_locks: Count = 0
     engine_options: Annotated[list[NetworkOption], Field(max_length=3)] = []  # passed by the engine: as they were
-    added_options: Annotated[list[NetworkOption], Field(max_length=3)] = []  # added by the shim; restore adds them again
+    # added by the shim; restore adds them again
+    added_options: Annotated[list[NetworkOption], Field(max_length=3)] = []
     network_lock: Literal["iptables", "nftables"] = "iptables"
     sockets_unreadable: Text(1024) = ""  # set when sock_diag could not be read: nothing was added for sockets
 

@@ -47,7 +47,8 @@ def checked_name(member: tarfile.TarInfo) -> str:
     if "\0" in name:
         raise ImageError(f"archive entry {name!r} has a NUL byte in its name")
     if member.issym() or member.islnk():
-        raise ImageError(f"archive entry {name!r} is a link ({member.linkname!r}): only files and directories are accepted")
+        raise ImageError(f"archive entry {name!r} is a link ({member.linkname!r}): only files and directories are "
+                         "accepted")
     if not (member.isfile() or member.isdir()):
         raise ImageError(f"archive entry {name!r} is a device, FIFO or other special file: refused")
     if member.size < 0 or member.size > MAX_MEMBER_BYTES:

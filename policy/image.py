@@ -215,7 +215,8 @@ def _thread_problems(thread: ThreadImage, grant: Grant, filters: _Filters) -> li
                 ("permitted", creds.cap_prm, grant.reachable, _reach_words(grant)),
                 ("bounding", creds.cap_bnd, grant.bounding, "the spec's bounding set"),
                 ("ambient", creds.cap_amb, grant.ambient, _reach_words(grant) + " or ambient set"),
-                ("inheritable", creds.cap_inh, grant.inheritable, "the spec's inheritable, permitted or bounding sets")):
+                ("inheritable", creds.cap_inh, grant.inheritable, "the spec's inheritable, permitted or bounding "
+                                                                  "sets")):
             if extra := held - allowed:
                 problems.append(f"{label} capabilities hold {_names(extra)}; the spec allows at most "
                                 f"{_names(allowed)} ({allowed_as})")

@@ -72,7 +72,9 @@ def _diag(init_pid: int, inodes: set[int]) -> SocketsFound:
                     if entry["idiag_inode"] not in inodes:
                         continue
                     state = entry["idiag_state"]
-                    where = f"{entry['idiag_src']}:{entry['idiag_sport']} -> {entry['idiag_dst']}:{entry['idiag_dport']}"
+                    where = (
+                        f"{entry['idiag_src']}:{entry['idiag_sport']} -> {entry['idiag_dst']}:{entry['idiag_dport']}"
+                    )
                     if state == TCP_LISTEN:
                         found.tcp_listening.append(where)
                     elif state != TCP_CLOSE:
@@ -120,7 +122,11 @@ def choose(found: SocketsFound, engine_flags: set[str], policy) -> NetworkPolicy
 
 def missing_option_hint(chosen: NetworkPolicy, engine_flags: set[str]) -> str | None:
     """For a failed dump: the option the container needed and did not get, as one sentence."""
-    if chosen.tcp_connected and "tcp-established" not in engine_flags and "--tcp-established" not in chosen.added_options:
+    if (
+        chosen.tcp_connected
+        and "tcp-established" not in engine_flags
+        and "--tcp-established" not in chosen.added_options
+    ):
         return (f"the container has {len(chosen.tcp_connected)} established TCP connection(s) "
                 f"({chosen.tcp_connected[0]}): checkpoint with --tcp-established, or set "
                 "criu.tcp_established = \"always\" in the gpuckpt config (\"auto\" adds it only for "

@@ -139,7 +139,8 @@ class Checkpoint:
 
     def _run_gpu(self, started: float) -> int:
         if self.verb.has("pre-dump"):
-            raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty tracking")
+            raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty "
+                                     "tracking")
 
         paused = read_suspension(self.container_id)
         driver = self.gpus.load_driver()
@@ -219,7 +220,9 @@ class Checkpoint:
             if dump.interrupted_by is not None:
                 raise GpuCheckpointError(f"interrupted by signal {dump.interrupted_by} during the dump")
             if dump.returncode != 0:
-                raise DelegateError(f"{os.path.basename(self.delegate)} checkpoint exited {dump.returncode}", dump.returncode)
+                raise DelegateError(
+                    f"{os.path.basename(self.delegate)} checkpoint exited {dump.returncode}", dump.returncode
+                )
         except (GpuckptError, KeyboardInterrupt) as error:
             self._roll_back(session, freezer, error)
         downtime_s = None

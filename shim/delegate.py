@@ -122,7 +122,9 @@ def container_pids(delegate: str, global_argv: Sequence[str], container_id: str)
     try:
         return [int(pid) for pid in json.loads(output) or []]
     except (ValueError, TypeError):
-        raise DelegateError(f"{os.path.basename(delegate)} ps {container_id}: output is not a JSON list of PIDs") from None
+        raise DelegateError(
+            f"{os.path.basename(delegate)} ps {container_id}: output is not a JSON list of PIDs"
+        ) from None
 
 
 def kill_container(delegate: str, global_argv: Sequence[str], container_id: str) -> None:

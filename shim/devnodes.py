@@ -48,7 +48,9 @@ def _shares_our_mounts(pid: int) -> bool:
     try:
         return os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino
     except OSError as error:
-        raise GpuCheckpointError(f"cannot read the mount namespace of restored process {pid}: {error.strerror}") from None
+        raise GpuCheckpointError(
+            f"cannot read the mount namespace of restored process {pid}: {error.strerror}"
+        ) from None
 
 
 def _container_dev(pid: int, rootfs: str) -> int:

@@ -67,7 +67,8 @@ class Freezer:
         deadline = time.monotonic() + timeout_s
         while not self._settled(frozen):
             if time.monotonic() > deadline:
-                raise GpuckptError(f"cgroup {self.directory} did not {'freeze' if frozen else 'thaw'} within {timeout_s:g} s")
+                raise GpuckptError(f"cgroup {self.directory} did not {'freeze' if frozen else 'thaw'} within "
+                                   f"{timeout_s:g} s")
             time.sleep(0.005)
 
 

@@ -37,7 +37,9 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
 
 
 def _opted_in(state: dict) -> bool:
-    return container_annotations(state).get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
+    return (
+        container_annotations(state).get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
+    )
 
 
 def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, gpus: NodeGpus) -> int:
@@ -66,5 +68,6 @@ def _resume(args: RuntimeArgs, delegate: str, container_id: str, gpus: NodeGpus)
     except GpuckptError as error:
         raise DelegateError(f"{container_id} is thawed but its GPU state is not back: {error}") from None
     remove_suspension(container_id)
-    log(args, "info", f"{container_id}: {len(record.processes)} CUDA process(es) resumed after the thaw in {seconds:.2f} s")
+    log(args, "info", f"{container_id}: {len(record.processes)} CUDA process(es) resumed after the thaw in "
+                      f"{seconds:.2f} s")
     return 0

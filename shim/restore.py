@@ -145,10 +145,13 @@ class GpuRestore:
             kill_container(self.delegate, self.args.global_argv, self.container_id)
             if not self.detach:
                 delegate_run.finish()
-            raise GpuCheckpointError(f"restore of {self.container_id} failed: {error}; the container was stopped") from None
+            raise GpuCheckpointError(
+                f"restore of {self.container_id} failed: {error}; the container was stopped"
+            ) from None
         self.phases["total_s"] = time.monotonic() - started
         phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in self.phases.items())
-        log(self.args, "info", f"{self.container_id}: restored {len(self.manifest.processes)} CUDA process(es): {phases}")
+        log(self.args, "info", f"{self.container_id}: restored {len(self.manifest.processes)} CUDA process(es): "
+                               f"{phases}")
         return 0 if self.detach else delegate_run.finish()
 
     def _wait_running(self, delegate_run: DelegateRun) -> bool:

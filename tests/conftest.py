@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpuckpt.node.trust import ensure_node_key
-
-sys.path.insert(0, str(Path(__file__).parent))  # tests' own helpers (fake_driver)
 
 
 @pytest.fixture(autouse=True)

@@ -74,7 +74,9 @@ def test_truncated_and_corrupt_streams_are_refused(tmp_path) -> None:
 def test_fuzzed_archives_fail_with_one_line(tmp_path_factory, position, garbage, cut) -> None:
     base = tmp_path_factory.mktemp("fuzz")
     archive = base / "a.tar.zst"
-    tar_zst(archive, lambda t: (add_file(t, "d", b"", type=tarfile.DIRTYPE), add_file(t, "d/f", bytes(range(256)) * 64)))
+    tar_zst(
+        archive, lambda t: (add_file(t, "d", b"", type=tarfile.DIRTYPE), add_file(t, "d/f", bytes(range(256)) * 64))
+    )
     data = bytearray(archive.read_bytes())
     at = int(position * (len(data) - 1))
     mutated = bytes(data[:at]) if cut else bytes(data[:at] + garbage + data[at + len(garbage):])
@@ -92,10 +94,30 @@ def test_inspect_reads_the_manifest_from_a_directory(tmp_path, capsys, node) -> 
     source = tmp_path / "ckpt"
     source.mkdir()
     (source / "pages-1.img").write_bytes(bytes(1 << 20))
-    write_manifest(str(source), Manifest(
-        created="2026-11-22T00:00:00Z", container_id="ctr1", driver_version="580.159.04",
-        gpus=[GpuRecord(index=0, uuid="GPU-11111111-2222-3333-4444-555555555555", name="NVIDIA H100", memory_total_bytes=80 << 30)],
-        processes=[CudaProcessRecord(host_pid=42, container_pid=1, checkpointed_bytes=2 << 30, gpu_uuids=["GPU-11111111-2222-3333-4444-555555555555"])]))
+    write_manifest(
+        str(source),
+        Manifest(
+            created="2026-11-22T00:00:00Z",
+            container_id="ctr1",
+            driver_version="580.159.04",
+            gpus=[
+                GpuRecord(
+                    index=0,
+                    uuid="GPU-11111111-2222-3333-4444-555555555555",
+                    name="NVIDIA H100",
+                    memory_total_bytes=80 << 30,
+                )
+            ],
+            processes=[
+                CudaProcessRecord(
+                    host_pid=42,
+                    container_pid=1,
+                    checkpointed_bytes=2 << 30,
+                    gpu_uuids=["GPU-11111111-2222-3333-4444-555555555555"],
+                )
+            ],
+        ),
+    )
     assert main(["inspect", str(source)]) == 0
     text = capsys.readouterr().out
     assert "container   ctr1" in text
@@ -106,7 +128,8 @@ def test_inspect_reads_the_manifest_from_a_directory(tmp_path, capsys, node) -> 
 
 def test_inspect_refuses_an_archive_that_is_not_podmans(tmp_path, capsys, node) -> None:
     """The only archives written are podman's layout (podman, gpuckpt export): anything else is refused."""
-    archive = tar_zst(tmp_path / "ckpt.tar.zst", lambda t: add_file(t, "gpuckpt-manifest.json", b'{"schema_version": 1}'))
+    archive = tar_zst(tmp_path / "ckpt.tar.zst", lambda t: add_file(t, "gpuckpt-manifest.json", b'{"schema_version": '
+                                                                                                b'1}'))
     assert main(["inspect", archive]) == 1
     assert "not a podman checkpoint archive" in capsys.readouterr().err
 

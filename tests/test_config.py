@@ -13,7 +13,8 @@ def test_no_file_gives_defaults(node) -> None:
 
 
 def test_allow_unrestorable_takes_never_and_bools(node) -> None:
-    write_config(node, '[cuda]\nallow_unrestorable = "never"\n[criu]\ncontainer_config_dirs = ["/etc/criu", "/srv/criu"]\n')
+    write_config(node, '[cuda]\nallow_unrestorable = "never"\n[criu]\ncontainer_config_dirs = ["/etc/criu", '
+                       '"/srv/criu"]\n')
     config = load_config()
     assert config.cuda.allow_unrestorable == "never" and config.criu.container_config_dirs == ("/etc/criu", "/srv/criu")
     write_config(node, '[cuda]\nallow_unrestorable = true\n')
@@ -29,13 +30,16 @@ def test_valid_file(node) -> None:
 @pytest.mark.parametrize("text, expected", [
     ('delegat = "crun"\n', "unknown key 'delegat' (allowed: delegate, cuda, criu"),
     ('[cuda]\nlock_timeout = 5\n', "unknown key 'cuda.lock_timeout' (allowed: lock_timeout_ms"),
-    ('[cuda]\ndriver_version_policy = "any"\n', "key 'cuda.driver_version_policy': Input should be 'equal' or 'same-major'"),
+    ('[cuda]\ndriver_version_policy = "any"\n', "key 'cuda.driver_version_policy': Input should be 'equal' or "
+                                                "'same-major'"),
     ('[cuda]\nlock_timeout_ms = 0\n', "key 'cuda.lock_timeout_ms'"),
     ('delegate = "bin/runc"\n', "must be a program name looked up on PATH"),
     ('delegate = \n', "not valid TOML"),
-    ('[criu]\ncontainer_config_dirs = ["etc/criu"]\n', "key 'criu.container_config_dirs': 'etc/criu' is not an absolute"),
+    ('[criu]\ncontainer_config_dirs = ["etc/criu"]\n', "key 'criu.container_config_dirs': 'etc/criu' is not an "
+                                                       "absolute"),
     ('[criu]\ncontainer_config_dirs = ["/"]\n', "normalised directory other than /"),
-    ('[cuda]\nallow_unrestorable = "sometimes"\n', "key 'cuda.allow_unrestorable': Input should be False, True or 'never'"),
+    ('[cuda]\nallow_unrestorable = "sometimes"\n', "key 'cuda.allow_unrestorable': Input should be False, True or "
+                                                   "'never'"),
 ])
 def test_errors_name_file_key_and_allowed(node, text: str, expected: str) -> None:
     path = write_config(node, text)

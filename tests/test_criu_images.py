@@ -103,7 +103,12 @@ def test_a_real_criu_dump_reads_as_podman_made_it() -> None:
     assert (task.pid, task.comm, task.alive) == (1, "sleep", True)
     (thread,) = task.threads
     assert thread.creds.cap_eff == thread.creds.cap_bnd == DEFAULT_CAPS
-    assert (thread.creds.uid, thread.creds.no_new_privs, thread.seccomp_mode, thread.seccomp_chain) == (0, False, 2, (0,))
+    assert (thread.creds.uid, thread.creds.no_new_privs, thread.seccomp_mode, thread.seccomp_chain) == (
+        0,
+        False,
+        2,
+        (0,),
+    )
 
 
 def test_threads_each_have_their_own_credentials(tmp_path: Path) -> None:

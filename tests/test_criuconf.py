@@ -33,8 +33,11 @@ def holder(tmp_path):
     children = []
 
     def start(size: int, how: str = "mapped") -> int:
-        child = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / f"segment{len(children)}"), str(size), how],
-                                 stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(tmp_path / f"segment{len(children)}"), str(size), how],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         children.append(child)
         assert child.stdout.readline().strip() == "ready"
         return child.pid

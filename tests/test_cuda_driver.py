@@ -159,7 +159,9 @@ def test_a_lock_timeout_is_a_lock_timeout():
 
 def test_an_illegal_state_from_lock_is_not_a_timeout():
     driver = LibCudaDriver(FakeLibCuda(results={"cuCheckpointProcessLock": 401}))
-    with pytest.raises(DriverError, match=r"^cuCheckpointProcessLock\(pid 77\) failed: CUDA_ERROR_ILLEGAL_STATE$") as caught:
+    with pytest.raises(
+        DriverError, match=r"^cuCheckpointProcessLock\(pid 77\) failed: CUDA_ERROR_ILLEGAL_STATE$"
+    ) as caught:
         driver.lock(77, 500)
     assert not isinstance(caught.value, LockTimeout)
 
@@ -223,7 +225,8 @@ def test_a_failed_cuinit_is_reported_and_retried_next_time():
 
 
 def test_a_driver_without_the_checkpoint_api_is_refused():
-    with pytest.raises(DriverError, match=r"^driver 12.2 lacks cuCheckpointProcessLock: driver >= 570 \(CUDA 12.8\) needed$"):
+    with pytest.raises(DriverError, match=r"^driver 12.2 lacks cuCheckpointProcessLock: driver >= 570 \(CUDA 12.8\) "
+                                          r"needed$"):
         LibCudaDriver(FakeLibCuda(version=12020, missing=("cuCheckpointProcessLock", "cuCheckpointProcessUnlock")))
 
 
@@ -310,7 +313,8 @@ def test_fake_driver_injected_failure_keeps_the_state():
     driver = FakeDriver([10, 11], fail_on={("checkpoint", 10): "CUDA_ERROR_OUT_OF_MEMORY"})
     driver.lock(10, 100)
     driver.lock(11, 100)
-    with pytest.raises(DriverError, match=r"^cuCheckpointProcessCheckpoint\(pid 10\) failed: CUDA_ERROR_OUT_OF_MEMORY$"):
+    with pytest.raises(DriverError, match=r"^cuCheckpointProcessCheckpoint\(pid 10\) failed: "
+                                          r"CUDA_ERROR_OUT_OF_MEMORY$"):
         driver.checkpoint(10)
     driver.checkpoint(11)
     assert driver.states == {10: ProcessState.LOCKED, 11: ProcessState.CHECKPOINTED}

@@ -66,7 +66,10 @@ def test_same_gpus_change_nothing(container) -> None:
 
 
 def test_a_node_with_the_wrong_number_is_replaced(container) -> None:
-    assert sync_nvidia_nodes(container, [gpu(3, "/dev/nvidia0")], "/") == ["removed /dev/nvidia0", "created /dev/nvidia0 (195:3)"]
+    assert sync_nvidia_nodes(container, [gpu(3, "/dev/nvidia0")], "/") == [
+        "removed /dev/nvidia0",
+        "created /dev/nvidia0 (195:3)",
+    ]
     assert nodes(container)["nvidia0"][:2] == (195, 3)
 
 

@@ -23,7 +23,8 @@ def test_podman_registration_keeps_user_settings_and_is_idempotent(tmp_path) -> 
 
 def test_docker_registration(tmp_path) -> None:
     daemon = tmp_path / "daemon.json"
-    daemon.write_text('{"log-driver": "json-file", "runtimes": {"nvidia": {"path": "/usr/bin/nvidia-container-runtime"}}}')
+    daemon.write_text('{"log-driver": "json-file", "runtimes": {"nvidia": {"path": '
+                      '"/usr/bin/nvidia-container-runtime"}}}')
     assert engines.register_docker("/x/gpuckpt-runtime", default=False, daemon_json=str(daemon)).changed
     settings = json.loads(daemon.read_text())
     assert settings["log-driver"] == "json-file" and "nvidia" in settings["runtimes"]

@@ -292,7 +292,8 @@ def race(node: Node, monkeypatch, method: str) -> StopRaceDriver:
 @pytest.mark.parametrize("method, step, then", [
     ("state", "state query", ""),  # the shim's first driver call, before any lock: nothing to roll back
     ("lock", "lock", "); its CUDA processes were restored and unlocked and the container keeps running"),
-    ("checkpoint", "device checkpoint", "); its CUDA processes were restored and unlocked and the container keeps running"),
+    ("checkpoint", "device checkpoint", "); its CUDA processes were restored and unlocked and the container keeps "
+                                        "running"),
 ])
 def test_a_process_stopped_during_the_call_is_continued_rolled_back_and_named(make_node, monkeypatch, quick_watchdog,
                                                                                method, step, then) -> None:
@@ -307,7 +308,9 @@ def test_a_process_stopped_during_the_call_is_continued_rolled_back_and_named(ma
         assert time.monotonic() - started < 3  # timeout 0.1 s + margin 0.2 s, not for ever
         message = str(raised.value)
         assert "\n" not in message
-        expected = f"pid {victim} was stopped (SIGSTOP) during the {step}; continued (SIGCONT) so the driver call could return"
+        expected = (
+            f"pid {victim} was stopped (SIGSTOP) during the {step}; continued (SIGCONT) so the driver call could return"
+        )
         assert (expected + then) in message
         assert node.all_running() and "checkpoint" not in node.verbs_called()
         assert method != "state" or node.driver.calls_of("lock") == []
@@ -345,7 +348,9 @@ def test_a_call_that_never_returns_is_abandoned_and_the_shim_exits(make_node, mo
 
 def test_unrestorable_process_is_refused_before_any_lock(make_node, monkeypatch) -> None:
     node = make_node(2)
-    node.gpus["unrestorable_reason"] = lambda pid, spans_gpus=False: "runs NCCL without NCCL_P2P_DISABLE=1" if pid == node.pids[1] else None
+    node.gpus["unrestorable_reason"] = lambda pid, spans_gpus=False: (
+        "runs NCCL without NCCL_P2P_DISABLE=1" if pid == node.pids[1] else None
+    )
     with pytest.raises(GpuCheckpointError, match="refused: runs NCCL"):
         node.checkpoint()
     assert node.driver.calls_of("lock") == [] and node.all_running()
@@ -427,7 +432,8 @@ def test_restore_refused_on_another_chip_touches_nothing(make_node, monkeypatch)
         GpuInfo(index=0, uuid=UUID1, name="NVIDIA A100-SXM4-80GB", memory_total_bytes=80 << 30,
                 memory_free_bytes=79 << 30, minor=0)])
     before = len(node.calls())
-    with pytest.raises(GpuCheckpointError, match="is a NVIDIA A100-SXM4-80GB, the checkpoint's GPU 0 was a NVIDIA H100"):
+    with pytest.raises(GpuCheckpointError, match="is a NVIDIA A100-SXM4-80GB, the checkpoint's GPU 0 was a NVIDIA "
+                                                 "H100"):
         restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
     assert len(node.calls()) == before  # the delegate was never called
     assert node.driver.states[node.pids[0]] == ProcessState.CHECKPOINTED
@@ -450,7 +456,8 @@ def test_container_criu_config_annotation_is_refused_before_anything_runs(make_n
     state = json.loads((node.dir / "runtime.json").read_text())
     state["state"]["annotations"] = {"org.criu.config": "/tmp/evil.conf"}
     (node.dir / "runtime.json").write_text(json.dumps(state))
-    with pytest.raises(Exception, match="org.criu.config='/tmp/evil.conf': a CRIU configuration chosen by the container is refused"):
+    with pytest.raises(Exception, match="org.criu.config='/tmp/evil.conf': a CRIU configuration chosen by the "
+                                        "container is refused"):
         node.checkpoint()
     assert "checkpoint" not in node.verbs_called()
 

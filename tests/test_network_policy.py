@@ -92,5 +92,6 @@ def test_a_container_annotation_chooses_a_tighter_policy() -> None:
 
 
 def test_a_bad_annotation_value_names_what_is_allowed() -> None:
-    with pytest.raises(ConfigError, match="annotation io.gpuckpt.criu.file-locks='yes': Input should be 'auto' or 'never'"):
+    with pytest.raises(ConfigError, match="annotation io.gpuckpt.criu.file-locks='yes': Input should be 'auto' or "
+                                          "'never'"):
         container_policy(CriuConfig(), {"io.gpuckpt.criu.file-locks": "yes"})

@@ -66,7 +66,9 @@ def test_copy_re_emits_every_entry_owned_by_root_and_keeps_the_small_files() -> 
     with tarfile.open(fileobj=out) as again, tarfile.open(fileobj=io.BytesIO(source)) as original:
         assert [m.name for m in again] == [m.name for m in original] == copied.names
         assert all(m.uid == 0 and m.uname == "root" for m in again)
-        assert again.extractfile("checkpoint/pages-1.img").read() == original.extractfile("checkpoint/pages-1.img").read()
+        assert (
+            again.extractfile("checkpoint/pages-1.img").read() == original.extractfile("checkpoint/pages-1.img").read()
+        )
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -300,7 +302,9 @@ def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, conf
                                                                    refusal) -> None:
     config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | config_changes
     path = tmp_path / "a.tar"
-    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec(**spec_changes)).encode()))
+    path.write_bytes(
+        podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec(**spec_changes)).encode())
+    )
     refusals = import_refusals(check_podman_archive(str(path)))
     assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
 

@@ -91,7 +91,8 @@ def test_an_allowed_file_passes_and_the_reason_is_empty(site) -> None:
     (lambda d, f: f.chmod(0o664), "is writable by group or others (mode 0664)"),
     (lambda d, f: os.chown(f, 65534, 65534), "is owned by uid 65534, not root"),
     (lambda d, f: d.chmod(0o777), "criu is writable by group or others (mode 0777)"),
-    (lambda d, f: (f.unlink(), f.symlink_to("/etc/passwd")), "Too many levels of symbolic links (links are not followed)"),
+    (lambda d, f: (f.unlink(), f.symlink_to("/etc/passwd")), "Too many levels of symbolic links (links are not "
+                                                             "followed)"),
     (lambda d, f: (f.unlink(), os.mkfifo(f)), "not a regular file"),
     (lambda d, f: f.unlink(), "No such file or directory"),
 ])
@@ -145,7 +146,8 @@ def test_paths_outside_what_the_operator_lists_are_refused(site, path, reason) -
 def test_an_annotation_may_not_loosen_the_operators_policy(operator, key, value) -> None:
     with pytest.raises(PolicyError) as raised:
         container_policy(operator, {key: value}, "ctr")
-    assert str(raised.value).startswith(f"container ctr carries the annotation {key}={value!r}, looser than the operator's")
+    assert str(raised.value).startswith(f"container ctr carries the annotation {key}={value!r}, looser than the "
+                                        "operator's")
     assert "a container may only tighten the operator's policy (allowed here: never" in str(raised.value)
 
 
@@ -158,7 +160,8 @@ def test_an_annotation_may_tighten_it() -> None:
 
 @pytest.mark.hostile("io.gpuckpt.allow-unrestorable=true where the operator said never")
 def test_allow_unrestorable_annotation_under_an_operators_never_is_refused() -> None:
-    with pytest.raises(PolicyError, match='allow-unrestorable=true; the operator\'s cuda.allow_unrestorable = "never" refuses it'):
+    with pytest.raises(PolicyError, match='allow-unrestorable=true; the operator\'s cuda.allow_unrestorable = "never" '
+                                          'refuses it'):
         unrestorable_allowed(CudaConfig(allow_unrestorable="never"), {"io.gpuckpt.allow-unrestorable": "true"}, "ctr")
     assert not unrestorable_allowed(CudaConfig(allow_unrestorable="never"), {}, "ctr")
     assert unrestorable_allowed(CudaConfig(), {"io.gpuckpt.allow-unrestorable": "true"}, "ctr")

@@ -44,7 +44,8 @@ def test_what_the_shim_writes_is_read_back() -> None:
     assert manifest.network.added_options == ["--tcp-established"] and manifest.processes[0].host_pid == 4242
 
 
-@pytest.mark.hostile("gpuckpt-manifest.json fields that would reach a command line, config line, the driver or a terminal")
+@pytest.mark.hostile("gpuckpt-manifest.json fields that would reach a command line, config line, the driver or a "
+                     "terminal")
 @pytest.mark.parametrize("field, value, allowed", [
     ("network.added_options", ["--tcp-established", "--action-script=/tmp/x"],
      "network.added_options.1: Input should be '--tcp-established', '--ext-unix-sk' or '--file-locks'"),
@@ -57,7 +58,8 @@ def test_what_the_shim_writes_is_read_back() -> None:
     ("criu_config", ["ghost-limit 9999999999999999"], "criu_config.0: allowed lines"),
     ("processes.0.host_pid", 0, "processes.0.host_pid: Input should be greater than or equal to 1"),
     ("processes.0.container_pid", 1 << 23, "processes.0.container_pid: Input should be less than or equal to 4194304"),
-    ("processes.0.checkpointed_bytes", -1, "processes.0.checkpointed_bytes: Input should be greater than or equal to 0"),
+    ("processes.0.checkpointed_bytes", -1, "processes.0.checkpointed_bytes: Input should be greater than or equal to "
+                                           "0"),
     ("processes.0.gpu_uuids", ["GPU-1"], "processes.0.gpu_uuids.0: String should match pattern '^GPU-"),
     ("node_gpu_uuids", ["GPU-11111111-2222-3333-4444-555555555555\x00"], "node_gpu_uuids.0: String should match"),
     ("gpus.0.uuid", "MIG-11111111-2222-3333-4444-555555555555", "gpus.0.uuid: String should match pattern"),
@@ -88,7 +90,9 @@ def test_lists_are_bounded() -> None:
 
 @pytest.mark.hostile("gpuckpt-manifest.json injecting a restore option, read from an image directory")
 def test_every_reader_gets_the_checks(tmp_path) -> None:
-    (tmp_path / MANIFEST_NAME).write_bytes(with_field("network.added_options", ["--tcp-established", "--pidfile=/etc/x"]))
+    (tmp_path / MANIFEST_NAME).write_bytes(
+        with_field("network.added_options", ["--tcp-established", "--pidfile=/etc/x"])
+    )
     with pytest.raises(ImageError, match="network.added_options.1: Input should be"):
         read_manifest(str(tmp_path))
     with pytest.raises(ValueError):  # and the writer cannot make one either

@@ -131,7 +131,9 @@ def main() -> int:
     result["shim_checkpoint_s"] = result["shim"]["checkpoint_total_s"]
     result["plain_restore_s"] = result["plain"]["restore_total_s"]
     result["shim_restore_s"] = result["shim"]["restore_total_s"]
-    result["shim_overhead_checkpoint_pct"] = round(100 * (result["shim_checkpoint_s"] / result["plain_checkpoint_s"] - 1), 1)
+    result["shim_overhead_checkpoint_pct"] = round(
+        100 * (result["shim_checkpoint_s"] / result["plain_checkpoint_s"] - 1), 1
+    )
     result["shim_overhead_restore_pct"] = round(100 * (result["shim_restore_s"] / result["plain_restore_s"] - 1), 1)
     save()
     log("--- one vs four processes of 4 GiB")

@@ -90,7 +90,9 @@ def install() -> dict:
         "criu": sh("criu", "--version").stdout.strip().splitlines()[0],
         "criu_check": sh("criu", "check", check=False).stdout.strip()[-200:] or "(see stderr)",
         "gpuckpt_runtime": sh(RUNTIME, "--version").stdout.splitlines()[0],
-        "nvidia_smi": sh("nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader").stdout.strip(),
+        "nvidia_smi": sh(
+            "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
+        ).stdout.strip(),
         "thp": Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip(),
     }
     log(f"installed: {json.dumps(facts)}")
@@ -152,7 +154,12 @@ class Bundle:
         spec["mounts"] += [
             {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["bind", "ro"]},
             # its own mount: through a recursive bind of /usr, CRIU refuses to dump it (LAB)
-            {"destination": "/usr/local/nvidia", "type": "bind", "source": "/usr/local/nvidia", "options": ["bind", "ro"]},
+            {
+                "destination": "/usr/local/nvidia",
+                "type": "bind",
+                "source": "/usr/local/nvidia",
+                "options": ["bind", "ro"],
+            },
             {"destination": "/opt/torch", "type": "bind", "source": "/opt/torch", "options": ["rbind", "ro"]},
             {"destination": "/etc", "type": "bind", "source": "/etc", "options": ["bind", "ro"]},
             {"destination": "/work", "type": "bind", "source": str(GPU_DIR), "options": ["bind", "ro"]},
@@ -197,8 +204,18 @@ class Bundle:
     def restore(self, image_dir: Path, *extra: str) -> float:
         started = time.monotonic()
         with self.keeping_logs(image_dir):
-            self.last_messages = self.runtime("restore", "-d", *extra, "--bundle", str(self.dir), "--image-path",
-                                              str(image_dir), "--pid-file", str(self.dir / "restored.pid"), self.name).stderr
+            self.last_messages = self.runtime(
+                "restore",
+                "-d",
+                *extra,
+                "--bundle",
+                str(self.dir),
+                "--image-path",
+                str(image_dir),
+                "--pid-file",
+                str(self.dir / "restored.pid"),
+                self.name,
+            ).stderr
         return time.monotonic() - started
 
     @contextlib.contextmanager
@@ -294,7 +311,8 @@ def wait_counters(bundle: Bundle, procs: int, minimum: int, timeout_s: float = 3
                 raise AssertionError(f"GPU data corrupted: {bad}")
             return states
         time.sleep(0.2)
-    raise AssertionError(f"{bundle.name}: counters did not reach {minimum} in {timeout_s} s: {counter_states(bundle, procs)}")
+    raise AssertionError(f"{bundle.name}: counters did not reach {minimum} in {timeout_s} s: "
+                         f"{counter_states(bundle, procs)}")
 
 
 def assert_continues(bundle: Bundle, before: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
@@ -357,7 +375,9 @@ class Docker(Engine):
         """Start dockerd (overlay2, else vfs); the storage driver in use."""
         WORK.mkdir(parents=True, exist_ok=True)
         env = dict(self.env)
-        if not any(Path(d, "libdevmapper.so.1.02.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu")):
+        if not any(
+            Path(d, "libdevmapper.so.1.02.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/lib/x86_64-linux-gnu")
+        ):
             env["LD_LIBRARY_PATH"] = str(CARRY / "docker" / "lib")
         for driver in ("overlay2", "vfs"):
             config = {"experimental": True, "iptables": False, "ip-forward": False, "ip-masq": False,
@@ -373,7 +393,8 @@ class Docker(Engine):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline and self.daemon.poll() is None:
                 if self.cli("info", check=False, timeout=30).returncode == 0:
-                    log(f"dockerd running ({driver}): {self.cli('version', '--format', '{{.Server.Version}}').stdout.strip()}")
+                    log(f"dockerd running ({driver}): "
+                        f"{self.cli('version', '--format', '{{.Server.Version}}').stdout.strip()}")
                     return driver
                 time.sleep(0.5)
             self.stop()
@@ -424,7 +445,9 @@ def rootfs_tar() -> Path:
     return path
 
 
-def gpu_run_args(args: list[str], env: dict[str, str], state_dir: Path, image: str, gpu_minors: list[int] = [0]) -> list[str]:
+def gpu_run_args(
+    args: list[str], env: dict[str, str], state_dir: Path, image: str, gpu_minors: list[int] = [0]
+) -> list[str]:
     """`run` arguments shared by docker and podman: GPU devices, the host userland read-only,
     STATE written into `state_dir`, no network."""
     devices = [arg for rule in nvidia_devices(gpu_minors) for arg in ("--device", rule["path"])]
@@ -458,7 +481,8 @@ class Podman(Engine):
         wrappers = WORK / "podman-bin"
         wrappers.mkdir(parents=True, exist_ok=True)
         for program in ("podman", "conmon"):  # podman starts conmon with an environment of its own
-            (wrappers / program).write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={carried / "lib"} exec {carried / "bin" / program} "$@"\n')
+            (wrappers / program).write_text(f'#!/bin/sh\nLD_LIBRARY_PATH={carried / "lib"} exec '
+                                            f'{carried / "bin" / program} "$@"\n')
             os.chmod(wrappers / program, 0o755)
         # gpuckpt export/import find podman on PATH
         self.env = dict(os.environ, PATH=f"{wrappers}:{os.environ['PATH']}")

@@ -198,8 +198,13 @@ def scenario_compiled(results: dict) -> str | None:
 @harness.nftables_network_lock()
 def scenario_ddp_one_rank(results: dict) -> str | None:
     """DistributedDataParallel with NCCL on one GPU: the per-rank baseline for two."""
-    bit_exact_training(results, "ddp_1", "train_ddp.py", {"WORLD": "1", **NCCL_KEEP, **NCCL_SAFE, "NCCL_NVLS_ENABLE": "0"},
-                       network=True)
+    bit_exact_training(
+        results,
+        "ddp_1",
+        "train_ddp.py",
+        {"WORLD": "1", **NCCL_KEEP, **NCCL_SAFE, "NCCL_NVLS_ENABLE": "0"},
+        network=True,
+    )
 
 
 @harness.nftables_network_lock()
@@ -208,8 +213,14 @@ def scenario_ddp_two_ranks(results: dict) -> str | None:
     the driver needs: checkpointed, killed, restored, and the weights equal an uninterrupted run's."""
     if gpu_count() < 2:
         return "this machine has one GPU"
-    bit_exact_training(results, "ddp_2", "train_ddp.py", {"WORLD": "2", **NCCL_KEEP, **NCCL_SAFE, "NCCL_NVLS_ENABLE": "0"},
-                       gpu_minors=[0, 1], network=True)
+    bit_exact_training(
+        results,
+        "ddp_2",
+        "train_ddp.py",
+        {"WORLD": "2", **NCCL_KEEP, **NCCL_SAFE, "NCCL_NVLS_ENABLE": "0"},
+        gpu_minors=[0, 1],
+        network=True,
+    )
 
 
 def gpu_memory_used_mib() -> int:
@@ -259,8 +270,13 @@ def scenario_suspend(results: dict) -> str | None:
         sh(CLI, "resume", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT)
         record["resume_s"] = round(time.monotonic() - started, 3)
         assert_continues(bundle, before)
-        record.update(gpu_used_mib_before=used_before, gpu_used_mib_suspended=used_suspended,
-                      other_job_gib=round(hog_gib, 1), refused_message=refused.stderr.strip()[-300:], suspend_output=out)
+        record.update(
+            gpu_used_mib_before=used_before,
+            gpu_used_mib_suspended=used_suspended,
+            other_job_gib=round(hog_gib, 1),
+            refused_message=refused.stderr.strip()[-300:],
+            suspend_output=out,
+        )
         log(f"suspend: {record}")
         current = wait_counters(bundle, 1, 1)
         record["full_checkpoint_s"], _ = bundle.checkpoint(images)
@@ -376,7 +392,9 @@ def scenario_suspend_other_gpu(results: dict) -> str | None:
         sh(CLI, "suspend", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT)
         suspend_s = time.monotonic() - started
         started = time.monotonic()
-        out = sh(CLI, "resume", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT, "--gpu", uuids[1]).stdout.strip()
+        out = sh(
+            CLI, "resume", bundle.name, "--engine", "runc", "--root", RUNTIME_ROOT, "--gpu", uuids[1]
+        ).stdout.strip()
         resume_s = time.monotonic() - started
         after = assert_continues(bundle, before)
         apps = sh("nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader").stdout.strip()
@@ -393,8 +411,11 @@ def scenario_suspend_other_gpu(results: dict) -> str | None:
 NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
 # torch.distributed's TCPStore server runs on libuv, whose io_uring CRIU cannot dump (torch's
 # libuv ignored UV_USE_IO_URING=0 on 2x H200); USE_LIBUV=0 takes TCPStore's plain backend.
-NCCL_KEEP = {"NCCL_SOCKET_IFNAME": "lo", "USE_LIBUV": "0"} | {key: os.environ[key] for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-                                                  "NVSHMEM_DISABLE_NVLS") if key in os.environ}
+NCCL_KEEP = {"NCCL_SOCKET_IFNAME": "lo", "USE_LIBUV": "0"} | {
+    key: os.environ[key]
+    for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    if key in os.environ
+}
 
 
 def scenario_nccl(results: dict) -> str | None:
@@ -484,7 +505,8 @@ def scenario_docker(results: dict) -> str | None:
                              "after_leave_running": live, "manifest_timings": info["timings"],
                              "shim_restore_phases": restored_line}
         log(f"docker: checkpoint {checkpoint_s:.2f} s (frozen by containerd, thawed for the GPU steps), "
-            f"start --checkpoint {restore_s:.2f} s, {before} -> {after}; --leave-running downtime {downtime:.2f} s -> {live}; "
+            f"start --checkpoint {restore_s:.2f} s, {before} -> {after}; --leave-running downtime {downtime:.2f} s -> "
+            f"{live}; "
             f"the shim's checkpoint phases {info['timings']}; its restore: {restored_line}")
     except Exception:
         if container_id:
@@ -549,7 +571,10 @@ def multigpu_summary(results: dict) -> dict:
         for phase in ("device_checkpoint_s", "dump_s", "total_s"):
             summary[f"one_rank_{phase}"], summary[f"two_ranks_{phase}"] = one[phase], two[phase]
         summary["two_over_one_device_checkpoint"] = round(two["device_checkpoint_s"] / one["device_checkpoint_s"], 3)
-        summary["one_rank_restore_s"], summary["two_ranks_restore_s"] = ran["ddp_1"]["restore_s"], ran["ddp_2"]["restore_s"]
+        summary["one_rank_restore_s"], summary["two_ranks_restore_s"] = (
+            ran["ddp_1"]["restore_s"],
+            ran["ddp_2"]["restore_s"],
+        )
     summary["runs"] = ran
     return summary
 
