@@ -97,9 +97,9 @@ def _summary(path: str) -> dict:
         return _directory_summary(path, "podman-directory")
     if os.path.isfile(path):
         return _archive_summary(path)
-    image = path.removeprefix("containers-storage:")
-    if not image.startswith(("/", ".")) and (summary := _storage_image_summary(image)) is not None:
-        return summary
+    storage_name = path.removeprefix("containers-storage:")
+    if not storage_name.startswith(("/", ".")) and (stored := _storage_image_summary(storage_name)) is not None:
+        return stored
     raise UsageError(f"{path}: no such checkpoint archive, image layout, directory or podman image")
 
 

@@ -117,7 +117,7 @@ def run_export(options: argparse.Namespace) -> int:
         try:
             fd = open_when_peer(fifo, writing=False, peer_alive=podman_run.running)
             if fd is not None:
-                progress, kept = Progress(f"exporting {options.container}"), {}
+                progress, kept = Progress(f"exporting {options.container}"), dict[str, bytes]()
                 widen(fd)
                 with os.fdopen(fd, "rb", buffering=0) as stream:
                     copied = copy_checked(stream, writer.layer(), f"podman's export of {options.container}",
@@ -174,7 +174,7 @@ def run_import(options: argparse.Namespace) -> int:
         held.release(staging.light())
 
     try:
-        progress, kept = Progress(f"importing {options.archive}"), {}
+        progress, kept = Progress(f"importing {options.archive}"), dict[str, bytes]()
         raw = open_archive(options.archive)
         with raw:
             copied = copy_checked(decompressed(verification.reader(raw)), held, options.archive, progress, kept,

@@ -8,6 +8,7 @@ dump the shim handles, CRIU is pointed at a directory with every plugin but that
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 from gpuckpt.node.paths import state_dir
 
@@ -39,5 +40,5 @@ def disable_criu_plugins() -> str:
     return target
 
 
-def gpu_handler(has_cuda_processes: bool) -> str:
+def gpu_handler(has_cuda_processes: bool) -> Literal["gpuckpt", "none"]:
     return "gpuckpt" if has_cuda_processes else "none"

@@ -26,9 +26,10 @@ def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
     found = []
     answers = query_states(driver, pids)  # watched: GetState waits while a process is stopped
     for pid in pids:
-        if isinstance(answers[pid], BaseException) and not isinstance(answers[pid], DriverError):
-            raise answers[pid]
-        if answers[pid] == ProcessState.CHECKPOINTED:  # a DriverError: not a CUDA process
+        answer = answers[pid]
+        if isinstance(answer, BaseException) and not isinstance(answer, DriverError):
+            raise answer
+        if answer == ProcessState.CHECKPOINTED:  # a DriverError: not a CUDA process
             found.append(pid)
     return found
 

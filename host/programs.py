@@ -11,6 +11,7 @@ from gpuckpt.errors import GpuckptError
 TYPE_CHECKING = False  # typing's own flag costs an import on the shim's start-up path
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import NoReturn
 
 
 class CommandError(GpuckptError):
@@ -21,7 +22,7 @@ class CommandError(GpuckptError):
         self.returncode = returncode
 
 
-def exec_program(path: str, argv: Sequence[str]) -> None:
+def exec_program(path: str, argv: Sequence[str]) -> NoReturn:
     """Replace this process with `path` (argv[0] is `path`); returns only by raising."""
     try:
         os.execv(path, [path, *argv])

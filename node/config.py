@@ -116,7 +116,7 @@ def _describe(error: dict, model: type[BaseModel]) -> str:
     if error["type"] == "extra_forbidden":
         section: type[BaseModel] = model
         for part in error["loc"][:-1]:
-            section = _field(section, str(part)).annotation  # type: ignore[assignment]
+            section = _field(section, str(part)).annotation
         allowed = ", ".join(field.alias or name for name, field in section.model_fields.items())
         return f"unknown key {key!r} (allowed: {allowed})"
     message = error["msg"].removeprefix("Value error, ")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import os
+from typing import IO, cast
 
 import zstandard
 
@@ -104,8 +105,8 @@ def decompressed(raw) -> object:
     magic = raw.read(4)
     raw.seek(0)
     if magic == ZSTD_MAGIC:
-        return zstandard.ZstdDecompressor().stream_reader(ZstdFrameCheck(raw), read_across_frames=True,
-                                                           read_size=READ_BYTES)
+        checked = cast(IO[bytes], ZstdFrameCheck(raw))  # a reader: read() is all stream_reader uses
+        return zstandard.ZstdDecompressor().stream_reader(checked, read_across_frames=True, read_size=READ_BYTES)
     if magic[:2] == GZIP_MAGIC:
         return gzip.GzipFile(fileobj=raw, mode="rb")
     return raw

@@ -21,6 +21,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 from google.protobuf.message import DecodeError
 
@@ -244,7 +245,7 @@ def _entries(data: bytes, where: str, kind: str, message, messages: _Messages, l
         offset = 8
     if first != expected:
         raise ImageError(f"{where}: not a CRIU {kind} image (magic {first:#x})")
-    entries = []
+    entries: list[Any] = []  # protobuf messages
     while offset < len(data):
         if len(entries) >= limit:
             raise ImageError(f"{where}: more than {limit} entries")
@@ -342,7 +343,9 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
         threads_seen += len(tids)
         if threads_seen > MAX_THREADS:
             raise ImageError(f"{at('pstree.img')}: more than {MAX_THREADS} threads")
-        state, comm, threads, namespaces = 0, "", [], []
+        state, comm = 0, ""
+        threads: list[ThreadImage] = []
+        namespaces: list[dict[str, int]] = []
         for tid in tids:
             name = f"core-{tid}.img"
             core = _one(read(name, MAX_FILE_BYTES), at(name), "CORE", messages.core, messages)

@@ -20,6 +20,7 @@ import platform
 import re
 import shutil
 from dataclasses import dataclass
+from typing import Any, BinaryIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -33,6 +34,8 @@ from gpuckpt.host.safefiles import (
 )
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
 from gpuckpt.oci.timestamps import utc_now
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 LAYOUT_FILE = "oci-layout"
 INDEX_FILE = "index.json"
@@ -149,7 +152,10 @@ class CheckpointImageWriter:
         self.name = os.path.basename(directory)
         self.parent_fd = self.dir_fd = self.blobs_fd = -1
         self.made = False
-        self._file = self._compressed = self._tar_side = self._zstd = None
+        self._file: BinaryIO | None = None
+        self._compressed: _Hashing | None = None
+        self._tar_side: _Hashing | None = None
+        self._zstd: Any = None  # zstandard's stream writer
         refused = UsageError(f"{directory}: already exists; give a new directory, or an empty one of yours, "
                              "for the image layout")
         try:
@@ -175,7 +181,7 @@ class CheckpointImageWriter:
         self.layer_digest = self.diff_id = ""
         self.layer_size = 0
 
-    def layer(self):
+    def layer(self) -> _Hashing:
         fd = create_private_at(self.blobs_fd, self._partial)
         self._file = os.fdopen(fd, "wb")
         self._compressed = _Hashing(self._file)
@@ -184,6 +190,8 @@ class CheckpointImageWriter:
         return self._tar_side
 
     def _close_layer(self) -> None:
+        if self._file is None or self._compressed is None or self._tar_side is None:
+            raise ImageError("checkpoint image: the layer was never written")
         self._zstd.close()
         self._file.close()
         self.layer_digest, self.layer_size = self._compressed.digest, self._compressed.size
@@ -255,7 +263,7 @@ def go_architecture() -> str:
 def checkpoint_annotations(archive) -> dict[str, str]:
     """The annotations podman's `restore IMAGE` and CRI-O's restore read, and ours."""
     config = archive.config
-    annotations = {}
+    annotations: dict[str, str] = {}
     for key in (CHECKPOINT_ANNOTATION, CRIO_CHECKPOINT_ANNOTATION):
         annotations |= {f"{key}.name": config.name, f"{key}.rawImageName": config.RawImageName,
                         f"{key}.rootfsImageID": config.rootfsImageID, f"{key}.rootfsImageName": config.rootfsImageName}
@@ -280,7 +288,7 @@ class CheckpointImage:
     layer: Descriptor
 
 
-def _read_json(path: str, model: type[BaseModel], what: str) -> BaseModel:
+def _read_json(path: str, model: type[ModelT], what: str) -> ModelT:
     data = read_bounded(path, MAX_JSON_BYTES, what)
     try:
         return model.model_validate_json(data)
@@ -303,7 +311,7 @@ def _blob_path(directory: str, descriptor: Descriptor, what: str) -> str:
     return path
 
 
-def _verified_json(directory: str, descriptor: Descriptor, model: type[BaseModel], what: str) -> BaseModel:
+def _verified_json(directory: str, descriptor: Descriptor, model: type[ModelT], what: str) -> ModelT:
     path = _blob_path(directory, descriptor, what)
     if descriptor.size > MAX_JSON_BYTES:
         raise ImageError(f"{directory}: {what} declares {descriptor.size} bytes, more than {MAX_JSON_BYTES}")

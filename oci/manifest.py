@@ -45,8 +45,11 @@ def _printable(text: str) -> str:
     return text
 
 
-def Text(max_length: int):  # noqa: N802 (a type)
-    return Annotated[str, StringConstraints(max_length=max_length), AfterValidator(_printable)]
+# Printable text of a bounded length (one alias per bound: a type checker reads no call here).
+Name = Annotated[str, StringConstraints(max_length=96), AfterValidator(_printable)]
+Address = Annotated[str, StringConstraints(max_length=160), AfterValidator(_printable)]
+Message = Annotated[str, StringConstraints(max_length=1024), AfterValidator(_printable)]
+PathText = Annotated[str, StringConstraints(max_length=4096), AfterValidator(_printable)]
 
 
 CRIU_CONFIG_LINE = re.compile(r"^(ghost-limit [1-9][0-9]{0,15}|network-lock (iptables|nftables)|link-remap)$")
@@ -66,7 +69,7 @@ class _Record(BaseModel):
 class GpuRecord(_Record):
     index: Annotated[int, Field(ge=0, le=1023)]
     uuid: GpuUuid
-    name: Text(96)
+    name: Name
     memory_total_bytes: Bytes
 
 
@@ -90,15 +93,15 @@ class Timings(_Record):
 class NetworkPolicy(_Record):
     """What the container's sockets were doing at checkpoint time and what the shim chose."""
 
-    tcp_connected: Annotated[list[Text(160)], Field(max_length=MAX_ITEMS)] = []
-    tcp_listening: Annotated[list[Text(160)], Field(max_length=MAX_ITEMS)] = []
+    tcp_connected: Annotated[list[Address], Field(max_length=MAX_ITEMS)] = []
+    tcp_listening: Annotated[list[Address], Field(max_length=MAX_ITEMS)] = []
     unix_external: Count = 0
     file_locks: Count = 0
     engine_options: Annotated[list[NetworkOption], Field(max_length=3)] = []  # passed by the engine: as they were
     # added by the shim; restore adds them again
     added_options: Annotated[list[NetworkOption], Field(max_length=3)] = []
     network_lock: Literal["iptables", "nftables"] = "iptables"
-    sockets_unreadable: Text(1024) = ""  # set when sock_diag could not be read: nothing was added for sockets
+    sockets_unreadable: Message = ""  # set when sock_diag could not be read: nothing was added for sockets
 
 
 class Manifest(_Record):
@@ -115,8 +118,8 @@ class Manifest(_Record):
     processes: Annotated[list[CudaProcessRecord], Field(max_length=MAX_ITEMS)] = []
     # What handled the GPU state: this shim, or CRIU's own CUDA plugin.
     gpu_handler: Literal["gpuckpt", "none"] = "gpuckpt"
-    delegate: Text(4096) = ""
-    delegate_args: Annotated[list[Text(4096)], Field(max_length=1024)] = []  # recorded, never run again
+    delegate: PathText = ""
+    delegate_args: Annotated[list[PathText], Field(max_length=1024)] = []  # recorded, never run again
     leave_running: bool = False
     network: NetworkPolicy = NetworkPolicy()
     # lines of the shim's CRIU config file for the dump

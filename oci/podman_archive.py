@@ -23,6 +23,7 @@ import tarfile
 import time
 import zlib
 from dataclasses import dataclass, field
+from typing import Any, BinaryIO
 
 import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -240,8 +241,8 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                 moved_bytes = tarstream.copy_data(reader, member.size, out, moved, watch=watch)
             written += moved_bytes if out is not None else 0
         if out is not None:
-            for name, data in trailer:
-                written += write_small_entry(out, name, data)
+            for name, trailing in trailer:
+                written += write_small_entry(out, name, trailing)
             tarstream.write_end(out, written)
     except (zstandard.ZstdError, EOFError, zlib.error) as error:
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
@@ -273,7 +274,9 @@ class ArchiveWriter:
     def __init__(self, path: str, threads: int = 0) -> None:
         self.path, self.threads, self.partial = path, threads, f"{path}.partial"
         self.name = os.path.basename(path)
-        self._file = self._zstd = None
+        self._file: BinaryIO | None = None
+        self._hashed: _Hashing | None = None
+        self._zstd: Any = None  # zstandard's stream writer
         self.dir_fd = open_directory(os.path.dirname(path) or ".")
 
     def layer(self):
@@ -283,6 +286,8 @@ class ArchiveWriter:
         return self._zstd
 
     def finish(self, archive: PodmanArchive) -> None:
+        if self._file is None or self._hashed is None:
+            raise ImageError(f"{self.path}: the archive was never written")
         self._zstd.close()
         self._file.close()
         self.sha256 = self._hashed.hash.hexdigest()

@@ -16,7 +16,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Final, Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -26,8 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.timestamps import utc_now
 
-SCHEMA_VERSION = 1
-PAYLOAD_TYPE = "application/vnd.gpuckpt.signed-content.v1+json"
+SCHEMA_VERSION: Final = 1
+PAYLOAD_TYPE: Final = "application/vnd.gpuckpt.signed-content.v1+json"
+SignedKind = Literal["archive", "image", "dump"]
 SIGNED_PREFIX = b"gpuckpt-signature-v1\n"
 PUBLIC_KEY_KIND = "gpuckpt-ed25519"
 KEY_ID = re.compile(r"[0-9a-f]{16}")
@@ -60,7 +61,7 @@ class SignedContent(_Strict):
     """What a signature vouches for."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
-    kind: Literal["archive", "image", "dump"]
+    kind: SignedKind
     key_id: str = Field(pattern=KEY_ID.pattern)
     created: str = Field(max_length=64)
     archive_sha256: str | None = Field(default=None, pattern=SHA256_HEX)  # archive: the compressed file
@@ -165,7 +166,7 @@ class Signer:
         return self.private.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                           serialization.NoEncryption())
 
-    def content(self, kind: str, entries: list[SignedEntry], **fields) -> SignedContent:
+    def content(self, kind: SignedKind, entries: list[SignedEntry], **fields: Any) -> SignedContent:
         created = utc_now()
         return SignedContent(kind=kind, key_id=self.key_id, created=created, entries=entries, **fields)
 

@@ -239,9 +239,9 @@ def _thread_problems(thread: ThreadImage, grant: Grant, filters: _Filters) -> li
     if grant.spec.linux.seccomp is not None and thread.seccomp_mode == SECCOMP_DISABLED:
         problems.append("no seccomp filter, the spec gives the container one (linux.seccomp)")
     elif thread.seccomp_mode == SECCOMP_FILTER and grant.denied_syscalls and filters.checkable:
-        if allowed := filters.allowed(thread.seccomp_chain, grant.denied_syscalls):
-            problems.append(f"its seccomp filters allow {', '.join(allowed[:MAX_SHOWN])}"
-                            f"{f' (+{len(allowed) - MAX_SHOWN} more)' if len(allowed) > MAX_SHOWN else ''}, "
+        if permitted := filters.allowed(thread.seccomp_chain, grant.denied_syscalls):
+            problems.append(f"its seccomp filters allow {', '.join(permitted[:MAX_SHOWN])}"
+                            f"{f' (+{len(permitted) - MAX_SHOWN} more)' if len(permitted) > MAX_SHOWN else ''}, "
                             "which the spec's linux.seccomp denies")
     return problems
 

@@ -19,12 +19,15 @@ from pyroute2.netns import popns, pushns
 
 from gpuckpt.errors import ConfigError
 from gpuckpt.host.procfs import fd_targets
-from gpuckpt.oci.manifest import NetworkPolicy
+from gpuckpt.oci.manifest import NetworkOption, NetworkPolicy
 from gpuckpt.policy.annotations import tightened
 
 SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN, TCP_CLOSE = 10, 7
 UDIAG_SHOW_PEER = 0x04
+# CRIU's network options by the name the policy and the engine's flags use.
+NETWORK_OPTIONS: dict[str, NetworkOption] = {"tcp-established": "--tcp-established", "ext-unix-sk": "--ext-unix-sk",
+                                             "file-locks": "--file-locks"}
 
 
 @dataclass
@@ -112,11 +115,11 @@ def choose(found: SocketsFound, engine_flags: set[str], policy) -> NetworkPolicy
         "ext-unix-sk": policy.ext_unix_sk == "auto" and bool(found.unix_external),
         "file-locks": policy.file_locks == "auto" and found.file_locks > 0,
     }
-    added = [f"--{name}" for name, want in wanted.items() if want and name not in engine_flags]
+    added = [NETWORK_OPTIONS[name] for name, want in wanted.items() if want and name not in engine_flags]
     return NetworkPolicy(
         tcp_connected=found.tcp_connected, tcp_listening=found.tcp_listening,
         unix_external=len(found.unix_external), file_locks=found.file_locks,
-        engine_options=sorted(f"--{name}" for name in engine_flags & set(wanted)),
+        engine_options=sorted(NETWORK_OPTIONS[name] for name in engine_flags & set(wanted)),
         added_options=added, network_lock=policy.network_lock, sockets_unreadable=found.unreadable)
 
 

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import os
 
+TYPE_CHECKING = False  # typing costs start-up time on every container operation
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 # runc's global flags (main.go) that take a value; the others are booleans.
 GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless"})
 GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
@@ -117,7 +121,7 @@ class VerbArgs:
 
     def has(self, name: str) -> bool:
         values = self.flags.get(name)
-        return bool(values) and values[-1] not in ("false", "0")
+        return values is not None and len(values) > 0 and values[-1] not in ("false", "0")
 
     @property
     def container_id(self) -> str | None:
@@ -149,7 +153,7 @@ def for_delegate(delegate: str, args: RuntimeArgs, argv: list[str]) -> list[str]
     return [*argv[:at], *verb_args]
 
 
-def with_options(args: RuntimeArgs, options: list[str]) -> list[str]:
+def with_options(args: RuntimeArgs, options: Sequence[str]) -> list[str]:
     """The caller's argv with `options` added right after the verb."""
     at = (args.command_index or 0) + 1
     return [*args.argv[:at], *options, *args.argv[at:]]

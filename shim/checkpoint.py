@@ -24,7 +24,7 @@ from gpuckpt.host.procfs import container_pid, container_processes, deleted_but_
 from gpuckpt.node.config import load_config
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.suspension import read_suspension, remove_suspension
-from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
+from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest
 from gpuckpt.oci.spec import container_annotations, read_spec
 from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_allowed
@@ -50,29 +50,31 @@ from gpuckpt.transfer.dump_signature import sign_dump
 
 def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verb = parse_verb_args(args.command_args, CHECKPOINT_VALUE_FLAGS)
-    if verb.has("help") or verb.has("h") or verb.container_id is None:
-        return run_delegate(delegate, args.argv).returncode  # usage: the delegate's own answer
+    container_id = verb.container_id
+    if verb.has("help") or verb.has("h") or container_id is None:
+        return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     ensure_work_path(verb.value("work-path"))
     try:
-        state = container_state(delegate, args.global_argv, verb.container_id)
+        state = container_state(delegate, args.global_argv, container_id)
     except DelegateError:
-        return run_delegate(delegate, args.argv).returncode  # no such container: runc's own error
-    return Checkpoint(args, verb, delegate, state, gpus or NodeGpus()).run()
+        return run_delegate(delegate, args.argv)  # no such container: runc's own error
+    return Checkpoint(args, verb, container_id, delegate, state, gpus or NodeGpus()).run()
 
 
 class Checkpoint:
     """One checkpoint through the shim, from policy to manifest."""
 
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, state: dict, gpus: NodeGpus) -> None:
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, state: dict,
+                 gpus: NodeGpus) -> None:
         self.args, self.verb, self.delegate, self.state, self.gpus = args, verb, delegate, state, gpus
-        self.container_id = verb.container_id
+        self.container_id = container_id
         self.config = load_config()
         self.spec = read_spec(state["bundle"])
         self.leave_running = verb.has("leave-running")
         self.pid_in_container: dict[int, int] = {}
         self.annotations = container_annotations(state)
         self.argv = for_delegate(delegate, args, args.argv)  # what the delegate gets, plus chosen options
-        self.network = None
+        self.network: NetworkPolicy | None = None
         self.criu_config: list[str] = []
         self.pids: list[int] = []
         self.forked_children: list[int] = []
@@ -169,7 +171,7 @@ class Checkpoint:
         inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}
         dump_started = time.monotonic()
-        status = run_delegate(self.delegate, self.argv).returncode
+        status = run_delegate(self.delegate, self.argv)
         if status != 0:
             raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
                                 f"as the pause left them{self._failure_hint()}", status)
@@ -179,7 +181,7 @@ class Checkpoint:
         return 0
 
     def _dump_plain(self, started: float, gpu: bool) -> int:
-        status = run_delegate(self.delegate, self.argv).returncode
+        status = run_delegate(self.delegate, self.argv)
         if status != 0:
             hint = self._failure_hint()
             if hint:
@@ -215,14 +217,12 @@ class Checkpoint:
                     session.checkpoint()
                 dump_started = time.monotonic()
                 dump = DelegateRun(self.delegate, self.argv)
-                dump.wait()
+                dump_status = dump.wait()
                 dump_s = time.monotonic() - dump_started
             if dump.interrupted_by is not None:
                 raise GpuCheckpointError(f"interrupted by signal {dump.interrupted_by} during the dump")
-            if dump.returncode != 0:
-                raise DelegateError(
-                    f"{os.path.basename(self.delegate)} checkpoint exited {dump.returncode}", dump.returncode
-                )
+            if dump_status != 0:
+                raise DelegateError(f"{os.path.basename(self.delegate)} checkpoint exited {dump_status}", dump_status)
         except (GpuckptError, KeyboardInterrupt) as error:
             self._roll_back(session, freezer, error)
         downtime_s = None
@@ -280,7 +280,7 @@ class Checkpoint:
             delegate=self.delegate,
             delegate_args=self.argv,
             leave_running=self.leave_running,
-            network=self.network,
+            network=self.network or NetworkPolicy(),
             criu_config=self.criu_config,
             timings=Timings(lock_s=timings.get("lock_s", 0.0),
                             device_checkpoint_s=timings.get("device_checkpoint_s", 0.0),

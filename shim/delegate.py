@@ -88,11 +88,9 @@ class DelegateRun:
         return self.finish()
 
 
-def run_delegate(delegate: str, argv: Sequence[str]) -> DelegateRun:
-    """Run the delegate as a child and wait; the finished run (status in .returncode)."""
-    run = DelegateRun(delegate, argv)
-    run.wait()
-    return run
+def run_delegate(delegate: str, argv: Sequence[str]) -> int:
+    """Run the delegate as a child and wait; its exit status."""
+    return DelegateRun(delegate, argv).wait()
 
 
 def _query(delegate: str, argv: Sequence[str]) -> str:

@@ -17,7 +17,7 @@ from gpuckpt.shim.log import log
 
 
 def run(args: RuntimeArgs, delegate: str) -> int:
-    status = run_delegate(delegate, args.argv).returncode
+    status = run_delegate(delegate, args.argv)
     container_id = parse_verb_args(args.command_args, frozenset()).container_id
     if status == 0 or container_id is None:
         return status

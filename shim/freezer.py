@@ -75,11 +75,11 @@ class Freezer:
 @contextlib.contextmanager
 def thawed(freezer: Freezer | None) -> Iterator[bool]:
     """Thaw a frozen container for the block and freeze it again after; yields whether it was frozen."""
-    was_frozen = freezer is not None and freezer.is_frozen()
-    if was_frozen:
-        freezer.set_frozen(False)
+    if freezer is None or not freezer.is_frozen():
+        yield False
+        return
+    freezer.set_frozen(False)
     try:
-        yield was_frozen
+        yield True
     finally:
-        if was_frozen:
-            freezer.set_frozen(True)
+        freezer.set_frozen(True)

@@ -19,14 +19,20 @@ OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 def _run_owned(args: RuntimeArgs, delegate: str) -> int:
     if args.command == "checkpoint":
-        from gpuckpt.shim import checkpoint as verb
-    elif args.command == "restore":
-        from gpuckpt.shim import restore as verb
-    elif args.command == "delete":
-        from gpuckpt.shim import delete as verb
-    else:  # pause, resume: GPU suspension for containers that opted in
-        from gpuckpt.shim import pause as verb
-    return verb.run(args, delegate)
+        from gpuckpt.shim import checkpoint
+
+        return checkpoint.run(args, delegate)
+    if args.command == "restore":
+        from gpuckpt.shim import restore
+
+        return restore.run(args, delegate)
+    if args.command == "delete":
+        from gpuckpt.shim import delete
+
+        return delete.run(args, delegate)
+    from gpuckpt.shim import pause  # pause, resume: GPU suspension for containers that opted in
+
+    return pause.run(args, delegate)
 
 
 def _print_version(delegate: str) -> int:

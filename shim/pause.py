@@ -24,12 +24,13 @@ PAUSE_ENGINE = "pause"  # the suspension record's engine when a pause made it
 
 def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verb = parse_verb_args(args.command_args, frozenset())
-    container_id = verb.container_id
-    try:
-        state = container_state(delegate, args.global_argv, container_id) if container_id else None
-    except DelegateError:
-        state = None
-    if state is None or not _opted_in(state):
+    container_id, state = verb.container_id, None
+    if container_id is not None:
+        try:
+            state = container_state(delegate, args.global_argv, container_id)
+        except DelegateError:
+            pass
+    if container_id is None or state is None or not _opted_in(state):
         exec_delegate(delegate, args.argv)
     if args.command == "pause":
         return _pause(args, delegate, container_id, int(state["pid"]), gpus or NodeGpus())
@@ -44,11 +45,11 @@ def _opted_in(state: dict) -> bool:
 
 def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, gpus: NodeGpus) -> int:
     if not gpus.find_cuda_pids(gpus.descendants(init_pid)):
-        return run_delegate(delegate, args.argv).returncode
+        return run_delegate(delegate, args.argv)
     driver = gpus.load_driver()
     record = suspend(driver, container_id, PAUSE_ENGINE, init_pid, load_config().cuda.lock_timeout_ms, gpus=gpus)
     write_suspension(record)
-    status = run_delegate(delegate, args.argv).returncode
+    status = run_delegate(delegate, args.argv)
     if status != 0:  # not frozen after all: give the GPU state back
         resume(driver, record, gpus=gpus)
         remove_suspension(container_id)
@@ -59,7 +60,7 @@ def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, g
 
 
 def _resume(args: RuntimeArgs, delegate: str, container_id: str, gpus: NodeGpus) -> int:
-    status = run_delegate(delegate, args.argv).returncode
+    status = run_delegate(delegate, args.argv)
     record = read_suspension(container_id)
     if status != 0 or record is None or record.engine != PAUSE_ENGINE:
         return status

@@ -19,6 +19,7 @@ from gpuckpt.node.paths import config_path, state_dir
 TYPE_CHECKING = False  # typing costs an import on every container operation
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import NoReturn
 
 CACHE_NAME = "delegate.cache"
 CACHE_VERSION = "1"
@@ -96,7 +97,7 @@ def delegate_path() -> str:
     return path
 
 
-def exec_delegate(delegate: str, argv: Sequence[str]) -> None:
+def exec_delegate(delegate: str, argv: Sequence[str]) -> NoReturn:
     """Become the delegate with argv unchanged (the pass-through); returns only by raising."""
     try:
         exec_program(delegate, argv)

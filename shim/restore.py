@@ -56,26 +56,23 @@ START_TIMEOUT_S = 600.0
 
 def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verb = parse_verb_args(args.command_args, RESTORE_VALUE_FLAGS)
-    if verb.has("help") or verb.has("h") or verb.container_id is None:
-        return run_delegate(delegate, args.argv).returncode
+    container_id = verb.container_id
+    if verb.has("help") or verb.has("h") or container_id is None:
+        return run_delegate(delegate, args.argv)
     ensure_work_path(verb.value("work-path"))
-
-
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
-    refuse_runtime_annotations(read_annotations(bundle), verb.container_id, config.criu, config_path(), [bundle])
+    refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
 
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
-    check_restore(image_dir_of(verb), bundle, f"restore of {verb.container_id}")
+    check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")
     if lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(lock)  # CRIU locks the network while it restores TCP connections too
-
-
     if staged := claim_staged_pages(image_dir_of(verb)):
-        log(args, "info", f"{verb.container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
+        log(args, "info", f"{container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
 
     # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote them
-    verified, signed = verify_dump(image_dir_of(verb), load_trust(), f"restore of {verb.container_id}")
+    verified, signed = verify_dump(image_dir_of(verb), load_trust(), f"restore of {container_id}")
     log(args, "debug" if signed else "warning", verified)
     manifest = read_manifest(image_dir_of(verb))
     argv = args.argv
@@ -86,18 +83,18 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
 
     argv = for_delegate(delegate, args, argv)
     if manifest is None or not manifest.processes:
-        return run_delegate(delegate, argv).returncode  # no GPU state to bring back
-    return GpuRestore(args, verb, delegate, config, manifest, argv, gpus or NodeGpus()).run()
+        return run_delegate(delegate, argv)  # no GPU state to bring back
+    return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus or NodeGpus()).run()
 
 
 class GpuRestore:
     """The GPU side of one restore: node check, the delegate's restore, then the CUDA processes back."""
 
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, delegate: str, config: Config, manifest: Manifest,
-                 argv: list[str], gpus: NodeGpus) -> None:
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, config: Config,
+                 manifest: Manifest, argv: list[str], gpus: NodeGpus) -> None:
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
         self.config, self.gpus = config, gpus
-        self.container_id = verb.container_id
+        self.container_id = container_id
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
         self.spec_devices: list = []
@@ -129,8 +126,8 @@ class GpuRestore:
         mark = time.monotonic()
         delegate_run = DelegateRun(self.delegate, self.argv)
         if self.detach:
-            if delegate_run.wait() != 0:
-                return delegate_run.returncode  # the delegate reported why; nothing of ours to undo
+            if (status := delegate_run.wait()) != 0:
+                return status  # the delegate reported why; nothing of ours to undo
         else:
             delegate_run.start()
             if not self._wait_running(delegate_run):

@@ -26,8 +26,9 @@ class DirectReader(io.RawIOBase):
 
     def __init__(self, path: str) -> None:
         super().__init__()
+        self._buffer = mmap.mmap(-1, BUFFER_BYTES)  # page-aligned, as O_DIRECT requires
+        self._view: memoryview | None = memoryview(self._buffer)
         self.name, self.fd, self.direct = path, -1, False
-        self._buffer = self._view = None
         flags = os.O_RDONLY | os.O_CLOEXEC  # the operator names the archive: a link to it is fine
         try:
             self.fd, self.direct = os.open(path, flags | os.O_DIRECT), True
@@ -35,8 +36,6 @@ class DirectReader(io.RawIOBase):
             if error.errno != errno.EINVAL:  # tmpfs before Linux 6.6, some FUSE filesystems
                 raise
             self.fd, self.direct = os.open(path, flags), False
-        self._buffer = mmap.mmap(-1, BUFFER_BYTES)  # page-aligned, as O_DIRECT requires
-        self._view = memoryview(self._buffer)
         self._start = self._end = 0  # the buffered bytes not yet read: [_start, _end)
         self._offset = 0  # the file offset just past the buffered bytes
 
@@ -65,9 +64,12 @@ class DirectReader(io.RawIOBase):
 
     def _take(self, size: int) -> memoryview:
         """Up to `size` of the next bytes, in the buffer (empty at the end of the file)."""
+        view = self._view
+        if view is None:
+            raise ValueError("read of a closed DirectReader")
         if self._start == self._end and not self._fill():
-            return self._view[:0]
-        taken = self._view[self._start:self._start + min(size, self._end - self._start)]
+            return view[:0]
+        taken = view[self._start:self._start + min(size, self._end - self._start)]
         self._start += len(taken)
         return taken
 
@@ -114,5 +116,6 @@ class DirectReader(io.RawIOBase):
                 os.close(self.fd)
             if self._view is not None:
                 self._view.release()
+                self._view = None
                 self._buffer.close()
             super().close()

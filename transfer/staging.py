@@ -27,7 +27,7 @@ import secrets
 import shutil
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -80,7 +80,7 @@ class Staging:
         self.pages: list[str] = []
         self.recorded = False
         self._dir_fd = -1
-        self._light = None
+        self._light: StagedFile | None = None
 
     def _create(self, name: str) -> int:
         """A new root-only file in the staging directory (made now if need be), for writing."""
@@ -176,7 +176,8 @@ class HeldOutput:
 
     def __init__(self, spill, limit_bytes: int = 0) -> None:
         self.spill, self.limit_bytes = spill, limit_bytes or HELD_BYTES
-        self.held, self.target, self.released = bytearray(), None, False
+        self.held, self.released = bytearray(), False
+        self.target: BinaryIO | None = None
 
     def write(self, data) -> int:
         if self.target is not None:
