@@ -42,7 +42,7 @@ def _runc(name: str, root: str | None) -> ContainerRef | None:
         state = container_state(delegate, ["--root", root] if root else [], name)
     except GpuckptError:
         return None
-    return ContainerRef("runc", state["id"], int(state["pid"])) if state.get("pid") else None
+    return ContainerRef("runc", state.id, state.pid) if state.pid else None
 
 
 def find_container(name: str, engine: str = "auto", root: str | None = None) -> ContainerRef:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 
 from gpuckpt.host.programs import CommandError
@@ -67,6 +66,10 @@ class Background:
     """A program running beside us, its output kept in private files until it ends."""
 
     def __init__(self, argv: Sequence[str]) -> None:
+        # Deferred: tempfile (and shutil, bz2, random under it) costs ~7 ms, and the shim's verbs,
+        # `delete` on every container's end among them, load this module but never run this class.
+        import tempfile
+
         self.name = os.path.basename(argv[0])
         self.argv = list(argv)
         self._out = tempfile.TemporaryFile()

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.oci.state import ContainerState
 
 NVIDIA_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
 MAX_SPEC_BYTES = 16 << 20
@@ -111,10 +112,10 @@ def read_spec(bundle: str) -> Spec:
         raise ImageError(f"{path}: invalid OCI spec: {detail}") from None
 
 
-def container_annotations(state: dict) -> dict[str, str]:
+def container_annotations(state: ContainerState) -> dict[str, str]:
     """A container's annotations as its runtime uses them: the bundle's, overridden by those
     runc kept in its state when the container was created."""
-    return {**read_annotations(state.get("bundle", "")), **(state.get("annotations") or {})}
+    return {**read_annotations(state.bundle), **(state.annotations or {})}
 
 
 def read_annotations(bundle: str) -> dict[str, str]:

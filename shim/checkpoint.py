@@ -26,6 +26,7 @@ from gpuckpt.node.paths import config_path
 from gpuckpt.node.suspension import read_suspension, remove_suspension
 from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest
 from gpuckpt.oci.spec import container_annotations, read_spec
+from gpuckpt.oci.state import ContainerState
 from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_allowed
 from gpuckpt.policy.network import choose, container_policy, inspect_container, missing_option_hint
@@ -64,12 +65,12 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
 class Checkpoint:
     """One checkpoint through the shim, from policy to manifest."""
 
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, state: dict,
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, state: ContainerState,
                  gpus: NodeGpus) -> None:
         self.args, self.verb, self.delegate, self.state, self.gpus = args, verb, delegate, state, gpus
         self.container_id = container_id
         self.config = load_config()
-        self.spec = read_spec(state["bundle"])
+        self.spec = read_spec(state.bundle)
         self.leave_running = verb.has("leave-running")
         self.pid_in_container: dict[int, int] = {}
         self.annotations = container_annotations(state)
@@ -81,11 +82,11 @@ class Checkpoint:
 
     def _refuse_container_criu_config(self) -> None:
         refuse_runtime_annotations(self.annotations, self.container_id, self.config.criu, config_path(),
-                                   [self.state["bundle"], self.spec.rootfs(self.state["bundle"])])
+                                   [self.state.bundle, self.spec.rootfs(self.state.bundle)])
 
     def _choose_network_options(self) -> None:
         policy = container_policy(self.config.criu, self.annotations, self.container_id)
-        found = inspect_container(int(self.state["pid"]), self.pids)
+        found = inspect_container(self.state.pid, self.pids)
         self.network = choose(found, set(self.verb.flags), policy)
         self.argv = for_delegate(self.delegate, self.args, with_options(self.args, self.network.added_options))
         if self.network.added_options:
@@ -132,7 +133,7 @@ class Checkpoint:
         started = time.monotonic()
         self._refuse_container_criu_config()
         self.pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
-                                        int(self.state["pid"]))
+                                        self.state.pid)
         refuse_undumpable(self.container_id, self.pids)
         self._choose_network_options()
         if not self.spec.wants_gpu():
@@ -153,7 +154,7 @@ class Checkpoint:
             # must not also try (it would find the processes already checkpointed).
             disable_criu_plugins()
             log(self.args, "info", f"CRIU CUDA plugin {plugin} disabled for this dump; gpuckpt handles the GPU")
-        freezer = Freezer.of_process(int(self.state["pid"]))
+        freezer = Freezer.of_process(self.state.pid)
         if paused is not None and paused.engine == PAUSE_ENGINE:
             self._release_forked_children(freezer)
             return self._dump_suspended(paused, started)

@@ -11,9 +11,13 @@ import os
 import signal
 import subprocess
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from gpuckpt.errors import DelegateError
 from gpuckpt.host import process
+
+if TYPE_CHECKING:
+    from gpuckpt.oci.state import ContainerState
 
 # Signals an engine may send to the runtime; runc forwards them to the container.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
@@ -105,13 +109,30 @@ def delegate_version(delegate: str) -> str:
     return _query(delegate, ["--version"])
 
 
-def container_state(delegate: str, global_argv: Sequence[str], container_id: str) -> dict:
-    """`RT state ID` as a dict (status, pid, bundle, annotations, ...)."""
+def container_exists(delegate: str, global_argv: Sequence[str], container_id: str) -> bool:
+    """Whether the delegate knows the container (`RT state ID` succeeds); its output is not read."""
+    try:
+        _query(delegate, [*global_argv, "state", container_id])
+    except DelegateError:
+        return False
+    return True
+
+
+def container_state(delegate: str, global_argv: Sequence[str], container_id: str) -> ContainerState:
+    """`RT state ID`: status, pid, bundle, annotations."""
+    # Deferred: pydantic costs ~100 ms, and `delete` (the end of every container) loads this
+    # module but only asks whether the container exists (container_exists).
+    from pydantic import ValidationError
+
+    from gpuckpt.oci.state import ContainerState
+
     output = _query(delegate, [*global_argv, "state", container_id])
     try:
-        return json.loads(output)
-    except ValueError:
-        raise DelegateError(f"{os.path.basename(delegate)} state {container_id}: output is not JSON") from None
+        return ContainerState.model_validate_json(output)
+    except ValidationError as error:
+        detail = error.errors()[0]
+        where = ".".join(str(part) for part in detail["loc"]) or "output"
+        raise DelegateError(f"{os.path.basename(delegate)} state {container_id}: {where}: {detail['msg']}") from None
 
 
 def container_pids(delegate: str, global_argv: Sequence[str], container_id: str) -> list[int]:

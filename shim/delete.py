@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import sys
 
-from gpuckpt.errors import DelegateError
 from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
-from gpuckpt.shim.delegate import container_state, run_delegate
+from gpuckpt.shim.delegate import container_exists, run_delegate
 from gpuckpt.shim.log import log
 
 
@@ -21,9 +20,7 @@ def run(args: RuntimeArgs, delegate: str) -> int:
     container_id = parse_verb_args(args.command_args, frozenset()).container_id
     if status == 0 or container_id is None:
         return status
-    try:
-        container_state(delegate, args.global_argv, container_id)
-    except DelegateError:
+    if not container_exists(delegate, args.global_argv, container_id):
         message = f"container {container_id} does not exist"
         log(args, "error", message)
         sys.stderr.write(f"{message}\n")

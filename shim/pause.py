@@ -7,8 +7,8 @@ the config; every other container's pause and resume go to the delegate unchange
 
 from __future__ import annotations
 
-from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.cuda.suspend import resume, suspend
+from typing import TYPE_CHECKING
+
 from gpuckpt.errors import DelegateError, GpuckptError
 from gpuckpt.node.config import load_config
 from gpuckpt.node.suspension import read_suspension, remove_suspension, write_suspension
@@ -17,6 +17,10 @@ from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
 from gpuckpt.shim.delegate import container_state, run_delegate
 from gpuckpt.shim.log import log
 from gpuckpt.shim.resolve import exec_delegate
+
+if TYPE_CHECKING:
+    from gpuckpt.cuda.node import NodeGpus
+    from gpuckpt.oci.state import ContainerState
 
 SUSPEND_ON_PAUSE_ANNOTATION = "io.gpuckpt.suspend-on-pause"
 PAUSE_ENGINE = "pause"  # the suspension record's engine when a pause made it
@@ -32,18 +36,24 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
             pass
     if container_id is None or state is None or not _opted_in(state):
         exec_delegate(delegate, args.argv)
+    # Deferred: the GPU side (the driver binding, NVML, ptrace) only for containers that opted
+    # in; every other container's pause and resume is the delegate's alone (exec'd above).
+    from gpuckpt.cuda.node import NodeGpus
+
     if args.command == "pause":
-        return _pause(args, delegate, container_id, int(state["pid"]), gpus or NodeGpus())
+        return _pause(args, delegate, container_id, state.pid, gpus or NodeGpus())
     return _resume(args, delegate, container_id, gpus or NodeGpus())
 
 
-def _opted_in(state: dict) -> bool:
+def _opted_in(state: ContainerState) -> bool:
     return (
         container_annotations(state).get(SUSPEND_ON_PAUSE_ANNOTATION) == "true" or load_config().cuda.suspend_on_pause
     )
 
 
 def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, gpus: NodeGpus) -> int:
+    from gpuckpt.cuda.suspend import resume, suspend  # the GPU side, as above
+
     if not gpus.find_cuda_pids(gpus.descendants(init_pid)):
         return run_delegate(delegate, args.argv)
     driver = gpus.load_driver()
@@ -60,6 +70,8 @@ def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, g
 
 
 def _resume(args: RuntimeArgs, delegate: str, container_id: str, gpus: NodeGpus) -> int:
+    from gpuckpt.cuda.suspend import resume  # the GPU side, as above
+
     status = run_delegate(delegate, args.argv)
     record = read_suspension(container_id)
     if status != 0 or record is None or record.engine != PAUSE_ENGINE:

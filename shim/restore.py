@@ -158,7 +158,7 @@ class GpuRestore:
             if delegate_run.poll() is not None:
                 return False
             try:
-                if container_state(self.delegate, self.args.global_argv, self.container_id)["status"] == "running":
+                if container_state(self.delegate, self.args.global_argv, self.container_id).status == "running":
                     return True
             except DelegateError:
                 pass
@@ -169,10 +169,10 @@ class GpuRestore:
         wanted = {record.container_pid for record in self.manifest.processes}
 
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
-        for change in sync_nvidia_nodes(int(state["pid"]), self.spec_devices, self.rootfs):
+        for change in sync_nvidia_nodes(state.pid, self.spec_devices, self.rootfs):
             log(self.args, "info", f"{self.container_id}: {change} (the restore spec's devices)")
         host_pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
-                                        int(state["pid"]))
+                                        state.pid)
         found = sorted(pid for pid in host_pids if container_pid(pid) in wanted)
         if len(found) != len(wanted):
             seen = sorted(container_pid(pid) for pid in host_pids)
