@@ -30,7 +30,8 @@ def test_runc_state_is_read_into_the_model(tmp_path) -> None:
 
 @pytest.mark.parametrize("output, message", [
     ("not json", "runc state ctr: output: Invalid JSON"),
-    ('{"id": "ctr", "status": "running", "pid": -1}', "runc state ctr: pid: Input should be greater than or equal to 0"),
+    ('{"id": "ctr", "status": "running", "pid": -1}',
+     "runc state ctr: pid: Input should be greater than or equal to 0"),
     ('{"id": "ctr", "status": "exploded"}', "runc state ctr: status: Input should be 'creating', 'created'"),
 ])
 def test_a_state_the_shim_cannot_use_is_one_line(tmp_path, output, message) -> None:
