@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 import shutil
@@ -10,27 +9,14 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from test_criu_images import DEFAULT_CAPS, REAL_DUMP, ImageBuilder
+from criu_image_builder import BASE_SPEC, DEFAULT_CAPS, REAL_DUMP, ImageBuilder, spec
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, read_checkpoint_images
-from gpuckpt.policy.image import CAP_NUMBERS, SpecGrant, check_archive, check_restore, refusals
+from gpuckpt.policy.image import CAP_NUMBERS, check_archive, check_restore, refusals
 
 ALL_CAPS = frozenset(range(41))
 DEFAULT_NAMES = sorted(name for name, number in CAP_NUMBERS.items() if number in DEFAULT_CAPS)
-BASE_SPEC = json.loads((REAL_DUMP / "config.json").read_text())  # podman's default spec (root, 11 caps, seccomp)
-
-
-def spec(**changes) -> SpecGrant:
-    """podman's default spec with `changes` applied: process_* to process, linux_* to linux."""
-    raw = copy.deepcopy(BASE_SPEC)
-    for key, value in changes.items():
-        part, _, field = key.partition("_")
-        if value is None:
-            raw[part].pop(field, None)
-        else:
-            raw[part][field] = value
-    return SpecGrant.model_validate(raw)
 
 
 def caps(names=DEFAULT_NAMES, **sets) -> dict:

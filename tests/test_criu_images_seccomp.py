@@ -6,10 +6,9 @@ import struct
 from pathlib import Path
 
 import pytest
+from criu_image_builder import REAL_DUMP, ImageBuilder, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_criu_images import REAL_DUMP, ImageBuilder
-from test_criu_images_policy import spec
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, mapping_source, read_checkpoint_images

@@ -11,7 +11,7 @@ import tarfile
 
 import pytest
 import zstandard
-from test_podman_archive import CONFIG, MANIFEST
+from podman_tars import CONFIG, MANIFEST
 
 from gpuckpt.errors import ConfigError, ImageError
 from gpuckpt.node.config import ImportConfig, parse_config

@@ -10,7 +10,7 @@ import stat
 import tarfile
 
 import pytest
-from test_podman_archive import podman_tar
+from podman_tars import podman_tar
 
 from gpuckpt.errors import ImageError
 from gpuckpt.node.config import ImportConfig

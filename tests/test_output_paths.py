@@ -8,7 +8,7 @@ import os
 import stat
 
 import pytest
-from test_podman_archive import podman_tar
+from podman_tars import podman_tar
 
 from gpuckpt.errors import UsageError
 from gpuckpt.oci.image_layout import CheckpointImageWriter, read_layout

@@ -8,7 +8,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import stat
 import tarfile
 
@@ -16,6 +15,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from podman_tars import CONFIG, MANIFEST, podman_tar
 
 from gpuckpt.cli import inspect
 from gpuckpt.cli.main import main
@@ -24,28 +24,6 @@ from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.oci import image_layout
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout, verify_layer
 from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described, import_refusals
-
-CONFIG = json.dumps({"id": "c0ffee" * 10 + "abcd", "name": "web", "rootfsImageName": "localhost/app:1",
-                     "rootfsImageID": "ab" * 32, "RawImageName": "localhost/app:1", "runtime": "gpuckpt-runtime",
-                     "lockID": 3}).encode()
-MANIFEST = json.dumps({"schema_version": 1, "created": "2026-11-22T00:00:00Z", "container_id": "c1"}).encode()
-
-
-def podman_tar(entries: list[tuple[str, bytes]] | None = None, manifest: bytes = MANIFEST, config: bytes = CONFIG,
-               spec: bytes = b'{"ociVersion": "1.0.2"}') -> bytes:
-    """A plain tar shaped like podman's export, with these extra entries."""
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        directory = tarfile.TarInfo("checkpoint")
-        directory.type, directory.mode = tarfile.DIRTYPE, 0o700
-        tar.addfile(directory)
-        for name, data in [("checkpoint/inventory.img", b"inv"), ("checkpoint/pages-1.img", os.urandom(4096) * 8),
-                           ("checkpoint/gpuckpt-manifest.json", manifest), ("config.dump", config),
-                           ("spec.dump", spec), *(entries or [])]:
-            info = tarfile.TarInfo(name)
-            info.size, info.uid, info.uname = len(data), 1000, "someone"
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 @pytest.mark.parametrize("compress", [zstandard.ZstdCompressor().compress, gzip.compress, lambda data: data])

@@ -15,7 +15,7 @@ import zstandard
 from cryptography.hazmat.primitives import serialization
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_podman_archive import podman_tar
+from podman_tars import podman_tar
 
 from gpuckpt.cli.main import main
 from gpuckpt.errors import ConfigError
