@@ -9,15 +9,9 @@ import pytest
 
 _CRUN_128 = ("crun 1.28 cannot restore a bundle at runc level (CRIU: \"mnt: No mapping for N:(null) mountpoint\"), "
              "with or without the shim (plain `crun --root R restore -d --bundle B --pid-file F --image-path I`); "
-             "podman's own restores through crun 1.28 pass, and the Debian 12 set keeps trixie's crun 1.21 for this reason (install-system.sh)")
-_STREAMED_IMPORT = ("gpuckpt import hangs on an archive whose container ran under runc or crun with podman >= 5.8.2: "
-                    "the streamed path keeps the FIFO's write end open until podman closes its read end (fifo.py "
-                    "wait_reader_gone), while podman unpacks config.dump through a child that reads to end-of-file")
+             "podman's own restores through crun 1.28 pass, and the Debian 12 set keeps trixie's crun 1.21 "
+             "for this reason (install-system.sh)")
 KNOWN_FAILURES: dict[str, str] = {
-    # product bug, issue #19 item 2 (cli/transfer.py, fifo.py)
-    "integration/test_archives.py::test_we_restore_podmans_archive[runc]": _STREAMED_IMPORT,
-    "integration/test_signed_moves.py::test_a_signed_archive_of_a_runc_container_streams_checked_on_every_read":
-        _STREAMED_IMPORT,
     # product bug: the shim gives CRIU link-remap through CRIU_CONFIG_FILE (shim/criuconf.py)
     "integration/test_link_remap.py::test_named_semaphore_is_dumped_with_link_remap_and_restored":
         "with runc 1.3, link-remap given through CRIU_CONFIG_FILE does not reach the dump (CRIU: \"Use "
