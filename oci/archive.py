@@ -49,7 +49,7 @@ def _zstd_headers(corrupt):
         last = False
         while not last:
             header = int.from_bytes((yield 3, False, False), "little")
-            last, kind, block_size = header & 1, header >> 1 & 3, header >> 3
+            last, kind, block_size = bool(header & 1), header >> 1 & 3, header >> 3
             if kind == 3:
                 raise corrupt("a reserved zstd block type")
             if size := 1 if kind == 1 else block_size:

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import time
+from typing import NoReturn
 
+from gpuckpt.cuda.driver import CudaDriver
 from gpuckpt.cuda.engine import CudaSession, refuse_stopped
 from gpuckpt.cuda.forked import split_forked_children
 from gpuckpt.cuda.hugepages import hugepages_always
@@ -23,7 +25,7 @@ from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
 from gpuckpt.host.procfs import container_pid, container_processes, deleted_but_linked
 from gpuckpt.node.config import load_config
 from gpuckpt.node.paths import config_path
-from gpuckpt.node.suspension import read_suspension, remove_suspension
+from gpuckpt.node.suspension import Suspension, read_suspension, remove_suspension
 from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest
 from gpuckpt.oci.spec import container_annotations, read_spec
 from gpuckpt.oci.state import ContainerState
@@ -117,7 +119,7 @@ class Checkpoint:
                     f"link-remap for it, which criu.link_remap = \"auto\" gives")
         return f"; {hint}" if hint else ""
 
-    def _refuse_unrestorable(self, cuda_pids: list[int], inventory) -> None:
+    def _refuse_unrestorable(self, cuda_pids: list[int], inventory: Inventory) -> None:
         # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
         spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
 
@@ -164,7 +166,7 @@ class Checkpoint:
             return self._dump_plain(started, gpu=True)
         return self._checkpoint_gpu(driver, cuda_pids, freezer, started)
 
-    def _dump_suspended(self, record, started: float) -> int:
+    def _dump_suspended(self, record: Suspension, started: float) -> int:
         """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
         cuda_pids = [process.pid for process in record.processes]
         inventory = self.gpus.describe_container_gpus(self.spec, [])
@@ -192,7 +194,7 @@ class Checkpoint:
         self._write_manifest(inventory, [], started, dump_s=time.monotonic() - started)
         return 0
 
-    def _checkpoint_gpu(self, driver, cuda_pids: list[int], freezer, started: float) -> int:
+    def _checkpoint_gpu(self, driver: CudaDriver, cuda_pids: list[int], freezer: Freezer | None, started: float) -> int:
         inventory = self.gpus.describe_container_gpus(self.spec, cuda_pids)
         self._refuse_unrestorable(cuda_pids, inventory)
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
@@ -201,7 +203,8 @@ class Checkpoint:
         with hugepages_always(self.config.cuda.host_hugepages == "always"):
             return self._lock_checkpoint_dump(session, freezer, lock_timeout_ms, inventory, cuda_pids, started)
 
-    def _lock_checkpoint_dump(self, session, freezer, lock_timeout_ms: int, inventory, cuda_pids: list[int],
+    def _lock_checkpoint_dump(self, session: CudaSession, freezer: Freezer | None, lock_timeout_ms: int,
+                              inventory: Inventory, cuda_pids: list[int],
                               started: float) -> int:
         dump_s = 0.0
         first_lock = time.monotonic()
@@ -241,7 +244,7 @@ class Checkpoint:
                              timings=session.timings)
         return 0
 
-    def _release_forked_children(self, freezer) -> None:
+    def _release_forked_children(self, freezer: Freezer | None) -> None:
         """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump
         them; before any lock, so a failure leaves everything running."""
         if not self.forked_children:
@@ -252,7 +255,7 @@ class Checkpoint:
             f"the GPU driver they inherited ({sum(len(h.fds) for h in holds)} descriptor(s), "
             f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
 
-    def _roll_back(self, session, freezer, cause: BaseException) -> None:
+    def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException) -> NoReturn:
         with uninterruptible(), thawed(freezer):
             leftovers = session.rollback()
         what = "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
@@ -263,7 +266,7 @@ class Checkpoint:
         raise DelegateError(f"checkpoint of {self.container_id} failed ({what}); its CUDA processes were "
                             f"restored and unlocked and the container keeps running{self._failure_hint()}", status)
 
-    def _write_manifest(self, inventory, cuda_pids: list[int], started: float, *, dump_s: float,
+    def _write_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, *, dump_s: float,
                         downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
         timings = timings or {}
         manifest = Manifest(

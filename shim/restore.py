@@ -14,7 +14,8 @@ import threading
 import time
 
 from gpuckpt.cuda.compat import check_node, gpu_pairs
-from gpuckpt.cuda.driver import ProcessState
+from gpuckpt.cuda.devices import GpuInfo
+from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.cuda.engine import CudaSession, query_states
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
@@ -100,7 +101,7 @@ class GpuRestore:
         self.spec_devices: list = []
         self.rootfs = ""
 
-    def _target_gpus(self):
+    def _target_gpus(self) -> list[GpuInfo]:
         bundle = os.path.abspath(self.verb.value("bundle", "b") or ".")
         spec = read_spec(bundle)
         self.spec_devices, self.rootfs = spec.linux.devices, spec.rootfs(bundle)
@@ -165,7 +166,7 @@ class GpuRestore:
             time.sleep(0.05)
         return False
 
-    def _restore_gpu(self, driver, pairs) -> None:
+    def _restore_gpu(self, driver: CudaDriver, pairs: list[GpuPair]) -> None:
         wanted = {record.container_pid for record in self.manifest.processes}
 
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
