@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
 from gpuckpt.host.procfs import fd_targets
 from gpuckpt.oci.manifest import GpuRecord
-from gpuckpt.oci.spec import NVIDIA_DEVICE
+from gpuckpt.oci.spec import NVIDIA_DEVICE, Spec
 
 
 @dataclass
@@ -30,7 +30,7 @@ def minors_held_by(pids: list[int]) -> set[int]:
     return {int(match.group(1)) for match in matches if match}
 
 
-def container_gpus(spec, cuda_pids: list[int], gpus: list[GpuInfo] | None = None) -> list[GpuInfo]:
+def container_gpus(spec: Spec, cuda_pids: list[int], gpus: list[GpuInfo] | None = None) -> list[GpuInfo]:
     """The node's GPUs that the container is given, in index order."""
     gpus = list_gpus() if gpus is None else gpus
     minors = set(spec.gpu_minors()) or minors_held_by(cuda_pids)
@@ -39,7 +39,7 @@ def container_gpus(spec, cuda_pids: list[int], gpus: list[GpuInfo] | None = None
     return [gpu for gpu in gpus if gpu.minor in minors]
 
 
-def describe_container_gpus(spec, cuda_pids: list[int]) -> Inventory:
+def describe_container_gpus(spec: Spec, cuda_pids: list[int]) -> Inventory:
     node_gpus = list_gpus()
     gpus = container_gpus(spec, cuda_pids, node_gpus)
     usage = compute_processes()

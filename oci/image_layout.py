@@ -20,7 +20,7 @@ import platform
 import re
 import shutil
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -34,6 +34,9 @@ from gpuckpt.host.safefiles import (
 )
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
 from gpuckpt.oci.timestamps import utc_now
+
+if TYPE_CHECKING:
+    from gpuckpt.oci.podman_archive import PodmanArchive
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -212,7 +215,7 @@ class CheckpointImageWriter:
         """A new root-only file at the top of the layout."""
         write_private_at(self.dir_fd, name, data)
 
-    def finish(self, archive) -> str:
+    def finish(self, archive: PodmanArchive) -> str:
         """Complete the layout for the checked archive that went into the layer; the manifest digest."""
         self._close_layer()
         annotations, architecture = checkpoint_annotations(archive), go_architecture()
@@ -260,7 +263,7 @@ def go_architecture() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64le", "s390x": "s390x"}.get(machine, machine)
 
 
-def checkpoint_annotations(archive) -> dict[str, str]:
+def checkpoint_annotations(archive: PodmanArchive) -> dict[str, str]:
     """The annotations podman's `restore IMAGE` and CRI-O's restore read, and ours."""
     config = archive.config
     annotations: dict[str, str] = {}

@@ -12,8 +12,12 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from gpuckpt.errors import GpuckptError
+
+if TYPE_CHECKING:
+    from gpuckpt.node.config import CriuConfig, CudaConfig
 
 CRIU_CONFIG_ANNOTATION = "org.criu.config"
 ALLOW_UNRESTORABLE_ANNOTATION = "io.gpuckpt.allow-unrestorable"
@@ -41,7 +45,7 @@ class PolicyError(GpuckptError):
     """A container asked for something the operator has not allowed."""
 
 
-def refuse_runtime_annotations(annotations: Mapping[str, str], container_id: str, criu, config_file: str,
+def refuse_runtime_annotations(annotations: Mapping[str, str], container_id: str, criu: CriuConfig, config_file: str,
                                container_dirs: Iterable[str] = ()) -> None:
     """Refuse every annotation runc would act on, unless it is an org.criu.config the operator
     allows (`criu`: the config's CriuConfig) naming a file that passes `criu_config_file_problem`."""
@@ -147,7 +151,7 @@ def tightened(operator: str, annotation: str, value: str, container_id: str) -> 
     return value
 
 
-def unrestorable_allowed(cuda, annotations: Mapping[str, str], container_id: str) -> bool:
+def unrestorable_allowed(cuda: CudaConfig, annotations: Mapping[str, str], container_id: str) -> bool:
     """Whether processes the driver cannot restore may be checkpointed (`cuda`: the CudaConfig)."""
     asked = annotations.get(ALLOW_UNRESTORABLE_ANNOTATION) == "true"
     if cuda.allow_unrestorable == "never" and asked:

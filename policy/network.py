@@ -12,6 +12,7 @@ import ipaddress
 import re
 import socket
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 from pyroute2 import DiagSocket
@@ -21,6 +22,9 @@ from gpuckpt.errors import ConfigError
 from gpuckpt.host.procfs import fd_targets
 from gpuckpt.oci.manifest import NetworkOption, NetworkPolicy
 from gpuckpt.policy.annotations import tightened
+
+if TYPE_CHECKING:
+    from gpuckpt.node.config import CriuConfig
 
 SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN, TCP_CLOSE = 10, 7
@@ -103,7 +107,7 @@ def inspect_container(init_pid: int, pids: list[int]) -> SocketsFound:
     return found
 
 
-def choose(found: SocketsFound, engine_flags: set[str], policy) -> NetworkPolicy:
+def choose(found: SocketsFound, engine_flags: set[str], policy: CriuConfig) -> NetworkPolicy:
     """The options to add, given what was found, what the engine passed and the operator's policy."""
     # "auto" leaves loopback-only connections alone: runc 1.1 brings a restored namespace's
     # lo up after CRIU reconnects sockets, so such a checkpoint would dump the container and
@@ -146,7 +150,7 @@ POLICY_ANNOTATIONS = {
 }
 
 
-def container_policy(policy, annotations: dict[str, str], container_id: str = ""):
+def container_policy(policy: CriuConfig, annotations: dict[str, str], container_id: str = "") -> CriuConfig:
     """The operator's policy with the container's own choices (annotations) applied: each
     validated, and refused (PolicyError) where it would loosen the operator's."""
     chosen = {key: annotations[name] for name, key in POLICY_ANNOTATIONS.items() if name in annotations}

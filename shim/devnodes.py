@@ -22,15 +22,19 @@ from __future__ import annotations
 import os
 import re
 import stat
+from typing import TYPE_CHECKING
 
 from gpuckpt.errors import GpuCheckpointError
+
+if TYPE_CHECKING:
+    from gpuckpt.oci.spec import Device
 
 GPU_NODE = re.compile(r"^nvidia\d+$")
 NVIDIA_NODE = re.compile(r"^nvidia[A-Za-z0-9-]*$")
 NVIDIA_MAJOR = 195
 
 
-def _wanted(devices) -> dict[str, tuple[int, int, int, int]]:
+def _wanted(devices: list[Device]) -> dict[str, tuple[int, int, int, int]]:
     """name -> (rdev, mode, uid, gid) for the spec's NVIDIA character devices directly in /dev."""
     wanted = {}
     for device in devices:
@@ -78,7 +82,7 @@ def _container_dev(pid: int, rootfs: str) -> int:
         os.close(root)
 
 
-def sync_nvidia_nodes(pid: int, devices, rootfs: str) -> list[str]:
+def sync_nvidia_nodes(pid: int, devices: list[Device], rootfs: str) -> list[str]:
     """Bring the container's /dev (process `pid`'s mount namespace, `rootfs` its root on the host)
     in line with `devices`; returns what changed."""
     wanted = _wanted(devices)

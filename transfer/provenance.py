@@ -18,10 +18,14 @@ import hashlib
 import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from gpuckpt.host.safefiles import create_new, read_bounded
 from gpuckpt.node.trust import Trust, log_unsigned_use
 from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
+
+if TYPE_CHECKING:
+    from gpuckpt.oci.image_layout import ImageManifest
 
 SIGNATURE_SUFFIX = ".sig"
 SIGNATURE_ANNOTATION = "io.gpuckpt.signature"
@@ -307,7 +311,7 @@ class ExportSigning:
         return write_archive_signature(writer.path, writer.sha256, self.digests.entries(), self.signer)
 
 
-def verify_image_signature(manifest, trust: Trust, what: str) -> tuple[SignedContent, str] | None:
+def verify_image_signature(manifest: ImageManifest, trust: Trust, what: str) -> tuple[SignedContent, str] | None:
     """A checkpoint image manifest's signature: content and signer name; None when unsigned and
     the policy allows unsigned restores; else a SignatureError. The layer digest and every other
     annotation must be exactly the signed ones."""
