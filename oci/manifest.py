@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstra
 
 from gpuckpt.errors import ImageError
 from gpuckpt.host.safefiles import replace_file
+from gpuckpt.oci.problems import first_problem
 
 MANIFEST_NAME = "gpuckpt-manifest.json"
 SCHEMA_VERSION = 1
@@ -163,6 +164,4 @@ def parse_manifest(text: bytes, path: str) -> Manifest:
     try:
         return Manifest.model_validate(raw)
     except ValidationError as error:
-        first = error.errors()[0]
-        message = first["msg"].removeprefix("Value error, ")
-        raise ImageError(f"{path}: {'.'.join(map(str, first['loc']))}: {message}") from None
+        raise ImageError(f"{path}: {first_problem(error)}") from None

@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from gpuckpt.errors import ImageError
+from gpuckpt.oci.problems import first_problem
 from gpuckpt.oci.timestamps import utc_now
 
 SCHEMA_VERSION: Final = 1
@@ -186,9 +187,7 @@ def parse_envelope(data: bytes, what: str) -> Envelope:
     try:
         return Envelope.model_validate_json(data)
     except ValidationError as error:
-        problem = error.errors()[0]
-        where = ".".join(str(part) for part in problem["loc"]) or "the document"
-        raise SignatureError(f"{what}: not a gpuckpt signature ({where}: {problem['msg']})") from None
+        raise SignatureError(f"{what}: not a gpuckpt signature ({first_problem(error)})") from None
 
 
 def untrusted_key_message(what: str, key_id: str) -> str:

@@ -124,15 +124,15 @@ def container_state(delegate: str, global_argv: Sequence[str], container_id: str
     # module but only asks whether the container exists (container_exists).
     from pydantic import ValidationError
 
+    from gpuckpt.oci.problems import first_problem
     from gpuckpt.oci.state import ContainerState
 
     output = _query(delegate, [*global_argv, "state", container_id])
     try:
         return ContainerState.model_validate_json(output)
     except ValidationError as error:
-        detail = error.errors()[0]
-        where = ".".join(str(part) for part in detail["loc"]) or "output"
-        raise DelegateError(f"{os.path.basename(delegate)} state {container_id}: {where}: {detail['msg']}") from None
+        problem = first_problem(error, "output")
+        raise DelegateError(f"{os.path.basename(delegate)} state {container_id}: {problem}") from None
 
 
 def container_pids(delegate: str, global_argv: Sequence[str], container_id: str) -> list[int]:
