@@ -127,15 +127,15 @@ before=$(mktemp)
 cgroup_dirs >"$before"
 cleanup() {
     # New since the start, deepest first, and only what the run's engines name: a bundle's
-    # gpuckpt-* (the tests' runc-level containers) or podman's libpod-ID, not one of the host
-    # podman's own containers. rmdir refuses a cgroup that still holds a process.
+    # gpuckpt-* (the tests' runc-level containers, with crun's .proxy-crun below) or podman's
+    # libpod-ID, not one of the host podman's own containers. rmdir refuses a cgroup that still holds a process.
     local host_ids
     host_ids=$(timeout 20 podman ps -a -q --no-trunc 2>/dev/null || true)
     cgroup_dirs | comm -13 "$before" - | sort -r | while read -r dir; do
         case ${dir##*/} in
             gpuckpt-*) ;;
             libpod-*) ! grep -qx "${dir##*/libpod-}" <<<"$host_ids" || continue;;
-            *) [[ $dir == */libpod_parent/libpod-* ]] || continue;;
+            *) [[ $dir == /sys/fs/cgroup/*/gpuckpt-*/* || $dir == */libpod_parent/libpod-* ]] || continue;;
         esac
         rmdir "$dir" 2>/dev/null || true
     done
