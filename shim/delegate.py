@@ -109,6 +109,15 @@ def delegate_version(delegate: str) -> str:
     return _query(delegate, ["--version"])
 
 
+def verb_has_flag(delegate: str, verb: str, flag: str) -> bool:
+    """Whether the delegate's `verb --help` lists `--flag` (runc 1.3 has checkpoint --link-remap,
+    runc 1.1 and crun have not)."""
+    try:
+        return f"--{flag}" in _query(delegate, [verb, "--help"])
+    except DelegateError:
+        return False
+
+
 def container_exists(delegate: str, global_argv: Sequence[str], container_id: str) -> bool:
     """Whether the delegate knows the container (`RT state ID` succeeds); its output is not read."""
     try:

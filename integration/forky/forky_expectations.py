@@ -12,11 +12,6 @@ _CRUN_128 = ("crun 1.28 cannot restore a bundle at runc level (CRIU: \"mnt: No m
              "podman's own restores through crun 1.28 pass, and the Debian 12 set keeps trixie's crun 1.21 "
              "for this reason (install-system.sh)")
 KNOWN_FAILURES: dict[str, str] = {
-    # product bug: the shim gives CRIU link-remap through CRIU_CONFIG_FILE (shim/criuconf.py)
-    "integration/test_link_remap.py::test_named_semaphore_is_dumped_with_link_remap_and_restored":
-        "with runc 1.3, link-remap given through CRIU_CONFIG_FILE does not reach the dump (CRIU: \"Use "
-        "link-remap option\"; the same with plain runc 1.3 and that variable), while /etc/criu/runc.conf "
-        "does: the shim's criu.link_remap = \"auto\" does nothing there",
     "integration/test_runc_level.py::test_bundle_checkpoint_restore[crun]": _CRUN_128,
     "integration/test_tcp.py::test_connection_survives_at_runc_level[crun-iptables]": _CRUN_128,
     "integration/test_tcp.py::test_connection_survives_at_runc_level[crun-nftables]": _CRUN_128,
