@@ -57,8 +57,9 @@ def test_link_remap_never_leaves_it_to_criu_and_the_container_running(semaphore_
     refused = sh("podman", "container", "checkpoint", name, check=False)
     assert refused.returncode != 0
     assert "sem.gpuckptTmp is held under a removed name" in refused.stderr, refused.stderr
-    # runc 1.1 names CRIU's log ("log file: PATH"); runc 1.3 quotes it ("--- Quoting \"PATH\"")
-    named = re.search(r'log file: (\S+)|Quoting \\"([^"\\]+)\\"', refused.stderr)
+    # runc 1.1 names CRIU's log ("log file: PATH" at the end of a logfmt msg="..."); runc 1.3 quotes
+    # it ("--- Quoting \"PATH\"")
+    named = re.search(r'log file: ([^\s"\\]+)|Quoting \\"([^"\\]+)\\"', refused.stderr)
     assert named, refused.stderr
     dump_log = named.group(1) or named.group(2)
     assert "Use link-remap option" in open(dump_log).read()
