@@ -96,6 +96,23 @@ def escaping_container(runc_delegate, tmp_path):
         sh("podman", "rm", "-f", "-t", "0", tag, check=False)
         secret.unlink(missing_ok=True)
         marker.unlink(missing_ok=True)
+        remove_named_hierarchies(tag[-20:])
+
+
+def remove_named_hierarchies(prefix: str) -> None:
+    """The escape's named cgroup v1 hierarchies, gone with the container. A hierarchy whose child
+    cgroup outlived the escape stays in the kernel unmounted and holds every process of the node in
+    its root, where crun, asked to kill or delete a container, then signals every process of the
+    node: mounted once more in a private mount namespace, its child cgroups removed, unmounted."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        name = line.split(":")[1].removeprefix("name=") if line.count(":") >= 2 else ""
+        if not line.split(":")[1].startswith(f"name={prefix}"):
+            continue
+        sh("unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+           'd=$(mktemp -d) && mount -t cgroup -o "none,name=$1" cgroup "$d" && '
+           'find "$d" -mindepth 1 -depth -type d -exec rmdir {} \; ; umount "$d"; rmdir "$d"', "-", name, check=False)
+    left = [line for line in Path("/proc/self/cgroup").read_text().splitlines() if f"name={prefix}" in line]
+    assert not left, f"named cgroup hierarchies left behind: {left}"
 
 
 @pytest.fixture
