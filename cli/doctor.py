@@ -11,10 +11,11 @@ import re
 from collections.abc import Callable, Iterator
 
 from gpuckpt.cuda.driver import load_driver, version_text
-from gpuckpt.errors import GpuckptError
+from gpuckpt.errors import GpuckptError, ImageError
 from gpuckpt.host import process
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
+from gpuckpt.oci.criu_images import criu_messages
 from gpuckpt.node.engines import docker_registration, podman_registration
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust, node_key_path, policy_path
@@ -59,6 +60,17 @@ def check_criu() -> str:
         last = (check.stderr.strip() or check.stdout.strip() or "no output").splitlines()[-1]
         raise CheckFailed(f"criu check failed: {last}", "run `criu check` and fix what it reports")
     return f"criu {match.group(1)}.{match.group(2)}: criu check looks good"
+
+
+def check_criu_image_definitions() -> str:
+    """Every restore reads CRIU's images with CRIU's own message definitions; without them each
+    restore is refused."""
+    try:
+        criu_messages()
+    except ImageError as error:
+        raise CheckFailed(str(error), "install Debian's python3-pycriu (forky or newer; "
+                                      "integration/testbed/install-system.sh shows how on Debian 12)") from None
+    return "CRIU's image definitions (python3-pycriu) load: restores can be checked"
 
 
 def check_config_and_delegate() -> str:
@@ -130,7 +142,8 @@ def check_driver() -> str | None:
 
 
 CHECKS: list[Callable[[], str | None]] = [
-    check_kernel, check_criu, check_config_and_delegate, check_trust, check_network_lock, check_podman, check_docker,
+    check_kernel, check_criu, check_criu_image_definitions, check_config_and_delegate, check_trust, check_network_lock,
+    check_podman, check_docker,
     check_driver,
 ]
 
