@@ -15,10 +15,10 @@ from gpuckpt.errors import GpuckptError, ImageError
 from gpuckpt.host import process
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
-from gpuckpt.oci.criu_images import criu_messages
 from gpuckpt.node.engines import docker_registration, podman_registration
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust, node_key_path, policy_path
+from gpuckpt.oci.criu_images import criu_messages
 from gpuckpt.shim.delegate import delegate_version
 from gpuckpt.shim.resolve import resolve_delegate
 
