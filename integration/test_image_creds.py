@@ -105,12 +105,13 @@ def remove_named_hierarchies(prefix: str) -> None:
     its root, where crun, asked to kill or delete a container, then signals every process of the
     node: mounted once more in a private mount namespace, its child cgroups removed, unmounted."""
     for line in Path("/proc/self/cgroup").read_text().splitlines():
-        name = line.split(":")[1].removeprefix("name=") if line.count(":") >= 2 else ""
-        if not line.split(":")[1].startswith(f"name={prefix}"):
+        hierarchy = line.split(":")[1]
+        if not hierarchy.startswith(f"name={prefix}"):
             continue
+        name = hierarchy.removeprefix("name=")
         sh("unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
            'd=$(mktemp -d) && mount -t cgroup -o "none,name=$1" cgroup "$d" && '
-           'find "$d" -mindepth 1 -depth -type d -exec rmdir {} \; ; umount "$d"; rmdir "$d"', "-", name, check=False)
+           'find "$d" -mindepth 1 -depth -type d -exec rmdir {} \\; ; umount "$d"; rmdir "$d"', "-", name, check=False)
     left = [line for line in Path("/proc/self/cgroup").read_text().splitlines() if f"name={prefix}" in line]
     assert not left, f"named cgroup hierarchies left behind: {left}"
 

@@ -43,8 +43,14 @@ from gpuckpt.shim.argv import (
     with_options,
 )
 from gpuckpt.shim.criuconf import ghost_limit, network_lock_lines, use_criu_config
-from gpuckpt.shim.delegate import (DelegateRun, container_pids, container_state, ensure_work_path, run_delegate,
-                                   verb_has_flag)
+from gpuckpt.shim.delegate import (
+    DelegateRun,
+    container_pids,
+    container_state,
+    ensure_work_path,
+    run_delegate,
+    verb_has_flag,
+)
 from gpuckpt.shim.freezer import Freezer, thawed
 from gpuckpt.shim.interrupt import interruptible, uninterruptible
 from gpuckpt.shim.log import log
@@ -109,8 +115,8 @@ class Checkpoint:
             lines.append("link-remap")  # runc 1.1 and crun leave it to CRIU's config files
             if verb_has_flag(self.delegate, "checkpoint", "link-remap"):
                 # runc >= 1.3 sends CRIU link_remap from its own flag, over any config file's
-                self.argv = for_delegate(self.delegate, self.args,
-                                         with_options(self.args, [*self.network.added_options, "--link-remap"]))
+                added = self.network.added_options if self.network is not None else []
+                self.argv = for_delegate(self.delegate, self.args, with_options(self.args, [*added, "--link-remap"]))
             log(self.args, "info", f"{self.container_id}: CRIU link-remap for {len(linked)} file(s) held under a "
                 f"removed name ({', '.join(sorted(linked)[:3])})")
         if lines:
