@@ -21,16 +21,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import RUNTIME_ROOT, Bundle, assert_continues, install, log, manifest, wait_counters  # noqa: E402
+from harness import RUNTIME_ROOT, SITE, Bundle, assert_continues, install, log, manifest, wait_counters  # noqa: E402
 
-from gpuckpt.cuda.discovery import find_cuda_pids
-from gpuckpt.cuda.driver import load_driver
-from gpuckpt.cuda.suspend import checkpointed_pids as driver_checkpointed
-from gpuckpt.host.procfs import descendants
+# gpuckpt is importable on the GPU machine only from harness.install()'s SITE, with its wheels
+sys.path.insert(0, str(SITE))
+from gpuckpt.cuda.discovery import find_cuda_pids  # noqa: E402
+from gpuckpt.cuda.driver import load_driver  # noqa: E402
+from gpuckpt.cuda.suspend import checkpointed_pids as driver_checkpointed  # noqa: E402
+from gpuckpt.host.procfs import descendants  # noqa: E402
 
 COUNTER = ["python3", "/work/gpu_counter.py"]
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-sys.path.insert(0, "/tmp/gpuckpt-site")
 
 
 def cuda_pids_of(bundle: Bundle) -> list[int]:

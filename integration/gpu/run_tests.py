@@ -33,11 +33,6 @@ from harness import (  # noqa: E402
     wait_counters,
 )
 
-from gpuckpt.cuda.devices import list_gpus
-from gpuckpt.cuda.driver import GpuPair, load_driver
-from gpuckpt.oci.spec import read_spec
-from gpuckpt.shim.devnodes import sync_nvidia_nodes
-
 COUNTER = ["python3", "/work/gpu_counter.py"]
 
 
@@ -329,7 +324,12 @@ def diagnose_remap() -> list[dict]:
     """By hand, after the shim's remapped restore failed: which device nodes and pairs let the driver
     restore a process checkpointed on GPU 0 into a container given GPU 1 (a failed restore leaves
     the process checkpointed, so each variant is tried on the same process)."""
+    # gpuckpt is importable on the GPU machine only once harness.install() has filled SITE
     sys.path.insert(0, str(harness.SITE))
+    from gpuckpt.cuda.devices import list_gpus
+    from gpuckpt.cuda.driver import GpuPair, load_driver
+    from gpuckpt.oci.spec import read_spec
+    from gpuckpt.shim.devnodes import sync_nvidia_nodes
 
     tried: list[dict] = []
     bundle = Bundle("remapdiag", COUNTER, {"GIB": "2"}, gpu_minors=[0])
