@@ -18,8 +18,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pyroute2 import IPRoute, netns
-
 REPO = Path(__file__).resolve().parents[2]
 CARRY = REPO / ".carry"
 SITE = Path("/tmp/gpuckpt-site")
@@ -115,6 +113,7 @@ def make_netns(name: str) -> None:
     """A named network namespace with its loopback up (pyroute2, carried: no iproute2 there)."""
     if str(SITE) not in sys.path:
         sys.path.insert(0, str(SITE))
+    from pyroute2 import IPRoute, netns  # from install()'s SITE: the machine has no pyroute2 of its own
 
     netns.create(name)
     with IPRoute(netns=name) as ip:
@@ -242,12 +241,14 @@ class Bundle:
         """A fresh network namespace at the same path for the restore, as podman makes one: the old
         one keeps the checkpointed job's TIME_WAIT sockets (CRIU then cannot bind NCCL's listening
         ports again: "Address already in use") and CRIU's network-lock table."""
+        from pyroute2 import netns
         netns.remove(self.name)
         make_netns(self.name)
 
     def destroy(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
         if self.netns:
+            from pyroute2 import netns
             netns.remove(self.name)
 
 
