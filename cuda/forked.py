@@ -14,6 +14,7 @@ process. Done before the lock, so a failure leaves every process running.
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 
@@ -85,9 +86,10 @@ def release_device(hold: DeviceHold) -> None:
     except (RemoteCallError, OSError) as error:
         raise GpuCheckpointError(f"forked child {hold.pid} of a CUDA process holds the GPU driver and could not "
                                  f"be made to let go of it ({error}); {SPAWN_HINT}") from None
+    closed_meanwhile = (SYS_CLOSE, -errno.EBADF)  # the child closed that descriptor itself
     failed = [f"{'close' if call[0] == SYS_CLOSE else 'munmap'}: {os.strerror(-result)}"
-              for call, result in zip(calls, results) if result < 0 and not (call[0] == SYS_CLOSE and -result == 9)]
-    if failed:  # EBADF on close: the child closed it itself meanwhile
+              for call, result in zip(calls, results) if result < 0 and (call[0], result) != closed_meanwhile]
+    if failed:
         raise GpuCheckpointError(f"forked child {hold.pid} of a CUDA process could not let go of the GPU driver "
                                  f"({'; '.join(failed)}); {SPAWN_HINT}")
 

@@ -22,7 +22,7 @@ from gpuckpt.cuda.inventory import Inventory
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.host.procfs import container_pid, container_processes, deleted_but_linked
+from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import load_config
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.suspension import Suspension, read_suspension, remove_suspension
@@ -42,7 +42,7 @@ from gpuckpt.shim.argv import (
     parse_verb_args,
     with_options,
 )
-from gpuckpt.shim.criuconf import ghost_limit, network_lock_lines, use_criu_config
+from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
 from gpuckpt.shim.delegate import (
     DelegateRun,
     container_pids,
@@ -97,35 +97,37 @@ class Checkpoint:
         policy = container_policy(self.config.criu, self.annotations, self.container_id)
         found = inspect_container(self.state.pid, self.pids)
         self.network = choose(found, set(self.verb.flags), policy)
-        self.argv = for_delegate(self.delegate, self.args, with_options(self.args, self.network.added_options))
         if self.network.added_options:
             log(self.args, "info", f"{self.container_id}: added {' '.join(self.network.added_options)} "
                 f"({len(found.tcp_connected)} connected TCP, {len(found.unix_external)} external unix "
                 f"socket(s), {found.file_locks} file lock(s))")
-        self._choose_criu_config()
+        options = [*self.network.added_options, *self._choose_criu_config()]
+        self.argv = for_delegate(self.delegate, self.args, with_options(self.args, options))
 
-    def _choose_criu_config(self) -> None:
+    def _choose_criu_config(self) -> list[str]:
+        """The shim's CRIU config lines (written, and kept for the manifest); returns the delegate
+        options that must carry one of them as well."""
+        options: list[str] = []
         lines = network_lock_lines(self.config.criu.network_lock)
         limit, why = ghost_limit(self.config.criu.ghost_limit, self.pids)
         if limit:
             lines.append(f"ghost-limit {limit}")
             if why:
                 log(self.args, "info", f"{self.container_id}: CRIU ghost-limit {limit >> 20} MiB ({why})")
-        if self.config.criu.link_remap == "auto" and (linked := needs_link_remap(self.pids)):
+        if self.config.criu.link_remap == "auto" and (linked := link_remap_files(self.pids)):
             lines.append("link-remap")  # runc 1.1 and crun leave it to CRIU's config files
             if verb_has_flag(self.delegate, "checkpoint", "link-remap"):
-                # runc >= 1.3 sends CRIU link_remap from its own flag, over any config file's
-                added = self.network.added_options if self.network is not None else []
-                self.argv = for_delegate(self.delegate, self.args, with_options(self.args, [*added, "--link-remap"]))
+                options.append("--link-remap")  # runc >= 1.3 sends CRIU its own flag, over any config file's
             log(self.args, "info", f"{self.container_id}: CRIU link-remap for {len(linked)} file(s) held under a "
                 f"removed name ({', '.join(sorted(linked)[:3])})")
         if lines:
             use_criu_config(lines)
         self.criu_config = lines
+        return options
 
     def _failure_hint(self) -> str:
         hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
-        if not hint and self.config.criu.link_remap == "never" and (linked := needs_link_remap(self.pids)):
+        if not hint and self.config.criu.link_remap == "never" and (linked := link_remap_files(self.pids)):
             hint = (f"{sorted(linked)[0]} is held under a removed name (a POSIX named semaphore): CRIU needs "
                     f"link-remap for it, which criu.link_remap = \"auto\" gives")
         return f"; {hint}" if hint else ""
@@ -306,10 +308,3 @@ class Checkpoint:
         if sign_dump(image_dir_of(self.verb)) is None:
             log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
                 "install makes one); a restore of it needs the trust policy's restore:any")
-
-
-def needs_link_remap(pids: list[int]) -> set[str]:
-    """Files in /dev/shm held under a removed name while still linked (POSIX named semaphores).
-    Only there: CRIU makes its temporary link beside the file, which in /dev/shm is the
-    container's own tmpfs."""
-    return {path for path in deleted_but_linked(pids) if path.startswith("/dev/shm/") and "/" not in path[9:]}

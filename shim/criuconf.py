@@ -10,11 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 
-from gpuckpt.host.procfs import deleted_file_sizes
+from gpuckpt.host.procfs import deleted_but_linked, deleted_file_sizes
 from gpuckpt.host.safefiles import replace_file
 from gpuckpt.node.paths import state_dir
 
 CRIU_DEFAULT_GHOST_LIMIT = 1 << 20
+SHM_DIR = "/dev/shm/"
 
 
 def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
@@ -28,6 +29,14 @@ def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
     path, size = max(ghosts.items(), key=lambda item: item[1])
     limit = -(-size // (1 << 20)) << 20  # whole MiB, at least the largest file
     return limit, f"{len(ghosts)} deleted file(s) still held, the largest {path} of {size >> 20} MiB"
+
+
+def link_remap_files(pids: list[int]) -> set[str]:
+    """Files directly in /dev/shm held under a removed name while still linked (POSIX named
+    semaphores), which CRIU dumps only with link-remap. Only there: CRIU makes its temporary
+    link beside the file, which in /dev/shm is the container's own tmpfs."""
+    return {path for path in deleted_but_linked(pids)
+            if path.startswith(SHM_DIR) and "/" not in path.removeprefix(SHM_DIR)}
 
 
 def use_criu_config(lines: list[str]) -> str:
