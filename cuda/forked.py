@@ -22,6 +22,7 @@ from gpuckpt.cuda.devices import NVIDIA_DEVICE_PREFIX
 from gpuckpt.cuda.driver import CudaDriver
 from gpuckpt.cuda.engine import query_states, refuse_stopped
 from gpuckpt.errors import DriverError, GpuCheckpointError
+from gpuckpt.host.procfs import start_time
 from gpuckpt.host.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
 
 CUDA_ERROR_NOT_INITIALIZED = "CUDA_ERROR_NOT_INITIALIZED"
@@ -33,6 +34,7 @@ class DeviceHold:
     """What one forked child holds of the NVIDIA driver."""
 
     pid: int
+    started: int | None  # its start time: with the PID, the process (None: it had ended)
     fds: tuple[int, ...]
     mappings: tuple[tuple[int, int], ...]  # (start, length)
 
@@ -58,12 +60,15 @@ def device_hold(pid: int, prefix: str = NVIDIA_DEVICE_PREFIX) -> DeviceHold:
     nodes), from /proc."""
     fds: list[int] = []
     mappings: list[tuple[int, int]] = []
+    started = start_time(pid)  # before what it holds: a PID taken again later does not match it
     try:
         entries = os.listdir(f"/proc/{pid}/fd")
         with open(f"/proc/{pid}/maps") as maps:
             lines = maps.readlines()
     except FileNotFoundError:
-        return DeviceHold(pid, (), ())  # it ended: it holds nothing any more
+        started = None
+    if started is None:
+        return DeviceHold(pid, None, (), ())  # it ended: it holds nothing any more
     for entry in entries:
         try:
             if os.readlink(f"/proc/{pid}/fd/{entry}").startswith(prefix):
@@ -75,14 +80,16 @@ def device_hold(pid: int, prefix: str = NVIDIA_DEVICE_PREFIX) -> DeviceHold:
         if len(fields) == 6 and fields[5].startswith(prefix):
             start, end = (int(part, 16) for part in fields[0].split("-"))
             mappings.append((start, end - start))
-    return DeviceHold(pid, tuple(sorted(fds)), tuple(mappings))
+    return DeviceHold(pid, started, tuple(sorted(fds)), tuple(mappings))
 
 
 def release_device(hold: DeviceHold) -> None:
     """Close and unmap what `hold` names, inside its process; any failure is one line."""
     calls = [(SYS_CLOSE, fd) for fd in hold.fds] + [(SYS_MUNMAP, start, length) for start, length in hold.mappings]
+    if hold.started is None or not calls:
+        return  # it ended, or holds nothing
     try:
-        results = remote_syscalls(hold.pid, calls)
+        results = remote_syscalls(hold.pid, hold.started, calls)
     except (RemoteCallError, OSError) as error:
         raise GpuCheckpointError(f"forked child {hold.pid} of a CUDA process holds the GPU driver and could not "
                                  f"be made to let go of it ({error}); {SPAWN_HINT}") from None

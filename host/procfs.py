@@ -88,13 +88,26 @@ def container_pid(host_pid: int) -> int:
     return host_pid
 
 
-def is_stopped(pid: int) -> bool:
-    """Stopped by a signal or a tracer (state T or t in /proc/PID/stat)."""
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state first); [] if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+            return stat.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return False
+        return []
+
+
+def is_stopped(pid: int) -> bool:
+    """Stopped by a signal or a tracer (state T or t in /proc/PID/stat)."""
+    fields = _stat_fields(pid)
+    return bool(fields) and fields[0] in ("T", "t")
+
+
+def start_time(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field); with the PID it
+    names one process, as a PID alone does not once the process ended. None if it is gone."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 else None
 
 
 def descendants(pid: int) -> list[int]:

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from gpuckpt.errors import GpuckptError
+from gpuckpt.host.procfs import start_time
 
 PTRACE_SINGLESTEP, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH = 9, 12, 13, 17
 PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4206, 0x4207
@@ -115,13 +116,17 @@ def stopped_thread(pid: int) -> Iterator[list[int]]:
             pass  # the process is gone: nothing to give back
 
 
-def remote_syscalls(pid: int, calls: Sequence[tuple[int, ...]]) -> list[int]:
-    """Run each (number, arg1, ...) inside `pid`, in order; their raw results (-errno on error)."""
+def remote_syscalls(pid: int, started: int, calls: Sequence[tuple[int, ...]]) -> list[int]:
+    """Run each (number, arg1, ...) inside `pid`, in order; their raw results (-errno on error).
+    `started` is the process's start time when the caller chose it: once the thread is held,
+    a process that ended meanwhile and left its PID to another is refused before any call."""
     if platform.machine() != "x86_64":
         raise RemoteCallError(f"remote system calls are implemented for x86_64 only, not {platform.machine()}")
-    instruction = find_syscall_instruction(pid)
     results = []
     with stopped_thread(pid) as pending:
+        if start_time(pid) != started:
+            raise RemoteCallError(f"process {pid} is not the one chosen (it ended and its PID was taken again)")
+        instruction = find_syscall_instruction(pid)
         saved = UserRegs()
         _ptrace(PTRACE_GETREGS, pid, 0, ctypes.cast(ctypes.pointer(saved), ctypes.c_void_p))
         try:

@@ -18,7 +18,8 @@ from fake_driver import FakeDriver
 
 from gpuckpt.cuda.forked import CUDA_ERROR_NOT_INITIALIZED, device_hold, release_forked_children, split_forked_children
 from gpuckpt.errors import DriverError, GpuCheckpointError
-from gpuckpt.host.ptrace import SYS_CLOSE, remote_syscalls
+from gpuckpt.host.procfs import start_time
+from gpuckpt.host.ptrace import SYS_CLOSE, RemoteCallError, remote_syscalls
 
 CHILD = textwrap.dedent("""
     import ctypes, mmap, os, sys
@@ -68,10 +69,21 @@ def test_release_closes_and_unmaps_only_the_device_and_the_blocked_read_goes_on(
 
 def test_remote_syscall_returns_the_error_of_the_call(child):
     process, _, _ = child
-    assert remote_syscalls(process.pid, [(SYS_CLOSE, 987654)]) == [-9]  # EBADF, process unharmed
+    assert remote_syscalls(process.pid, start_time(process.pid), [(SYS_CLOSE, 987654)]) == [-9]  # EBADF, unharmed
     process.stdin.write("again")
     process.stdin.flush()
     assert process.stdout.readline().split()[0] == "again"
+
+
+@pytest.mark.hostile("a forked child that ends and leaves its PID to another process before the release")
+def test_a_process_that_is_not_the_one_chosen_is_refused_before_any_call(child):
+    process, fd, _ = child
+    with pytest.raises(RemoteCallError, match=rf"process {process.pid} is not the one chosen"):
+        remote_syscalls(process.pid, start_time(process.pid) - 1, [(SYS_CLOSE, fd)])  # as if another had the PID
+    assert fd in device_hold(process.pid, "/dev/zero").fds
+    process.stdin.write("still")
+    process.stdin.flush()
+    assert process.stdout.readline().split()[:2] == ["still", "open"]
 
 
 def test_stopped_child_is_refused_before_anything_changes(child):
