@@ -346,9 +346,12 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
         state, comm = 0, ""
         threads: list[ThreadImage] = []
         namespaces: list[dict[str, int]] = []
+        old_seccomp = False  # CRIU's per-task fields of before per-thread seccomp
         for tid in tids:
             name = f"core-{tid}.img"
             core = _one(read(name, MAX_FILE_BYTES), at(name), "CORE", messages.core, messages)
+            old_seccomp |= core.HasField("tc") and (core.tc.HasField("old_seccomp_mode")
+                                                    or core.tc.HasField("old_seccomp_filter"))
             images.arch = images.arch or core.mtype
             if tid == process.pid or not threads:
                 state = core.tc.task_state if core.HasField("tc") else state
@@ -356,7 +359,10 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
                 if core.HasField("ids"):
                     namespaces.append(_namespaces(core.ids))
             threads.append(_thread(tid, core, filters, at(name)))
-        threads = _propagate_tsync(process.pid, threads, filters)
+        if len(tids) > 1 and old_seccomp:
+            raise ImageError(f"{at('pstree.img')}: process {process.pid} has several threads and per-task seccomp "
+                             "fields in a thread's core, which CRIU applies to every thread: refused")
+        threads = _propagate_tsync(process.pid, threads, filters, at("seccomp.img"))
         legacy = read(f"creds-{process.pid}.img", MAX_FILE_BYTES)
         if legacy is not None:
             entry = _one(legacy, at(f"creds-{process.pid}.img"), "CREDS", messages.creds, messages)
@@ -376,19 +382,27 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
     return images
 
 
-def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list) -> list[ThreadImage]:
+def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list, where: str) -> list[ThreadImage]:
     """The seccomp each thread will hold, as CRIU restores it. When every thread shares the leader's
     filters, CRIU's dump keeps them on the leader only, flagged SECCOMP_FILTER_FLAG_TSYNC, and
     writes the other threads without seccomp (criu/seccomp.c try_use_tsync); the restorer installs
     the leader's filters with that flag, which puts them on every thread of the process. Those
-    threads hold the leader's chain, and nothing else does: a filter without the flag stays on its
-    own thread."""
+    threads hold the leader's chain. Any other use of flags is not CRIU's and is refused: the
+    restorer takes a failed TSYNC (it returns the conflicting thread's id) for success, leaving
+    threads, the leader included, without filters."""
+    flagged = {index for thread in threads for index in thread.seccomp_chain if filters[index].flags}
+    if any(filters[index].flags & ~SECCOMP_FILTER_FLAG_TSYNC for index in flagged):
+        raise ImageError(f"{where}: a seccomp filter of process {leader_tid} carries flags other than TSYNC, "
+                         "which CRIU never writes: refused")
     leader = next((thread for thread in threads if thread.tid == leader_tid), None)
-    if leader is None or leader.seccomp_mode != 2 or not leader.seccomp_chain:
-        return threads
-    if not all(filters[index].flags & SECCOMP_FILTER_FLAG_TSYNC for index in leader.seccomp_chain):
-        return threads
-    return [ThreadImage(thread.tid, thread.creds, 2, leader.seccomp_chain) if thread.seccomp_mode == 0 else thread
+    others = [thread for thread in threads if thread is not leader]
+    if not flagged or (leader is not None and not others):
+        return threads  # TSYNC has no other thread to reach
+    if (leader is None or set(leader.seccomp_chain) != flagged
+            or any(thread.seccomp_mode != 0 for thread in others)):
+        raise ImageError(f"{where}: process {leader_tid}'s seccomp filters are flagged TSYNC other than as CRIU "
+                         "writes them (the leader's whole chain, the other threads without filters): refused")
+    return [ThreadImage(thread.tid, thread.creds, 2, leader.seccomp_chain) if thread is not leader else thread
             for thread in threads]
 
 

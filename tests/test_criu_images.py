@@ -47,7 +47,7 @@ def test_a_real_criu_dump_reads_as_podman_made_it() -> None:
 def test_threads_each_have_their_own_credentials(tmp_path: Path) -> None:
     build = ImageBuilder(tmp_path)
     build.checkpoint(threads=(7,))
-    build.write("core-7.img", "CORE", build.core(build.creds(caps={0, 21}), 2, 0))
+    build.write("core-7.img", "CORE", build.core(build.creds(caps={0, 21})))  # seccomp: the leader's, by TSYNC
     (task,) = read(tmp_path).tasks
     assert [(thread.tid, thread.creds.cap_eff) for thread in task.threads] == [(1, DEFAULT_CAPS), (7, {0, 21})]
 
@@ -207,13 +207,15 @@ def test_a_process_name_cannot_break_the_one_line(tmp_path: Path) -> None:
     assert read(tmp_path).tasks[0].comm == "x?FAKE: ok?[2J"
 
 
-def _threads_under(tmp_path: Path, leader_flags: int):
+def _threads_under(tmp_path: Path, leader_flags: int, thread_3_filtered: bool = False):
     """A leader under one filter flagged `leader_flags`, two threads written without seccomp, as
-    CRIU's dump writes threads that shared the leader's filters."""
+    CRIU's dump writes threads that shared the leader's filters (thread 3 under its own filter if
+    `thread_3_filtered`)."""
     build = ImageBuilder(tmp_path)
     build.checkpoint(threads=(2, 3))
     for tid in (2, 3):
-        build.write(f"core-{tid}.img", "CORE", build.core(None, None, None))
+        build.write(f"core-{tid}.img", "CORE", build.core(None, *((2, 0) if tid == 3 and thread_3_filtered
+                                                                 else (None, None))))
     entry = build.filter(bytes(8))
     entry.flags = leader_flags
     build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[entry]))
@@ -229,3 +231,27 @@ def test_threads_written_without_seccomp_hold_the_leaders_tsync_filters(tmp_path
 def test_without_tsync_the_other_threads_stay_unfiltered(tmp_path: Path) -> None:
     threads = _threads_under(tmp_path, leader_flags=0)  # restored as written: no filter on threads 2 and 3
     assert [thread.seccomp_mode for thread in threads] == [2, 0, 0]
+
+
+@pytest.mark.hostile("a TSYNC-flagged leader filter beside a thread with filters of its own (CRIU's restore "
+                     "can then leave threads unfiltered)")
+def test_tsync_other_than_as_criu_writes_it_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="flagged TSYNC other than as CRIU writes them"):
+        _threads_under(tmp_path, leader_flags=1, thread_3_filtered=True)
+
+
+@pytest.mark.hostile("a seccomp filter flagged NEW_LISTENER in seccomp.img")
+def test_filter_flags_other_than_tsync_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ImageError, match="flags other than TSYNC"):
+        _threads_under(tmp_path, leader_flags=1 | 8)
+
+
+@pytest.mark.hostile("per-task seccomp fields in a core of a multi-threaded process")
+def test_old_per_task_seccomp_in_a_threaded_process_is_refused(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint(threads=(2,))
+    core = build.core(None, 2, 0)
+    core.tc.old_seccomp_mode = 0
+    build.write("core-2.img", "CORE", core)
+    with pytest.raises(ImageError, match="several threads and per-task seccomp"):
+        read(tmp_path)
