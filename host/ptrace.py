@@ -16,6 +16,7 @@ import errno
 import os
 import platform
 import signal
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
@@ -29,6 +30,7 @@ WALL = 0x40000000
 SYSCALL_INSTRUCTION = b"\x0f\x05"
 SYS_CLOSE, SYS_MUNMAP = 3, 11
 MAX_TEXT_SCAN_BYTES = 64 << 20
+STOP_TIMEOUT_S = 5.0
 
 
 class RemoteCallError(GpuckptError):
@@ -59,8 +61,18 @@ def _ptrace(request: int, pid: int, address: int = 0, data: int | ctypes.c_void_
 
 
 def _wait_stop(pid: int) -> tuple[int, int]:
-    """(signal, ptrace event) of the next stop of `pid`; the thread must not have ended."""
-    _, status = os.waitpid(pid, WALL)
+    """(signal, ptrace event) of the next stop of `pid`, within STOP_TIMEOUT_S: a thread in an
+    uninterruptible wait (a vfork parent, a call held by a seccomp notifier) never stops, and the
+    container must not hang the caller so. Left seized then; the kernel lets it go when we exit."""
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while True:
+        waited, status = os.waitpid(pid, WALL | os.WNOHANG)
+        if waited:
+            break
+        if time.monotonic() > deadline:
+            raise RemoteCallError(f"process {pid} did not stop within {STOP_TIMEOUT_S:.0f} s (an uninterruptible "
+                                  "wait, such as a vfork parent's)")
+        time.sleep(0.001)
     if not os.WIFSTOPPED(status):
         raise RemoteCallError(f"process {pid} ended while stopped for a remote system call")
     return os.WSTOPSIG(status), (status >> 16) & 0xFFFF

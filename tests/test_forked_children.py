@@ -18,6 +18,7 @@ from fake_driver import FakeDriver
 
 from gpuckpt.cuda.forked import CUDA_ERROR_NOT_INITIALIZED, device_hold, release_forked_children, split_forked_children
 from gpuckpt.errors import DriverError, GpuCheckpointError
+from gpuckpt.host import ptrace
 from gpuckpt.host.procfs import start_time
 from gpuckpt.host.ptrace import SYS_CLOSE, RemoteCallError, remote_syscalls
 
@@ -124,3 +125,36 @@ def test_split_passes_other_driver_errors_on():
     with pytest.raises(DriverError) as raised:
         split_forked_children(driver, [10, 99])
     assert raised.value.cuda_error != CUDA_ERROR_NOT_INITIALIZED
+
+
+VFORK_PARENT = textwrap.dedent("""
+    import ctypes, mmap, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open("/dev/zero", os.O_RDONLY)
+    held = mmap.mmap(fd, 1 << 20, mmap.MAP_PRIVATE, mmap.PROT_READ)
+    print(flush=True)
+    if libc.vfork() == 0:  # the child sleeps; the parent waits for it uninterruptibly (state D)
+        libc.sleep(3600)
+        libc._exit(0)
+""")
+
+
+@pytest.mark.hostile("a forked child of a CUDA process waiting uninterruptibly (vfork) so that ptrace never stops it")
+def test_a_child_that_never_stops_is_refused_within_the_timeout(monkeypatch):
+    monkeypatch.setattr(ptrace, "STOP_TIMEOUT_S", 0.5)
+    parent = subprocess.Popen([sys.executable, "-c", VFORK_PARENT], stdout=subprocess.PIPE, text=True)
+    try:
+        parent.stdout.readline()
+        deadline = time.monotonic() + 5
+        while open(f"/proc/{parent.pid}/stat").read().rsplit(")", 1)[1].split()[0] != "D":
+            assert time.monotonic() < deadline, "the vfork parent did not block"
+            time.sleep(0.01)
+        started = time.monotonic()
+        with pytest.raises(GpuCheckpointError, match=rf"process {parent.pid} did not stop within"):
+            release_forked_children([parent.pid], "/dev/zero")
+        assert time.monotonic() - started < 5
+    finally:
+        for child in open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split():
+            os.kill(int(child), 9)
+        parent.kill()
+        parent.wait()
