@@ -183,6 +183,7 @@ def run_import(options: argparse.Namespace) -> int:
                                   guard=RatioGuard(options.archive, raw.tell, limits.max_entry_ratio, READ_BYTES,
                                                    os.fstat(raw.fileno()).st_size))
             verification.finish()
+            checked_file = file_identity(os.fstat(raw.fileno()))  # the file this pass read and checked
         staging.close_light()
         progress.end()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
@@ -194,7 +195,7 @@ def run_import(options: argparse.Namespace) -> int:
             finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
         else:
             phases = [f"checked in {time.monotonic() - started:.1f} s; runtime {checked.config.runtime}"]
-            copy = _stage_checked_copy(checked, staging, verification, limits, phases)
+            copy = _stage_checked_copy(checked, checked_file, staging, verification, limits, phases)
             staging.budget.take("the archive unpacked by podman", copied.bytes)
             finished = run([podman, "container", "restore", "--import", copy, *flags], timeout_s=3600)
     finally:
@@ -205,16 +206,26 @@ def run_import(options: argparse.Namespace) -> int:
     return 0
 
 
-def _stage_checked_copy(checked, staging, verification, limits, phases: list[str]) -> str:
+def file_identity(status: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is replaced or written: device, inode, size, and the change time,
+    which its owner cannot set back."""
+    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
+def _stage_checked_copy(checked, checked_file: tuple[int, ...], staging, verification, limits,
+                        phases: list[str]) -> str:
     """The archive read again, checked again (signature, bounds, no more than the checked pass
     held) and written compressed into the staging directory, which podman then imports as a
     file. A FIFO served podman 4.3's three opens, but podman >= 5.8.2 reads the first one to its
-    end and waits, which a FIFO held open for the next pass never gives: a file serves both."""
+    end and waits, which a FIFO held open for the next pass never gives: a file serves both.
+    The file must be the one the first pass checked, unchanged before and after this read: an
+    unsigned archive's config is not checked again here."""
     pass_started = time.monotonic()
     staging.budget.take("the checked copy for podman", os.path.getsize(checked.path))  # about its size again
     writer = ArchiveWriter(os.path.join(staging.directory, CHECKED_COPY))
     try:
         with open(checked.path, "rb") as raw:
+            _require_unchanged(raw, checked_file, checked.path)
             again = verification.again()  # the file is read anew: checked anew
             guard = RatioGuard(checked.path, raw.tell, limits.max_entry_ratio, READ_BYTES,
                                os.fstat(raw.fileno()).st_size)
@@ -223,6 +234,7 @@ def _stage_checked_copy(checked, staging, verification, limits, phases: list[str
                          observe=again.observe if again else None, guard=guard)
             if again:
                 again.finish()
+            _require_unchanged(raw, checked_file, checked.path)
         writer.finish(checked)
     except BaseException:
         writer.discard()
@@ -232,6 +244,11 @@ def _stage_checked_copy(checked, staging, verification, limits, phases: list[str
 
 
 CHECKED_COPY = "checked-archive.tar.zst"
+
+
+def _require_unchanged(raw, checked_file: tuple[int, ...], path: str) -> None:
+    if file_identity(os.fstat(raw.fileno())) != checked_file:
+        raise ImageError(f"{path}: replaced or written since it was checked: refused")
 
 
 def _no_more_than(checked, done: int) -> None:
