@@ -15,7 +15,6 @@ entry, so what reaches podman has passed the same checks as what we unpack.
 
 from __future__ import annotations
 
-import json
 import os
 import posixpath
 import re
@@ -34,7 +33,7 @@ from gpuckpt.oci import tarstream
 from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_compressor
 from gpuckpt.oci.image_layout import _Hashing
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from gpuckpt.oci.spec import Spec
+from gpuckpt.oci.spec import Spec, load_exact_json
 from gpuckpt.transfer.staging import PAGES_FILE
 from gpuckpt.transfer.staging import PLACEHOLDER as STAGING_PLACEHOLDER
 
@@ -106,8 +105,9 @@ def described(path: str, kept: dict[str, bytes], names: list[str], files: int, t
 def described_dumps(path: str, kept: dict[str, bytes]) -> PodmanArchive:
     """config.dump and spec.dump parsed, all an import checks before it stages anything."""
     try:
-        config = PodmanConfigDump.model_validate(json.loads(kept[CONFIG_DUMP]))
-        spec = Spec.model_validate(json.loads(kept[SPEC_DUMP]))
+        config = PodmanConfigDump.model_validate(
+            load_exact_json(kept[CONFIG_DUMP], f"{path}: {CONFIG_DUMP}", (PodmanConfigDump,), spec_at=("spec",)))
+        spec = Spec.model_validate(load_exact_json(kept[SPEC_DUMP], f"{path}: {SPEC_DUMP}", (Spec,)))
     except (ValueError, ValidationError, RecursionError) as error:
         raise ImageError(f"{path}: {CONFIG_DUMP} or {SPEC_DUMP} is not valid: {str(error).splitlines()[0]}") from None
     return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], None, spec=spec)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import typing
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -100,6 +102,92 @@ class Spec(_Part):
         """Whether the spec gives the container an NVIDIA GPU (devices, or the toolkit's variable)."""
         visible = self.env("NVIDIA_VISIBLE_DEVICES")
         return bool(self.nvidia_device_paths()) or (visible not in (None, "", "void", "none"))
+
+
+# OCI runtime-spec keys (config-linux.md, config.md) by where they sit, whether or not our models read them
+_HOOK = ("path", "args", "env", "timeout")
+_SYSCALL = ("names", "action", "errnoRet", "args")
+OCI_KEYS_AT: dict[tuple[str, ...], tuple[str, ...]] = {
+    (): ("ociVersion", "hooks", "process", "mounts", "linux", "root", "annotations", "hostname", "domainname"),
+    ("hooks",): ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"),
+    **{("hooks", stage): _HOOK for stage in ("prestart", "createRuntime", "createContainer", "startContainer",
+                                              "poststart", "poststop")},
+    ("root",): ("path", "readonly"),
+    ("mounts",): ("destination", "source", "type", "options", "uidMappings", "gidMappings"),
+    ("process",): ("terminal", "consoleSize", "cwd", "env", "args", "commandLine", "rlimits", "apparmorProfile",
+                   "capabilities", "noNewPrivileges", "oomScoreAdj", "scheduler", "selinuxLabel", "ioPriority",
+                   "execCPUAffinity", "user"),
+    ("process", "user"): ("uid", "gid", "umask", "additionalGids", "username"),
+    ("process", "capabilities"): ("bounding", "effective", "inheritable", "permitted", "ambient"),
+    ("linux",): ("namespaces", "uidMappings", "gidMappings", "timeOffsets", "devices", "netDevices", "cgroupsPath",
+                 "rootfsPropagation", "seccomp", "sysctl", "resources", "intelRdt", "memoryPolicy", "personality",
+                 "maskedPaths", "readonlyPaths", "mountLabel"),
+    ("linux", "namespaces"): ("type", "path"),
+    ("linux", "uidMappings"): ("containerID", "hostID", "size"),
+    ("linux", "gidMappings"): ("containerID", "hostID", "size"),
+    ("linux", "devices"): ("type", "path", "major", "minor", "fileMode", "uid", "gid"),
+    ("linux", "seccomp"): ("defaultAction", "defaultErrnoRet", "architectures", "flags", "listenerPath",
+                           "listenerMetadata", "syscalls"),
+    ("linux", "seccomp", "syscalls"): _SYSCALL,
+    ("linux", "seccomp", "syscalls", "args"): ("index", "value", "valueTwo", "op"),
+}
+
+
+def known_keys(model: Any, at: tuple[str, ...] = ()) -> dict[tuple[str, ...], set[str]]:
+    """Every field name and alias of a model and of the models its fields hold, by where they sit."""
+    known: dict[tuple[str, ...], set[str]] = {}
+    pending = [(model, at)]
+    while pending:
+        kind, where = pending.pop()
+        if isinstance(kind, type) and issubclass(kind, BaseModel):
+            for name, info in kind.model_fields.items():
+                names = {key for key in (name, info.alias, info.validation_alias) if isinstance(key, str)}
+                known.setdefault(where, set()).update(names)
+                pending += [(info.annotation, (*where, key)) for key in names]
+        else:
+            pending += [(arg, where) for arg in typing.get_args(kind)]  # list[Mount], Spec | None
+    return known
+
+
+def load_exact_json(data: bytes | str, what: str, models: tuple[Any, ...], spec_at: tuple[str, ...] = ()) -> Any:
+    """JSON that podman and runc (Go's encoding/json) read as our models do, the OCI spec at `spec_at`.
+
+    Go fills a field from a key that only case-folds to its name ("Hooks", or "hooks" with its k
+    the Kelvin sign U+212A), which our models would skip: such a key where a model or the OCI spec names
+    that field, or two keys of one object that fold alike, is an ImageError.
+    """
+    known: dict[tuple[str, ...], set[str]] = {}
+    for model in models:
+        for where, names in known_keys(model).items():
+            known.setdefault(where, set()).update(names)
+    for where, oci_names in OCI_KEYS_AT.items():
+        known.setdefault((*spec_at, *where), set()).update(oci_names)
+
+    def once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys: dict[str, str] = {}
+        for key, _ in pairs:
+            if key.casefold() in keys:
+                raise ImageError(f"{what}: keys {ascii(keys[key.casefold()])} and {ascii(key)} in one object; "
+                                 "keys must be spelled exactly, each once")
+            keys[key.casefold()] = key
+        return dict(pairs)
+
+    document = json.loads(data, object_pairs_hook=once)
+    pending: list[tuple[Any, tuple[str, ...]]] = [(document, ())]
+    while pending:
+        value, where = pending.pop()
+        if isinstance(value, list):
+            pending += [(item, where) for item in value]
+        elif isinstance(value, dict):
+            names = known.get(where, set())
+            folded = {name.casefold(): name for name in names}
+            for key, item in value.items():
+                if key not in names and key.casefold() in folded:
+                    place = ".".join(where) or "the top level"
+                    raise ImageError(f"{what}: key {ascii(key)} in {place} is {folded[key.casefold()]!r} spelled "
+                                     "otherwise; keys must be spelled exactly")
+                pending.append((item, (*where, key)))
+    return document
 
 
 def read_spec(bundle: str) -> Spec:

@@ -35,7 +35,6 @@ A spec without process.capabilities leaves runc's capabilities as they are: no c
 
 from __future__ import annotations
 
-import json
 import os
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -54,6 +53,7 @@ from gpuckpt.oci.criu_images import (
     read_checkpoint_images,
     wanted_image,
 )
+from gpuckpt.oci.spec import Spec, load_exact_json
 from gpuckpt.policy.seccomp_bpf import allows, chain_action, decode
 
 # Linux capability numbers (include/uapi/linux/capability.h)
@@ -140,7 +140,7 @@ class SpecGrant(_Part):
 
 def parse_grant(spec_bytes: bytes, where: str) -> SpecGrant:
     try:
-        return SpecGrant.model_validate(json.loads(spec_bytes))
+        return SpecGrant.model_validate(load_exact_json(spec_bytes, where, (SpecGrant, Spec)))
     except (ValueError, ValidationError, RecursionError) as error:
         raise ImageError(f"{where}: not a valid OCI spec: {str(error).splitlines()[0]}") from None
 
