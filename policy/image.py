@@ -54,7 +54,7 @@ from gpuckpt.oci.criu_images import (
     wanted_image,
 )
 from gpuckpt.oci.spec import Spec, load_exact_json
-from gpuckpt.policy.seccomp_bpf import allows, chain_action, decode
+from gpuckpt.policy.seccomp_bpf import decode, may_allow
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
@@ -281,7 +281,7 @@ class _Filters:
         for name, number in syscalls.items():
             key = (chain, number)
             if key not in self.seen:
-                self.seen[key] = allows(chain_action(programs, number, self.where))
+                self.seen[key] = may_allow(programs, number, self.where)
             if self.seen[key]:
                 found.append(name)
         return found

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, mapping_source, read_checkpoint_images
 from gpuckpt.policy.image import refusals
-from gpuckpt.policy.seccomp_bpf import RET_ALLOW, allows, chain_action, decode, run, seccomp_data
+from gpuckpt.policy.seccomp_bpf import RET_ALLOW, allows, chain_action, decode, may_allow, run, seccomp_data
 
 ALL_CAPS_FILTER = Path(__file__).parent / "data" / "criu-podman-allcaps-seccomp.img"  # --cap-add=ALL's, runc
 ERRNO, KILL_PROCESS = 0x00050000, 0x80000000
@@ -130,3 +130,31 @@ def test_fuzzed_programs_return_a_value_or_one_line(instructions, nr: int) -> No
         assert 0 <= result < 2**32
     except ImageError as error:
         assert "\n" not in str(error) and str(error).startswith("fuzz: ")
+
+
+@pytest.mark.hostile("a seccomp filter that allows a guarded syscall only when the instruction pointer is not 0")
+def test_a_filter_allowing_by_instruction_pointer_or_argument_is_refused(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    # ld [8] (instruction pointer, low word); jeq #0 -> errno, else allow
+    program = insn(0x20, 8) + insn(0x15, 0, jt=0, jf=1) + ret(ERRNO) + ret(RET_ALLOW)
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[build.filter(program)]))
+    held = read_checkpoint_images(directory_source(str(tmp_path)), "images")
+    assert "which the spec's linux.seccomp denies" in refusals(held, spec())[0]
+
+
+@pytest.mark.hostile("a seccomp filter that hands the guarded syscalls to a tracer (RET_TRACE)")
+def test_a_filter_tracing_what_the_spec_denies_is_refused(tmp_path: Path) -> None:
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[build.filter(ret(0x7FF00000))]))
+    held = read_checkpoint_images(directory_source(str(tmp_path)), "images")
+    assert "which the spec's linux.seccomp denies" in refusals(held, spec())[0]
+
+
+def test_an_argument_test_denying_either_way_is_not_taken_for_allowing() -> None:
+    """Both branches of a jump on an argument are followed; when both deny, the syscall is denied."""
+    program = decode(insn(0x20, 16) + insn(0x15, 1, jt=0, jf=1) + ret(ERRNO) + ret(KILL_PROCESS), "t")
+    assert not may_allow([program], BPF, "t")
+    assert may_allow([decode(insn(0x20, 16) + insn(0x15, 1, jt=0, jf=1) + ret(ERRNO) + ret(RET_ALLOW), "t")],
+                     BPF, "t")
