@@ -3,7 +3,9 @@
 Phases: decode a program (8-byte `sock_filter` instructions, only the opcodes seccomp accepts),
 run it on a `seccomp_data` (nr, arch, instruction pointer, six arguments; 64 bytes), every jump
 forward and every load inside the data, and combine a chain's results the kernel's way (the
-action of highest precedence wins). A program the kernel would refuse is an ImageError.
+action of highest precedence wins). For the policy, what a syscall number leaves open (the
+instruction pointer, the arguments) stays open: every path a filter can take is followed
+(`may_allow`). A program the kernel would refuse is an ImageError.
 """
 
 from __future__ import annotations
