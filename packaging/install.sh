@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install gpuckpt from this source tree into /opt/gpuckpt/venv (Debian's python3) and put
-# `gpuckpt` and `gpuckpt-runtime` in /usr/local/bin. Idempotent; run as root.
+# `gpuckpt`, `gpuckpt-runtime` and `gpuckpt-hook` in /usr/local/bin. Idempotent; run as root.
 #
 # The runtime's launcher starts the interpreter directly with -I -S and adds only our
 # site-packages: engines run it for every container operation, and a pyenv shim or
@@ -42,5 +42,6 @@ LAUNCHER
 mkdir -p "$bindir"
 write_launcher gpuckpt-runtime gpuckpt.shim.main
 write_launcher gpuckpt gpuckpt.cli.main
+write_launcher gpuckpt-hook gpuckpt.hooks.main
 install -d -m 0755 /etc/gpuckpt
 echo "gpuckpt $("$bindir/gpuckpt" --version | cut -d' ' -f2) installed in $prefix; $bindir/gpuckpt-runtime ready"
