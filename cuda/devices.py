@@ -12,8 +12,7 @@ from typing import Any
 
 from gpuckpt.errors import DriverError
 from gpuckpt.host.procfs import fd_targets
-
-NVIDIA_DEVICE_PREFIX = "/dev/nvidia"  # nvidiactl, nvidia-uvm, nvidia0..N: any means the driver is held
+from gpuckpt.oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
 
 
 @dataclass(frozen=True)

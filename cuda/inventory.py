@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
 from gpuckpt.host.procfs import fd_targets
 from gpuckpt.oci.manifest import GpuRecord
-from gpuckpt.oci.spec import NVIDIA_DEVICE, Spec
+from gpuckpt.oci.nvidia_paths import gpu_minor
+from gpuckpt.oci.spec import Spec
 
 
 @dataclass
@@ -26,8 +27,7 @@ class Inventory:
 
 def minors_held_by(pids: list[int]) -> set[int]:
     """Minor numbers of the /dev/nvidiaN a process has open (when the spec does not list them)."""
-    matches = (NVIDIA_DEVICE.match(target) for _, target in fd_targets(pids))
-    return {int(match.group(1)) for match in matches if match}
+    return {minor for _, target in fd_targets(pids) if (minor := gpu_minor(target)) is not None}
 
 
 def container_gpus(spec: Spec, cuda_pids: list[int], gpus: list[GpuInfo] | None = None) -> list[GpuInfo]:

@@ -91,12 +91,20 @@ class ImportConfig(_Section):
     max_entry_ratio: int = Field(default=4096, ge=1, le=1 << 20)
 
 
+class HookConfig(_Section):
+    # docker and containerd read no hooks.d: with this on, gpuckpt-runtime adds gpuckpt-hook (the
+    # one beside it) to the spec of each container given an NVIDIA GPU on `create`, so their GPU
+    # containers land in the node's inventory as podman's do (hooks/main.py).
+    add_to_spec: bool = False
+
+
 class Config(_Section):
     # runc, crun, another runc-compatible name looked up on PATH, or an absolute path.
     delegate: str = "runc"
     cuda: CudaConfig = CudaConfig()
     criu: CriuConfig = CriuConfig()
     import_: ImportConfig = Field(default=ImportConfig(), alias="import")  # `import` is a keyword
+    hook: HookConfig = HookConfig()
 
     @field_validator("delegate")
     @classmethod

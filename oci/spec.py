@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import typing
 from typing import Any
 
@@ -15,9 +14,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.oci.nvidia_paths import NVIDIA_DEVICE_PREFIX, gpu_minor
 from gpuckpt.oci.state import ContainerState
 
-NVIDIA_DEVICE = re.compile(r"^/dev/nvidia(\d+)$")
 MAX_SPEC_BYTES = 16 << 20
 
 
@@ -85,14 +84,13 @@ class Spec(_Part):
         return None
 
     def nvidia_device_paths(self) -> list[str]:
-        paths = [device.path for device in self.linux.devices if device.path.startswith("/dev/nvidia")]
-        paths += [mount.destination for mount in self.mounts if mount.destination.startswith("/dev/nvidia")]
+        paths = [device.path for device in self.linux.devices if device.path.startswith(NVIDIA_DEVICE_PREFIX)]
+        paths += [mount.destination for mount in self.mounts if mount.destination.startswith(NVIDIA_DEVICE_PREFIX)]
         return sorted(set(paths))
 
     def gpu_minors(self) -> list[int]:
         """Minor numbers of the /dev/nvidiaN GPUs the container is given."""
-        minors = {int(match.group(1)) for path in self.nvidia_device_paths() if (match := NVIDIA_DEVICE.match(path))}
-        return sorted(minors)
+        return sorted({minor for path in self.nvidia_device_paths() if (minor := gpu_minor(path)) is not None})
 
     def rootfs(self, bundle: str) -> str:
         """The container's root filesystem on the host: root.path, relative to the bundle if not absolute."""

@@ -12,7 +12,7 @@ import sys
 from gpuckpt import __version__
 from gpuckpt.errors import GpuckptError
 from gpuckpt.shim.argv import RuntimeArgs, parse_runtime_args
-from gpuckpt.shim.resolve import delegate_path, exec_delegate
+from gpuckpt.shim.resolve import exec_delegate, resolve_runtime
 
 OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
@@ -47,11 +47,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_runtime_args(argv)
     try:
-        delegate = delegate_path()
+        resolved = resolve_runtime()
+        delegate = resolved.delegate
         if args.wants_version and args.command is None and args.unknown_global is None:
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None:
             return _run_owned(args, delegate)
+        if args.command == "create" and resolved.hook and args.unknown_global is None:
+            from gpuckpt.shim.create import add_hook  # only with hook.add_to_spec on
+
+            add_hook(args, resolved.hook)
         exec_delegate(delegate, argv)
         return 1  # not reached: exec replaced us
     except GpuckptError as error:

@@ -1,4 +1,5 @@
-"""Which delegate runtime to run (from the config, with a start-up cache), and becoming it.
+"""Which delegate runtime to run and whether `create` adds gpuckpt-hook (from the config, with a
+start-up cache), and becoming the delegate.
 
 Validating the config needs pydantic (~100 ms to import), too slow for the
 `state` calls engines make all the time. The validated answer is cached in
@@ -22,7 +23,8 @@ if TYPE_CHECKING:
     from typing import NoReturn
 
 CACHE_NAME = "delegate.cache"
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
+HOOK_PROGRAM = "gpuckpt-hook"
 
 
 def _cache_key(config_file: str) -> list[str]:
@@ -35,7 +37,16 @@ def _cache_key(config_file: str) -> list[str]:
     return [CACHE_VERSION, config_file, identity, os.environ.get("PATH", ""), own_path]
 
 
-def _read_cache(key: list[str]) -> str | None:
+class Resolved:
+    """What a runtime call needs from the config: the delegate, and the hook `create` adds ("" for none)."""
+
+    __slots__ = ("delegate", "hook")
+
+    def __init__(self, delegate: str, hook: str) -> None:
+        self.delegate, self.hook = delegate, hook
+
+
+def _read_cache(key: list[str]) -> Resolved | None:
     try:
         fd = os.open(os.path.join(state_dir(), CACHE_NAME), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
@@ -50,20 +61,20 @@ def _read_cache(key: list[str]) -> str | None:
         return None
     finally:
         os.close(fd)
-    if fields[:-1] != key:
+    if fields[:-2] != key:
         return None
-    delegate = fields[-1]
-    return delegate if delegate.startswith("/") and os.access(delegate, os.X_OK) else None
+    delegate, hook = fields[-2:]
+    return Resolved(delegate, hook) if delegate.startswith("/") and os.access(delegate, os.X_OK) else None
 
 
-def _write_cache(key: list[str], delegate: str) -> None:
+def _write_cache(key: list[str], resolved: Resolved) -> None:
     directory = state_dir()
     try:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         temporary = os.path.join(directory, f".{CACHE_NAME}.{os.getpid()}")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as cache_file:
-            cache_file.write("\0".join([*key, delegate]))
+            cache_file.write("\0".join([*key, resolved.delegate, resolved.hook]))
         os.replace(temporary, os.path.join(directory, CACHE_NAME))
     except OSError:
         pass  # a cache we cannot write only costs start-up time
@@ -83,8 +94,14 @@ def resolve_delegate(delegate: str, config_file: str) -> str:
     return found
 
 
-def delegate_path() -> str:
-    """The delegate's path for this call: from the cache when nothing it depends on changed."""
+def hook_beside_runtime() -> str:
+    """gpuckpt-hook of this installation: the one beside the running gpuckpt-runtime."""
+    own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return os.path.join(os.path.dirname(own_path), HOOK_PROGRAM)
+
+
+def resolve_runtime() -> Resolved:
+    """The delegate's path and the hook for this call: from the cache when nothing they depend on changed."""
     config_file = config_path()
     key = _cache_key(config_file)
     cached = _read_cache(key)
@@ -92,9 +109,11 @@ def delegate_path() -> str:
         return cached
     from gpuckpt.node.config import load_config  # pydantic: only on a cache miss
 
-    path = resolve_delegate(load_config(config_file).delegate, config_file)
-    _write_cache(key, path)
-    return path
+    config = load_config(config_file)
+    resolved = Resolved(resolve_delegate(config.delegate, config_file),
+                        hook_beside_runtime() if config.hook.add_to_spec else "")
+    _write_cache(key, resolved)
+    return resolved
 
 
 def exec_delegate(delegate: str, argv: Sequence[str]) -> NoReturn:

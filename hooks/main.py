@@ -1,0 +1,144 @@
+"""`gpuckpt-hook STAGE`: the OCI hook that keeps the node's GPU container inventory.
+
+createRuntime: a container given /dev/nvidiaN devices is recorded (id, engine, bundle, GPUs by
+UUID, creation time) in node/inventory.py's directory; one asking for a GPU this node does not
+have is refused with one line, before its process runs (for a restore: in CRIU's
+setup-namespaces callback, before any process memory is restored). poststop: the record goes.
+Every other container costs one read of its config.json: the hook runs on every container start
+(hooks.d has no device condition), so it imports only the stdlib and gpuckpt's light modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from gpuckpt.cuda.proc_gpus import gpu_uuids_by_minor, nvidia_proc
+from gpuckpt.errors import GpuckptError
+from gpuckpt.hooks.entry import STAGES
+from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.node.inventory import check_container_id, remove_record, write_record
+from gpuckpt.oci.nvidia_paths import gpu_minor
+from gpuckpt.oci.timestamps import utc_now
+
+MAX_STATE_BYTES = 1 << 20
+MAX_SPEC_BYTES = 16 << 20  # as oci/spec.py reads a spec
+CONTAINERD_TASKS = "io.containerd.runtime.v2.task"  # containerd's bundles: .../io.containerd.runtime.v2.task/NS/ID
+RECORD_VERSION = 1  # oci/container_record.py
+
+
+class HookError(GpuckptError):
+    """What the hook refuses; the engine shows the line."""
+
+
+def _object(value: object, what: str) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise HookError(f"{what} is not a JSON object")
+    return value
+
+
+def read_state(data: bytes) -> tuple[str, str, int, dict[str, object]]:
+    """id, bundle, pid and annotations of the OCI state the engine passed on stdin."""
+    if len(data) > MAX_STATE_BYTES:
+        raise HookError(f"the container state on stdin is larger than {MAX_STATE_BYTES} bytes")
+    try:
+        state = _object(json.loads(data), "the container state on stdin")
+    except (ValueError, UnicodeDecodeError) as error:
+        raise HookError(f"the container state on stdin is not JSON: {error}") from None
+    container_id = check_container_id(state.get("id"))
+    bundle, pid = state.get("bundle"), state.get("pid", 0)
+    if not isinstance(bundle, str) or not bundle.startswith("/") or "\0" in bundle:
+        raise HookError(f"container {container_id}: bundle {bundle!r} is not an absolute path")
+    if not isinstance(pid, int) or pid < 0:
+        raise HookError(f"container {container_id}: pid {pid!r} is not a process id")
+    annotations = state.get("annotations") or {}
+    return container_id, bundle, pid, _object(annotations, "the state's annotations")
+
+
+def _entries(spec: dict[str, object], section: str, key: str) -> list[dict[str, object]]:
+    """spec[section][key] when it is a list of objects; [] when absent (runc refuses a malformed spec itself)."""
+    if section:
+        part = spec.get(section)
+        spec = part if isinstance(part, dict) else {}
+    entries = spec.get(key)
+    return [entry for entry in entries if isinstance(entry, dict)] if isinstance(entries, list) else []
+
+
+def gpu_minors(spec: dict[str, object]) -> set[int]:
+    """The minors of the /dev/nvidiaN the spec gives: device nodes, or device files bind-mounted in."""
+    paths = [device.get("path") for device in _entries(spec, "linux", "devices")]
+    paths += [mount.get("destination") for mount in _entries(spec, "", "mounts")]
+    return {minor for path in paths if isinstance(path, str) and (minor := gpu_minor(path)) is not None}
+
+
+def visible_devices(spec: dict[str, object]) -> str | None:
+    """NVIDIA_VISIBLE_DEVICES of the process, unless it asks for none (the NVIDIA toolkit's variable)."""
+    process = spec.get("process")
+    env = process.get("env") if isinstance(process, dict) else None
+    for entry in env if isinstance(env, list) else []:
+        if isinstance(entry, str) and entry.startswith("NVIDIA_VISIBLE_DEVICES="):
+            value = entry.partition("=")[2]
+            return value if value and value not in ("void", "none") else None
+    return None
+
+
+def engine_of(bundle: str, annotations: dict[str, object]) -> str:
+    """The engine that made the container: from where its bundle is (the engine's choice), then its annotations."""
+    parts = bundle.split("/")
+    if CONTAINERD_TASKS in parts[:-2]:
+        return "docker" if parts[parts.index(CONTAINERD_TASKS) + 1] == "moby" else "containerd"
+    if annotations.get("io.container.manager") == "libpod":  # podman also sets some io.kubernetes.cri-o.* keys
+        return "podman"
+    if "io.kubernetes.cri-o.ContainerType" in annotations:
+        return "cri-o"
+    return "runc"
+
+
+def created(state: bytes) -> None:
+    container_id, bundle, pid, annotations = read_state(state)
+    try:
+        spec = _object(json.loads(read_bounded(os.path.join(bundle, "config.json"), MAX_SPEC_BYTES,
+                                               f"container {container_id}: config.json")), "config.json")
+    except ValueError as error:
+        raise HookError(f"container {container_id}: config.json is not JSON: {error}") from None
+    minors, visible = gpu_minors(spec), visible_devices(spec)
+    if not minors and visible is None:
+        return  # not a GPU container
+    node = gpu_uuids_by_minor()
+    if minors and node is None:
+        raise HookError(f"container {container_id} is given /dev/nvidia{min(minors)} but this node has no "
+                        f"NVIDIA GPU ({nvidia_proc()}/gpus is missing: driver not loaded)")
+    missing = sorted(minors - set(node or {}))
+    if missing:
+        here = ", ".join(f"/dev/nvidia{minor}" for minor in sorted(node or {})) or "none"
+        raise HookError(f"container {container_id} is given /dev/nvidia{missing[0]} but this node has no such GPU "
+                        f"(GPUs here: {here})")
+    write_record({
+        "version": RECORD_VERSION, "id": container_id, "engine": engine_of(bundle, annotations), "bundle": bundle,
+        "pid": pid, "gpus": [{"minor": minor, "uuid": (node or {})[minor]} for minor in sorted(minors)],
+        "visible_devices": None if minors else visible, "created": utc_now(),
+    })
+
+
+def stopped(state: bytes) -> None:
+    container_id, _, _, _ = read_state(state)
+    remove_record(container_id)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] not in STAGES:
+        sys.stderr.write(f"gpuckpt-hook: usage: gpuckpt-hook {'|'.join(STAGES)} (the OCI state on stdin), "
+                         f"got {' '.join(argv) or 'nothing'}\n")
+        return 2
+    try:
+        (created if argv[0] == "createRuntime" else stopped)(sys.stdin.buffer.read(MAX_STATE_BYTES + 1))
+    except (GpuckptError, OSError) as error:
+        sys.stderr.write(f"gpuckpt-hook: {error}\n")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The node's GPU containers: one record each in /run/gpuckpt/containers/ID.json.
+
+gpuckpt-hook writes a record when a GPU container is created and removes it when the
+container is gone; the node service reads them (oci/container_record.py is the format).
+Stdlib only: the hook runs on every container start. The directory is root's and written
+through descriptors: a record lands whole (written beside, then renamed) whatever other
+hooks run at the same time, and no name in it is ever followed through a link.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+
+from gpuckpt.errors import GpuckptError
+from gpuckpt.host.safefiles import make_directories, write_private_at
+from gpuckpt.node.paths import state_dir
+
+INVENTORY_DIR = "containers"
+RECORD_SUFFIX = ".json"
+MAX_RECORD_BYTES = 64 << 10
+# runc's container id rule ([\w+.-]+), less what cannot be a file name of its own here.
+CONTAINER_ID = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9_+.-]{0,199}$")
+
+
+class InventoryError(GpuckptError):
+    """The inventory directory cannot be used safely."""
+
+
+def inventory_dir() -> str:
+    return os.path.join(state_dir(), INVENTORY_DIR)
+
+
+def check_container_id(container_id: object) -> str:
+    if not isinstance(container_id, str) or not CONTAINER_ID.match(container_id):
+        raise InventoryError(f"container id {container_id!r} not allowed: letters, digits, '_', '+', '-', '.' "
+                             "(not first), at most 200")
+    return container_id
+
+
+def _open_inventory() -> int:
+    """The inventory directory's descriptor, made root-only if missing; refused if anyone else can write it."""
+    parent_fd, fd, _ = make_directories(inventory_dir(), 0o700)
+    os.close(parent_fd)
+    status = os.fstat(fd)
+    if status.st_uid != os.geteuid() or status.st_mode & 0o022 or not stat.S_ISDIR(status.st_mode):
+        os.close(fd)
+        raise InventoryError(f"{inventory_dir()} is not a directory only {os.geteuid()} can write; refusing to use it")
+    return fd
+
+
+def write_record(record: dict[str, object]) -> None:
+    """Record a container (replacing its earlier record, if any) at once for every reader."""
+    container_id = check_container_id(record.get("id"))
+    data = json.dumps(record, sort_keys=True).encode()
+    fd = _open_inventory()
+    try:
+        temporary = f".{container_id}.{os.getpid()}.tmp"
+        write_private_at(fd, temporary, data)
+        os.replace(temporary, container_id + RECORD_SUFFIX, src_dir_fd=fd, dst_dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def remove_record(container_id: str) -> bool:
+    """Forget a container; whether there was a record."""
+    check_container_id(container_id)
+    fd = _open_inventory()
+    try:
+        os.unlink(container_id + RECORD_SUFFIX, dir_fd=fd)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def read_records() -> dict[str, bytes]:
+    """Every record's bytes by container id (a regular file each, at most MAX_RECORD_BYTES; others skipped)."""
+    fd = _open_inventory()
+    records: dict[str, bytes] = {}
+    try:
+        for name in os.listdir(fd):
+            container_id = name.removesuffix(RECORD_SUFFIX)
+            if name.startswith(".") or not name.endswith(RECORD_SUFFIX) or not CONTAINER_ID.match(container_id):
+                continue
+            try:
+                record_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                continue  # its container went away meanwhile
+            with os.fdopen(record_fd, "rb") as source:
+                if stat.S_ISREG(os.fstat(record_fd).st_mode):
+                    data = source.read(MAX_RECORD_BYTES + 1)
+                    if len(data) <= MAX_RECORD_BYTES:
+                        records[container_id] = data
+    finally:
+        os.close(fd)
+    return records

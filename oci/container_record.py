@@ -1,0 +1,44 @@
+"""One record of the node's GPU container inventory (node/inventory.py), as gpuckpt-hook writes it.
+
+The hook writes it with `json` (pydantic costs ~100 ms of its start-up, paid on every
+container start); this model reads it back, and tests/test_hook.py checks that every record
+the hook writes is one this model accepts.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.problems import first_problem
+
+RECORD_VERSION = 1
+# Which engine made the container, so the service acts through that engine and no other.
+Engine = Literal["podman", "docker", "containerd", "cri-o", "runc"]
+
+
+class RecordedGpu(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    minor: int = Field(ge=0, le=255)
+    uuid: str = Field(pattern=r"^GPU-[0-9a-fA-F-]{1,64}$")
+
+
+class ContainerRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: Literal[1]
+    id: str = Field(pattern=r"^[A-Za-z0-9_+-][A-Za-z0-9_+.-]{0,199}$")
+    engine: Engine
+    bundle: str = Field(pattern=r"^/", max_length=4096)
+    pid: int = Field(ge=0)
+    gpus: list[RecordedGpu]
+    visible_devices: str | None = Field(default=None, max_length=4096)  # NVIDIA_VISIBLE_DEVICES, if no device nodes
+    created: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+
+
+def parse_record(data: bytes, where: str) -> ContainerRecord:
+    try:
+        return ContainerRecord.model_validate_json(data)
+    except ValidationError as error:
+        raise ImageError(f"{where}: not a gpuckpt container record: {first_problem(error)}") from None
