@@ -15,6 +15,8 @@ from gpuckpt.cli.trust import run_init
 from gpuckpt.errors import UsageError
 from gpuckpt.host.programs import find_program
 from gpuckpt.node import engines
+from gpuckpt.node.config import turn_hook_on
+from gpuckpt.node.paths import config_path
 
 DOCKER_PID_FILE = "/var/run/docker.pid"
 
@@ -25,6 +27,8 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--default", action="store_true", help="make gpuckpt-runtime the engine's default runtime")
     parser.add_argument("--runtime-path", help="path of gpuckpt-runtime (default: found on PATH)")
     parser.add_argument("--config", help="the engine config file to edit (default: the engine's system file)")
+    parser.add_argument("--no-hook", action="store_true",
+                        help="leave gpuckpt-hook out (podman: no hooks.d file; docker: hook.add_to_spec not turned on)")
     parser.set_defaults(handler=run)
 
 
@@ -47,6 +51,18 @@ def _reload_dockerd() -> str:
     return f"dockerd (pid {pid}) reloaded its runtimes"
 
 
+def _install_hook(engine: str, runtime_path: str) -> str:
+    """gpuckpt-hook for this engine's containers: podman reads hooks.d, docker gets it from the runtime's create."""
+    hook_path = os.path.join(os.path.dirname(runtime_path), "gpuckpt-hook")
+    if not os.access(hook_path, os.X_OK):
+        raise UsageError(f"gpuckpt-hook is not beside {runtime_path} (reinstall gpuckpt, or pass --no-hook)")
+    if engine == "podman":
+        change = engines.install_hooks_d(hook_path)
+        return f"{change.path}: gpuckpt-hook {'registered' if change.changed else 'already registered'} ({hook_path})"
+    changed = turn_hook_on()
+    return f"{config_path()}: hook.add_to_spec {'turned on' if changed else 'already on'} ({hook_path})"
+
+
 def run(options: argparse.Namespace) -> int:
     runtime_path = _runtime_path(options.runtime_path)
     if os.geteuid() == 0:  # a non-root run edits a --config of its own and signs nothing
@@ -58,6 +74,8 @@ def run(options: argparse.Namespace) -> int:
     else:
         change = engines.register_docker(runtime_path, default=options.default,
                                          daemon_json=options.config or engines.DOCKER_DAEMON_JSON)
+    if not options.no_hook and not options.config and os.geteuid() == 0:
+        print(_install_hook(options.engine, runtime_path))
     if not change.changed:
         print(f"{change.path}: {engines.RUNTIME_NAME} already registered ({runtime_path}); nothing changed")
         return 0

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 HERE = Path(__file__).parent
 COUNTER_SOURCE = (HERE / "workloads" / "counter.py").read_text()
@@ -106,3 +110,21 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def configured_delegate(name: str, more: str = "") -> Iterator[str]:
+    """/etc/gpuckpt/config.toml names this delegate (and holds `more`) for the block; the old file comes back after."""
+    if os.geteuid() != 0:
+        pytest.fail("integration tests need root (run them through integration/test.sh)")
+    saved = CONFIG.read_text() if CONFIG.exists() else None
+    CONFIG.parent.mkdir(parents=True, exist_ok=True)
+    CONFIG.write_text(f'delegate = "{name}"\n{more}')
+    CONFIG.chmod(0o644)
+    try:
+        yield name
+    finally:
+        if saved is None:
+            CONFIG.unlink()
+        else:
+            CONFIG.write_text(saved)

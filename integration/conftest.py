@@ -6,8 +6,6 @@ here, not a skip, so a broken install cannot pass unnoticed.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -16,25 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import CONFIG, ROOTFS_TAR, free_port, sh
-
-
-@contextlib.contextmanager
-def configured_delegate(name: str) -> Iterator[str]:
-    """/etc/gpuckpt/config.toml names this delegate for the block; the old file comes back after."""
-    if os.geteuid() != 0:
-        pytest.fail("integration tests need root (run them through integration/test.sh)")
-    saved = CONFIG.read_text() if CONFIG.exists() else None
-    CONFIG.parent.mkdir(parents=True, exist_ok=True)
-    CONFIG.write_text(f'delegate = "{name}"\n')
-    CONFIG.chmod(0o644)
-    try:
-        yield name
-    finally:
-        if saved is None:
-            CONFIG.unlink()
-        else:
-            CONFIG.write_text(saved)
+from bed import ROOTFS_TAR, configured_delegate, free_port, sh
 
 
 @pytest.fixture(params=["runc", "crun"])

@@ -18,10 +18,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tomlkit.exceptions import TOMLKitError
 
 from gpuckpt.errors import EngineConfigError
+from gpuckpt.host.safefiles import replace_file
+from gpuckpt.oci.hooks_d import hooks_d_files
 
 RUNTIME_NAME = "gpuckpt-runtime"
 PODMAN_CONF = "/etc/containers/containers.conf"
 DOCKER_DAEMON_JSON = "/etc/docker/daemon.json"
+# Read by podman and CRI-O besides /usr/share/containers/oci/hooks.d (the packages' place); a
+# file here replaces the packaged one of the same name.
+PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 # containers/common's default list of runtimes that take --log-format=json; a
 # configured list replaces it, so ours carries the defaults along.
 PODMAN_JSON_RUNTIMES = ["crun", "runc", "kata", "runsc", "youki", "krun"]
@@ -141,3 +146,15 @@ def docker_registration(daemon_json: str = DOCKER_DAEMON_JSON) -> tuple[str | No
         raise EngineConfigError(f"{daemon_json}: not valid JSON: {error}") from None
     entry = settings.get("runtimes", {}).get(RUNTIME_NAME) or {}
     return entry.get("path"), settings.get("default-runtime") == RUNTIME_NAME
+
+
+def install_hooks_d(hook_path: str, hooks_dir: str = PODMAN_HOOKS_DIR) -> Change:
+    """gpuckpt-hook's hooks.d files (oci/hooks_d.py) for the hook at `hook_path`, in `hooks_dir`."""
+    changed = False
+    for name, text in hooks_d_files(hook_path).items():
+        path = os.path.join(hooks_dir, name)
+        if _read(path) != text:
+            os.makedirs(hooks_dir, mode=0o755, exist_ok=True)
+            replace_file(path, text, mode=0o644)
+            changed = True
+    return Change(hooks_dir, changed, None)
