@@ -45,7 +45,8 @@ def time_with_stdin(argv: list[str], stdin_path: str, env: dict[str, str]) -> fl
 
 
 def figures(samples: list[float]) -> dict[str, float]:
-    return {"median_ms": round(statistics.median(samples), 2), "p90_ms": round(statistics.quantiles(samples, n=10)[-1], 2)}
+    return {"median_ms": round(statistics.median(samples), 2),
+            "p90_ms": round(statistics.quantiles(samples, n=10)[-1], 2)}
 
 
 def bundle(work: Path, name: str, devices: list[str]) -> Path:

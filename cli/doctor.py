@@ -15,10 +15,12 @@ from gpuckpt.errors import GpuckptError, ImageError
 from gpuckpt.host import process
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
-from gpuckpt.node.engines import docker_registration, podman_registration
+from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration
+from gpuckpt.node.inventory import inventory_dir, read_records
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust, node_key_path, policy_path
 from gpuckpt.oci.criu_images import criu_messages
+from gpuckpt.oci.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
 from gpuckpt.shim.delegate import delegate_version
 from gpuckpt.shim.resolve import resolve_delegate
 
@@ -129,6 +131,38 @@ def check_docker() -> str | None:
     return _check_engine("docker", "dockerd", docker_registration)
 
 
+def check_hook() -> str | None:
+    """gpuckpt-hook beside the runtime, and reaching every engine here: podman through hooks.d, docker
+    through the runtime's create; the inventory it keeps."""
+    runtime = find_program("gpuckpt-runtime")
+    if runtime is None:
+        return None  # check_podman and check_docker say what is missing
+    hook = os.path.join(os.path.dirname(os.path.realpath(runtime)), "gpuckpt-hook")
+    if not os.access(hook, os.X_OK):
+        raise CheckFailed(f"gpuckpt-hook is not beside {runtime}", "reinstall gpuckpt (packaging/install.sh)")
+    reached = []
+    if find_program("podman"):
+        wanted = hooks_d_files(hook)
+        if not any(all(_text(os.path.join(directory, name)) == text for name, text in wanted.items())
+                   for directory in (PODMAN_HOOKS_DIR, PACKAGED_HOOKS_DIR)):
+            raise CheckFailed(f"podman: no hooks.d file runs {hook}", "gpuckpt install --engine podman")
+        reached.append("podman")
+    if find_program("dockerd"):
+        if not load_config().hook.add_to_spec:
+            raise CheckFailed(f"docker: hook.add_to_spec is off in {config_path()}", "gpuckpt install --engine docker")
+        reached.append("docker")
+    recorded = len(read_records()) if os.path.isdir(inventory_dir()) else 0
+    return f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {recorded} GPU container(s) recorded"
+
+
+def _text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as hook_file:
+            return hook_file.read()
+    except OSError:
+        return None
+
+
 def check_driver() -> str | None:
     """Only on a node with an NVIDIA GPU: the driver's checkpoint API must be there."""
     if not os.path.exists("/dev/nvidiactl"):
@@ -143,7 +177,7 @@ def check_driver() -> str | None:
 
 CHECKS: list[Callable[[], str | None]] = [
     check_kernel, check_criu, check_criu_image_definitions, check_config_and_delegate, check_trust, check_network_lock,
-    check_podman, check_docker,
+    check_podman, check_docker, check_hook,
     check_driver,
 ]
 

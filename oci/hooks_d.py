@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpuckpt.hooks.entry import STAGES, spec_entry
 
 PACKAGED_HOOK_PATH = "/usr/bin/gpuckpt-hook"  # where the packages put it (hooks/oci-hooks.d/ names this path)
+PACKAGED_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"  # where the packages put hooks/oci-hooks.d/
 HookStage = Literal["createRuntime", "poststop"]
 HOOKS_D_FILE = "gpuckpt-{stage}.json"  # one file per stage: a stage is the hook's one argument
 
