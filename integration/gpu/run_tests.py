@@ -553,6 +553,96 @@ def scenario_podman_archive(results: dict) -> str | None:
         archive.unlink(missing_ok=True)
 
 
+def inventory_record(container_id: str) -> dict | None:
+    path = Path("/run/gpuckpt/containers") / f"{container_id}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def nvml_uuids() -> dict[int, str]:
+    from gpuckpt.cuda.devices import list_gpus  # after install(): gpuckpt is on SITE
+
+    return {gpu.minor: gpu.uuid for gpu in list_gpus()}
+
+
+def scenario_hook_podman(results: dict) -> str | None:
+    """gpuckpt-hook on a real driver under podman (hooks.d): a GPU container recorded with the UUID
+    NVML gives its /dev/nvidiaN, kept across a checkpoint and restore (runc runs createRuntime in
+    CRIU's setup-namespaces), dropped when the container goes; a container asking for a GPU the
+    node lacks refused with the hook's line."""
+    from gpuckpt.oci.hooks_d import hooks_d_files
+
+    nvml = nvml_uuids()
+    information = {path.parent.name: path.read_text()
+                   for path in Path("/proc/driver/nvidia/gpus").glob("*/information")}
+    hooks_dir = Path("/etc/containers/oci/hooks.d")
+    hooks_dir.mkdir(parents=True, exist_ok=True)
+    for file_name, text in hooks_d_files(harness.HOOK).items():
+        (hooks_dir / file_name).write_text(text)
+    found: dict = {"nvml_uuid_by_minor": nvml, "proc_information": information}
+    podman = harness.Podman()
+    name = f"gpu-hook-{os.getpid()}"
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
+    try:
+        podman.import_rootfs()
+        podman.run_gpu(name, COUNTER, {"GIB": "1", "STATE": "/state/state"}, state)
+        container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+        record = inventory_record(container_id)
+        assert record and record["engine"] == "podman", record
+        assert [(gpu["minor"], gpu["uuid"]) for gpu in record["gpus"]] == [(0, nvml[0])], (record, nvml)
+        before = wait_counters(state, 1, 3)
+        podman.cli("container", "checkpoint", name)
+        podman.cli("container", "restore", name)
+        after = assert_continues(state, before)
+        restored = inventory_record(container_id)
+        assert restored and restored["pid"] != record["pid"] and restored["gpus"] == record["gpus"], restored
+        podman.cli("rm", "-f", "-t", "0", name)
+        assert inventory_record(container_id) is None
+        found["podman"] = {"record": record, "after_restore": restored, "before": before, "after": after}
+        missing = max(nvml) + 1
+        os.mknod(harness.WORK / f"nvidia{missing}", 0o600 | 0o020000, os.makedev(195, missing))
+        refused = podman.cli("run", "-d", "--name", f"{name}-x", "--device",
+                             f"{harness.WORK / f'nvidia{missing}'}:/dev/nvidia{missing}", podman.IMAGE, "true",
+                             check=False)
+        assert refused.returncode != 0 and f"is given /dev/nvidia{missing} but this node has no such GPU" in \
+            refused.stderr, refused.stderr
+        found["refused"] = refused.stderr.strip()[-400:]
+    finally:
+        podman.cli("rm", "-f", "-t", "0", name, f"{name}-x", check=False)
+    results["hook_podman"] = found
+    log(f"hook under podman: record {found['podman']['record']['gpus']}; refused: {found['refused'][-160:]}")
+    return None
+
+
+def scenario_hook_docker(results: dict) -> str | None:
+    """gpuckpt-hook under docker, added to the spec by the runtime's create (hook.add_to_spec)."""
+    nvml = nvml_uuids()
+    found: dict = {}
+    name = f"gpu-hook-{os.getpid()}"
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
+    docker = harness.Docker()
+    docker.start()
+    config = Path("/etc/gpuckpt/config.toml")
+    saved = config.read_text()
+    config.write_text(saved + "[hook]\nadd_to_spec = true\n")
+    try:
+        docker.import_rootfs()
+        docker.run_gpu(name, COUNTER, {"GIB": "1", "STATE": "/state/state"}, state)
+        container_id = docker.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+        record = inventory_record(container_id)
+        assert record and record["engine"] == "docker", record
+        assert [(gpu["minor"], gpu["uuid"]) for gpu in record["gpus"]] == [(0, nvml[0])], (record, nvml)
+        docker.cli("rm", "-f", name)
+        assert inventory_record(container_id) is None
+        found["docker"] = {"record": record}
+    finally:
+        config.write_text(saved)
+        docker.cli("rm", "-f", name, check=False)
+        docker.stop()
+    results["hook_docker"] = found
+    log(f"hook under docker: record {found['docker']['record']}")
+    return None
+
+
 SCENARIOS = {name.removeprefix("scenario_"): fn for name, fn in globals().items() if name.startswith("scenario_")}
 
 
