@@ -16,7 +16,7 @@ from gpuckpt.host.programs import find_program
 from gpuckpt.host.safefiles import read_bounded
 from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout, verify_layer
 from gpuckpt.oci.manifest import read_manifest
-from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, check_podman_archive, described
+from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, PodmanArchive, check_podman_archive, described
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -29,7 +29,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _podman_summary(archive, kind: str) -> dict:
+def _podman_summary(archive: PodmanArchive, kind: str) -> dict:
     config = archive.config
     return {"kind": kind, "engine": "podman",
             "container": {"name": config.name, "id": config.id, "image": config.rootfsImageName,

@@ -15,7 +15,7 @@ from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.cuda.suspend import resume, suspend
 from gpuckpt.errors import UsageError
 from gpuckpt.node.config import load_config
-from gpuckpt.node.suspension import all_suspensions, read_suspension, remove_suspension, write_suspension
+from gpuckpt.node.suspension import Suspension, all_suspensions, read_suspension, remove_suspension, write_suspension
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -49,7 +49,7 @@ def run_suspend(options: argparse.Namespace) -> int:
     return 0
 
 
-def _pairs(record, uuids: list[str], gpus: NodeGpus):
+def _pairs(record: Suspension, uuids: list[str], gpus: NodeGpus) -> list[GpuPair]:
     if not uuids:
         return []
     old = sorted({uuid for process in record.processes for uuid in process.gpu_uuids})

@@ -20,19 +20,27 @@ import argparse
 import os
 import sys
 import time
+from typing import BinaryIO
 
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
 from gpuckpt.host.process import Background, run
 from gpuckpt.host.programs import find_program
-from gpuckpt.node.config import load_config
+from gpuckpt.node.config import ImportConfig, load_config
 from gpuckpt.node.trust import load_trust, require_node_key
 from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
-from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked, described, described_dumps, import_refusals
+from gpuckpt.oci.podman_archive import (
+    ArchiveWriter,
+    PodmanArchive,
+    copy_checked,
+    described,
+    described_dumps,
+    import_refusals,
+)
 from gpuckpt.policy.image import check_archive
 from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
-from gpuckpt.transfer.provenance import ExportSigning, verify_archive_signature
+from gpuckpt.transfer.provenance import ArchiveVerification, ExportSigning, Unsigned, verify_archive_signature
 from gpuckpt.transfer.staging import HeldOutput, Staging
 
 
@@ -82,14 +90,14 @@ def _podman() -> str:
     return podman
 
 
-def _ended_within(program, seconds: float) -> bool:
+def _ended_within(program: Background, seconds: float) -> bool:
     deadline = time.monotonic() + seconds
     while program.running() and time.monotonic() < deadline:
         time.sleep(0.05)
     return not program.running()
 
 
-def _writer(output: str, threads: int):
+def _writer(output: str, threads: int) -> tuple[CheckpointImageWriter | ArchiveWriter, str]:
     image = parse_target(output)
     if image is not None:
         return CheckpointImageWriter(*image, threads=threads), f"oci:{image[0]}:{image[1]}"
@@ -212,8 +220,8 @@ def file_identity(status: os.stat_result) -> tuple[int, ...]:
     return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
 
 
-def _stage_checked_copy(checked, checked_file: tuple[int, ...], staging, verification, limits,
-                        phases: list[str]) -> str:
+def _stage_checked_copy(checked: PodmanArchive, checked_file: tuple[int, ...], staging: Staging,
+                        verification: ArchiveVerification | Unsigned, limits: ImportConfig, phases: list[str]) -> str:
     """The archive read again, checked again (signature, bounds, no more than the checked pass
     held) and written compressed into the staging directory, which podman then imports as a
     file. A FIFO served podman 4.3's three opens, but podman >= 5.8.2 reads the first one to its
@@ -246,12 +254,12 @@ def _stage_checked_copy(checked, checked_file: tuple[int, ...], staging, verific
 CHECKED_COPY = "checked-archive.tar.zst"
 
 
-def _require_unchanged(raw, checked_file: tuple[int, ...], path: str) -> None:
+def _require_unchanged(raw: BinaryIO, checked_file: tuple[int, ...], path: str) -> None:
     if file_identity(os.fstat(raw.fileno())) != checked_file:
         raise ImageError(f"{path}: replaced or written since it was checked: refused")
 
 
-def _no_more_than(checked, done: int) -> None:
+def _no_more_than(checked: PodmanArchive, done: int) -> None:
     if done > checked.bytes:
         raise ImageError(f"{checked.path}: holds more than the {checked.bytes} bytes it held when checked: "
                          "changed since; refused")

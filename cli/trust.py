@@ -13,6 +13,7 @@ import argparse
 import fcntl
 import os
 import socket
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -20,6 +21,7 @@ from gpuckpt.errors import UsageError
 from gpuckpt.node.trust import (
     THIS_NODE,
     KeyEntry,
+    TrustPolicy,
     UnsignedSource,
     checked_source,
     ensure_node_key,
@@ -69,7 +71,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     verify.set_defaults(handler=run_verify)
 
 
-def _edit(change) -> str:
+def _edit(change: Callable[[TrustPolicy], TrustPolicy]) -> str:
     """Read, change and write the policy under an exclusive lock: two edits at once both land."""
     os.makedirs(os.path.dirname(policy_path()), mode=0o755, exist_ok=True)
     fd = os.open(f"{policy_path()}.lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -89,7 +91,7 @@ def run_add(options: argparse.Namespace) -> int:
         raise UsageError(f"{options.name!r}: {error.errors()[0]['msg']}") from None
     key_id = key_id_of(public)
 
-    def change(policy):
+    def change(policy: TrustPolicy) -> TrustPolicy:
         for other in policy.key:
             if other.name == entry.name:
                 raise UsageError(f"a key named {entry.name} is already trusted: "
@@ -104,7 +106,7 @@ def run_add(options: argparse.Namespace) -> int:
 
 
 def run_remove(options: argparse.Namespace) -> int:
-    def change(policy):
+    def change(policy: TrustPolicy) -> TrustPolicy:
         kept = [entry for entry in policy.key if entry.name != options.name]
         if len(kept) == len(policy.key):
             names = ", ".join(entry.name for entry in policy.key) or "none"
@@ -121,7 +123,7 @@ def run_allow_unsigned(options: argparse.Namespace) -> int:
     except ValueError as error:
         raise UsageError(str(error).splitlines()[-1].removeprefix("  Value error, ")) from None
 
-    def change(policy):
+    def change(policy: TrustPolicy) -> TrustPolicy:
         if any(other.source == rule.source for other in policy.allow_unsigned):
             raise UsageError(f"unsigned input from {rule.source} is already allowed")
         return policy.model_copy(update={"allow_unsigned": [*policy.allow_unsigned, rule]})
@@ -131,7 +133,7 @@ def run_allow_unsigned(options: argparse.Namespace) -> int:
 
 
 def run_disallow_unsigned(options: argparse.Namespace) -> int:
-    def change(policy):
+    def change(policy: TrustPolicy) -> TrustPolicy:
         kept = [rule for rule in policy.allow_unsigned if rule.source != options.source]
         if len(kept) == len(policy.allow_unsigned):
             raise UsageError(f"no unsigned exception for {options.source}")

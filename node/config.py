@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, cast
 
 import tomlkit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
 
 from gpuckpt.errors import ConfigError
 from gpuckpt.host.safefiles import replace_file
@@ -116,7 +117,7 @@ class Config(_Section):
         return value
 
 
-def _field(section: type[BaseModel], key: str):
+def _field(section: type[BaseModel], key: str) -> FieldInfo:
     """A section's field by its key in the file (the alias, where the name is a Python keyword)."""
     return next(field for name, field in section.model_fields.items() if (field.alias or name) == key)
 
@@ -126,7 +127,8 @@ def _describe(error: dict, model: type[BaseModel]) -> str:
     if error["type"] == "extra_forbidden":
         section: type[BaseModel] = model
         for part in error["loc"][:-1]:
-            section = _field(section, str(part)).annotation
+            # every key above the unknown one is a table: a section's field whose type is a section
+            section = cast(type[BaseModel], _field(section, str(part)).annotation)
         allowed = ", ".join(field.alias or name for name, field in section.model_fields.items())
         return f"unknown key {key!r} (allowed: {allowed})"
     message = error["msg"].removeprefix("Value error, ")

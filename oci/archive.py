@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import gzip
 import os
-from typing import IO, cast
+from collections.abc import Callable, Generator
+from typing import IO, BinaryIO, Protocol, cast
 
 import zstandard
 
 from gpuckpt.errors import ImageError
+from gpuckpt.oci.tarstream import ByteSource
 from gpuckpt.transfer.direct_read import DirectReader
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -26,11 +28,23 @@ GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_SKIPPABLE = range(0x184D2A50, 0x184D2A60)
 
 
-def _zstd_headers(corrupt):
+class RawArchive(ByteSource, Protocol):
+    """The archive file as `decompressed` reads it: its magic, a seek back to the start, then once through."""
+
+    def read(self, size: int = -1, /) -> bytes: ...
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int: ...
+
+
+# what _zstd_headers yields: (count, skip, may_end)
+HeaderStep = tuple[int, bool, bool]
+
+
+def _zstd_headers(corrupt: Callable[[str], ImageError]) -> Generator[HeaderStep, bytes, None]:
     """The frame and block headers of a zstd stream (RFC 8878), as a coroutine fed the stream's
     bytes in order: it yields (count, skip, may_end) for what comes next, count bytes to be sent
-    to it (skip False) or passed over unseen (skip True); may_end says whether the stream may
-    end before them. Block contents (and their checksums) are the decompressor's to check."""
+    to it (skip False) or passed over unseen (skip True, then sent b""); may_end says whether the
+    stream may end before them. Block contents (and their checksums) are the decompressor's to check."""
     frame_magic = int.from_bytes(ZSTD_MAGIC, "little")
     while True:
         magic = int.from_bytes((yield 4, False, True), "little")
@@ -63,8 +77,9 @@ class ZstdFrameCheck:
     python-zstandard's stream reader ends quietly where a cut stream ends (a missing content
     checksum included); a stream that ends inside a frame is an ImageError here instead."""
 
-    def __init__(self, raw) -> None:
-        self.raw, self.name = raw, getattr(raw, "name", "archive")
+    def __init__(self, raw: RawArchive) -> None:
+        self.raw = raw
+        self.name: str = getattr(raw, "name", "archive")
         self._headers = _zstd_headers(self._corrupt)
         self._need, self._skip, self._may_end = next(self._headers)
         self._pending = bytearray()
@@ -88,7 +103,7 @@ class ZstdFrameCheck:
                 at, self._need = at + taken, self._need - taken
                 if self._need:
                     return
-                self._need, self._skip, self._may_end = self._headers.send(None)
+                self._need, self._skip, self._may_end = self._headers.send(b"")
                 continue
             taken = min(self._need - len(self._pending), len(data) - at)
             self._pending += data[at:at + taken]
@@ -100,7 +115,7 @@ class ZstdFrameCheck:
             self._need, self._skip, self._may_end = self._headers.send(header)
 
 
-def decompressed(raw) -> object:
+def decompressed(raw: RawArchive) -> ByteSource:
     """A readable stream of the tar inside `raw`: zstd (ours, podman's default), gzip, or none."""
     magic = raw.read(4)
     raw.seek(0)
@@ -112,7 +127,7 @@ def decompressed(raw) -> object:
     return raw
 
 
-def open_archive(path: str):
+def open_archive(path: str) -> DirectReader:
     """The archive file, opened for one sequential read (transfer.direct_read: around the page
     cache); an ImageError names it if it cannot be."""
     try:
@@ -121,13 +136,13 @@ def open_archive(path: str):
         raise ImageError(f"{path}: cannot read: {error.strerror}") from None
 
 
-def zstd_compressor(threads: int = 0, level: int = DEFAULT_LEVEL):
+def zstd_compressor(threads: int = 0, level: int = DEFAULT_LEVEL) -> zstandard.ZstdCompressor:
     """Multithreaded zstd (`threads` 0: one per CPU) with a checksum, which makes a corrupted
     archive an error rather than corrupted process memory."""
     return zstandard.ZstdCompressor(level=level, threads=threads or os.cpu_count() or 1, write_checksum=True)
 
 
-def close_quietly(*streams) -> None:
+def close_quietly(*streams: BinaryIO | None) -> None:
     """Close what a failed write left open; already failing, their own errors add nothing."""
     for stream in streams:
         try:

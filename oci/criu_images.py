@@ -18,12 +18,12 @@ import re
 import stat
 import struct
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from types import ModuleType
 
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from gpuckpt.errors import ImageError
 
@@ -113,7 +113,7 @@ class CheckpointImages:
 
 
 @cache
-def criu_messages():
+def criu_messages() -> _Messages:
     """CRIU's generated message modules and magic numbers (python3-pycriu), as a namespace."""
     images_dir = next((path for path in PYCRIU_DIRS if os.path.isdir(path)), None)
     if images_dir is None:
@@ -139,7 +139,9 @@ def criu_messages():
 
 
 class _Messages:
-    def __init__(self, magic: dict[str, int], modules: dict) -> None:
+    """CRIU's message classes: protobuf Messages generated at run time, so their fields are read by name."""
+
+    def __init__(self, magic: dict[str, int], modules: dict[str, ModuleType]) -> None:
         self.magic = magic
         self.core = modules["core_pb2"].core_entry
         self.pstree = modules["pstree_pb2"].pstree_entry
@@ -231,7 +233,8 @@ def image_limit(name: str) -> int:
 # --- the entries ------------------------------------------------------------------------------
 
 
-def _entries(data: bytes, where: str, kind: str, message, messages: _Messages, limit: int) -> list:
+def _entries(data: bytes, where: str, kind: str, message: type[Message], messages: _Messages,
+             limit: int) -> list[Message]:
     """An image file's protobuf entries: magic(s), then (u32 size, message) up to `limit` of them."""
     expected = messages.magic[kind]
     if len(data) < 4:
@@ -245,7 +248,7 @@ def _entries(data: bytes, where: str, kind: str, message, messages: _Messages, l
         offset = 8
     if first != expected:
         raise ImageError(f"{where}: not a CRIU {kind} image (magic {first:#x})")
-    entries: list[Any] = []  # protobuf messages
+    entries: list[Message] = []
     while offset < len(data):
         if len(entries) >= limit:
             raise ImageError(f"{where}: more than {limit} entries")
@@ -266,24 +269,28 @@ def _entries(data: bytes, where: str, kind: str, message, messages: _Messages, l
     return entries
 
 
-def _one(data: bytes | None, where: str, kind: str, message, messages: _Messages, required: bool = True):
+def _one(data: bytes | None, where: str, kind: str, message: type[Message], messages: _Messages) -> Message:
     if data is None:
-        if required:
-            raise ImageError(f"{where}: missing")
-        return None
+        raise ImageError(f"{where}: missing")
     entries = _entries(data, where, kind, message, messages, 1)
     if not entries:
         raise ImageError(f"{where}: holds no entry")
     return entries[0]
 
 
-def _caps(words, where: str, name: str) -> frozenset[int]:
+def _optional(data: bytes | None, where: str, kind: str, message: type[Message],
+              messages: _Messages) -> Message | None:
+    """The file's one entry, None if there is no such file."""
+    return None if data is None else _one(data, where, kind, message, messages)
+
+
+def _caps(words: Sequence[int], where: str, name: str) -> frozenset[int]:
     if len(words) > 4:
         raise ImageError(f"{where}: {name} has {len(words)} words, more than a capability set holds")
     return frozenset(index * 32 + bit for index, word in enumerate(words) for bit in range(32) if word >> bit & 1)
 
 
-def _creds(entry, where: str) -> Creds:
+def _creds(entry: Message, where: str) -> Creds:
     if len(entry.groups) > 65_536:
         raise ImageError(f"{where}: {len(entry.groups)} supplementary groups, more than the kernel allows")
     return Creds(entry.uid, entry.gid, entry.euid, entry.egid, entry.suid, entry.sgid, entry.fsuid, entry.fsgid,
@@ -292,11 +299,11 @@ def _creds(entry, where: str) -> Creds:
                  _caps(entry.cap_amb, where, "cap_amb"), entry.secbits, bool(entry.no_new_privs))
 
 
-def _namespaces(ids) -> dict[str, int]:
+def _namespaces(ids: Message) -> dict[str, int]:
     return {kind: getattr(ids, f"{kind}_ns_id") for kind in NAMESPACE_FIELDS}
 
 
-def _filter_chain(index: int, filters: list, where: str) -> tuple[int, ...]:
+def _filter_chain(index: int, filters: list[Message], where: str) -> tuple[int, ...]:
     """The filters a thread runs under, newest first, following `prev` links (each checked, no loops)."""
     seen: dict[int, None] = {}
     while True:
@@ -331,8 +338,8 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
     tree = _entries(pstree_data, at("pstree.img"), "PSTREE", messages.pstree, messages, MAX_TASKS)
     if not tree:
         raise ImageError(f"{at('pstree.img')}: holds no process")
-    seccomp_entry = _one(read("seccomp.img", MAX_SECCOMP_BYTES), at("seccomp.img"), "SECCOMP", messages.seccomp,
-                         messages, required=False)
+    seccomp_entry = _optional(read("seccomp.img", MAX_SECCOMP_BYTES), at("seccomp.img"), "SECCOMP",
+                              messages.seccomp, messages)
     filters = list(seccomp_entry.seccomp_filters) if seccomp_entry is not None else []
     if len(filters) > MAX_FILTERS:
         raise ImageError(f"{at('seccomp.img')}: {len(filters)} filters, more than {MAX_FILTERS}")
@@ -370,8 +377,8 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
             threads = [thread if thread.creds is not None else
                        ThreadImage(thread.tid, _creds(entry, at(f"creds-{process.pid}.img")), thread.seccomp_mode,
                                    thread.seccomp_chain) for thread in threads]
-        ids = _one(read(f"ids-{process.pid}.img", MAX_FILE_BYTES), at(f"ids-{process.pid}.img"), "IDS",
-                   messages.ids, messages, required=False)
+        ids = _optional(read(f"ids-{process.pid}.img", MAX_FILE_BYTES), at(f"ids-{process.pid}.img"), "IDS",
+                        messages.ids, messages)
         if ids is not None:
             namespaces.append(_namespaces(ids))
         if isinstance(comm, bytes):  # protobuf's Python decoder hands invalid UTF-8 back as bytes
@@ -382,7 +389,8 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
     return images
 
 
-def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list, where: str) -> list[ThreadImage]:
+def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list[Message],
+                     where: str) -> list[ThreadImage]:
     """The seccomp each thread will hold, as CRIU restores it. When every thread shares the leader's
     filters, CRIU's dump keeps them on the leader only, flagged SECCOMP_FILTER_FLAG_TSYNC, and
     writes the other threads without seccomp (criu/seccomp.c try_use_tsync); the restorer installs
@@ -406,7 +414,7 @@ def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list,
             for thread in threads]
 
 
-def _thread(tid: int, core, filters: list, where: str) -> ThreadImage:
+def _thread(tid: int, core: Message, filters: list[Message], where: str) -> ThreadImage:
     if not core.HasField("thread_core"):
         return ThreadImage(tid, None, 0)
     thread_core = core.thread_core
@@ -422,14 +430,15 @@ def _thread(tid: int, core, filters: list, where: str) -> ThreadImage:
     return ThreadImage(tid, creds, mode, chain)
 
 
-def _read_user_namespaces(read: FileSource, images: CheckpointImages, messages: _Messages, at) -> None:
+def _read_user_namespaces(read: FileSource, images: CheckpointImages, messages: _Messages,
+                          at: Callable[[str], str]) -> None:
     ids = {spaces["user"] for task in images.tasks for spaces in task.namespaces}
     for user_ns in sorted(ids - {images.dumper_namespaces["user"]}):
         name = f"userns-{user_ns}.img"
-        entry = _one(read(name, MAX_FILE_BYTES), at(name), "USERNS", messages.userns, messages, required=False)
+        entry = _optional(read(name, MAX_FILE_BYTES), at(name), "USERNS", messages.userns, messages)
         if entry is None:
             continue
-        maps = []
+        maps: list[tuple[IdMap, ...]] = []
         for extents in (entry.uid_map, entry.gid_map):
             if len(extents) > MAX_MAP_EXTENTS:
                 raise ImageError(f"{at(name)}: {len(extents)} map lines, more than the kernel's {MAX_MAP_EXTENTS}")

@@ -19,9 +19,11 @@ import os
 import platform
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import IO, TYPE_CHECKING, BinaryIO, TypeVar, cast
 
+import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpuckpt.errors import ImageError, UsageError
@@ -33,6 +35,7 @@ from gpuckpt.host.safefiles import (
     write_private_at,
 )
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
+from gpuckpt.oci.tarstream import Data
 from gpuckpt.oci.timestamps import utc_now
 
 if TYPE_CHECKING:
@@ -116,10 +119,10 @@ def parse_target(target: str) -> tuple[str, str] | None:
 class _Hashing:
     """A write-only stream that hashes and counts what passes through to `out`."""
 
-    def __init__(self, out) -> None:
+    def __init__(self, out: BinaryIO) -> None:
         self.out, self.hash, self.size = out, hashlib.sha256(), 0
 
-    def write(self, data) -> int:
+    def write(self, data: Data) -> int:
         self.hash.update(data)
         self.size += len(data)
         self.out.write(data)
@@ -148,7 +151,7 @@ class CheckpointImageWriter:
     """
 
     # (layer digest, annotations) -> annotations to add, the signature (transfer.provenance); None: unsigned
-    sign = None
+    sign: Callable[[str, dict[str, str]], dict[str, str]] | None = None
 
     def __init__(self, directory: str, tag: str, threads: int = 0) -> None:
         self.directory, self.tag, self.threads = directory, tag, threads
@@ -158,7 +161,7 @@ class CheckpointImageWriter:
         self._file: BinaryIO | None = None
         self._compressed: _Hashing | None = None
         self._tar_side: _Hashing | None = None
-        self._zstd: Any = None  # zstandard's stream writer
+        self._zstd: zstandard.ZstdCompressionWriter | None = None
         refused = UsageError(f"{directory}: already exists; give a new directory, or an empty one of yours, "
                              "for the image layout")
         try:
@@ -188,12 +191,13 @@ class CheckpointImageWriter:
         fd = create_private_at(self.blobs_fd, self._partial)
         self._file = os.fdopen(fd, "wb")
         self._compressed = _Hashing(self._file)
-        self._zstd = zstd_compressor(self.threads).stream_writer(self._compressed, closefd=False)
+        # a writer: write and flush are all stream_writer uses
+        self._zstd = zstd_compressor(self.threads).stream_writer(cast(IO[bytes], self._compressed), closefd=False)
         self._tar_side = _Hashing(self._zstd)
         return self._tar_side
 
     def _close_layer(self) -> None:
-        if self._file is None or self._compressed is None or self._tar_side is None:
+        if self._file is None or self._zstd is None or self._compressed is None or self._tar_side is None:
             raise ImageError("checkpoint image: the layer was never written")
         self._zstd.close()
         self._file.close()

@@ -21,8 +21,10 @@ import re
 import tarfile
 import time
 import zlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import IO, BinaryIO, cast
 
 import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -34,6 +36,8 @@ from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_
 from gpuckpt.oci.image_layout import _Hashing
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from gpuckpt.oci.spec import Spec, load_exact_json
+from gpuckpt.oci.tarstream import ByteSink, ByteSource, Data
+from gpuckpt.transfer.bounds import RatioGuard
 from gpuckpt.transfer.staging import PAGES_FILE
 from gpuckpt.transfer.staging import PLACEHOLDER as STAGING_PLACEHOLDER
 
@@ -145,7 +149,7 @@ def import_refusals(archive: PodmanArchive) -> list[str]:
     return list(dict.fromkeys(problems))
 
 
-def write_small_entry(out, name: str, data: bytes) -> int:
+def write_small_entry(out: ByteSink, name: str, data: bytes) -> int:
     """One root-only file entry made here; returns the bytes written."""
     info = tarfile.TarInfo(name)
     info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
@@ -169,9 +173,12 @@ class Copied:
     names: list[str] = field(default_factory=list)
 
 
-def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] | None = None,
-                 divert=None, trailer: tuple[tuple[str, bytes], ...] = (), observe=None, first=None,
-                 guard=None) -> Copied:
+def copy_checked(source: ByteSource, out: ByteSink | None, path: str, progress: Callable[[int], None] | None = None,
+                 kept: dict[str, bytes] | None = None,
+                 divert: Callable[[tarfile.TarInfo], AbstractContextManager[ByteSink] | None] | None = None,
+                 trailer: tuple[tuple[str, bytes], ...] = (),
+                 observe: Callable[[tarfile.TarInfo], ByteSink | None] | None = None,
+                 first: Callable[[dict[str, bytes]], None] | None = None, guard: RatioGuard | None = None) -> Copied:
     """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry
     checked (oci.tarstream), owned by root. `source` must have readinto().
 
@@ -216,8 +223,8 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
             diverted = divert(member) if divert is not None and member.isfile() else None
             if diverted is not None:
                 copied.files += 1
-                with diverted:
-                    tarstream.copy_data(reader, member.size, diverted, moved, pad=False, watch=watch)
+                with diverted as data_file:
+                    tarstream.copy_data(reader, member.size, data_file, moved, pad=False, watch=watch)
                 continue
             if out is not None:
                 written += tarstream.write_header(member, out)
@@ -232,7 +239,7 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
                 moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, out), watch=watch)
                 kept[member.name] = bytes(data[:member.size])
                 copied.bytes += member.size
-                if not config_checked and CONFIG_DUMP in kept and SPEC_DUMP in kept:
+                if first is not None and not config_checked and CONFIG_DUMP in kept and SPEC_DUMP in kept:
                     config_checked = True
                     first(kept)
                 if first is not None and member.name == GPU_MANIFEST:
@@ -256,10 +263,10 @@ def copy_checked(source, out, path: str, progress=None, kept: dict[str, bytes] |
 class _Collect:
     """Keeps what is written (padding included) and passes it on."""
 
-    def __init__(self, data: bytearray, out) -> None:
+    def __init__(self, data: bytearray, out: ByteSink | None) -> None:
         self.data, self.out = data, out
 
-    def write(self, chunk) -> None:
+    def write(self, chunk: Data) -> None:
         self.data += chunk
         if self.out is not None:
             self.out.write(chunk)
@@ -276,17 +283,18 @@ class ArchiveWriter:
         self.name = os.path.basename(path)
         self._file: BinaryIO | None = None
         self._hashed: _Hashing | None = None
-        self._zstd: Any = None  # zstandard's stream writer
+        self._zstd: zstandard.ZstdCompressionWriter | None = None
         self.dir_fd = open_directory(os.path.dirname(path) or ".")
 
-    def layer(self):
+    def layer(self) -> zstandard.ZstdCompressionWriter:
         self._file = os.fdopen(create_private_at(self.dir_fd, f"{self.name}.partial"), "wb")
         self._hashed = _Hashing(self._file)  # the archive's sha256, for its signature
-        self._zstd = zstd_compressor(self.threads).stream_writer(self._hashed, closefd=False)
+        # a writer: write and flush are all stream_writer uses
+        self._zstd = zstd_compressor(self.threads).stream_writer(cast(IO[bytes], self._hashed), closefd=False)
         return self._zstd
 
     def finish(self, archive: PodmanArchive) -> None:
-        if self._file is None or self._hashed is None:
+        if self._file is None or self._hashed is None or self._zstd is None:
             raise ImageError(f"{self.path}: the archive was never written")
         self._zstd.close()
         self._file.close()

@@ -15,6 +15,8 @@ from __future__ import annotations
 import io
 import posixpath
 import tarfile
+from collections.abc import Callable, Iterator
+from typing import Protocol
 
 from gpuckpt.errors import ImageError
 
@@ -56,6 +58,22 @@ def checked_name(member: tarfile.TarInfo) -> str:
     return normalized
 
 
+# What entry data is handed on as: a view into the reused read buffer, or bytes made here.
+Data = bytes | bytearray | memoryview
+
+
+class ByteSource(Protocol):
+    """A stream read with readinto (a pipe, a decompressor, a file)."""
+
+    def readinto(self, buffer: memoryview, /) -> int | None: ...
+
+
+class ByteSink(Protocol):
+    """Where data is written (a file, a compressor, a digest): write is all that is used."""
+
+    def write(self, data: Data, /) -> object: ...
+
+
 class TruncatedStream(ImageError):
     pass
 
@@ -63,7 +81,7 @@ class TruncatedStream(ImageError):
 class _Reader:
     """Exact reads from a stream that supports readinto (a pipe, a decompressor, a file)."""
 
-    def __init__(self, source, path: str) -> None:
+    def __init__(self, source: ByteSource, path: str) -> None:
         self.source, self.path = source, path
         self.buffer = bytearray(BUFFER_BYTES)
         self.view = memoryview(self.buffer)
@@ -104,7 +122,7 @@ def _parse(header_blocks: bytes, path: str) -> tarfile.TarInfo:
     return member
 
 
-def entries(source, path: str):
+def entries(source: ByteSource, path: str) -> Iterator[tuple[tarfile.TarInfo, _Reader]]:
     """Yield (member, reader) for each entry; the caller consumes exactly _padded(member.size) bytes."""
     reader = _Reader(source, path)
     pending, extensions, count = b"", 0, 0
@@ -160,7 +178,8 @@ def _end(reader: _Reader, path: str) -> None:
             raise ImageError(f"{path}: truncated or corrupt archive: data after the end-of-archive blocks")
 
 
-def copy_data(reader: _Reader, size: int, out, moved=None, pad: bool = True, watch=None) -> int:
+def copy_data(reader: _Reader, size: int, out: ByteSink | None, moved: Callable[[int], None] | None = None,
+              pad: bool = True, watch: ByteSink | None = None) -> int:
     """Move `size` bytes of entry data and its padding from reader to out (None: drop them;
     pad=False: the data alone, for a plain file); `moved(n)` hears of each chunk, `watch.write`
     sees the data too (never the padding: a digest, say). Returns the bytes read."""
@@ -181,7 +200,7 @@ def copy_data(reader: _Reader, size: int, out, moved=None, pad: bool = True, wat
     return total
 
 
-def write_header(member: tarfile.TarInfo, out) -> int:
+def write_header(member: tarfile.TarInfo, out: ByteSink) -> int:
     """A fresh header for the checked entry: its name, type and size, its permission bits (no
     setuid, setgid or sticky), its whole-second mtime, owned by root, and nothing else of the
     input's (no PAX record, no xattr) passes through. Returns its length."""
@@ -200,7 +219,7 @@ def write_header(member: tarfile.TarInfo, out) -> int:
     return len(header)
 
 
-def write_end(out, written: int) -> None:
+def write_end(out: ByteSink, written: int) -> None:
     """Two zero blocks, then zeros to the end of the 10 KiB record, as tar writes it."""
     end = written + 2 * BLOCK
     out.write(bytes(2 * BLOCK + (-end) % RECORD))

@@ -36,6 +36,7 @@ A spec without process.capabilities leaves runc's capabilities as they are: no c
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -149,7 +150,7 @@ def _numbers(names: list[str]) -> frozenset[int]:
     return frozenset(CAP_NUMBERS[name] for name in names if name in CAP_NUMBERS)
 
 
-def _names(numbers) -> str:
+def _names(numbers: Iterable[int]) -> str:
     names = [f"CAP_{CAPABILITIES[n]}" if n < len(CAPABILITIES) else f"capability {n}" for n in sorted(numbers)]
     shown = ", ".join(names[:MAX_SHOWN])
     return f"{shown} (+{len(names) - MAX_SHOWN} more)" if len(names) > MAX_SHOWN else shown or "none"
@@ -367,5 +368,5 @@ class _Sink:
     def __init__(self, data: bytearray) -> None:
         self.data = data
 
-    def write(self, chunk) -> None:
+    def write(self, chunk: tarstream.Data) -> None:
         self.data += chunk

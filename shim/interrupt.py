@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _raise(signum: int, _frame: object) -> None:
+def _raise(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 @contextlib.contextmanager
-def _handled_by(handler) -> Iterator[None]:
+def _handled_by(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
     previous = {sig: signal.signal(sig, handler) for sig in TERMINATING}
     try:
         yield

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from gpuckpt.cuda.compat import check_node, gpu_pairs
 from gpuckpt.cuda.devices import GpuInfo
@@ -25,7 +26,7 @@ from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
 from gpuckpt.oci.manifest import Manifest, read_manifest
-from gpuckpt.oci.spec import read_annotations, read_spec
+from gpuckpt.oci.spec import Device, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
 from gpuckpt.shim.argv import (
@@ -98,7 +99,7 @@ class GpuRestore:
         self.container_id = container_id
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
-        self.spec_devices: list = []
+        self.spec_devices: list[Device] = []
         self.rootfs = ""
 
     def _target_gpus(self) -> list[GpuInfo]:
@@ -193,7 +194,7 @@ class GpuRestore:
         self.phases.update(session.timings)
 
 
-def _collect(action, errors: list[BaseException]) -> None:
+def _collect(action: Callable[[], None], errors: list[BaseException]) -> None:
     try:
         action()
     except BaseException as error:  # handed to the main thread, which reports it

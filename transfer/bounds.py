@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from typing import BinaryIO
 
 from gpuckpt.errors import ImageError
 from gpuckpt.node.config import ImportConfig
+from gpuckpt.oci.tarstream import Data
 
 MIB = 1 << 20
 
@@ -56,10 +58,10 @@ class StagingBudget:
 class StagedFile:
     """A stream to disk that takes every byte from the budget before writing it."""
 
-    def __init__(self, out, budget: StagingBudget, name: str) -> None:
+    def __init__(self, out: BinaryIO, budget: StagingBudget, name: str) -> None:
         self.out, self.budget, self.name = out, budget, name
 
-    def write(self, data) -> int:
+    def write(self, data: Data) -> int:
         self.budget.take(self.name, len(data))
         return self.out.write(data)
 

@@ -15,6 +15,10 @@ import fcntl
 import io
 import mmap
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 BUFFER_BYTES = 8 << 20  # a multiple of every logical block size; large reads keep the disk busy
 ALIGNMENT = 4096
@@ -78,9 +82,10 @@ class DirectReader(io.RawIOBase):
             return b"".join(iter(lambda: self.read(BUFFER_BYTES), b""))
         return bytes(self._take(size))
 
-    def readinto(self, target) -> int:
-        taken = self._take(len(target))
-        target[:len(taken)] = taken
+    def readinto(self, target: Buffer) -> int:
+        view = memoryview(target)
+        taken = self._take(len(view))
+        view[:len(taken)] = taken
         return len(taken)
 
     def tell(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tarfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -25,7 +26,10 @@ from gpuckpt.node.trust import Trust, log_unsigned_use
 from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
 
 if TYPE_CHECKING:
-    from gpuckpt.oci.image_layout import ImageManifest
+    from gpuckpt.oci.archive import RawArchive
+    from gpuckpt.oci.image_layout import CheckpointImageWriter, ImageManifest
+    from gpuckpt.oci.podman_archive import ArchiveWriter
+    from gpuckpt.oci.tarstream import Data
 
 SIGNATURE_SUFFIX = ".sig"
 SIGNATURE_ANNOTATION = "io.gpuckpt.signature"
@@ -47,7 +51,7 @@ class BackgroundSha256:
     def __init__(self) -> None:
         self.hash = hashlib.sha256()
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: deque[Future] = deque()
+        self._pending: deque[Future[None]] = deque()
 
     def update(self, data: bytes) -> None:
         if len(data) < 1 << 16:  # not worth a thread's round trip
@@ -78,12 +82,12 @@ class _Digest:
     def __init__(self) -> None:
         self.hash, self.size = BackgroundSha256(), 0
 
-    def write(self, data) -> None:
+    def write(self, data: Data) -> None:
         self.hash.update(bytes(data))
         self.size += len(data)
 
 
-def _entry(member, digest: _Digest | None) -> SignedEntry:
+def _entry(member: tarfile.TarInfo, digest: _Digest | None) -> SignedEntry:
     if member.isdir():
         return SignedEntry(name=member.name, type="dir", mode=member.mode & 0o777)
     return SignedEntry(name=member.name, mode=member.mode & 0o777, size=member.size,
@@ -95,9 +99,9 @@ class EntryDigests:
 
     def __init__(self) -> None:
         self._done: list[SignedEntry] = []
-        self._open: tuple[object, _Digest] | None = None
+        self._open: tuple[tarfile.TarInfo, _Digest] | None = None
 
-    def observe(self, member):
+    def observe(self, member: tarfile.TarInfo) -> _Digest | None:
         self._close()
         if member.isdir():
             self._done.append(_entry(member, None))
@@ -125,7 +129,7 @@ class _CheckedDigest(_Digest):
         if not signed.size:
             self._check()
 
-    def write(self, data) -> None:
+    def write(self, data: Data) -> None:
         super().write(data)
         if self.size >= self.signed.size:
             self._check()
@@ -146,7 +150,7 @@ class EntryCheck:
         self.signed = {entry.name: entry for entry in content.entries}
         self.seen: set[str] = set()
 
-    def observe(self, member):
+    def observe(self, member: tarfile.TarInfo) -> _CheckedDigest | None:
         signed = self.signed.get(member.name)
         if signed is None:
             raise SignatureError(f"{self.what}: entry {member.name!r} is not among the signed entries: refused")
@@ -168,9 +172,9 @@ class EntryCheck:
 class HashingReader:
     """The raw archive as read once from the start (seeks back included), its sha256 taken on the way."""
 
-    def __init__(self, raw) -> None:
+    def __init__(self, raw: RawArchive) -> None:
         self.raw, self.hash, self.position, self.hashed_to = raw, BackgroundSha256(), 0, 0
-        self.name = getattr(raw, "name", "archive")
+        self.name: str = getattr(raw, "name", "archive")
         self.skipped = False
 
     def _saw(self, data: bytes) -> None:
@@ -188,7 +192,7 @@ class HashingReader:
         self._saw(data)
         return data
 
-    def readinto(self, target) -> int:
+    def readinto(self, target: memoryview) -> int | None:
         count = self.raw.readinto(target)
         self._saw(bytes(memoryview(target)[:count]))  # the caller reuses its buffer
         return count
@@ -221,7 +225,7 @@ class ArchiveVerification:
         self.observe = self.entries.observe
         self._reader: HashingReader | None = None
 
-    def reader(self, raw) -> HashingReader:
+    def reader(self, raw: RawArchive) -> HashingReader:
         self._reader = HashingReader(raw)
         return self._reader
 
@@ -241,7 +245,7 @@ class Unsigned:
 
     observe = None
 
-    def reader(self, raw):
+    def reader(self, raw: RawArchive) -> RawArchive:
         return raw
 
     def finish(self) -> None:
@@ -299,12 +303,12 @@ class ExportSigning:
                                       annotations=dict(annotations))
         return {SIGNATURE_ANNOTATION: self.signer.sign(content).decode()}
 
-    def attach(self, writer) -> None:
+    def attach(self, writer: CheckpointImageWriter | ArchiveWriter) -> None:
         """An image writer signs its manifest at finish; an archive is signed by `finish` here."""
         if hasattr(writer, "sign"):
             writer.sign = self.image_signature
 
-    def finish(self, writer) -> str:
+    def finish(self, writer: CheckpointImageWriter | ArchiveWriter) -> str:
         """The signature's place: ARCHIVE.sig, or the image manifest's annotation."""
         if hasattr(writer, "sign"):
             return f"{SIGNATURE_ANNOTATION} annotation"

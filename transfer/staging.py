@@ -25,15 +25,19 @@ import queue
 import re
 import secrets
 import shutil
+import tarfile
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import BinaryIO, Literal
+from types import TracebackType
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
 from gpuckpt.errors import ImageError
 from gpuckpt.host.safefiles import read_bounded, replace_file
 from gpuckpt.node.paths import state_dir
+from gpuckpt.oci.tarstream import ByteSink, Data
 from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.transfer.bounds import StagedFile, StagingBudget
 
@@ -109,7 +113,7 @@ class Staging:
         if self._light is not None:
             self._light.out.close()
 
-    def divert(self, member):
+    def divert(self, member: tarfile.TarInfo) -> ParallelFile | _Dropped | None:
         """A file for a pages image's data (closed by the copy), None for any other entry; when the
         pages are not staged (podman will read the archive itself), a stream that drops them."""
         directory, _, name = member.name.rpartition("/")
@@ -159,13 +163,13 @@ class Staging:
 
 
 class _Dropped:
-    def write(self, data) -> int:
+    def write(self, data: Data) -> int:
         return len(data)
 
-    def __enter__(self) -> "_Dropped":
+    def __enter__(self) -> _Dropped:
         return self
 
-    def __exit__(self, *failure) -> None:
+    def __exit__(self, *failure: object) -> None:
         pass
 
 
@@ -174,12 +178,12 @@ class HeldOutput:
     devshm-checkpoint.tar first): held in memory up to HELD_BYTES, past which it goes on to
     `spill()`'s stream; then `release(target)` sends it on to `target`, or drops it (None)."""
 
-    def __init__(self, spill, limit_bytes: int = 0) -> None:
+    def __init__(self, spill: Callable[[], ByteSink], limit_bytes: int = 0) -> None:
         self.spill, self.limit_bytes = spill, limit_bytes or HELD_BYTES
         self.held, self.released = bytearray(), False
-        self.target: BinaryIO | None = None
+        self.target: ByteSink | None = None
 
-    def write(self, data) -> int:
+    def write(self, data: Data) -> int:
         if self.target is not None:
             self.target.write(data)
         elif not self.released:
@@ -190,7 +194,7 @@ class HeldOutput:
                 self.held = bytearray()
         return len(data)
 
-    def release(self, target) -> None:
+    def release(self, target: ByteSink | None) -> None:
         if target is not None and self.target is None:
             target.write(self.held)
         self.held, self.target, self.released = bytearray(), target, True
@@ -213,9 +217,9 @@ class ParallelFile:
         for _ in range(2 * threads):
             self._free.put(bytearray(self.CHUNK_BYTES))
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="gpuckpt-stage")
-        self._pending: list[Future] = []
+        self._pending: list[Future[None]] = []
 
-    def write(self, data) -> int:
+    def write(self, data: Data) -> int:
         view = memoryview(data)
         while view:
             buffer = self._free.get()  # at most 2 chunks per thread in flight
@@ -248,10 +252,11 @@ class ParallelFile:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "ParallelFile":
+    def __enter__(self) -> ParallelFile:
         return self
 
-    def __exit__(self, kind, error, trace) -> None:
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
         try:
             self.close()
         except Exception:
