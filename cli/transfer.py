@@ -20,7 +20,7 @@ import argparse
 import os
 import sys
 import time
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
@@ -30,18 +30,14 @@ from gpuckpt.node.config import ImportConfig, load_config
 from gpuckpt.node.trust import load_trust, require_node_key
 from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
-from gpuckpt.oci.podman_archive import (
-    ArchiveWriter,
-    PodmanArchive,
-    copy_checked,
-    described,
-    described_dumps,
-    import_refusals,
-)
+from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked, described, described_dumps, import_refusals
 from gpuckpt.policy.image import check_archive
 from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
 from gpuckpt.transfer.provenance import ArchiveVerification, ExportSigning, Unsigned, verify_archive_signature
 from gpuckpt.transfer.staging import HeldOutput, Staging
+
+if TYPE_CHECKING:
+    from gpuckpt.oci.podman_archive import PodmanArchive
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
