@@ -70,7 +70,7 @@ def run(options: argparse.Namespace) -> int:
         run_init(options)
     if options.engine == "podman":
         change = engines.register_podman(runtime_path, default=options.default,
-                                         conf_path=options.config or engines.PODMAN_CONF)
+                                         conf_path=options.config or engines.PODMAN_CONF, hooks=not options.no_hook)
     else:
         change = engines.register_docker(runtime_path, default=options.default,
                                          daemon_json=options.config or engines.DOCKER_DAEMON_JSON)

@@ -19,7 +19,7 @@ from tomlkit.exceptions import TOMLKitError
 
 from gpuckpt.errors import EngineConfigError
 from gpuckpt.host.safefiles import replace_file
-from gpuckpt.oci.hooks_d import hooks_d_files
+from gpuckpt.oci.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
 
 RUNTIME_NAME = "gpuckpt-runtime"
 PODMAN_CONF = "/etc/containers/containers.conf"
@@ -73,8 +73,10 @@ class Change:
         self.path, self.changed, self.backup = path, changed, backup
 
 
-def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN_CONF) -> Change:
-    """Add `[engine.runtimes] gpuckpt-runtime = [PATH]` (and make it the default)."""
+def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN_CONF, hooks: bool = False) -> Change:
+    """Add `[engine.runtimes] gpuckpt-runtime = [PATH]` (and make it the default; with `hooks`, have
+    podman read PODMAN_HOOKS_DIR too: a podman without containers-common reads only its built-in
+    /usr/share/containers/oci/hooks.d)."""
     old_text = _read(conf_path)
     try:
         document = tomlkit.parse(old_text or "")
@@ -90,6 +92,10 @@ def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN
         engine["runtime_supports_json"] = [*json_runtimes, RUNTIME_NAME]
     if default:
         engine["runtime"] = RUNTIME_NAME
+    if hooks:
+        hooks_dirs = list(engine.get("hooks_dir", [PACKAGED_HOOKS_DIR]))
+        if PODMAN_HOOKS_DIR not in hooks_dirs:
+            engine["hooks_dir"] = [*hooks_dirs, PODMAN_HOOKS_DIR]
     new_text = tomlkit.dumps(document)
     if new_text == old_text:
         return Change(conf_path, False, None)

@@ -495,6 +495,8 @@ class Podman(Engine):
             '[engine]\ncgroup_manager = "cgroupfs"\nevents_logger = "file"\nruntime = "gpuckpt-runtime"\n'
             f'conmon_path = ["{wrappers / "conmon"}"]\n'
             'runtime_supports_json = ["crun", "runc", "gpuckpt-runtime"]\n'
+            # as `gpuckpt install --engine podman` sets it: this podman reads only /usr/share's otherwise
+            'hooks_dir = ["/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"]\n'
             f'[engine.runtimes]\ngpuckpt-runtime = ["{RUNTIME}"]\n')
         (conf / "policy.json").write_text('{"default": [{"type": "insecureAcceptAnything"}]}\n')
         (conf / "storage.conf").write_text('[storage]\ndriver = "overlay"\nrunroot = "/run/containers/storage"\n'

@@ -558,25 +558,31 @@ def inventory_record(container_id: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def gpuckpt_python(code: str) -> object:
+    """What `code` prints as JSON, run by the interpreter gpuckpt was installed for (its wheels on SITE)."""
+    return json.loads(sh(TORCH_PYTHON, "-c", code, env=dict(os.environ, PYTHONPATH=str(harness.SITE))).stdout)
+
+
 def nvml_uuids() -> dict[int, str]:
-    from gpuckpt.cuda.devices import list_gpus  # after install(): gpuckpt is on SITE
+    code = ("import json; from gpuckpt.cuda.devices import list_gpus; "
+            "print(json.dumps({gpu.minor: gpu.uuid for gpu in list_gpus()}))")
+    return {int(minor): uuid for minor, uuid in gpuckpt_python(code).items()}
 
-    return {gpu.minor: gpu.uuid for gpu in list_gpus()}
 
-
+@harness.nftables_network_lock()
 def scenario_hook_podman(results: dict) -> str | None:
     """gpuckpt-hook on a real driver under podman (hooks.d): a GPU container recorded with the UUID
     NVML gives its /dev/nvidiaN, kept across a checkpoint and restore (runc runs createRuntime in
     CRIU's setup-namespaces), dropped when the container goes; a container asking for a GPU the
     node lacks refused with the hook's line."""
-    from gpuckpt.oci.hooks_d import hooks_d_files
-
     nvml = nvml_uuids()
     information = {path.parent.name: path.read_text()
                    for path in Path("/proc/driver/nvidia/gpus").glob("*/information")}
     hooks_dir = Path("/etc/containers/oci/hooks.d")
     hooks_dir.mkdir(parents=True, exist_ok=True)
-    for file_name, text in hooks_d_files(harness.HOOK).items():
+    files = gpuckpt_python(f"import json; from gpuckpt.oci.hooks_d import hooks_d_files; "
+                           f"print(json.dumps(hooks_d_files({harness.HOOK!r})))")
+    for file_name, text in files.items():
         (hooks_dir / file_name).write_text(text)
     found: dict = {"nvml_uuid_by_minor": nvml, "proc_information": information}
     podman = harness.Podman()
@@ -599,8 +605,9 @@ def scenario_hook_podman(results: dict) -> str | None:
         assert inventory_record(container_id) is None
         found["podman"] = {"record": record, "after_restore": restored, "before": before, "after": after}
         missing = max(nvml) + 1
+        (harness.WORK / f"nvidia{missing}").unlink(missing_ok=True)
         os.mknod(harness.WORK / f"nvidia{missing}", 0o600 | 0o020000, os.makedev(195, missing))
-        refused = podman.cli("run", "-d", "--name", f"{name}-x", "--device",
+        refused = podman.cli("run", "-d", "--name", f"{name}-x", "--network", "none", "--device",
                              f"{harness.WORK / f'nvidia{missing}'}:/dev/nvidia{missing}", podman.IMAGE, "true",
                              check=False)
         assert refused.returncode != 0 and f"is given /dev/nvidia{missing} but this node has no such GPU" in \
