@@ -14,6 +14,7 @@ import fcntl
 import os
 import socket
 from collections.abc import Callable
+from typing import NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
@@ -42,33 +43,21 @@ from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.transfer.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
 
 
+class Verb(NamedTuple):
+    name: str
+    help: str
+    handler: Callable[[argparse.Namespace], int]
+    arguments: tuple[tuple[str, dict[str, str]], ...] = ()  # each: add_argument's name and keywords
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("trust", help="signing keys this node trusts, and its node key")
     verbs = parser.add_subparsers(dest="trust_command", required=True, metavar="VERB")
-    init = verbs.add_parser("init", help="make this node's signing key if it has none (gpuckpt install does)")
-    init.set_defaults(handler=run_init)
-    add = verbs.add_parser("add", help="trust checkpoints signed by another node's key")
-    add.add_argument("name", help="a name for that node (letters, digits, '.', '_', '-')")
-    add.add_argument("key_file", metavar="PUBKEYFILE|-", help="what `gpuckpt trust export-key` printed there")
-    add.set_defaults(handler=run_add)
-    remove = verbs.add_parser("remove", help="stop trusting a key")
-    remove.add_argument("name")
-    remove.set_defaults(handler=run_remove)
-    listing = verbs.add_parser("list", help="this node's key, the trusted keys, the unsigned exceptions")
-    listing.set_defaults(handler=run_list)
-    export = verbs.add_parser("export-key", help="print this node's public key (for the other node's trust add)")
-    export.set_defaults(handler=run_export_key)
-    allow = verbs.add_parser("allow-unsigned", help="accept unsigned checkpoints from a source (logged)")
-    allow.add_argument("source", help="archive:/PATH (that archive, or every one under that directory) or restore:any")
-    allow.add_argument("--note", default="", help="why, for whoever reads the policy")
-    allow.set_defaults(handler=run_allow_unsigned)
-    disallow = verbs.add_parser("disallow-unsigned", help="remove an unsigned exception")
-    disallow.add_argument("source")
-    disallow.set_defaults(handler=run_disallow_unsigned)
-    verify = verbs.add_parser("verify", help="check an archive's or checkpoint image's signature")
-    verify.add_argument("target", help="ARCHIVE (its ARCHIVE.sig beside it) or oci:DIR[:TAG]")
-    verify.add_argument("--signature", metavar="FILE", help="the archive's signature (default: ARCHIVE.sig)")
-    verify.set_defaults(handler=run_verify)
+    for verb in VERBS:
+        verb_parser = verbs.add_parser(verb.name, help=verb.help)
+        for name, keywords in verb.arguments:
+            verb_parser.add_argument(name, **keywords)
+        verb_parser.set_defaults(handler=verb.handler)
 
 
 def _edit(change: Callable[[TrustPolicy], TrustPolicy]) -> str:
@@ -80,6 +69,17 @@ def _edit(change: Callable[[TrustPolicy], TrustPolicy]) -> str:
         return save_policy(change(load_policy()))
     finally:
         os.close(fd)
+
+
+EntryT = TypeVar("EntryT", KeyEntry, UnsignedSource)
+
+
+def _without(entries: list[EntryT], unwanted: Callable[[EntryT], bool], refusal: str) -> list[EntryT]:
+    """The policy's entries less the unwanted ones; a UsageError saying `refusal` if none is."""
+    kept = [entry for entry in entries if not unwanted(entry)]
+    if len(kept) == len(entries):
+        raise UsageError(refusal)
+    return kept
 
 
 def run_add(options: argparse.Namespace) -> int:
@@ -107,11 +107,9 @@ def run_add(options: argparse.Namespace) -> int:
 
 def run_remove(options: argparse.Namespace) -> int:
     def change(policy: TrustPolicy) -> TrustPolicy:
-        kept = [entry for entry in policy.key if entry.name != options.name]
-        if len(kept) == len(policy.key):
-            names = ", ".join(entry.name for entry in policy.key) or "none"
-            raise UsageError(f"no trusted key is named {options.name} (trusted: {names})")
-        return policy.model_copy(update={"key": kept})
+        names = ", ".join(entry.name for entry in policy.key) or "none"
+        refusal = f"no trusted key is named {options.name} (trusted: {names})"
+        return policy.model_copy(update={"key": _without(policy.key, lambda key: key.name == options.name, refusal)})
 
     print(f"{_edit(change)}: key {options.name} no longer trusted")
     return 0
@@ -134,9 +132,8 @@ def run_allow_unsigned(options: argparse.Namespace) -> int:
 
 def run_disallow_unsigned(options: argparse.Namespace) -> int:
     def change(policy: TrustPolicy) -> TrustPolicy:
-        kept = [rule for rule in policy.allow_unsigned if rule.source != options.source]
-        if len(kept) == len(policy.allow_unsigned):
-            raise UsageError(f"no unsigned exception for {options.source}")
+        kept = _without(policy.allow_unsigned, lambda rule: rule.source == options.source,
+                        f"no unsigned exception for {options.source}")
         return policy.model_copy(update={"allow_unsigned": kept})
 
     print(f"{_edit(change)}: unsigned checkpoints from {options.source} refused again")
@@ -186,3 +183,22 @@ def run_verify(options: argparse.Namespace) -> int:
     else:
         print(f"{options.target}: unsigned, allowed by the trust policy")
     return 0
+
+
+# The verbs in --help's order (here, below the handlers they name).
+VERBS = (
+    Verb("init", "make this node's signing key if it has none (gpuckpt install does)", run_init),
+    Verb("add", "trust checkpoints signed by another node's key", run_add, (
+        ("name", {"help": "a name for that node (letters, digits, '.', '_', '-')"}),
+        ("key_file", {"metavar": "PUBKEYFILE|-", "help": "what `gpuckpt trust export-key` printed there"}))),
+    Verb("remove", "stop trusting a key", run_remove, (("name", {}),)),
+    Verb("list", "this node's key, the trusted keys, the unsigned exceptions", run_list),
+    Verb("export-key", "print this node's public key (for the other node's trust add)", run_export_key),
+    Verb("allow-unsigned", "accept unsigned checkpoints from a source (logged)", run_allow_unsigned, (
+        ("source", {"help": "archive:/PATH (that archive, or every one under that directory) or restore:any"}),
+        ("--note", {"default": "", "help": "why, for whoever reads the policy"}))),
+    Verb("disallow-unsigned", "remove an unsigned exception", run_disallow_unsigned, (("source", {}),)),
+    Verb("verify", "check an archive's or checkpoint image's signature", run_verify, (
+        ("target", {"help": "ARCHIVE (its ARCHIVE.sig beside it) or oci:DIR[:TAG]"}),
+        ("--signature", {"metavar": "FILE", "help": "the archive's signature (default: ARCHIVE.sig)"}))),
+)
