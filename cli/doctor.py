@@ -15,7 +15,7 @@ from gpuckpt.errors import GpuckptError, ImageError
 from gpuckpt.host import process
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
-from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration
+from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
 from gpuckpt.node.inventory import inventory_dir, read_records
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust, node_key_path, policy_path
@@ -143,7 +143,7 @@ def check_hook() -> str | None:
     reached = []
     if find_program("podman"):
         wanted = hooks_d_files(hook)
-        if not any(all(_text(os.path.join(directory, name)) == text for name, text in wanted.items())
+        if not any(all(read_engine_file(os.path.join(directory, name)) == text for name, text in wanted.items())
                    for directory in (PODMAN_HOOKS_DIR, PACKAGED_HOOKS_DIR)):
             raise CheckFailed(f"podman: no hooks.d file runs {hook}", "gpuckpt install --engine podman")
         reached.append("podman")
@@ -153,14 +153,6 @@ def check_hook() -> str | None:
         reached.append("docker")
     recorded = len(read_records()) if os.path.isdir(inventory_dir()) else 0
     return f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {recorded} GPU container(s) recorded"
-
-
-def _text(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8") as hook_file:
-            return hook_file.read()
-    except OSError:
-        return None
 
 
 def check_driver() -> str | None:

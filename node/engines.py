@@ -56,7 +56,8 @@ def _write_with_backup(path: str, old_text: str | None, new_text: str) -> str | 
     return backup
 
 
-def _read(path: str) -> str | None:
+def read_engine_file(path: str) -> str | None:
+    """The text of an engine's file; None if there is none."""
     try:
         with open(path, encoding="utf-8") as existing:
             return existing.read()
@@ -77,7 +78,7 @@ def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN
     """Add `[engine.runtimes] gpuckpt-runtime = [PATH]` (and make it the default; with `hooks`, have
     podman read PODMAN_HOOKS_DIR too: a podman without containers-common reads only its built-in
     /usr/share/containers/oci/hooks.d)."""
-    old_text = _read(conf_path)
+    old_text = read_engine_file(conf_path)
     try:
         document = tomlkit.parse(old_text or "")
     except TOMLKitError as error:
@@ -104,7 +105,7 @@ def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN
 
 def register_docker(runtime_path: str, *, default: bool, daemon_json: str = DOCKER_DAEMON_JSON) -> Change:
     """Add `runtimes.gpuckpt-runtime.path` to daemon.json (and `default-runtime`)."""
-    old_text = _read(daemon_json)
+    old_text = read_engine_file(daemon_json)
     try:
         settings = json.loads(old_text) if old_text and old_text.strip() else {}
     except ValueError as error:
@@ -130,7 +131,7 @@ def register_docker(runtime_path: str, *, default: bool, daemon_json: str = DOCK
 
 def podman_registration(conf_path: str = PODMAN_CONF) -> tuple[list[str] | None, bool]:
     """The registered runtime's path list (None if absent) and whether it is the default."""
-    text = _read(conf_path)
+    text = read_engine_file(conf_path)
     if text is None:
         return None, False
 
@@ -143,7 +144,7 @@ def podman_registration(conf_path: str = PODMAN_CONF) -> tuple[list[str] | None,
 
 def docker_registration(daemon_json: str = DOCKER_DAEMON_JSON) -> tuple[str | None, bool]:
     """The registered runtime's path (None if absent) and whether it is the default."""
-    text = _read(daemon_json)
+    text = read_engine_file(daemon_json)
     if not text or not text.strip():
         return None, False
     try:
@@ -159,7 +160,7 @@ def install_hooks_d(hook_path: str, hooks_dir: str = PODMAN_HOOKS_DIR) -> Change
     changed = False
     for name, text in hooks_d_files(hook_path).items():
         path = os.path.join(hooks_dir, name)
-        if _read(path) != text:
+        if read_engine_file(path) != text:
             os.makedirs(hooks_dir, mode=0o755, exist_ok=True)
             replace_file(path, text, mode=0o644)
             changed = True

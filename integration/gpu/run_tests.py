@@ -563,6 +563,20 @@ def gpuckpt_python(code: str) -> object:
     return json.loads(sh(TORCH_PYTHON, "-c", code, env=dict(os.environ, PYTHONPATH=str(harness.SITE))).stdout)
 
 
+def recorded_gpu_container(engine: harness.Engine, name: str,
+                           nvml: dict[int, str]) -> tuple[str, dict, harness.StateDir]:
+    """Run the counter on GPU 0 through `engine`; its id, the record the hook wrote (checked
+    against the engine's name and NVML's UUID of GPU 0) and its state directory."""
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
+    engine.import_rootfs()
+    engine.run_gpu(name, COUNTER, {"GIB": "1", "STATE": "/state/state"}, state)
+    container_id = engine.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+    record = inventory_record(container_id)
+    assert record and record["engine"] == type(engine).__name__.lower(), record
+    assert [(gpu["minor"], gpu["uuid"]) for gpu in record["gpus"]] == [(0, nvml[0])], (record, nvml)
+    return container_id, record, state
+
+
 def nvml_uuids() -> dict[int, str]:
     code = ("import json; from gpuckpt.cuda.devices import list_gpus; "
             "print(json.dumps({gpu.minor: gpu.uuid for gpu in list_gpus()}))")
@@ -587,14 +601,8 @@ def scenario_hook_podman(results: dict) -> str | None:
     found: dict = {"nvml_uuid_by_minor": nvml, "proc_information": information}
     podman = harness.Podman()
     name = f"gpu-hook-{os.getpid()}"
-    state = harness.StateDir(name, harness.WORK / f"{name}-state")
     try:
-        podman.import_rootfs()
-        podman.run_gpu(name, COUNTER, {"GIB": "1", "STATE": "/state/state"}, state)
-        container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
-        record = inventory_record(container_id)
-        assert record and record["engine"] == "podman", record
-        assert [(gpu["minor"], gpu["uuid"]) for gpu in record["gpus"]] == [(0, nvml[0])], (record, nvml)
+        container_id, record, state = recorded_gpu_container(podman, name, nvml)
         before = wait_counters(state, 1, 3)
         podman.cli("container", "checkpoint", name)
         podman.cli("container", "restore", name)
@@ -625,19 +633,13 @@ def scenario_hook_docker(results: dict) -> str | None:
     nvml = nvml_uuids()
     found: dict = {}
     name = f"gpu-hook-{os.getpid()}"
-    state = harness.StateDir(name, harness.WORK / f"{name}-state")
     docker = harness.Docker()
     docker.start()
     config = Path("/etc/gpuckpt/config.toml")
     saved = config.read_text()
     config.write_text(saved + "[hook]\nadd_to_spec = true\n")
     try:
-        docker.import_rootfs()
-        docker.run_gpu(name, COUNTER, {"GIB": "1", "STATE": "/state/state"}, state)
-        container_id = docker.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
-        record = inventory_record(container_id)
-        assert record and record["engine"] == "docker", record
-        assert [(gpu["minor"], gpu["uuid"]) for gpu in record["gpus"]] == [(0, nvml[0])], (record, nvml)
+        container_id, record, _ = recorded_gpu_container(docker, name, nvml)
         docker.cli("rm", "-f", name)
         assert inventory_record(container_id) is None
         found["docker"] = {"record": record}
