@@ -153,10 +153,11 @@ def for_delegate(delegate: str, args: RuntimeArgs, argv: list[str]) -> list[str]
     return [*argv[:at], *verb_args]
 
 
-def with_options(args: RuntimeArgs, options: Sequence[str]) -> list[str]:
-    """The caller's argv with `options` added right after the verb."""
+def delegate_argv(delegate: str, args: RuntimeArgs, options: Sequence[str] = ()) -> list[str]:
+    """What an owned verb runs the delegate with: the caller's argv, `options` added right after
+    the verb, in the delegate's dialect (for_delegate)."""
     at = (args.command_index or 0) + 1
-    return [*args.argv[:at], *options, *args.argv[at:]]
+    return for_delegate(delegate, args, [*args.argv[:at], *options, *args.argv[at:]])
 
 
 def image_dir_of(verb: VerbArgs) -> str:

@@ -33,24 +33,9 @@ from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_allowed
 from gpuckpt.policy.network import choose, container_policy, inspect_container, missing_option_hint
 from gpuckpt.policy.undumpable import refuse_undumpable
-from gpuckpt.shim.argv import (
-    CHECKPOINT_VALUE_FLAGS,
-    RuntimeArgs,
-    VerbArgs,
-    for_delegate,
-    image_dir_of,
-    parse_verb_args,
-    with_options,
-)
+from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
 from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
-from gpuckpt.shim.delegate import (
-    DelegateRun,
-    container_pids,
-    container_state,
-    ensure_work_path,
-    run_delegate,
-    verb_has_flag,
-)
+from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, owned_call, run_delegate, verb_has_flag
 from gpuckpt.shim.freezer import Freezer, thawed
 from gpuckpt.shim.interrupt import interruptible, uninterruptible
 from gpuckpt.shim.log import log
@@ -59,11 +44,10 @@ from gpuckpt.transfer.dump_signature import sign_dump
 
 
 def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
-    verb = parse_verb_args(args.command_args, CHECKPOINT_VALUE_FLAGS)
-    container_id = verb.container_id
-    if verb.has("help") or verb.has("h") or container_id is None:
+    owned = owned_call(args, CHECKPOINT_VALUE_FLAGS)
+    if owned is None:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
-    ensure_work_path(verb.value("work-path"))
+    verb, container_id = owned
     try:
         state = container_state(delegate, args.global_argv, container_id)
     except DelegateError:
@@ -83,7 +67,7 @@ class Checkpoint:
         self.leave_running = verb.has("leave-running")
         self.pid_in_container: dict[int, int] = {}
         self.annotations = container_annotations(state)
-        self.argv = for_delegate(delegate, args, args.argv)  # what the delegate gets, plus chosen options
+        self.argv = delegate_argv(delegate, args)  # what the delegate gets, plus chosen options
         self.network: NetworkPolicy | None = None
         self.criu_config: list[str] = []
         self.pids: list[int] = []
@@ -102,7 +86,7 @@ class Checkpoint:
                 f"({len(found.tcp_connected)} connected TCP, {len(found.unix_external)} external unix "
                 f"socket(s), {found.file_locks} file lock(s))")
         options = [*self.network.added_options, *self._choose_criu_config()]
-        self.argv = for_delegate(self.delegate, self.args, with_options(self.args, options))
+        self.argv = delegate_argv(self.delegate, self.args, options)
 
     def _choose_criu_config(self) -> list[str]:
         """The shim's CRIU config lines (written, and kept for the manifest); returns the delegate

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from gpuckpt.errors import DelegateError
 from gpuckpt.host import process
+from gpuckpt.shim.argv import RuntimeArgs, VerbArgs, parse_verb_args
 
 if TYPE_CHECKING:
     from gpuckpt.oci.state import ContainerState
@@ -159,6 +160,18 @@ def kill_container(delegate: str, global_argv: Sequence[str], container_id: str)
     """SIGKILL a container and delete it: for a restore that cannot be completed."""
     process.run([delegate, *global_argv, "kill", container_id, "KILL"], check=False)
     process.run([delegate, *global_argv, "delete", "--force", container_id], check=False)
+
+
+def owned_call(args: RuntimeArgs, value_flags: frozenset[str]) -> tuple[VerbArgs, str] | None:
+    """An owned verb's arguments and container ID when the shim acts on the call; None when the
+    delegate's own answer is all there is (a help request, no container named). A missing
+    --work-path is made first."""
+    verb = parse_verb_args(args.command_args, value_flags)
+    container_id = verb.container_id
+    if verb.has("help") or verb.has("h") or container_id is None:
+        return None
+    ensure_work_path(verb.value("work-path"))
+    return verb, container_id
 
 
 def ensure_work_path(work_path: str | None) -> None:

@@ -29,24 +29,9 @@ from gpuckpt.oci.manifest import Manifest, read_manifest
 from gpuckpt.oci.spec import Device, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
-from gpuckpt.shim.argv import (
-    RESTORE_VALUE_FLAGS,
-    RuntimeArgs,
-    VerbArgs,
-    for_delegate,
-    image_dir_of,
-    parse_verb_args,
-    with_options,
-)
+from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
 from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
-from gpuckpt.shim.delegate import (
-    DelegateRun,
-    container_pids,
-    container_state,
-    ensure_work_path,
-    kill_container,
-    run_delegate,
-)
+from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, kill_container, owned_call, run_delegate
 from gpuckpt.shim.devnodes import sync_nvidia_nodes
 from gpuckpt.shim.interrupt import uninterruptible
 from gpuckpt.shim.log import log
@@ -57,11 +42,10 @@ START_TIMEOUT_S = 600.0
 
 
 def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
-    verb = parse_verb_args(args.command_args, RESTORE_VALUE_FLAGS)
-    container_id = verb.container_id
-    if verb.has("help") or verb.has("h") or container_id is None:
-        return run_delegate(delegate, args.argv)
-    ensure_work_path(verb.value("work-path"))
+    owned = owned_call(args, RESTORE_VALUE_FLAGS)
+    if owned is None:
+        return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
+    verb, container_id = owned
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
@@ -77,13 +61,12 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verified, signed = verify_dump(image_dir_of(verb), load_trust(), f"restore of {container_id}")
     log(args, "debug" if signed else "warning", verified)
     manifest = read_manifest(image_dir_of(verb))
-    argv = args.argv
+    again: list[str] = []
     if manifest is not None:
         # CRIU restores TCP connections, external unix sockets and locks only when asked again.
         again = [option for option in manifest.network.added_options if option.lstrip("-") not in verb.flags]
-        argv = with_options(args, again)
 
-    argv = for_delegate(delegate, args, argv)
+    argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
         return run_delegate(delegate, argv)  # no GPU state to bring back
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus or NodeGpus()).run()
