@@ -54,7 +54,7 @@ from gpuckpt.oci.criu_images import (
     read_checkpoint_images,
     wanted_image,
 )
-from gpuckpt.oci.spec import Spec, load_exact_json
+from gpuckpt.oci.spec import Capabilities, Spec, load_exact_json
 from gpuckpt.policy.seccomp_bpf import decode, may_allow
 
 # Linux capability numbers (include/uapi/linux/capability.h)
@@ -100,17 +100,9 @@ class SpecUser(_Part):
     additionalGids: list[int] = []
 
 
-class SpecCapabilities(_Part):
-    bounding: list[str] = []
-    effective: list[str] = []
-    permitted: list[str] = []
-    inheritable: list[str] = []
-    ambient: list[str] = []
-
-
 class SpecProcess(_Part):
     user: SpecUser = SpecUser()
-    capabilities: SpecCapabilities | None = None
+    capabilities: Capabilities | None = None
     noNewPrivileges: bool = False
 
 
