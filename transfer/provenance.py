@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tarfile
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -26,6 +25,8 @@ from gpuckpt.node.trust import Trust, log_unsigned_use
 from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
 
 if TYPE_CHECKING:
+    import tarfile
+
     from gpuckpt.oci.archive import RawArchive
     from gpuckpt.oci.image_layout import CheckpointImageWriter, ImageManifest
     from gpuckpt.oci.podman_archive import ArchiveWriter
