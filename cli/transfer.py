@@ -27,6 +27,7 @@ from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
 from gpuckpt.host.process import Background, run
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import ImportConfig, load_config
+from gpuckpt.node.engines import own_hook_paths
 from gpuckpt.node.trust import load_trust, require_node_key
 from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
@@ -170,7 +171,7 @@ def run_import(options: argparse.Namespace) -> int:
     def config_read(kept: dict[str, bytes]) -> None:
         """config.dump and spec.dump, checked before anything is staged; then where the rest goes."""
         dumps = described_dumps(options.archive, kept)
-        if not options.trust_config and (refusals := import_refusals(dumps)):
+        if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths())):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
                              "(give --trust-config if you trust where the archive comes from)")
         if os.path.basename(dumps.config.runtime) == "gpuckpt-runtime":

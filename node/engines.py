@@ -18,8 +18,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tomlkit.exceptions import TOMLKitError
 
 from gpuckpt.errors import EngineConfigError
+from gpuckpt.host.programs import find_program
 from gpuckpt.host.safefiles import replace_file
-from gpuckpt.oci.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
+from gpuckpt.oci.hooks_d import PACKAGED_HOOK_PATH, PACKAGED_HOOKS_DIR, hooks_d_files
 
 RUNTIME_NAME = "gpuckpt-runtime"
 PODMAN_CONF = "/etc/containers/containers.conf"
@@ -165,3 +166,12 @@ def install_hooks_d(hook_path: str, hooks_dir: str = PODMAN_HOOKS_DIR) -> Change
             replace_file(path, text, mode=0o644)
             changed = True
     return Change(hooks_dir, changed, None)
+
+
+def own_hook_paths() -> frozenset[str]:
+    """Where this node's gpuckpt-hook is (beside gpuckpt-runtime, as `gpuckpt install` names it,
+    or where the packages put it): the hook entries an engine wrote into a spec may name these."""
+    runtime = find_program(RUNTIME_NAME)
+    beside = {os.path.join(os.path.dirname(path), "gpuckpt-hook") for path in (runtime, os.path.realpath(runtime))
+              } if runtime else set()
+    return frozenset(path for path in {*beside, PACKAGED_HOOK_PATH} if os.access(path, os.X_OK))

@@ -55,3 +55,13 @@ def hooks_d_files(hook_path: str) -> dict[str, str]:
     """The hooks.d files for a hook at `hook_path`: file name -> JSON text."""
     return {HOOKS_D_FILE.format(stage=stage.lower()): hooks_d_file(hook_path, stage).model_dump_json(indent=2) + "\n"
             for stage in STAGES}
+
+
+def only_gpuckpt_hooks(hooks: dict[str, object], hook_paths: frozenset[str]) -> bool:
+    """Whether a spec's hooks are exactly the entries gpuckpt adds for a hook at one of `hook_paths`
+    (this node's own): podman writes them into every container's spec.dump, so an archive of this
+    node, or of a node with the hook where this node has it, carries them and nothing more."""
+    return all(stage in STAGES and isinstance(entries, list)
+               and all(isinstance(entry, dict) and {**entry, "env": entry.get("env", [])}
+                       in ({**spec_entry(path, stage), "env": []} for path in hook_paths) for entry in entries)
+               for stage, entries in hooks.items())

@@ -33,6 +33,7 @@ from gpuckpt.errors import ImageError
 from gpuckpt.host.safefiles import create_private_at, open_directory
 from gpuckpt.oci import tarstream
 from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_compressor
+from gpuckpt.oci.hooks_d import only_gpuckpt_hooks
 from gpuckpt.oci.image_layout import _Hashing
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from gpuckpt.oci.spec import Spec, load_exact_json
@@ -123,10 +124,11 @@ DEFAULT_CAPABILITIES = frozenset(f"CAP_{name}" for name in (
     "SETUID", "SYS_CHROOT"))
 
 
-def import_refusals(archive: PodmanArchive) -> list[str]:
+def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset()) -> list[str]:
     """What in an archive's container config would give its container, or a program it names,
-    more of this node than an ordinary `podman run` does: hooks, privilege, added capabilities,
-    host bind mounts, a runtime given by path. podman's own --import trusts all of it."""
+    more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
+    for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
+    mounts, a runtime given by path. podman's own --import trusts all of it."""
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
@@ -138,7 +140,7 @@ def import_refusals(archive: PodmanArchive) -> list[str]:
     for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
         if spec is None:
             continue
-        if spec.hooks:
+        if spec.hooks and not only_gpuckpt_hooks(spec.hooks, own_hooks):
             problems.append(f"OCI hooks in {where} ({', '.join(sorted(spec.hooks))})")
         added = spec.process.capabilities.all() - DEFAULT_CAPABILITIES if spec.process.capabilities else set()
         if added:

@@ -21,6 +21,7 @@ from gpuckpt.cli import inspect
 from gpuckpt.cli.main import main
 from gpuckpt.cli.transfer import Progress
 from gpuckpt.errors import ImageError, UsageError
+from gpuckpt.hooks.entry import STAGES, spec_entry
 from gpuckpt.oci import image_layout
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout, verify_layer
 from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described, import_refusals
@@ -285,6 +286,28 @@ def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, conf
     )
     refusals = import_refusals(check_podman_archive(str(path)))
     assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
+
+
+OWN_HOOK = "/usr/local/bin/gpuckpt-hook"
+
+
+@pytest.mark.hostile("an archive whose spec.dump hooks imitate gpuckpt-hook's entries with another path, "
+                     "argument, env or stage")
+@pytest.mark.parametrize(("hooks", "refused"), [
+    ({stage: [spec_entry(OWN_HOOK, stage)] for stage in STAGES}, False),  # podman wrote this node's own hook
+    ({"createRuntime": [{**spec_entry(OWN_HOOK, "createRuntime"), "env": []}]}, False),
+    ({"createRuntime": [spec_entry("/tmp/gpuckpt-hook", "createRuntime")]}, True),
+    ({"createRuntime": [{**spec_entry(OWN_HOOK, "createRuntime"), "args": ["gpuckpt-hook", "poststop", "-x"]}]}, True),
+    ({"createRuntime": [{**spec_entry(OWN_HOOK, "createRuntime"), "env": ["LD_PRELOAD=/x.so"]}]}, True),
+    ({"prestart": [spec_entry(OWN_HOOK, "prestart")]}, True),
+    ({"createRuntime": [spec_entry(OWN_HOOK, "createRuntime"), {"path": "/bin/sh"}]}, True),
+])
+def test_import_accepts_only_this_nodes_own_hook_entries(tmp_path, hooks, refused) -> None:
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()}
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec(hooks=hooks)).encode()))
+    refusals = import_refusals(check_podman_archive(str(path)), frozenset({OWN_HOOK}))
+    assert bool(refusals) == refused and all(r.startswith("OCI hooks in spec.dump") for r in refusals), refusals
 
 
 def test_layouts_of_another_schema_or_a_huge_manifest_or_a_wrong_layer_are_refused(tmp_path, monkeypatch) -> None:
