@@ -1,8 +1,8 @@
 """The packages (packaging/build.sh): what the .deb and the .rpm hold, and both installed into a
 fresh Debian 12 root where their commands run.
 
-Phases: both packages are built once (about a minute: PyPI's wheels); their file lists, control
-data and the files an operator reads are checked; the .deb goes through lintian; a bookworm root
+Phases: both packages are built once (about a minute: PyPI's wheels; build.sh fails on lintian's
+errors); their file lists, control data and the files an operator reads are checked; a bookworm root
 made by debootstrap from the machine's Debian mirror (cached as a tarball beside the test image)
 gets the .deb by `apt-get install ./gpuckpt_*.deb`, as the README tells operators, and its
 commands run there through chroot; then the .rpm's files are installed into the same root by
@@ -104,12 +104,6 @@ def test_deb_control_names_the_version_dependencies_and_conffile(packages) -> No
     assert "python3.11" in [dependency.split()[0] for dependency in fields["Depends"].split(", ")]
     control = sh("sh", "-c", f"dpkg-deb --ctrl-tarfile '{packages.deb}' | tar -xO ./conffiles").stdout
     assert control.split() == [CONFIG]
-
-
-def test_deb_has_no_lintian_errors(packages) -> None:
-    result = sh("lintian", "--no-tag-display-limit", str(packages.deb), check=False, timeout=300)
-    errors = [line for line in result.stdout.splitlines() if line.startswith("E:")]
-    assert errors == [], "\n".join(errors)
 
 
 def test_rpm_holds_the_same_files_as_the_deb(packages) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build gpuckpt's Debian package (debhelper, packaging/deb/debian) and/or its RPM (rpmbuild,
-# packaging/rpm/gpuckpt.spec) from this tree, on Debian 12 as root or with the build
-# dependencies installed. Both ship packaging/stage.sh's tree; the wheels come from PyPI.
+# Build gpuckpt's Debian package (debhelper, packaging/deb/debian; checked by lintian) and/or
+# its RPM (rpmbuild, packaging/rpm/gpuckpt.spec) from this tree, on Debian 12 as root or with
+# the build dependencies installed. Both ship packaging/stage.sh's tree; the wheels come from PyPI.
 #
 # Usage: packaging/build.sh [deb|rpm|all] OUTDIR
 # Writes OUTDIR/gpuckpt_VERSION_ARCH.deb and/or OUTDIR/gpuckpt-VERSION-1.ARCH.rpm.
@@ -18,7 +18,7 @@ start=$(date +%s)
 
 # --- build dependencies, from Debian's archive ----------------------------------------------
 needs=(python3.11-venv binutils)
-case $what in deb|all) needs+=(dpkg-dev debhelper);; esac
+case $what in deb|all) needs+=(dpkg-dev debhelper lintian);; esac
 case $what in rpm|all) needs+=(rpm);; esac
 missing=()
 for package in "${needs[@]}"; do
@@ -52,6 +52,11 @@ if [ "$what" != rpm ]; then
     (cd "$tree" && dpkg-buildpackage -b -us -uc) >"$work/deb.log" 2>&1 || {
         tail -n 40 "$work/deb.log" >&2; echo "build.sh: dpkg-buildpackage failed" >&2; exit 1; }
     deb=$(cd "$work/deb" && ls gpuckpt_"$version"_*.deb)
+    # As debuild does: lintian's errors fail the build (debian/gpuckpt.lintian-overrides says
+    # which are by design); its warnings are printed.
+    lintian_report=$(lintian --no-tag-display-limit "$work/deb/$deb" 2>/dev/null || true)
+    [ -z "$lintian_report" ] || echo "$lintian_report" | sed 's/^/build.sh: lintian: /'
+    if grep -q '^E:' <<<"$lintian_report"; then echo "build.sh: lintian found errors in $deb" >&2; exit 1; fi
     mv -f "$work/deb/$deb" "$out/"
     echo "build.sh: $out/$deb ($(du -k "$out/$deb" | cut -f1) KiB)"
 fi
