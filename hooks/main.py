@@ -1,7 +1,7 @@
 """`gpuckpt-hook STAGE`: the OCI hook that keeps the node's GPU container inventory.
 
-createRuntime: a container given /dev/nvidiaN devices is recorded (id, engine, bundle, GPUs by
-UUID, creation time) in node/inventory.py's directory; one asking for a GPU this node does not
+createRuntime: a container given /dev/nvidiaN devices (or annotated io.gpuckpt.inventory=true)
+is recorded (id, engine, bundle, GPUs by UUID, creation time) in node/inventory.py's directory; one asking for a GPU this node does not
 have is refused with one line, before its process runs (for a restore: in CRIU's
 setup-namespaces callback, before any process memory is restored). poststop: the record goes.
 Every other container costs one read of its config.json: the hook runs on every container start
@@ -26,6 +26,9 @@ MAX_STATE_BYTES = 1 << 20
 MAX_SPEC_BYTES = 16 << 20  # as oci/spec.py reads a spec
 CONTAINERD_TASKS = "io.containerd.runtime.v2.task"  # containerd's bundles: .../io.containerd.runtime.v2.task/NS/ID
 RECORD_VERSION = 1  # oci/container_record.py
+# A container without a GPU is recorded (and so drained by gpuckptd) when its owner asks:
+# it is the owner's own container that gets checkpointed through its own engine.
+INVENTORY_ANNOTATION = "io.gpuckpt.inventory"
 
 
 class HookError(GpuckptError):
@@ -103,8 +106,8 @@ def created(state: bytes) -> None:
     except ValueError as error:
         raise HookError(f"container {container_id}: config.json is not JSON: {error}") from None
     minors, visible = gpu_minors(spec), visible_devices(spec)
-    if not minors and visible is None:
-        return  # not a GPU container
+    if not minors and visible is None and annotations.get(INVENTORY_ANNOTATION) != "true":
+        return  # not a GPU container, and not one its owner asked to be drained with them
     node = gpu_uuids_by_minor()
     if minors and node is None:
         raise HookError(f"container {container_id} is given /dev/nvidia{min(minors)} but this node has no "

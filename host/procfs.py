@@ -133,3 +133,15 @@ def container_processes(listed: Iterable[int], init_pid: int) -> list[int]:
     """The runtime's list of a container's PIDs (its cgroup) joined with init's process tree,
     which also holds processes CRIU restored outside that cgroup."""
     return sorted(set(listed) | set(descendants(init_pid)))
+
+
+def resident_bytes(pids: Iterable[int]) -> int:
+    """The resident memory of these processes (/proc/PID/statm), gone ones counted as nothing."""
+    page, total = os.sysconf("SC_PAGE_SIZE"), 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/statm") as statm:
+                total += int(statm.read().split()[1]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    return total

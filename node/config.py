@@ -101,6 +101,23 @@ class HookConfig(_Section):
     add_to_spec: bool = False
 
 
+class ServiceConfig(_Section):
+    # gpuckptd (service/): where a drain puts each container's checkpoint, how many at once, and
+    # whether stopping the service (node shutdown) drains first.
+    archive_dir: str = "/var/lib/gpuckpt/drain"
+    drain_parallel: int = Field(default=4, ge=1, le=64)
+    drain_on_stop: bool = True
+    restore_at_start: bool = True
+    socket: str = "/run/gpuckpt/gpuckptd.sock"
+
+    @field_validator("archive_dir", "socket")
+    @classmethod
+    def _absolute(cls, value: str) -> str:
+        if not value.startswith("/") or "\0" in value:
+            raise ValueError("must be an absolute path")
+        return value
+
+
 class Config(_Section):
     # runc, crun, another runc-compatible name looked up on PATH, or an absolute path.
     delegate: str = "runc"
@@ -108,6 +125,7 @@ class Config(_Section):
     criu: CriuConfig = CriuConfig()
     import_: ImportConfig = Field(default=ImportConfig(), alias="import")  # `import` is a keyword
     hook: HookConfig = HookConfig()
+    service: ServiceConfig = ServiceConfig()
 
     @field_validator("delegate")
     @classmethod

@@ -43,5 +43,6 @@ mkdir -p "$bindir"
 write_launcher gpuckpt-runtime gpuckpt.shim.main
 write_launcher gpuckpt gpuckpt.cli.main
 write_launcher gpuckpt-hook gpuckpt.hooks.main
+write_launcher gpuckptd gpuckpt.service.main
 install -d -m 0755 /etc/gpuckpt
 echo "gpuckpt $("$bindir/gpuckpt" --version | cut -d' ' -f2) installed in $prefix; $bindir/gpuckpt-runtime ready"

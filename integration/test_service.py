@@ -1,0 +1,162 @@
+"""gpuckptd under real podman: containers recorded by gpuckpt-hook are drained through podman
+into the archive directory, and restored when the service starts again, going on from their state.
+
+The service runs as a plain process here (this machine's PID 1 is not systemd), with a config of
+the test's own (archive directory, socket) and NOTIFY_SOCKET pointing at a datagram socket the
+test reads, so READY and STATUS are seen as systemd would see them. The containers carry
+io.gpuckpt.inventory=true: CPU containers the hook records as it records GPU ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, RUNTIME, assert_continues, sh, wait_counter
+
+pytestmark = pytest.mark.integration
+GPUCKPTD = str(Path(RUNTIME).parent / "gpuckptd")
+_names = itertools.count()
+
+
+class Service:
+    """gpuckptd started with the test's config; what it told "systemd"."""
+
+    def __init__(self, node: Path) -> None:
+        self.node = node
+        self.env = dict(os.environ, GPUCKPT_CONFIG=str(node / "config.toml"), NOTIFY_SOCKET=str(node / "notify"))
+        self.notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.notify.bind(str(node / "notify"))
+        self.notify.settimeout(120)
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> list[str]:
+        """Start it; the notifications up to READY=1."""
+        self.process = subprocess.Popen([GPUCKPTD], env=self.env, stderr=open(self.node / "gpuckptd.log", "ab"))
+        seen: list[str] = []
+        while not any("READY=1" in message for message in seen):
+            seen.append(self.notify.recv(4096).decode())
+        return seen
+
+    def stop(self) -> list[str]:
+        """SIGTERM (systemctl stop); the notifications until it exits."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        self.process.wait(timeout=300)
+        self.notify.settimeout(0.5)
+        seen = []
+        try:
+            while True:
+                seen.append(self.notify.recv(4096).decode())
+        except TimeoutError:
+            pass
+        self.notify.settimeout(120)
+        return seen
+
+    def cli(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess:
+        return sh(GPUCKPT, *argv, env=self.env, check=check)
+
+    def kill(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+@pytest.fixture
+def service(runc_delegate, tmp_path: Path) -> Iterator[Service]:
+    config = tmp_path / "config.toml"
+    config.write_text(f'delegate = "runc"\n[service]\narchive_dir = "{tmp_path / "archive"}"\n'
+                      f'socket = "{tmp_path / "gpuckptd.sock"}"\n')
+    config.chmod(0o644)
+    running = Service(tmp_path)
+    yield running
+    running.kill()
+
+
+@pytest.fixture
+def counters() -> Iterator[list[str]]:
+    names = [f"gpuckpt-svc-{os.getpid()}-{next(_names)}" for _ in range(3)]
+    for name in names:
+        sh("podman", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
+           "--annotation", "io.gpuckpt.inventory=true", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+    yield names
+    sh("podman", "rm", "-f", "-t", "0", *names, check=False)
+
+
+def state_reader(name: str):
+    return lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout
+
+
+def container_id(name: str) -> str:
+    return sh("podman", "inspect", "--format", "{{.Id}}", name).stdout.strip()
+
+
+def test_drain_then_restore_when_the_service_starts_again(service, counters, tmp_path) -> None:
+    started = service.start()
+    assert any("STATUS=serving" in message for message in started), started
+    status = service.cli("service", "status", "--json")
+    recorded = json.loads(status.stdout)["recorded"]
+    ids = {container_id(name): name for name in counters}
+    assert set(ids) <= set(recorded)
+    before = {name: wait_counter(state_reader(name), minimum=3) for name in counters}
+    drained = service.cli("drain", "--json")
+    events = [json.loads(line) for line in drained.stdout.splitlines()]
+    done = {event["id"] for event in events if event["event"] == "container" and event["state"] == "done"}
+    assert set(ids) <= done, drained.stdout
+    assert events[-1]["event"] == "result" and events[-1]["ok"], events[-1]
+    for name in counters:
+        assert sh("podman", "inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "false"
+    for cid in ids:
+        record = json.loads((tmp_path / "archive" / f"{cid}.json").read_text())
+        assert record["engine"] == "podman" and record["bytes"] > 0 and Path(record["checkpoint"]).is_file()
+    stopping = service.stop()
+    assert any("STOPPING=1" in message for message in stopping), stopping
+    restarted = service.start()
+    assert any("STATUS=restoring 3 drained container(s)" in m or "STATUS=restoring" in m for m in restarted), restarted
+    for name in counters:
+        after = assert_continues(before[name], state_reader(name))
+        assert after.token == before[name].token
+    assert not list((tmp_path / "archive").glob("*.json")), "the records of restored containers are removed"
+    log = (tmp_path / "gpuckptd.log").read_text()
+    assert "CONTAINER_ID=" in log and "PHASE=checkpoint" in log and "PHASE=restore" in log and "BYTES=" in log
+
+
+def test_drain_under_a_deadline_reports_what_it_could_not_start(service, counters, tmp_path) -> None:
+    service.start()
+    # A deadline passed before anything starts: every container is skipped and left running.
+    drained = service.cli("drain", "--deadline", "0.000001", "--json")
+    events = [json.loads(line) for line in drained.stdout.splitlines()]
+    skipped = {event["id"] for event in events if event["event"] == "container" and event["state"] == "skipped"}
+    assert {container_id(name) for name in counters} <= skipped
+    assert all("deadline" in event["message"] for event in events if event["event"] == "container")
+    for name in counters:
+        assert sh("podman", "inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true"
+
+
+@pytest.mark.hostile("a non-root local user asking gpuckptd to drain the node")
+def test_only_root_may_use_the_socket(service, tmp_path) -> None:
+    reachable = Path(f"/tmp/gpuckpt-sock-{os.getpid()}")  # pytest's own directories are root's alone
+    reachable.mkdir(mode=0o755, exist_ok=True)
+    config = tmp_path / "config.toml"
+    config.write_text(config.read_text().replace(str(tmp_path / "gpuckptd.sock"), str(reachable / "gpuckptd.sock")))
+    service.start()
+    path = reachable / "gpuckptd.sock"
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.chmod(0o666)  # an operator's slip: the service still answers only root
+    client = ("import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
+              "s.sendall(b'{\"op\": \"drain\"}\\n'); print(s.makefile().read())")
+    result = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3",
+                             "-c", client, str(path)], capture_output=True, text=True, timeout=60)
+    assert json.loads(result.stdout) == {"event": "result", "ok": False, "message":
+                                         "gpuckptd: only root may use this socket", "done": [], "failed": [],
+                                         "skipped": []}, result
+    service.kill()
+    path.unlink(missing_ok=True)
+    reachable.rmdir()

@@ -1,0 +1,1 @@
+"""gpuckptd, the node service: drains GPU containers through their engines and restores them."""

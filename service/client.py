@@ -1,0 +1,26 @@
+"""The `gpuckpt` CLI's side of gpuckptd's socket: one request, the events as they come."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+
+from gpuckpt.errors import GpuckptError
+from gpuckpt.oci.service_api import MAX_LINE_BYTES, Event, Request, parse_event
+
+
+def request(path: str, wanted: Request) -> Iterator[Event]:
+    """Send `wanted` to the service at `path`; yield each event until it closes the connection."""
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        connection.connect(path)
+    except OSError as error:
+        connection.close()
+        raise GpuckptError(f"gpuckptd is not answering on {path}: {error.strerror} "
+                           "(systemctl start gpuckptd)") from None
+    with connection, connection.makefile("rb") as lines:
+        connection.sendall(wanted.model_dump_json().encode() + b"\n")
+        for line in lines:
+            if len(line) > MAX_LINE_BYTES:
+                raise GpuckptError(f"gpuckptd sent a line longer than {MAX_LINE_BYTES} bytes")
+            yield parse_event(line)

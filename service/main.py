@@ -1,0 +1,68 @@
+"""`gpuckptd`: the node service (systemd Type=notify).
+
+Starts by restoring what a drain left (service.restore_at_start), then serves the local API
+(`gpuckpt drain`, `gpuckpt service ...`), pets systemd's watchdog, and on SIGTERM (the node
+shutting down, `systemctl stop`) drains every recorded container before it exits
+(service.drain_on_stop).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+from gpuckpt.errors import GpuckptError
+from gpuckpt.node.config import load_config
+from gpuckpt.oci.service_api import Event
+from gpuckpt.service.operations import Operations
+from gpuckpt.service.server import Server
+from gpuckpt.service.systemd import log, notify, watchdog_interval_s
+
+
+def _quiet(_: Event) -> None:
+    """Start-up and shutdown work reports to the journal only: no client is listening."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        sys.stderr.write("gpuckptd: takes no arguments (configuration: /etc/gpuckpt/config.toml, [service])\n")
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, _: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        config = load_config().service
+        operations = Operations(config)
+        if config.restore_at_start and (waiting := operations.status().drained):
+            notify(f"STATUS=restoring {len(waiting)} drained container(s)")
+            result = operations.restore(_quiet)
+            log(result.message)
+        server = Server(config.socket, operations)
+    except GpuckptError as error:
+        log(f"cannot start: {error}")
+        return 1
+    server.start()
+    notify("READY=1", f"STATUS=serving {config.socket}")
+    log(f"ready on {config.socket}")
+    interval = watchdog_interval_s()
+    while not stop.wait(interval or 3600):
+        if interval:
+            notify("WATCHDOG=1")
+    notify("STOPPING=1")
+    if config.drain_on_stop:
+        notify("STATUS=draining before stopping")
+        log(operations.drain(_quiet).message)
+    server.close()
+    log("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,188 @@
+"""What gpuckptd does, each reporting container by container: drain (every recorded container
+checkpointed through its engine, in parallel up to a limit, the smallest first so that under a
+deadline the most make it), restore what was drained, and say where things stand.
+
+A drain leaves ARCHIVE_DIR/ID.json beside each checkpoint (oci/service_api.DrainedContainer);
+a restore removes the checkpoint and the record of a container it brought back and keeps both
+of one it could not.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from gpuckpt.errors import GpuckptError
+from gpuckpt.host.procfs import descendants, resident_bytes
+from gpuckpt.host.safefiles import make_directories, write_private_at
+from gpuckpt.node.config import ServiceConfig
+from gpuckpt.node.inventory import read_records
+from gpuckpt.oci.container_record import ContainerRecord, parse_record
+from gpuckpt.oci.service_api import ContainerEvent, DrainedContainer, Event, Result, Status, parse_drained
+from gpuckpt.oci.timestamps import utc_now
+from gpuckpt.service import through_engine
+from gpuckpt.service.systemd import log, notify
+
+RECORD_SUFFIX = ".json"
+Emit = Callable[[Event], None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    record: ContainerRecord
+    estimated_bytes: int  # host memory of its processes now: what the checkpoint will at least write
+
+
+def recorded() -> list[ContainerRecord]:
+    """The inventory's containers; a record that does not parse is reported and left out."""
+    found = []
+    for container_id, data in sorted(read_records().items()):
+        try:
+            found.append(parse_record(data, f"inventory record {container_id}"))
+        except GpuckptError as error:
+            log(str(error), CONTAINER_ID=container_id)
+    return found
+
+
+def smallest_first(records: list[ContainerRecord]) -> list[Candidate]:
+    candidates = [Candidate(record, resident_bytes(descendants(record.pid)) if record.pid else 0)
+                  for record in records]
+    return sorted(candidates, key=lambda candidate: (candidate.estimated_bytes, candidate.record.id))
+
+
+def drained(archive_dir: str) -> list[DrainedContainer]:
+    """The drain records in the archive directory, oldest first; a damaged one is reported and kept."""
+    if not os.path.isdir(archive_dir):
+        return []
+    found = []
+    for name in sorted(os.listdir(archive_dir)):
+        if not name.endswith(RECORD_SUFFIX):
+            continue
+        path = os.path.join(archive_dir, name)
+        try:
+            with open(path, "rb") as record:
+                found.append(parse_drained(record.read(1 << 20), path))
+        except (OSError, GpuckptError) as error:
+            log(f"{path}: {error}")
+    return sorted(found, key=lambda record: record.drained_at)
+
+
+class Operations:
+    """The service's operations; one of them at a time."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self._busy = threading.Lock()
+        self.busy: str | None = None
+
+    def status(self) -> Status:
+        return Status(recorded=[record.id for record in recorded()],
+                      drained=[record.id for record in drained(self.config.archive_dir)], busy=self.busy)
+
+    def _exclusive(self, name: str, emit: Emit, work: Callable[[], Result]) -> Result:
+        if not self._busy.acquire(blocking=False):
+            result = Result(ok=False, message=f"gpuckptd is busy: {self.busy} under way; try again when it ends")
+            emit(result)
+            return result
+        self.busy = name
+        try:
+            result = work()
+        finally:
+            self.busy = None
+            self._busy.release()
+        emit(result)
+        return result
+
+    def drain(self, emit: Emit, deadline_s: float | None = None) -> Result:
+        return self._exclusive("drain", emit, lambda: self._drain(emit, deadline_s))
+
+    def restore(self, emit: Emit) -> Result:
+        return self._exclusive("restore", emit, lambda: self._restore(emit))
+
+    def _drain(self, emit: Emit, deadline_s: float | None) -> Result:
+        started = time.monotonic()
+        candidates = smallest_first(recorded())
+        parent_fd, archive_fd, _ = make_directories(self.config.archive_dir, 0o700)
+        os.close(parent_fd)
+        outcomes: dict[str, str] = {}
+        finished = 0
+
+        def one(candidate: Candidate) -> None:
+            nonlocal finished
+            record = candidate.record
+            report = ContainerEvent(id=record.id, engine=record.engine, phase="checkpoint", state="started")
+            if deadline_s is not None and time.monotonic() - started > deadline_s:
+                outcomes[record.id] = "skipped"
+                emit(report.model_copy(update={"state": "skipped", "message": f"the {deadline_s:g} s deadline passed"}))
+                return
+            if not through_engine.is_running(record):
+                outcomes[record.id] = "skipped"
+                emit(report.model_copy(update={"state": "skipped", "message": "not running"}))
+                return
+            emit(report)
+            log("checkpoint started", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="checkpoint")
+            began = time.monotonic()
+            try:
+                engine, where, size = through_engine.checkpoint(record, self.config.archive_dir)
+            except GpuckptError as error:
+                outcomes[record.id] = "failed"
+                log(f"checkpoint failed: {error}", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="checkpoint")
+                emit(report.model_copy(update={"state": "failed", "message": str(error)}))
+                return
+            seconds = round(time.monotonic() - began, 3)
+            kept = DrainedContainer(id=record.id, engine=engine, checkpoint=where, drained_at=utc_now(), bytes=size,
+                                    seconds=seconds)
+            write_private_at(archive_fd, f".{record.id}.tmp", kept.model_dump_json().encode())
+            os.replace(f".{record.id}.tmp", record.id + RECORD_SUFFIX, src_dir_fd=archive_fd, dst_dir_fd=archive_fd)
+            outcomes[record.id] = "done"
+            finished += 1
+            notify(f"STATUS=drain: {finished} of {len(candidates)} checkpointed")
+            log("checkpointed", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="checkpoint", BYTES=size,
+                SECONDS=seconds)
+            emit(report.model_copy(update={"state": "done", "message": where, "bytes": size, "seconds": seconds}))
+
+        try:
+            with ThreadPoolExecutor(max_workers=self.config.drain_parallel, thread_name_prefix="drain") as pool:
+                list(pool.map(one, candidates))
+        finally:
+            os.close(archive_fd)
+        return _result("drain", outcomes, time.monotonic() - started)
+
+    def _restore(self, emit: Emit) -> Result:
+        started = time.monotonic()
+        outcomes: dict[str, str] = {}
+        waiting = drained(self.config.archive_dir)
+        for done, record in enumerate(waiting):
+            report = ContainerEvent(id=record.id, engine=record.engine, phase="restore", state="started")
+            emit(report)
+            notify(f"STATUS=restore: {done} of {len(waiting)} restored")
+            began = time.monotonic()
+            try:
+                through_engine.restore(record)
+            except GpuckptError as error:
+                outcomes[record.id] = "failed"
+                log(f"restore failed, checkpoint kept at {record.checkpoint}: {error}", CONTAINER_ID=record.id,
+                    ENGINE=record.engine, PHASE="restore")
+                emit(report.model_copy(update={"state": "failed", "message": f"{error} (kept: {record.checkpoint})"}))
+                continue
+            seconds = round(time.monotonic() - began, 3)
+            through_engine.discard(record)
+            os.unlink(os.path.join(self.config.archive_dir, record.id + RECORD_SUFFIX))
+            outcomes[record.id] = "done"
+            log("restored", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="restore", BYTES=record.bytes,
+                SECONDS=seconds)
+            emit(report.model_copy(update={"state": "done", "bytes": record.bytes, "seconds": seconds}))
+        return _result("restore", outcomes, time.monotonic() - started)
+
+
+def _result(what: str, outcomes: dict[str, str], seconds: float) -> Result:
+    by_state = {state: sorted(cid for cid, outcome in outcomes.items() if outcome == state)
+                for state in ("done", "failed", "skipped")}
+    message = (f"{what}: {len(by_state['done'])} done, {len(by_state['failed'])} failed, "
+               f"{len(by_state['skipped'])} skipped in {seconds:.1f} s")
+    return Result(ok=not by_state["failed"], message=message, done=by_state["done"], failed=by_state["failed"],
+                  skipped=by_state["skipped"])

@@ -1,0 +1,102 @@
+"""gpuckptd's local API: a unix socket only root may use (mode 0600, and the peer's uid checked
+with SO_PEERCRED), one JSON request line in, JSON event lines out as the work goes on."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import struct
+import threading
+
+from gpuckpt.errors import GpuckptError
+from gpuckpt.oci.service_api import MAX_LINE_BYTES, Event, Result, parse_request
+from gpuckpt.service.operations import Operations
+from gpuckpt.service.systemd import log
+
+_UCRED = struct.Struct("3i")  # pid, uid, gid
+REQUEST_TIMEOUT_S = 30.0
+
+
+def _peer_uid(connection: socket.socket) -> int:
+    return _UCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1]
+
+
+def _read_line(connection: socket.socket) -> bytes:
+    data = b""
+    while b"\n" not in data and len(data) <= MAX_LINE_BYTES:
+        chunk = connection.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0]
+
+
+class Server:
+    def __init__(self, path: str, operations: Operations) -> None:
+        self.path, self.operations = path, operations
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        try:
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)  # a socket left by a service that did not stop cleanly
+        except FileNotFoundError:
+            pass
+        old_umask = os.umask(0o177)
+        try:
+            self.listener.bind(path)  # fails on anything else at that path: not ours to remove
+        finally:
+            os.umask(old_umask)
+        self.listener.listen(16)
+        self._thread = threading.Thread(target=self._accept, name="api", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self.listener.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return  # closed: the service is stopping
+            threading.Thread(target=self._serve, args=(connection,), name="api-client", daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        lock = threading.Lock()  # drain threads report at once
+
+        def emit(event: Event) -> None:
+            with lock:
+                try:
+                    connection.sendall(event.model_dump_json().encode() + b"\n")
+                except OSError:
+                    pass  # the client went away; the work goes on and the journal has it
+
+        with connection:
+            try:
+                connection.settimeout(REQUEST_TIMEOUT_S)  # a client that never finishes its line holds nothing
+                line = _read_line(connection)  # read before any answer: unread bytes would reset the connection
+                connection.settimeout(None)
+                if _peer_uid(connection) != 0:
+                    emit(Result(ok=False, message="gpuckptd: only root may use this socket"))
+                    return
+                request = parse_request(line)
+                if request.op == "status":
+                    emit(self.operations.status())
+                elif request.op == "drain":
+                    self.operations.drain(emit, request.deadline_s)
+                else:
+                    self.operations.restore(emit)
+            except GpuckptError as error:
+                emit(Result(ok=False, message=str(error)))
+            except TimeoutError:
+                emit(Result(ok=False, message=f"gpuckptd: no request line within {REQUEST_TIMEOUT_S:g} s"))
+            except Exception as error:  # a bug: the client gets a line, the journal the detail
+                log(f"internal error serving a request: {type(error).__name__}: {error}")
+                emit(Result(ok=False, message=f"gpuckptd internal error: {type(error).__name__}: {error}"))

@@ -1,0 +1,82 @@
+"""One container checkpointed or restored through the engine that owns it, never around it.
+
+podman: `gpuckpt export` (podman's checkpoint through gpuckpt-runtime, a signed archive in the
+archive directory) and, to restore, the exited container removed and `gpuckpt import`; docker:
+`docker checkpoint create --checkpoint-dir` and `docker start --checkpoint`. Each is a program
+run through host/process.py; its last line of error is the container's report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+from gpuckpt.errors import GpuckptError
+from gpuckpt.host import process
+from gpuckpt.host.programs import find_program
+from gpuckpt.oci.container_record import ContainerRecord
+from gpuckpt.oci.service_api import DrainedContainer, DrainEngine
+
+CHECKPOINT_NAME = "gpuckpt-drain"  # docker's name for the drain's checkpoint
+ENGINE_TIMEOUT_S = 3600.0
+
+
+def _gpuckpt() -> str:
+    found = find_program("gpuckpt")
+    if found is None:
+        raise GpuckptError("gpuckpt (the CLI) is not on PATH: the service moves podman containers with it")
+    return found
+
+
+def is_running(record: ContainerRecord) -> bool:
+    if record.engine not in ("podman", "docker"):
+        return False
+    state = process.run([record.engine, "inspect", "--format", "{{.State.Running}}", record.id],
+                        timeout_s=60, check=False)
+    return state.returncode == 0 and state.stdout.strip() == "true"
+
+
+def _tree_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(path) for name in names)
+
+
+def checkpoint(record: ContainerRecord, archive_dir: str) -> tuple[DrainEngine, str, int]:
+    """Checkpoint the container into `archive_dir` (it stops); the engine that did, where it went and
+    how many bytes."""
+    if record.engine == "podman":
+        archive = os.path.join(archive_dir, f"{record.id}.tar.zst")
+        process.run([_gpuckpt(), "export", record.id, "-o", archive], timeout_s=ENGINE_TIMEOUT_S)
+        return "podman", archive, _tree_bytes(archive) + _tree_bytes(f"{archive}.sig")
+    if record.engine == "docker":
+        directory = os.path.join(archive_dir, record.id)
+        shutil.rmtree(directory, ignore_errors=True)  # an earlier drain's, restored since
+        process.run(["docker", "checkpoint", "create", "--checkpoint-dir", directory, record.id, CHECKPOINT_NAME],
+                    timeout_s=ENGINE_TIMEOUT_S)
+        return "docker", directory, _tree_bytes(directory)
+    raise GpuckptError(f"{record.engine} containers are not drained yet (podman and docker are)")
+
+
+def restore(drained: DrainedContainer) -> None:
+    """Bring a drained container back through its engine."""
+    if drained.engine == "podman":
+        if process.run(["podman", "container", "exists", drained.id], timeout_s=60, check=False).returncode == 0:
+            process.run(["podman", "rm", "-f", drained.id], timeout_s=300)  # the exited one: the archive holds it
+        # the archive is this node's own, signed here: the container config it carries ran here already
+        process.run([_gpuckpt(), "import", "--trust-config", drained.checkpoint], timeout_s=ENGINE_TIMEOUT_S)
+        return
+    process.run(["docker", "start", "--checkpoint", CHECKPOINT_NAME, "--checkpoint-dir", drained.checkpoint,
+                 drained.id], timeout_s=ENGINE_TIMEOUT_S)
+
+
+def discard(drained: DrainedContainer) -> None:
+    """The checkpoint of a container restored from it."""
+    if os.path.isdir(drained.checkpoint):
+        shutil.rmtree(drained.checkpoint, ignore_errors=True)
+    else:
+        for path in (drained.checkpoint, f"{drained.checkpoint}.sig"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
