@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,7 +39,8 @@ BUILD = REPO / "packaging" / "build.sh"
 ROOT_TAR = "/var/cache/gpuckpt-testbed/bookworm-minbase.tar"
 VENV = "/usr/lib/gpuckpt/venv"
 SITE = f"{VENV}/lib/python3.11/site-packages"
-COMMANDS = ("/usr/bin/gpuckpt", "/usr/bin/gpuckpt-runtime", "/usr/bin/gpuckpt-hook")
+with open(REPO / "pyproject.toml", "rb") as pyproject:
+    COMMANDS = tuple(f"/usr/bin/{name}" for name in tomllib.load(pyproject)["project"]["scripts"])  # a launcher each
 CONFIG = "/etc/gpuckpt/config.toml"
 EXAMPLES = "/usr/share/doc/gpuckpt/examples"
 # Every file of either package lies below one of these: nothing strays into the system.
@@ -203,7 +205,7 @@ def installed_files(root: Path) -> set[str]:
 
 
 def run_commands(root: Path) -> None:
-    """The three commands as an engine and an operator run them; the hook on a container with no GPU."""
+    """The runtime, the CLI and the hook as an engine and an operator run them; the hook on a container with no GPU."""
     assert in_root(root, "gpuckpt", "--version").stdout.strip() == f"gpuckpt {gpuckpt.__version__}"
     runtime = in_root(root, "gpuckpt-runtime", "--version").stdout
     assert runtime.startswith(f"gpuckpt-runtime version {gpuckpt.__version__}\n") and "\nrunc version" in runtime

@@ -17,7 +17,8 @@ out=$(cd "$out" && pwd)
 start=$(date +%s)
 
 # --- build dependencies, from Debian's archive ----------------------------------------------
-needs=(python3.11-venv binutils)
+# python3.11-dev, libsystemd-dev, pkg-config, gcc: the `service` extra's systemd-python builds from its sdist.
+needs=(python3.11-venv python3.11-dev libsystemd-dev pkg-config gcc binutils)
 case $what in deb|all) needs+=(dpkg-dev debhelper lintian);; esac
 case $what in rpm|all) needs+=(rpm);; esac
 missing=()

@@ -2,9 +2,10 @@
 # The installed file tree of the .deb and the .rpm, built under DESTDIR: both packages ship
 # what this script writes, so they cannot drift apart. Run by debian/rules and the spec's %install.
 #
-# Phases: a private venv at /usr/lib/gpuckpt/venv (python3.11, gpuckpt[gpu] and its wheels from
-# PyPI, no pip, bytecode compiled ahead); launchers in /usr/bin started as install.sh starts
-# them (-IS, our site-packages only: engines run the runtime on every container operation); the
+# Phases: a private venv at /usr/lib/gpuckpt/venv (python3.11, gpuckpt with every extra but
+# `test` and its wheels from PyPI, no pip, bytecode compiled ahead); a launcher in /usr/bin for
+# each of pyproject.toml's [project.scripts], started as install.sh starts them (-IS, our
+# site-packages only: engines run the runtime on every container operation); the
 # default config (every key of node/config.py commented with its default); the hooks.d files
 # (hooks/oci-hooks.d); systemd units (packaging/systemd, when there); engine registration
 # examples written by the same code as `gpuckpt install`; then a check that no staging path
@@ -28,6 +29,19 @@ hooks_d=/usr/share/containers/oci/hooks.d  # oci/hooks_d.py PACKAGED_HOOKS_DIR
 docdir=/usr/share/doc/gpuckpt
 
 [ -x "$python" ] || { echo "stage.sh: $python not found (apt-get install python3.11-venv)" >&2; exit 1; }
+read_pyproject() {  # extras: the runtime extras (all but `test`); scripts: NAME MODULE FUNCTION lines
+    "$python" - "$src/pyproject.toml" "$1" <<'PY'
+import sys, tomllib
+with open(sys.argv[1], "rb") as pyproject:
+    project = tomllib.load(pyproject)["project"]
+if sys.argv[2] == "extras":
+    print(",".join(sorted(set(project.get("optional-dependencies", {})) - {"test"})))
+else:
+    for name, entry in project["scripts"].items():
+        print(name, *entry.split(":"))
+PY
+}
+extras=$(read_pyproject extras)
 
 # --- the venv -------------------------------------------------------------------------------
 # Made in DESTDIR, then checked to name no path of it (the end of this script).
@@ -38,7 +52,7 @@ build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 tar -C "$src" --exclude=./.git --exclude=./build --exclude='./*.egg-info' --exclude='./.carry*' \
     --exclude=./.gpusnap --exclude='__pycache__' --exclude=./integration/gpu/results -cf - . | tar -C "$build" -xf -
-"$dest$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-compile "$build[gpu]"
+"$dest$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-compile "$build[$extras]"
 # pip and setuptools only served the install: the package manager owns this tree.
 "$dest$venv/bin/python3" -m pip uninstall -q -y pip setuptools
 # The venv's own scripts (activate, pip, the wheels' console scripts) name no path an
@@ -57,7 +71,7 @@ site=${site#"$dest"}
     "$dest$venv/lib" >/dev/null
 rm -rf "$dest$site"/gpuckpt-*.dist-info/direct_url.json  # names the temporary build copy
 
-# --- launchers (the same text as install.sh's) ----------------------------------------------
+# --- launchers: one per entry point (the same text as install.sh's) --------------------------
 mkdir -p "$dest$bindir"
 write_launcher() {  # NAME MODULE
     cat >"$dest$bindir/$1" <<LAUNCHER
@@ -69,9 +83,11 @@ sys.exit(main())
 LAUNCHER
     chmod 0755 "$dest$bindir/$1"
 }
-write_launcher gpuckpt-runtime gpuckpt.shim.main
-write_launcher gpuckpt gpuckpt.cli.main
-write_launcher gpuckpt-hook gpuckpt.hooks.main
+while read -r name module function; do
+    [ "$function" = main ] || { echo "stage.sh: entry point $name calls $function, launchers call main" >&2; exit 1; }
+    write_launcher "$name" "$module"
+done < <(read_pyproject scripts)
+[ -x "$dest$hook_path" ] || { echo "stage.sh: no entry point made $hook_path" >&2; exit 1; }
 
 staged_python() {  # the staged venv's interpreter with the staged gpuckpt importable
     "$dest$venv/bin/python3" -I "$@"
