@@ -87,6 +87,16 @@ def compute_processes() -> dict[int, dict[str, int]]:
         return usage
 
 
+def utilization_by_uuid() -> dict[str, int]:
+    """Each GPU's utilization (percent of the last sample period a kernel ran), by UUID."""
+    with _nvml("read GPU utilization") as nvml:
+        found = {}
+        for index in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            found[_text(nvml.nvmlDeviceGetUUID(handle))] = int(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+        return found
+
+
 def compute_pids() -> dict[int, list[str]]:
     """Host pid -> UUIDs of the GPUs where it has a compute context."""
     return {pid: list(gpus) for pid, gpus in compute_processes().items()}

@@ -1,9 +1,10 @@
 """`gpuckpt-hook STAGE`: the OCI hook that keeps the node's GPU container inventory.
 
 createRuntime: a container given /dev/nvidiaN devices (or annotated io.gpuckpt.inventory=true)
-is recorded (id, engine, bundle, GPUs by UUID, creation time) in node/inventory.py's directory; one asking for a GPU this node does not
-have is refused with one line, before its process runs (for a restore: in CRIU's
-setup-namespaces callback, before any process memory is restored). poststop: the record goes.
+is recorded (id, engine, bundle, GPUs by UUID, creation time, its io.gpuckpt.* annotations) in
+node/inventory.py's directory; one asking for a GPU this node does not have is refused with one
+line, before its process runs (for a restore: in CRIU's setup-namespaces callback, before any
+process memory is restored). poststop: the record goes.
 Every other container costs one read of its config.json: the hook runs on every container start
 (hooks.d has no device condition), so it imports only the stdlib and gpuckpt's light modules.
 """
@@ -29,6 +30,7 @@ RECORD_VERSION = 1  # oci/container_record.py
 # A container without a GPU is recorded (and so drained by gpuckptd) when its owner asks:
 # it is the owner's own container that gets checkpointed through its own engine.
 INVENTORY_ANNOTATION = "io.gpuckpt.inventory"
+OPTION_PREFIX, MAX_OPTIONS = "io.gpuckpt.", 16  # what of a container's annotations its record keeps
 
 
 class HookError(GpuckptError):
@@ -86,6 +88,13 @@ def visible_devices(spec: dict[str, object]) -> str | None:
     return None
 
 
+def options(annotations: dict[str, object]) -> dict[str, str]:
+    """The container's io.gpuckpt.* annotations, as many and as long as a record holds."""
+    return dict(sorted((key, value) for key, value in annotations.items()
+                       if key.startswith(OPTION_PREFIX) and isinstance(value, str) and len(key) <= 128
+                       and len(value) <= 256)[:MAX_OPTIONS])
+
+
 def engine_of(bundle: str, annotations: dict[str, object]) -> str:
     """The engine that made the container: from where its bundle is (the engine's choice), then its annotations."""
     parts = bundle.split("/")
@@ -120,7 +129,7 @@ def created(state: bytes) -> None:
     write_record({
         "version": RECORD_VERSION, "id": container_id, "engine": engine_of(bundle, annotations), "bundle": bundle,
         "pid": pid, "gpus": [{"minor": minor, "uuid": (node or {})[minor]} for minor in sorted(minors)],
-        "visible_devices": None if minors else visible, "created": utc_now(),
+        "visible_devices": None if minors else visible, "created": utc_now(), "options": options(annotations),
     })
 
 

@@ -9,12 +9,15 @@ io.gpuckpt.inventory=true: CPU containers the hook records as it records GPU one
 
 from __future__ import annotations
 
+import http.server
 import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,6 +81,11 @@ def service(runc_delegate, tmp_path: Path) -> Iterator[Service]:
     running = Service(tmp_path)
     yield running
     running.kill()
+
+
+def add_service_config(node: Path, lines: str) -> None:
+    config = node / "config.toml"
+    config.write_text(config.read_text() + lines)
 
 
 @pytest.fixture
@@ -160,3 +168,97 @@ def test_only_root_may_use_the_socket(service, tmp_path) -> None:
     service.kill()
     path.unlink(missing_ok=True)
     reachable.rmdir()
+
+
+class MetadataService:
+    """A loopback HTTP server playing a cloud's metadata service: `answer` is (status, body) now."""
+
+    def __init__(self) -> None:
+        self.answer: tuple[int, bytes] = (404, b"")
+        self.requests: list[tuple[str, dict[str, str]]] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                outer.requests.append((self.path, dict(self.headers)))
+                status, body = outer.answer
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_PUT(self) -> None:  # noqa: N802 (IMDSv2's token: this "cloud" has none)
+                self.send_response(403)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url_base = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.mark.parametrize("cloud", ["gce", "aws"])
+def test_preemption_notice_drains_before_its_deadline(service, counters, tmp_path, cloud) -> None:
+    metadata = MetadataService()
+    path = {"gce": "/computeMetadata/v1/instance/preempted", "aws": "/latest/meta-data/spot/instance-action"}[cloud]
+    metadata.answer = (200, b"FALSE") if cloud == "gce" else (404, b"")
+    add_service_config(tmp_path, f'preemption_url = "{metadata.url_base}{path}"\npreemption_poll_s = 0.5\n'
+                                 "drain_on_stop = false\n")
+    try:
+        service.start()
+        time.sleep(1.5)  # polled, no notice: everything keeps running
+        assert metadata.requests and all(sh("podman", "inspect", "--format", "{{.State.Running}}", name)
+                                         .stdout.strip() == "true" for name in counters)
+        if cloud == "gce":
+            assert metadata.requests[0][1].get("Metadata-Flavor") == "Google"
+            metadata.answer = (200, b"TRUE")
+        else:
+            notice_time = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 60))
+            metadata.answer = (200, json.dumps({"action": "terminate", "time": notice_time}).encode())
+        noticed = time.monotonic()
+        deadline = time.monotonic() + 120
+        ids = {container_id(name) for name in counters}
+        while time.monotonic() < deadline:
+            if all((tmp_path / "archive" / f"{cid}.json").exists() for cid in ids):
+                break
+            time.sleep(0.5)
+        drained_s = time.monotonic() - noticed
+        log = (tmp_path / "gpuckptd.log").read_text()
+        assert all((tmp_path / "archive" / f"{cid}.json").exists() for cid in ids), log
+        assert drained_s < 30, drained_s
+        assert "preemption notice" in log and "made it:" in log
+    finally:
+        metadata.close()
+
+
+def test_preemption_file_and_periodic_checkpoints_keep_the_newest(service, tmp_path) -> None:
+    name = f"gpuckpt-svc-{os.getpid()}-{next(_names)}"
+    sh("podman", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
+       "--annotation", "io.gpuckpt.inventory=true", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+    try:
+        add_service_config(tmp_path, "checkpoint_every_min = 0.05\ncheckpoint_keep = 2\n"
+                                     f'preemption_file = "{tmp_path / "preempt"}"\ndrain_on_stop = false\n')
+        service.start()
+        before = wait_counter(state_reader(name), minimum=3)
+        periodic = tmp_path / "archive" / "periodic" / container_id(name)
+        deadline = time.monotonic() + 90
+        log_path = tmp_path / "gpuckptd.log"
+        while time.monotonic() < deadline and log_path.read_text().count("periodic checkpoint /") < 3:
+            time.sleep(1)
+        assert log_path.read_text().count("periodic checkpoint /") >= 3, log_path.read_text()
+        assert len(list(periodic.glob("*.tar.zst"))) == 2  # the newest two of three or more
+        after = assert_continues(before, state_reader(name))  # --leave-running: it never stopped
+        (tmp_path / "preempt").touch()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (tmp_path / "archive" / f"{container_id(name)}.json").exists():
+            time.sleep(0.5)
+        assert (tmp_path / "archive" / f"{container_id(name)}.json").exists(), log_path.read_text()
+        assert after.token == before.token
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)

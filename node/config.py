@@ -109,6 +109,36 @@ class ServiceConfig(_Section):
     drain_on_stop: bool = True
     restore_at_start: bool = True
     socket: str = "/run/gpuckpt/gpuckptd.sock"
+    # Preemption: a notice starts a drain that starts nothing after its deadline. A URL polled
+    # (GCE's instance/preempted, AWS's spot/instance-action, Azure's scheduledevents, or any 200
+    # whose body is TRUE), a file whose existence is the notice, or SIGUSR1.
+    preemption_url: str = ""
+    preemption_file: str = ""
+    preemption_poll_s: float = Field(default=5.0, ge=0.5, le=3600)
+    preemption_deadline_s: float = Field(default=30.0, gt=0, le=86_400)  # when the notice names no time
+    # Periodic checkpoints (--leave-running) of the recorded containers: every this many minutes
+    # for all of them (0: only those annotated io.gpuckpt.checkpoint-every=MINUTES), keeping the
+    # newest `checkpoint_keep` of each in archive_dir/periodic/ID/.
+    checkpoint_every_min: float = Field(default=0, ge=0, le=525_600)
+    checkpoint_min_interval_min: float = Field(default=5, ge=0.01, le=525_600)  # the most often an annotation may ask
+    checkpoint_keep: int = Field(default=3, ge=1, le=100)
+    # Idle GPU reclaim: a container annotated io.gpuckpt.idle-suspend-after=MINUTES whose GPUs all
+    # showed 0 % utilization (NVML) that long is suspended (gpuckpt suspend); at least this long.
+    idle_min_minutes: float = Field(default=10, ge=0.01, le=525_600)
+
+    @field_validator("preemption_url")
+    @classmethod
+    def _http(cls, value: str) -> str:
+        if value and not value.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL (or empty)")
+        return value
+
+    @field_validator("preemption_file")
+    @classmethod
+    def _absolute_or_empty(cls, value: str) -> str:
+        if value and (not value.startswith("/") or "\0" in value):
+            raise ValueError("must be an absolute path (or empty)")
+        return value
 
     @field_validator("archive_dir", "socket")
     @classmethod

@@ -35,6 +35,13 @@ class ContainerRecord(BaseModel):
     gpus: list[RecordedGpu]
     visible_devices: str | None = Field(default=None, max_length=4096)  # NVIDIA_VISIBLE_DEVICES, if no device nodes
     created: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+    # its io.gpuckpt.* annotations (the owner's requests to the service: checkpoint-every, idle-suspend-after)
+    options: dict[str, str] = Field(default={}, max_length=16)
+
+    def minutes(self, key: str) -> int | None:
+        """An annotation's whole number of minutes (io.gpuckpt.KEY), or None when absent or not one."""
+        value = self.options.get(f"io.gpuckpt.{key}", "")
+        return int(value) if value.isdigit() and 0 < int(value) <= 525_600 else None
 
 
 def parse_record(data: bytes, where: str) -> ContainerRecord:

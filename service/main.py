@@ -1,7 +1,9 @@
 """`gpuckptd`: the node service (systemd Type=notify).
 
 Starts by restoring what a drain left (service.restore_at_start), then serves the local API
-(`gpuckpt drain`, `gpuckpt service ...`), pets systemd's watchdog, and on SIGTERM (the node
+(`gpuckpt drain`, `gpuckpt service ...`), pets systemd's watchdog, watches for preemption
+notices (service/preemption.py: URL, file, SIGUSR1), takes periodic checkpoints and suspends
+idle GPU containers (service/schedule.py), and on SIGTERM (the node
 shutting down, `systemctl stop`) drains every recorded container before it exits
 (service.drain_on_stop).
 """
@@ -11,14 +13,19 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 
 from gpuckpt.errors import GpuckptError
 from gpuckpt.node.config import load_config
 from gpuckpt.oci.service_api import Event
 from gpuckpt.service.operations import Operations
+from gpuckpt.service.preemption import PreemptionWatch
+from gpuckpt.service.schedule import Schedule
 from gpuckpt.service.server import Server
 from gpuckpt.service.systemd import log, notify, watchdog_interval_s
+
+TICK_S = 1.0  # how often the service looks at its watchers (preemption, schedule) and the watchdog
 
 
 def _quiet(_: Event) -> None:
@@ -37,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    preemption_signalled = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda signum, frame: preemption_signalled.set())
     try:
         config = load_config().service
         operations = Operations(config)
@@ -45,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             result = operations.restore(_quiet)
             log(result.message)
         server = Server(config.socket, operations)
+        preemption = PreemptionWatch(config, operations, preemption_signalled)
+        schedule = Schedule(config, operations)
     except GpuckptError as error:
         log(f"cannot start: {error}")
         return 1
@@ -52,13 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     notify("READY=1", f"STATUS=serving {config.socket}")
     log(f"ready on {config.socket}")
     interval = watchdog_interval_s()
-    while not stop.wait(interval or 3600):
-        if interval:
+    next_pet = 0.0
+    while not stop.wait(TICK_S):
+        if interval and time.monotonic() >= next_pet:
             notify("WATCHDOG=1")
+            next_pet = time.monotonic() + interval
+        for watch in (preemption.check, schedule.check):
+            try:
+                watch()
+            except GpuckptError as error:  # reported; the service goes on
+                log(str(error))
     notify("STOPPING=1")
     if config.drain_on_stop:
         notify("STATUS=draining before stopping")
-        log(operations.drain(_quiet).message)
+        log(operations.drain(_quiet, wait=True).message)
     server.close()
     log("stopped")
     return 0

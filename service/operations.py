@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from gpuckpt.errors import GpuckptError
 from gpuckpt.host.procfs import descendants, resident_bytes
@@ -29,6 +30,7 @@ from gpuckpt.service.systemd import log, notify
 
 RECORD_SUFFIX = ".json"
 Emit = Callable[[Event], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -83,8 +85,8 @@ class Operations:
         return Status(recorded=[record.id for record in recorded()],
                       drained=[record.id for record in drained(self.config.archive_dir)], busy=self.busy)
 
-    def _exclusive(self, name: str, emit: Emit, work: Callable[[], Result]) -> Result:
-        if not self._busy.acquire(blocking=False):
+    def _exclusive(self, name: str, emit: Emit, work: Callable[[], Result], wait: bool = False) -> Result:
+        if not self._busy.acquire(blocking=wait):
             result = Result(ok=False, message=f"gpuckptd is busy: {self.busy} under way; try again when it ends")
             emit(result)
             return result
@@ -97,14 +99,27 @@ class Operations:
         emit(result)
         return result
 
-    def drain(self, emit: Emit, deadline_s: float | None = None) -> Result:
-        return self._exclusive("drain", emit, lambda: self._drain(emit, deadline_s))
+    def exclusive_call(self, name: str, work: Callable[[], T]) -> T:
+        """`work` while no other operation runs; a GpuckptError when one is under way (the caller tries later)."""
+        if not self._busy.acquire(blocking=False):
+            raise GpuckptError(f"gpuckptd is busy: {self.busy} under way")
+        self.busy = name
+        try:
+            return work()
+        finally:
+            self.busy = None
+            self._busy.release()
+
+    def drain(self, emit: Emit, deadline_s: float | None = None, wait: bool = False) -> Result:
+        """`wait`: after the operation under way (a preemption's or a shutdown's drain), not refused for it.
+        The deadline counts from the call."""
+        called = time.monotonic()
+        return self._exclusive("drain", emit, lambda: self._drain(emit, deadline_s, called), wait)
 
     def restore(self, emit: Emit) -> Result:
         return self._exclusive("restore", emit, lambda: self._restore(emit))
 
-    def _drain(self, emit: Emit, deadline_s: float | None) -> Result:
-        started = time.monotonic()
+    def _drain(self, emit: Emit, deadline_s: float | None, started: float) -> Result:
         candidates = smallest_first(recorded())
         parent_fd, archive_fd, _ = make_directories(self.config.archive_dir, 0o700)
         os.close(parent_fd)

@@ -80,3 +80,21 @@ def discard(drained: DrainedContainer) -> None:
                 os.unlink(path)
             except FileNotFoundError:
                 pass
+
+
+def checkpoint_live(record: ContainerRecord, directory: str, name: str) -> tuple[str, int]:
+    """A checkpoint that leaves the container running (--leave-running), named `name` in `directory`."""
+    if record.engine == "podman":
+        archive = os.path.join(directory, f"{name}.tar.zst")
+        process.run([_gpuckpt(), "export", "--leave-running", record.id, "-o", archive], timeout_s=ENGINE_TIMEOUT_S)
+        return archive, _tree_bytes(archive) + _tree_bytes(f"{archive}.sig")
+    if record.engine == "docker":
+        process.run(["docker", "checkpoint", "create", "--leave-running", "--checkpoint-dir", directory, record.id,
+                     name], timeout_s=ENGINE_TIMEOUT_S)
+        return os.path.join(directory, name), _tree_bytes(os.path.join(directory, name))
+    raise GpuckptError(f"{record.engine} containers are not checkpointed by the service yet (podman and docker are)")
+
+
+def suspend(record: ContainerRecord) -> None:
+    """`gpuckpt suspend`: the container's GPU state to host memory, its GPUs freed."""
+    process.run([_gpuckpt(), "suspend", "--engine", record.engine, record.id], timeout_s=ENGINE_TIMEOUT_S)

@@ -1,0 +1,93 @@
+"""Preemption: a notice (the metadata URL polled, a file appearing, SIGUSR1) starts one drain
+whose deadline is the notice's time less a margin, or service.preemption_deadline_s.
+
+The drain orders containers smallest first, so the most of them are checkpointed before the
+node goes; the report names those that made it and those skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+from gpuckpt.node.config import ServiceConfig
+from gpuckpt.oci.cloud_notices import MAX_NOTICE_BYTES, Notice, parse_notice
+from gpuckpt.oci.service_api import Event
+from gpuckpt.service.operations import Operations
+from gpuckpt.service.systemd import log, notify
+
+MARGIN_S = 3.0  # what the drain leaves of the notice's time for the last checkpoint to finish
+# GCE and Azure refuse requests without their header; each ignores the other's.
+HEADERS = {"Metadata-Flavor": "Google", "Metadata": "true"}
+
+
+def _aws_token(url: str) -> str | None:
+    """IMDSv2's session token, where the URL is AWS's metadata service and it hands one out."""
+    parts = urlsplit(url)
+    request = urllib.request.Request(f"{parts.scheme}://{parts.netloc}/latest/api/token", method="PUT",
+                                     headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            return answer.read(4096).decode("ascii", "replace").strip() or None
+    except (OSError, urllib.error.URLError):
+        return None
+
+
+def poll_url(url: str) -> Notice | None:
+    headers = dict(HEADERS)
+    if "/latest/meta-data/" in url and (token := _aws_token(url)):
+        headers["X-aws-ec2-metadata-token"] = token
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as answer:
+            return parse_notice(answer.status, answer.read(MAX_NOTICE_BYTES + 1))
+    except urllib.error.HTTPError as error:
+        return parse_notice(error.code, b"")
+    except (OSError, urllib.error.URLError):
+        return None  # the metadata service not answering is not a notice
+
+
+class PreemptionWatch:
+    """Checked by the service's loop; drains once per notice, in a thread of its own."""
+
+    def __init__(self, config: ServiceConfig, operations: Operations, signalled: threading.Event) -> None:
+        self.config, self.operations, self.signalled = config, operations, signalled
+        self._next_poll = 0.0
+        self._draining: threading.Thread | None = None
+        self.handled = False
+
+    def check(self) -> None:
+        if self.handled:
+            return
+        notice = self._notice()
+        if notice is None:
+            return
+        self.handled = True
+        deadline = max(0.001, (notice.deadline_s if notice.deadline_s is not None
+                               else self.config.preemption_deadline_s) - MARGIN_S)
+        log(f"preemption notice: {notice.source}; draining with a {deadline:.1f} s deadline", PHASE="preemption")
+        notify(f"STATUS=preemption: draining, {deadline:.0f} s")
+        self._draining = threading.Thread(target=self._drain, args=(deadline,), name="preemption", daemon=True)
+        self._draining.start()
+
+    def _notice(self) -> Notice | None:
+        if self.signalled.is_set():
+            return Notice("SIGUSR1", None)
+        if self.config.preemption_file and os.path.exists(self.config.preemption_file):
+            return Notice(f"{self.config.preemption_file} exists", None)
+        if self.config.preemption_url and time.monotonic() >= self._next_poll:
+            self._next_poll = time.monotonic() + self.config.preemption_poll_s
+            return poll_url(self.config.preemption_url)
+        return None
+
+    def _drain(self, deadline_s: float) -> None:
+        def quiet(_: Event) -> None:
+            pass
+
+        result = self.operations.drain(quiet, deadline_s, wait=True)
+        log(f"preemption {result.message}; made it: {', '.join(result.done) or 'none'}; "
+            f"not started: {', '.join(result.skipped) or 'none'}", PHASE="preemption")
+        notify(f"STATUS=preemption: {result.message}")

@@ -1,0 +1,124 @@
+"""What gpuckptd does on its own time: periodic checkpoints and idle GPU reclaim.
+
+Periodic: every service.checkpoint_every_min for every recorded container, or as often as its
+io.gpuckpt.checkpoint-every=MINUTES annotation asks (never more often than
+checkpoint_min_interval_min), a --leave-running checkpoint into archive_dir/periodic/ID/, the
+newest checkpoint_keep kept. Idle: a container annotated io.gpuckpt.idle-suspend-after=MINUTES
+whose GPUs all read 0 % utilization for that long (at least idle_min_minutes) is suspended.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+
+from gpuckpt.cuda.devices import utilization_by_uuid
+from gpuckpt.errors import GpuckptError
+from gpuckpt.host.safefiles import make_directories
+from gpuckpt.node.config import ServiceConfig
+from gpuckpt.node.suspension import read_suspension
+from gpuckpt.oci.container_record import ContainerRecord
+from gpuckpt.service import through_engine
+from gpuckpt.service.operations import Operations, recorded
+from gpuckpt.service.systemd import log
+
+PERIODIC_DIR = "periodic"
+
+
+def checkpoint_interval_s(record: ContainerRecord, config: ServiceConfig) -> float | None:
+    asked = record.minutes("checkpoint-every")
+    minutes = max(asked, config.checkpoint_min_interval_min) if asked else config.checkpoint_every_min
+    return minutes * 60.0 if minutes else None
+
+
+def prune(directory: str, keep: int) -> list[str]:
+    """Remove all but the newest `keep` checkpoints in `directory` (names sort by time); what went."""
+    names = sorted({name.removesuffix(".sig").removesuffix(".tar.zst") for name in os.listdir(directory)})
+    gone = names[:-keep] if len(names) > keep else []
+    for name in gone:
+        for path in (os.path.join(directory, name), os.path.join(directory, f"{name}.tar.zst"),
+                     os.path.join(directory, f"{name}.tar.zst.sig")):
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                os.unlink(path)
+    return gone
+
+
+class Schedule:
+    """Checked by the service's loop (`check`), with the records and the clock it is given."""
+
+    def __init__(self, config: ServiceConfig, operations: Operations,
+                 utilization: Callable[[], dict[str, int]] = utilization_by_uuid) -> None:
+        self.config, self.operations, self.utilization = config, operations, utilization
+        self.last_checkpoint: dict[str, float] = {}
+        self.busy_at: dict[str, float] = {}  # when each container's GPUs last showed work
+        self._running: threading.Thread | None = None
+
+    def check(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if self._running is not None and self._running.is_alive():
+            return
+        records = recorded()
+        due = [record for record in records
+               if (interval := checkpoint_interval_s(record, self.config))
+               and now - self.last_checkpoint.setdefault(record.id, now) >= interval]
+        idle = self._idle(records, now)
+        if due or idle:
+            self._running = threading.Thread(target=self._act, args=(due, idle, now), name="schedule", daemon=True)
+            self._running.start()
+
+    def _idle(self, records: list[ContainerRecord], now: float) -> list[ContainerRecord]:
+        watched = [record for record in records if record.minutes("idle-suspend-after") and record.gpus]
+        if not watched:
+            return []
+        try:
+            utilization = self.utilization()
+        except GpuckptError as error:
+            log(f"idle reclaim: cannot read GPU utilization: {error}")
+            return []
+        idle = []
+        for record in watched:
+            after = max(record.minutes("idle-suspend-after") or 0, self.config.idle_min_minutes) * 60.0
+            if any(utilization.get(gpu.uuid, 100) > 0 for gpu in record.gpus):
+                self.busy_at[record.id] = now
+            elif now - self.busy_at.setdefault(record.id, now) >= after and read_suspension(record.id) is None:
+                idle.append(record)
+        return idle
+
+    def _act(self, due: list[ContainerRecord], idle: list[ContainerRecord], now: float) -> None:
+        for record in due:
+            self._periodic(record, now)
+        for record in idle:
+            try:
+                through_engine.suspend(record)
+            except GpuckptError as error:
+                log(f"idle reclaim: suspend failed: {error}", CONTAINER_ID=record.id, ENGINE=record.engine,
+                    PHASE="suspend")
+                continue
+            self.busy_at[record.id] = now  # counts again from its resume
+            log("idle reclaim: suspended, its GPUs are free (gpuckpt resume gives them back)",
+                CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="suspend")
+
+    def _periodic(self, record: ContainerRecord, now: float) -> None:
+        parent_fd, fd, _ = make_directories(os.path.join(self.config.archive_dir, PERIODIC_DIR, record.id), 0o700)
+        os.close(parent_fd)
+        os.close(fd)
+        directory = os.path.join(self.config.archive_dir, PERIODIC_DIR, record.id)
+        name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        began = time.monotonic()
+        try:
+            where, size = self.operations.exclusive_call(
+                "periodic checkpoint", lambda: through_engine.checkpoint_live(record, directory, name))
+        except GpuckptError as error:
+            log(f"periodic checkpoint failed: {error}", CONTAINER_ID=record.id, ENGINE=record.engine,
+                PHASE="periodic")
+            return
+        self.last_checkpoint[record.id] = now
+        gone = prune(directory, self.config.checkpoint_keep)
+        log(f"periodic checkpoint {where}" + (f"; removed the older {', '.join(gone)}" if gone else ""),
+            CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="periodic", BYTES=size,
+            SECONDS=round(time.monotonic() - began, 3))

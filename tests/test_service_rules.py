@@ -1,0 +1,79 @@
+"""gpuckptd's rules that need no engine: cloud notices, retention, intervals, the record's options."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from gpuckpt.hooks.main import options
+from gpuckpt.node.config import ServiceConfig
+from gpuckpt.oci.cloud_notices import parse_notice
+from gpuckpt.oci.container_record import ContainerRecord
+from gpuckpt.service.schedule import checkpoint_interval_s, prune
+
+NOW = datetime(2026, 11, 25, 5, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(("status", "body", "deadline"), [
+    (200, b"TRUE", None),  # GCE instance/preempted
+    (200, b"FALSE", "none"),
+    (404, b"", "none"),  # AWS before a notice
+    (200, json.dumps({"action": "terminate", "time": "2026-11-25T05:01:30Z"}).encode(), 90.0),
+    (200, json.dumps({"action": "stop", "time": "2026-11-25T04:59:00Z"}).encode(), 0.0),  # already past
+    (200, json.dumps({"DocumentIncarnation": 2, "Events": [
+        {"EventId": "x", "EventType": "Freeze", "NotBefore": "Wed, 25 Nov 2026 05:00:10 GMT"},
+        {"EventId": "y", "EventType": "Preempt", "NotBefore": "Wed, 25 Nov 2026 05:00:30 GMT"}]}).encode(), 30.0),
+    (200, json.dumps({"DocumentIncarnation": 1, "Events": []}).encode(), "none"),
+    (200, json.dumps({"DocumentIncarnation": 1, "Events": [{"EventType": "Freeze"}]}).encode(), "none"),
+    (200, b"<html>captive portal</html>", "none"),
+    (200, b"TRUE" + b" " * (64 << 10), "none"),  # over the bound
+])
+def test_cloud_notices(status, body, deadline) -> None:
+    notice = parse_notice(status, body, NOW)
+    if deadline == "none":
+        assert notice is None
+    else:
+        assert notice is not None and notice.deadline_s == deadline
+
+
+def record(**annotations: str) -> ContainerRecord:
+    return ContainerRecord(version=1, id="c1", engine="podman", bundle="/b", pid=1, gpus=[],
+                           created="2026-11-25T05:00:00Z", options=options(annotations))
+
+
+def test_interval_from_annotation_never_below_the_operators_floor() -> None:
+    config = ServiceConfig(checkpoint_min_interval_min=5)
+    assert checkpoint_interval_s(record(**{"io.gpuckpt.checkpoint-every": "1"}), config) == 300
+    assert checkpoint_interval_s(record(**{"io.gpuckpt.checkpoint-every": "60"}), config) == 3600
+    assert checkpoint_interval_s(record(), config) is None
+    assert checkpoint_interval_s(record(), ServiceConfig(checkpoint_every_min=30)) == 1800
+    for bad in ("-5", "1e9", "five", "0", ""):
+        assert checkpoint_interval_s(record(**{"io.gpuckpt.checkpoint-every": bad}), config) is None
+
+
+def test_record_keeps_only_bounded_gpuckpt_annotations() -> None:
+    annotations = {"io.gpuckpt.a": "1", "org.other": "x", "io.gpuckpt.long": "v" * 257,
+                   **{f"io.gpuckpt.k{i:02}": str(i) for i in range(30)}}
+    kept = options(annotations)
+    assert len(kept) == 16 and "org.other" not in kept and "io.gpuckpt.long" not in kept
+
+
+def test_prune_keeps_the_newest(tmp_path: Path) -> None:
+    for stamp in ("20261125T010000Z", "20261125T020000Z", "20261125T030000Z"):
+        (tmp_path / f"{stamp}.tar.zst").write_bytes(b"x")
+        (tmp_path / f"{stamp}.tar.zst.sig").write_bytes(b"s")
+    (tmp_path / "20261125T000000Z").mkdir()  # docker's checkpoint directories
+    gone = prune(str(tmp_path), 2)
+    assert gone == ["20261125T000000Z", "20261125T010000Z"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "20261125T020000Z.tar.zst", "20261125T020000Z.tar.zst.sig", "20261125T030000Z.tar.zst",
+        "20261125T030000Z.tar.zst.sig"]
+
+
+def test_deadline_in_the_past_is_zero_not_negative() -> None:
+    late = {"action": "terminate", "time": (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    notice = parse_notice(200, json.dumps(late).encode(), NOW)
+    assert notice is not None and notice.deadline_s == 0.0
