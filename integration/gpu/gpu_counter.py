@@ -1,6 +1,7 @@
 # A CUDA workload for checkpoint/restore tests: GPU memory filled with known data.
 # Env: GIB (GiB of device data per process), PROCS (CUDA processes in the container),
-# STATE (state file prefix). Each process rewrites STATE.<i> every tick with
+# STATE (state file prefix), IDLE=1 (no GPU work until STATE.check exists). Each process
+# rewrites STATE.<i> every tick with
 # "token counter ok|CORRUPT"; `ok` means the device data's checksum is unchanged.
 import os
 import subprocess
@@ -33,10 +34,12 @@ while remaining > 0:
 torch.cuda.synchronize()
 torch.cuda.empty_cache()  # hand the randint temporaries back: the process holds ~GIB of device memory
 
-counter = 0
+idle = os.environ.get("IDLE") == "1"  # the GPU left alone, its data checked only when STATE.check appears
+counter, intact = 0, True
 while True:
     counter += 1
-    intact = all(int(chunk.sum(dtype=torch.int64)) == want for chunk, want in zip(chunks, expected))
+    if not idle or os.path.exists(f"{state_prefix}.check"):
+        intact = all(int(chunk.sum(dtype=torch.int64)) == want for chunk, want in zip(chunks, expected))
     path = f"{state_prefix}.{rank}"
     with open(path + ".new", "w") as state:
         state.write(f"{token} {counter} {'ok' if intact else 'CORRUPT'}\n")

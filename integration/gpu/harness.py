@@ -25,6 +25,7 @@ TORCH_PYTHON = "/opt/torch/.venv/bin/python3"
 RUNTIME = "/usr/local/bin/gpuckpt-runtime"
 CLI = "/usr/local/bin/gpuckpt"
 HOOK = "/usr/local/bin/gpuckpt-hook"
+GPUCKPTD = "/usr/local/bin/gpuckptd"
 RUNTIME_ROOT = "/run/gpuckpt-gpu"
 WORK = Path("/tmp/gpuckpt-gpu")
 GPU_DIR = REPO / "integration" / "gpu"
@@ -74,7 +75,8 @@ def install() -> dict:
     if not link.exists():
         link.symlink_to(REPO)
     torch_site = sh(TORCH_PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
-    for launcher, module in ((RUNTIME, "gpuckpt.shim.main"), (CLI, "gpuckpt.cli.main"), (HOOK, "gpuckpt.hooks.main")):
+    for launcher, module in ((RUNTIME, "gpuckpt.shim.main"), (CLI, "gpuckpt.cli.main"), (HOOK, "gpuckpt.hooks.main"),
+                             (GPUCKPTD, "gpuckpt.service.main")):
         Path(launcher).write_text(
             f"#!{TORCH_PYTHON} -IS\nimport sys\nsys.path[:0] = [{str(SITE)!r}, {torch_site!r}]\n"
             f"from {module} import main\nsys.exit(main())\n")

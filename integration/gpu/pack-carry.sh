@@ -15,6 +15,14 @@ bash integration/testbed/bundle-criu.sh .carry
 /opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
     pydantic pyroute2 zstandard cryptography protobuf tomlkit
+# python-systemd (gpuckptd) has no wheel on PyPI: built here for Python 3.12 (pyenv's, against
+# Debian's libsystemd-dev; the machine has libsystemd.so.0)
+py312=$(ls -d /root/.pyenv/versions/3.12*/bin/python3 2>/dev/null | head -1)
+if [ -n "$py312" ]; then
+    "$py312" -m pip wheel -q --no-deps -w .carry/wheels systemd-python
+else
+    echo "pack-carry.sh: no Python 3.12 here to build python-systemd's wheel: gpuckptd will not start there" >&2
+fi
 # CRIU's message definitions for the shim's image checks (pure Python, from Debian's python3-pycriu)
 cp -r /opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu .carry/pycriu
 tar -C .carry -cf - . | xz -T0 -6 >.carry.tar.xz

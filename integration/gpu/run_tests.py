@@ -583,6 +583,104 @@ def nvml_uuids() -> dict[int, str]:
     return {int(minor): uuid for minor, uuid in gpuckpt_python(code).items()}
 
 
+def install_hooks_d() -> None:
+    """gpuckpt-hook's hooks.d files, as `gpuckpt install --engine podman` writes them."""
+    hooks_dir = Path("/etc/containers/oci/hooks.d")
+    hooks_dir.mkdir(parents=True, exist_ok=True)
+    files = gpuckpt_python(f"import json; from gpuckpt.oci.hooks_d import hooks_d_files; "
+                           f"print(json.dumps(hooks_d_files({harness.HOOK!r})))")
+    for file_name, text in files.items():
+        (hooks_dir / file_name).write_text(text)
+
+
+class Gpuckptd:
+    """The node service as a process (no systemd here), its log in WORK."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.env, self.log = env, harness.WORK / "gpuckptd.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen([harness.GPUCKPTD], env=self.env, stderr=open(self.log, "ab"))
+        deadline = time.monotonic() + 600  # a restore at start comes before READY
+        while "ready on" not in self.log.read_text():
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=600)
+
+
+def gpu_container(podman: harness.Podman, name: str, env: dict[str, str], *annotations: str) -> harness.StateDir:
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
+    flags = [arg for annotation in ("io.gpuckpt.inventory=true", *annotations) for arg in ("--annotation", annotation)]
+    podman.cli("run", "-d", "--name", name, *podman.RUN_FLAGS, *flags,
+               *harness.gpu_run_args(COUNTER, {"STATE": "/state/state", **env}, state.directory, podman.IMAGE))
+    return state
+
+
+@harness.nftables_network_lock()
+def scenario_service_podman(results: dict) -> str | None:
+    """gpuckptd on the GPU: an idle container (io.gpuckpt.idle-suspend-after=1) suspended by policy,
+    its GPU memory freed, resumed with its data intact; then two GPU containers drained through
+    podman, the service restarted, both restored at its start and going on from their state."""
+    install_hooks_d()
+    podman = harness.Podman()
+    config = Path("/etc/gpuckpt/config.toml")
+    config.write_text(config.read_text() + '[service]\narchive_dir = "/var/tmp/gpuckpt-drain"\n'
+                      "drain_on_stop = false\nidle_min_minutes = 0.05\n")
+    service = Gpuckptd(podman.env)
+    names = [f"gpu-svc-{os.getpid()}-{which}" for which in ("idle", "a", "b")]
+    found: dict = {}
+    try:
+        podman.import_rootfs()
+        service.start()
+        idle = gpu_container(podman, names[0], {"GIB": "4", "IDLE": "1"}, "io.gpuckpt.idle-suspend-after=1")
+        before_idle = wait_counters(idle, 1, 3)
+        used_before = gpu_memory_used_mib()
+        deadline = time.monotonic() + 180
+        while "idle reclaim: suspended" not in service.log.read_text():
+            assert time.monotonic() < deadline, service.log.read_text()[-3000:]
+            time.sleep(2)
+        suspended_after_s = round(180 - (deadline - time.monotonic()), 1)
+        used_suspended = gpu_memory_used_mib()
+        assert used_suspended < used_before - 3000, (used_before, used_suspended)
+        mid = assert_continues(idle, before_idle)  # its CPU side goes on while suspended
+        sh(CLI, "resume", "--engine", "podman", names[0], env=podman.env)
+        (idle.directory / "state.check").touch()
+        time.sleep(1)
+        resumed = assert_continues(idle, mid)
+        assert all(status == "ok" for _, _, status in resumed), resumed
+        found["idle"] = {"suspended_after_s": suspended_after_s, "gpu_mib_before": used_before,
+                         "gpu_mib_suspended": used_suspended, "after_resume": resumed}
+        podman.cli("rm", "-f", "-t", "0", names[0])
+        states = [gpu_container(podman, name, {"GIB": "2"}) for name in names[1:]]
+        befores = [wait_counters(state, 1, 3) for state in states]
+        started = time.monotonic()
+        drained = sh(CLI, "drain", "--json", env=podman.env)
+        drain_s = time.monotonic() - started
+        events = [json.loads(line) for line in drained.stdout.splitlines()]
+        assert events[-1]["event"] == "result" and events[-1]["ok"] and len(events[-1]["done"]) == 2, events
+        service.stop()
+        started = time.monotonic()
+        service.start()
+        restore_s = time.monotonic() - started
+        afters = [assert_continues(state, before) for state, before in zip(states, befores)]
+        found["drain"] = {"drain_s": round(drain_s, 2), "restart_and_restore_s": round(restore_s, 2),
+                          "events": events, "before": befores, "after": afters}
+        log(f"service: idle container suspended after {suspended_after_s} s ({used_before} -> {used_suspended} MiB), "
+            f"resumed intact; drain of 2 GPU containers {drain_s:.1f} s, restart with restore {restore_s:.1f} s, "
+            f"{befores} -> {afters}")
+    finally:
+        found["log"] = service.log.read_text()[-6000:] if service.log.exists() else ""
+        results["service_podman"] = found
+        service.stop()
+        podman.cli("rm", "-f", "-t", "0", *names, check=False)
+    return None
+
+
 @harness.nftables_network_lock()
 def scenario_hook_podman(results: dict) -> str | None:
     """gpuckpt-hook on a real driver under podman (hooks.d): a GPU container recorded with the UUID
@@ -592,12 +690,7 @@ def scenario_hook_podman(results: dict) -> str | None:
     nvml = nvml_uuids()
     information = {path.parent.name: path.read_text()
                    for path in Path("/proc/driver/nvidia/gpus").glob("*/information")}
-    hooks_dir = Path("/etc/containers/oci/hooks.d")
-    hooks_dir.mkdir(parents=True, exist_ok=True)
-    files = gpuckpt_python(f"import json; from gpuckpt.oci.hooks_d import hooks_d_files; "
-                           f"print(json.dumps(hooks_d_files({harness.HOOK!r})))")
-    for file_name, text in files.items():
-        (hooks_dir / file_name).write_text(text)
+    install_hooks_d()
     found: dict = {"nvml_uuid_by_minor": nvml, "proc_information": information}
     podman = harness.Podman()
     name = f"gpu-hook-{os.getpid()}"
