@@ -690,6 +690,53 @@ def scenario_service_podman(results: dict) -> str | None:
     return None
 
 
+def scenario_service_docker(results: dict) -> str | None:
+    """gpuckptd draining a docker GPU container (checkpoint create --checkpoint-dir into the archive
+    directory) and restoring it at its next start (docker start --checkpoint)."""
+    docker = harness.Docker()
+    docker.start()
+    config = Path("/etc/gpuckpt/config.toml")
+    saved = config.read_text()
+    config.write_text(saved + '[hook]\nadd_to_spec = true\n[criu]\nnetwork_lock = "nftables"\n'
+                      '[service]\narchive_dir = "/var/tmp/gpuckpt-drain-docker"\ndrain_on_stop = false\n')
+    shutil.rmtree("/var/tmp/gpuckpt-drain-docker", ignore_errors=True)
+    service = Gpuckptd(dict(docker.env, DOCKER_HOST=f"unix://{docker.SOCKET}"))
+    service.log.unlink(missing_ok=True)
+    name = f"gpu-svc-docker-{os.getpid()}"
+    found: dict = {}
+    try:
+        service.start()
+        docker.import_rootfs()
+        state = harness.StateDir(name, harness.WORK / f"{name}-state")
+        docker.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state)
+        before = wait_counters(state, 1, 3)
+        started = time.monotonic()
+        drained = sh(CLI, "drain", "--json", env=service.env)
+        drain_s = time.monotonic() - started
+        events = [json.loads(line) for line in drained.stdout.splitlines()]
+        assert events[-1]["event"] == "result" and events[-1]["ok"] and len(events[-1]["done"]) == 1, events
+        assert docker.cli("inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "false"
+        stopped_at = harness.counter_states(state, 1)
+        assert [token for token, _, _ in stopped_at] == [token for token, _, _ in before]
+        service.stop()
+        started = time.monotonic()
+        service.start()
+        restore_s = time.monotonic() - started
+        after = assert_continues(state, stopped_at)
+        found = {"drain_s": round(drain_s, 2), "restart_and_restore_s": round(restore_s, 2), "events": events,
+                 "before": before, "stopped_at": stopped_at, "after": after}
+        log(f"service under docker: drain {drain_s:.1f} s, restart with restore {restore_s:.1f} s, "
+            f"{stopped_at} -> {after}")
+    finally:
+        found["log"] = service.log.read_text()[-4000:] if service.log.exists() else ""
+        results["service_docker"] = found
+        service.stop()
+        config.write_text(saved)
+        docker.cli("rm", "-f", name, check=False)
+        docker.stop()
+    return None
+
+
 @harness.nftables_network_lock()
 def scenario_hook_podman(results: dict) -> str | None:
     """gpuckpt-hook on a real driver under podman (hooks.d): a GPU container recorded with the UUID
