@@ -146,14 +146,17 @@ class Checkpoint:
 
         paused = read_suspension(self.container_id)
         driver = self.gpus.load_driver()
-        cuda_pids, self.forked_children = split_forked_children(driver, self.gpus.find_cuda_pids(self.pids))
+        freezer = Freezer.of_process(self.state.pid)
+        # The driver's state query waits while its process is frozen (docker pauses before a
+        # checkpoint): the split asks it of every candidate, so it runs thawed too.
+        with thawed(freezer):
+            cuda_pids, self.forked_children = split_forked_children(driver, self.gpus.find_cuda_pids(self.pids))
         plugin = criu_cuda_plugin()
         if plugin:
             # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
             # must not also try (it would find the processes already checkpointed).
             disable_criu_plugins()
             log(self.args, "info", f"CRIU CUDA plugin {plugin} disabled for this dump; gpuckpt handles the GPU")
-        freezer = Freezer.of_process(self.state.pid)
         if paused is not None and paused.engine == PAUSE_ENGINE:
             self._release_forked_children(freezer)
             return self._dump_suspended(paused, started)

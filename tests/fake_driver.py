@@ -34,7 +34,8 @@ class FakeDriver(CudaDriver):
     fail_on: {(method, pid): "CUDA_ERROR_..."} fails that call, state unchanged
              (("lock", pid): "CUDA_ERROR_TIMEOUT" raises LockTimeout).
     delay_s: seconds each lock/checkpoint/restore/unlock takes, or {method: seconds}.
-    frozen_pids: a lock on these waits until `thaw(pid)` or its timeout, then LockTimeout.
+    frozen_pids: a lock on these waits until `thaw(pid)` or its timeout, then LockTimeout; a state
+        query waits until `thaw(pid)` (bounded here at 2 s, then CUDA_ERROR_TIMEOUT).
              (The real driver, r580 on an H100, ignored a 1.5 s timeout on a SIGSTOPped
              process and locked it once continued: only a thaw ends that wait.)
     visible_gpus: {pid: [GPU UUIDs]}; a restore with pairs must name every one.
@@ -164,5 +165,9 @@ class FakeDriver(CudaDriver):
 
     def state(self, pid: int) -> ProcessState:
         self._enter("state", pid)
-        with self._lock:
+        with self._thawed:
+            # r580 on an H100: the state query of a frozen (cgroup freezer) process waits until it is
+            # thawed; here a bounded wait, then the error a test sees instead of the driver's hang.
+            if pid in self.frozen_pids and not self._thawed.wait_for(lambda: pid not in self.frozen_pids, 2.0):
+                raise call_error("state", pid, "CUDA_ERROR_TIMEOUT")
             return self._state_of("state", pid)

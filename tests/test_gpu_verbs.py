@@ -209,7 +209,8 @@ def test_frozen_container_is_thawed_for_the_gpu_steps_and_refrozen_before_the_du
     monkeypatch.setattr(checkpoint.DelegateRun, "wait",
                         lambda self: (events.append(f"dump(frozen={fake_freezer.frozen})"), original_run(self))[1])
     assert node.checkpoint() == 0
-    assert events == ["thaw", "freeze", "dump(frozen=True)"]
+    # thawed for the driver's state queries (which wait on a frozen process), then for the lock and checkpoint
+    assert events == ["thaw", "freeze", "thaw", "freeze", "dump(frozen=True)"]
     assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
 
 
