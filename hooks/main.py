@@ -23,7 +23,8 @@ from gpuckpt.node.inventory import check_container_id, remove_record, write_reco
 from gpuckpt.oci.nvidia_paths import gpu_minor
 from gpuckpt.oci.timestamps import utc_now
 
-MAX_STATE_BYTES = 1 << 20
+MAX_STATE_BYTES = 16 << 20  # podman allows megabytes of annotations
+MAX_VISIBLE_DEVICES = 1024  # oci/container_record.py's bound
 MAX_SPEC_BYTES = 16 << 20  # as oci/spec.py reads a spec
 CONTAINERD_TASKS = "io.containerd.runtime.v2.task"  # containerd's bundles: .../io.containerd.runtime.v2.task/NS/ID
 RECORD_VERSION = 1  # oci/container_record.py
@@ -83,7 +84,7 @@ def visible_devices(spec: dict[str, object]) -> str | None:
     env = process.get("env") if isinstance(process, dict) else None
     for entry in env if isinstance(env, list) else []:
         if isinstance(entry, str) and entry.startswith("NVIDIA_VISIBLE_DEVICES="):
-            value = entry.partition("=")[2]
+            value = entry.partition("=")[2][:MAX_VISIBLE_DEVICES]
             return value if value and value not in ("void", "none") else None
     return None
 
@@ -134,8 +135,20 @@ def created(state: bytes) -> None:
 
 
 def stopped(state: bytes) -> None:
-    container_id, _, _, _ = read_state(state)
-    remove_record(container_id)
+    container_id, bundle, _, _ = read_state(state)
+    remove_record(container_id, bundle)
+
+
+def node_root() -> bool:
+    """Whether this is the node's root: not root in a user namespace (rootless podman runs hooks as
+    its user, who has no part in the node's inventory)."""
+    if os.geteuid() != 0:
+        return False
+    try:
+        with open("/proc/self/uid_map") as uid_map:
+            return uid_map.read().split() == ["0", "0", "4294967295"]
+    except OSError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,10 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"gpuckpt-hook: usage: gpuckpt-hook {'|'.join(STAGES)} (the OCI state on stdin), "
                          f"got {' '.join(argv) or 'nothing'}\n")
         return 2
+    if not node_root():
+        return 0  # a rootless engine's container: not the node's to record
     try:
         (created if argv[0] == "createRuntime" else stopped)(sys.stdin.buffer.read(MAX_STATE_BYTES + 1))
     except (GpuckptError, OSError) as error:
         sys.stderr.write(f"gpuckpt-hook: {error}\n")
+        return 1
+    except RecursionError:
+        sys.stderr.write("gpuckpt-hook: the container state or config.json nests too deep to read\n")
         return 1
     return 0
 

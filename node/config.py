@@ -237,6 +237,7 @@ def turn_hook_on(path: str | None = None) -> bool:
     if new_text == old_text:
         return False
     parse_config(new_text, path)
-    os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-    replace_file(path, new_text, mode=0o644)
+    mode = os.stat(path).st_mode & 0o777 if old_text else 0o644  # an operator's 0600 stays 0600
+    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
+    replace_file(path, new_text, mode=mode)
     return True

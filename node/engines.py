@@ -66,6 +66,8 @@ def read_engine_file(path: str) -> str | None:
         return None
     except OSError as error:
         raise EngineConfigError(f"{path}: cannot read: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise EngineConfigError(f"{path}: not UTF-8 text") from None
 
 
 class Change:

@@ -22,7 +22,7 @@ INVENTORY_DIR = "containers"
 RECORD_SUFFIX = ".json"
 MAX_RECORD_BYTES = 64 << 10
 # runc's container id rule ([\w+.-]+), less what cannot be a file name of its own here.
-CONTAINER_ID = re.compile(r"^[A-Za-z0-9_+-][A-Za-z0-9_+.-]{0,199}$")
+CONTAINER_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_+.-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
 
 
 class InventoryError(GpuckptError):
@@ -34,7 +34,7 @@ def inventory_dir() -> str:
 
 
 def check_container_id(container_id: object) -> str:
-    if not isinstance(container_id, str) or not CONTAINER_ID.match(container_id):
+    if not isinstance(container_id, str) or not CONTAINER_ID.fullmatch(container_id):
         raise InventoryError(f"container id {container_id!r} not allowed: letters, digits, '_', '+', '-', '.' "
                              "(not first), at most 200")
     return container_id
@@ -64,17 +64,46 @@ def write_record(record: dict[str, object]) -> None:
         os.close(fd)
 
 
-def remove_record(container_id: str) -> bool:
-    """Forget a container; whether there was a record."""
+def remove_record(container_id: str, bundle: str) -> bool:
+    """Forget a container; whether there was a record. Only the record of this bundle goes: an id is
+    one engine's (or one containerd namespace's), and another's container may hold the same."""
     check_container_id(container_id)
+    if not os.path.isdir(inventory_dir()):
+        return False  # nothing recorded, and nothing to make
     fd = _open_inventory()
     try:
+        data = _read_record(fd, container_id + RECORD_SUFFIX)
+        if data is None:
+            return False
+        try:
+            recorded_bundle = json.loads(data).get("bundle")
+        except (ValueError, AttributeError):
+            recorded_bundle = None  # a damaged record: its id is all it has
+        if recorded_bundle not in (None, bundle):
+            return False
         os.unlink(container_id + RECORD_SUFFIX, dir_fd=fd)
         return True
     except FileNotFoundError:
         return False
     finally:
         os.close(fd)
+
+
+def _read_record(dir_fd: int, name: str) -> bytes | None:
+    """A record's bytes: a regular file of at most MAX_RECORD_BYTES; None for anything else or gone."""
+    try:
+        record_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return None  # gone meanwhile (its container ended), a link, a socket
+    try:
+        if not stat.S_ISREG(os.fstat(record_fd).st_mode):
+            return None
+        data = os.read(record_fd, MAX_RECORD_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(record_fd)
+    return data if len(data) <= MAX_RECORD_BYTES else None
 
 
 def read_records() -> dict[str, bytes]:
@@ -84,17 +113,11 @@ def read_records() -> dict[str, bytes]:
     try:
         for name in os.listdir(fd):
             container_id = name.removesuffix(RECORD_SUFFIX)
-            if name.startswith(".") or not name.endswith(RECORD_SUFFIX) or not CONTAINER_ID.match(container_id):
+            if name.startswith(".") or not name.endswith(RECORD_SUFFIX) or not CONTAINER_ID.fullmatch(container_id):
                 continue
-            try:
-                record_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
-            except FileNotFoundError:
-                continue  # its container went away meanwhile
-            with os.fdopen(record_fd, "rb") as source:
-                if stat.S_ISREG(os.fstat(record_fd).st_mode):
-                    data = source.read(MAX_RECORD_BYTES + 1)
-                    if len(data) <= MAX_RECORD_BYTES:
-                        records[container_id] = data
+            data = _read_record(fd, name)
+            if data is not None:
+                records[container_id] = data
     finally:
         os.close(fd)
     return records

@@ -33,7 +33,7 @@ class ContainerRecord(BaseModel):
     bundle: str = Field(pattern=r"^/", max_length=4096)
     pid: int = Field(ge=0)
     gpus: list[RecordedGpu]
-    visible_devices: str | None = Field(default=None, max_length=4096)  # NVIDIA_VISIBLE_DEVICES, if no device nodes
+    visible_devices: str | None = Field(default=None, max_length=1024)  # NVIDIA_VISIBLE_DEVICES, if no device nodes
     created: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
     # its io.gpuckpt.* annotations (the owner's requests to the service: checkpoint-every, idle-suspend-after)
     options: dict[str, str] = Field(default={}, max_length=16)

@@ -1,5 +1,5 @@
-"""`gpuckpt-runtime create` with hook.add_to_spec on: gpuckpt-hook added to the spec of a
-container given an NVIDIA GPU, then the delegate's create with the command line unchanged.
+"""`gpuckpt-runtime create` (and `restore`) with hook.add_to_spec on: gpuckpt-hook added to the
+spec of a container given an NVIDIA GPU, then the delegate's verb with the command line unchanged.
 
 docker and containerd read no hooks.d (oci/hooks_d.py); this puts their GPU containers in the
 node's inventory too. A spec that already names the hook is left as it is; any other container's
@@ -22,9 +22,11 @@ from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})
 
 
-def add_hook(args: RuntimeArgs, hook: str) -> bool:
-    """Add the hook's entries to the bundle's config.json for a GPU container; whether the spec changed."""
-    verb = parse_verb_args(args.command_args, CREATE_VALUE_FLAGS)
+def add_hook(args: RuntimeArgs, hook: str, value_flags: frozenset[str] = CREATE_VALUE_FLAGS) -> bool:
+    """Add the hook's entries to the bundle's config.json for a GPU container; whether the spec changed.
+    Also before a restore (`value_flags`: restore's): containerd restores a task into a fresh bundle
+    without `create`, and the container must be recorded again."""
+    verb = parse_verb_args(args.command_args, value_flags)
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     spec_path = os.path.join(bundle, "config.json")
     try:

@@ -11,20 +11,23 @@ import sys
 
 from gpuckpt import __version__
 from gpuckpt.errors import GpuckptError
-from gpuckpt.shim.argv import RuntimeArgs, parse_runtime_args
+from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, parse_runtime_args
 from gpuckpt.shim.resolve import exec_delegate, resolve_runtime
 
 OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 
-def _run_owned(args: RuntimeArgs, delegate: str) -> int:
+def _run_owned(args: RuntimeArgs, delegate: str, hook: str) -> int:
     if args.command == "checkpoint":
         from gpuckpt.shim import checkpoint
 
         return checkpoint.run(args, delegate)
     if args.command == "restore":
         from gpuckpt.shim import restore
+        from gpuckpt.shim.create import add_hook
 
+        if hook:
+            add_hook(args, hook, RESTORE_VALUE_FLAGS)
         return restore.run(args, delegate)
     if args.command == "delete":
         from gpuckpt.shim import delete
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.wants_version and args.command is None and args.unknown_global is None:
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None:
-            return _run_owned(args, delegate)
+            return _run_owned(args, delegate, resolved.hook)
         if args.command == "create" and resolved.hook and args.unknown_global is None:
             from gpuckpt.shim.create import add_hook  # only with hook.add_to_spec on
 

@@ -238,3 +238,43 @@ def test_create_without_the_hook_installed_fails_before_the_delegate(node, recor
     assert result.returncode == 1
     assert "hook.add_to_spec is on" in result.stderr and "gpuckpt-hook is not an executable" in result.stderr
     assert not (recording_runtime.parent / "argv").exists()
+
+
+def test_poststop_of_another_bundle_leaves_the_record(node, gpus, tmp_path) -> None:
+    """Two engines may use one id: the stop of one container never takes the other's record."""
+    docker_bundle = bundle(tmp_path, ["/dev/nvidia0"], name="moby-job")
+    assert hook("createRuntime", state("job", docker_bundle)).returncode == 0
+    assert hook("poststop", state("job", tmp_path / "k8s.io-job")).returncode == 0
+    assert set(records(node)) == {"job"}
+    assert hook("poststop", state("job", docker_bundle)).returncode == 0
+    assert records(node) == {}
+
+
+@pytest.mark.hostile("device paths that only look like /dev/nvidiaN (other digits, a newline, 5000 digits)")
+@pytest.mark.parametrize("path", ["/dev/nvidia\u0663", "/dev/nvidia\uff11", "/dev/nvidia0\n", "/dev/nvidia" + "9" * 5000])
+def test_only_ascii_device_minors_count(node, gpus, tmp_path, path) -> None:
+    result = hook("createRuntime", state("c", bundle(tmp_path, [path])))
+    assert result.returncode == 0, result.stderr
+    assert not (node / "state" / "containers").exists() or records(node) == {}
+
+
+def test_rootless_engines_hooks_do_nothing(node, gpus, tmp_path) -> None:
+    """Rootless podman reads the system hooks.d too: as its user the hook records and refuses nothing."""
+    spec_dir = bundle(tmp_path, ["/dev/nvidia7"])  # a GPU this node lacks: root would refuse it
+    tmp_path.chmod(0o755)
+    spec_dir.chmod(0o755)
+    (spec_dir / "config.json").chmod(0o644)
+    result = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", sys.executable,
+                             "-m", "gpuckpt.hooks.main", "createRuntime"], input=state("c", spec_dir),
+                            capture_output=True, timeout=30)
+    assert result.returncode == 0 and result.stderr == b""
+
+
+def test_restore_adds_the_hook_to_the_restored_bundle(node, recording_runtime, installed, tmp_path) -> None:
+    """containerd restores into a fresh bundle without `create`: the restore adds the hook there."""
+    write_config(node, f'delegate = "{recording_runtime}"\n[hook]\nadd_to_spec = true\n')
+    spec_dir = bundle(tmp_path, ["/dev/nvidia0"])
+    subprocess.run([installed / "gpuckpt-runtime", "--root", "/r", "restore", "--image-path", tmp_path / "img",
+                    "--bundle", spec_dir, "c1"], capture_output=True, text=True, timeout=60)
+    hooks = json.loads((spec_dir / "config.json").read_text()).get("hooks", {})
+    assert [entry["path"] for entry in hooks.get("createRuntime", [])] == [str(installed / "gpuckpt-hook")]

@@ -511,6 +511,7 @@ def scenario_docker(results: dict) -> str | None:
     except Exception:
         if container_id:
             docker.keep_logs(container_id)
+            results["docker_runtime_log"] = docker.runtime_log(container_id)[-12000:]
         raise
     finally:
         docker.cli("rm", "-f", name, check=False)
