@@ -251,7 +251,8 @@ def test_poststop_of_another_bundle_leaves_the_record(node, gpus, tmp_path) -> N
 
 
 @pytest.mark.hostile("device paths that only look like /dev/nvidiaN (other digits, a newline, 5000 digits)")
-@pytest.mark.parametrize("path", ["/dev/nvidia\u0663", "/dev/nvidia\uff11", "/dev/nvidia0\n", "/dev/nvidia" + "9" * 5000])
+@pytest.mark.parametrize("path", ["/dev/nvidia\u0663", "/dev/nvidia\uff11", "/dev/nvidia0\n",
+                                  "/dev/nvidia" + "9" * 5000])
 def test_only_ascii_device_minors_count(node, gpus, tmp_path, path) -> None:
     result = hook("createRuntime", state("c", bundle(tmp_path, [path])))
     assert result.returncode == 0, result.stderr
