@@ -7,7 +7,7 @@
 # each of pyproject.toml's [project.scripts], started as install.sh starts them (-IS, our
 # site-packages only: engines run the runtime on every container operation); the
 # default config (every key of node/config.py commented with its default); the hooks.d files
-# (hooks/oci-hooks.d); systemd units (packaging/systemd, when there); engine registration
+# (hooks/oci-hooks.d); systemd units and drop-ins (packaging/systemd, when there); engine registration
 # examples written by the same code as `gpuckpt install`; then a check that no staging path
 # leaked into a file.
 #
@@ -121,6 +121,12 @@ if [ ${#units[@]} -gt 0 ]; then
     install -d -m 0755 "$dest$unitdir"
     install -m 0644 "${units[@]}" "$dest$unitdir/"
 fi
+# Drop-ins for units of others (UNIT.d/NAME.conf; a prefix such as libpod-.scope.d reaches every
+# unit whose name starts so, transient ones included).
+for dropins in "$src"/packaging/systemd/*.d; do
+    install -d -m 0755 "$dest$unitdir/${dropins##*/}"
+    install -m 0644 "$dropins"/*.conf "$dest$unitdir/${dropins##*/}/"
+done
 shopt -u nullglob
 
 # --- engine registration examples -------------------------------------------------------------
