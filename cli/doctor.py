@@ -1,6 +1,7 @@
 """`gpuckpt doctor`: does this node have what checkpoint/restore needs?
 
-One pass/fail line per check, with the fix on failure; exit status 1 if any failed.
+One pass/fail line per check, with the fix on failure; exit status 1 if any failed. A check that
+cannot apply here (no docker, no GPU, no systemd) prints nothing.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import socket
 from collections.abc import Callable, Iterator
 
 from gpuckpt.cuda.driver import load_driver, version_text
@@ -21,10 +23,17 @@ from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust, node_key_path, policy_path
 from gpuckpt.oci.criu_images import criu_messages
 from gpuckpt.oci.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
+from gpuckpt.oci.service_api import Request, Status
+from gpuckpt.service.client import request
 from gpuckpt.shim.delegate import delegate_version
 from gpuckpt.shim.resolve import resolve_delegate
 
 MIN_CRIU_MAJOR = 4
+SERVICE_UNIT = "gpuckptd.service"  # packaging/systemd/gpuckptd.service
+SYSTEMD_RUN_DIR = "/run/systemd/system"  # exists when systemd is PID 1 (sd_booted)
+# Unit file states that start the unit at boot (systemctl(1), is-enabled).
+ENABLED_STATES = ("enabled", "enabled-runtime", "linked", "linked-runtime", "generated", "transient")
+STATUS_TIMEOUT_S = 10.0
 
 
 class CheckFailed(Exception):
@@ -99,7 +108,7 @@ def check_trust() -> str:
                           "gpuckpt install --engine podman (makes the key)")
     names = ", ".join(sorted(entry.name for entry in trust.policy.key)) or "none"
     unsigned = "; ".join(rule.source for rule in trust.policy.allow_unsigned)
-    return (f"trust: node key {trust.node_key_id}; trusted keys: {names}; "
+    return (f"trust: node key {trust.node_key_id} ({node_key_path()}) signs exports and dumps; trusted keys: {names}; "
             + (f"UNSIGNED accepted (logged) from: {unsigned}" if unsigned else "unsigned checkpoints refused"))
 
 
@@ -155,6 +164,62 @@ def check_hook() -> str | None:
     return f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {recorded} GPU container(s) recorded"
 
 
+def _unit_properties(unit: str, *names: str) -> dict[str, str]:
+    shown = process.run(["systemctl", "show", unit, f"--property={','.join(names)}"], timeout_s=30)
+    return dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
+
+
+def check_service() -> str | None:
+    """Where systemd runs and gpuckptd's unit is installed: enabled (at boot it restores what the drain
+    at shutdown left) and running (it drains at shutdown); what it says, and what waits for a restore."""
+    if not os.path.isdir(SYSTEMD_RUN_DIR) or not find_program("systemctl"):
+        return None
+    try:
+        unit = _unit_properties(SERVICE_UNIT, "LoadState", "UnitFileState", "ActiveState", "SubState", "StatusText")
+    except process.CommandError as error:
+        raise CheckFailed(f"cannot ask systemd about {SERVICE_UNIT}: {error}", "systemctl status must answer") from None
+    load_state, file_state = unit.get("LoadState", ""), unit.get("UnitFileState", "")
+    if load_state == "not-found":
+        return None  # installed from the source tree (packaging/install.sh), which installs no unit
+    masked = "masked" in (load_state, file_state)
+    if load_state != "loaded" or masked:
+        raise CheckFailed(f"{SERVICE_UNIT} is {'masked' if masked else load_state}: nothing drains this node's "
+                          "containers at shutdown", "systemctl unmask gpuckptd" if masked
+                          else "systemctl status gpuckptd says what is wrong with the unit")
+    if file_state not in ENABLED_STATES:
+        raise CheckFailed(f"{SERVICE_UNIT} is {file_state or 'not enabled'}: it does not start at boot, where it "
+                          "restores what the drain at shutdown left", "systemctl enable --now gpuckptd")
+    active, sub_state = unit.get("ActiveState", ""), unit.get("SubState", "")
+    if active not in ("active", "activating"):  # activating: restoring what a drain left, before READY
+        raise CheckFailed(f"{SERVICE_UNIT} is {active} ({sub_state}): nothing drains this node's containers at "
+                          "shutdown", "systemctl start gpuckptd (journalctl -u gpuckptd says why it stopped)")
+    config = load_config().service
+    stop = "drains at stop" if config.drain_on_stop else "does NOT drain at stop (service.drain_on_stop = false)"
+    return f"{SERVICE_UNIT} {file_state}, {active}: {unit.get('StatusText') or sub_state}; {stop}; " + (
+        _service_status(config.socket) if active == "active" else "not serving yet")
+
+
+def _service_status(socket_path: str) -> str:
+    """What the running service itself says (its API answers only root)."""
+    if os.geteuid() != 0:
+        return "run as root to ask it"
+    # client.request waits as long as the service takes; a status answer is immediate.
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(STATUS_TIMEOUT_S)
+    try:
+        status = next((event for event in list(request(socket_path, Request(op="status")))
+                       if isinstance(event, Status)), None)
+    except (GpuckptError, OSError) as error:
+        raise CheckFailed(f"{SERVICE_UNIT} is active but its API does not answer: {error}",
+                          "journalctl -u gpuckptd says what it is doing") from None
+    finally:
+        socket.setdefaulttimeout(previous)
+    if status is None:
+        raise CheckFailed(f"{SERVICE_UNIT} answered on {socket_path} without a status", "journalctl -u gpuckptd")
+    busy = f", busy: {status.busy}" if status.busy else ""
+    return f"{len(status.recorded)} container(s) recorded, {len(status.drained)} drained waiting for a restore{busy}"
+
+
 def check_driver() -> str | None:
     """Only on a node with an NVIDIA GPU: the driver's checkpoint API must be there."""
     if not os.path.exists("/dev/nvidiactl"):
@@ -169,7 +234,7 @@ def check_driver() -> str | None:
 
 CHECKS: list[Callable[[], str | None]] = [
     check_kernel, check_criu, check_criu_image_definitions, check_config_and_delegate, check_trust, check_network_lock,
-    check_podman, check_docker, check_hook,
+    check_podman, check_docker, check_hook, check_service,
     check_driver,
 ]
 
