@@ -2,7 +2,7 @@
 
 podman: `gpuckpt export` (podman's checkpoint through gpuckpt-runtime, a signed archive in the
 archive directory) and, to restore, the exited container removed and `gpuckpt import`; docker:
-`docker checkpoint create --checkpoint-dir` and `docker start --checkpoint`. Each is a program
+`docker checkpoint create` (in docker's own store) and `docker start --checkpoint`. Each is a program
 run through host/process.py; its last line of error is the container's report.
 """
 
@@ -50,11 +50,13 @@ def checkpoint(record: ContainerRecord, archive_dir: str) -> tuple[DrainEngine, 
         process.run([_gpuckpt(), "export", record.id, "-o", archive], timeout_s=ENGINE_TIMEOUT_S)
         return "podman", archive, _tree_bytes(archive) + _tree_bytes(f"{archive}.sig")
     if record.engine == "docker":
-        directory = os.path.join(archive_dir, record.id)
-        shutil.rmtree(directory, ignore_errors=True)  # an earlier drain's, restored since
-        process.run(["docker", "checkpoint", "create", "--checkpoint-dir", directory, record.id, CHECKPOINT_NAME],
-                    timeout_s=ENGINE_TIMEOUT_S)
-        return "docker", directory, _tree_bytes(directory)
+        # In docker's own checkpoint store: docker 20.10 writes to a --checkpoint-dir but refuses to
+        # start from one ("custom checkpointdir is not supported").
+        process.run(["docker", "checkpoint", "rm", record.id, CHECKPOINT_NAME], timeout_s=300, check=False)
+        process.run(["docker", "checkpoint", "create", record.id, CHECKPOINT_NAME], timeout_s=ENGINE_TIMEOUT_S)
+        root = process.run(["docker", "info", "--format", "{{.DockerRootDir}}"], timeout_s=60).stdout.strip()
+        directory = os.path.join(root, "containers", record.id, "checkpoints", CHECKPOINT_NAME)
+        return "docker", directory, _tree_bytes(directory) if os.path.isdir(directory) else 0
     raise GpuckptError(f"{record.engine} containers are not drained yet (podman and docker are)")
 
 
@@ -66,12 +68,14 @@ def restore(drained: DrainedContainer) -> None:
         # the archive is this node's own, signed here: the container config it carries ran here already
         process.run([_gpuckpt(), "import", "--trust-config", drained.checkpoint], timeout_s=ENGINE_TIMEOUT_S)
         return
-    process.run(["docker", "start", "--checkpoint", CHECKPOINT_NAME, "--checkpoint-dir", drained.checkpoint,
-                 drained.id], timeout_s=ENGINE_TIMEOUT_S)
+    process.run(["docker", "start", "--checkpoint", CHECKPOINT_NAME, drained.id], timeout_s=ENGINE_TIMEOUT_S)
 
 
 def discard(drained: DrainedContainer) -> None:
     """The checkpoint of a container restored from it."""
+    if drained.engine == "docker":
+        process.run(["docker", "checkpoint", "rm", drained.id, CHECKPOINT_NAME], timeout_s=300, check=False)
+        return
     if os.path.isdir(drained.checkpoint):
         shutil.rmtree(drained.checkpoint, ignore_errors=True)
     else:

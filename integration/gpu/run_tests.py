@@ -692,8 +692,8 @@ def scenario_service_podman(results: dict) -> str | None:
 
 
 def scenario_service_docker(results: dict) -> str | None:
-    """gpuckptd draining a docker GPU container (checkpoint create --checkpoint-dir into the archive
-    directory) and restoring it at its next start (docker start --checkpoint)."""
+    """gpuckptd draining a docker GPU container (checkpoint create, in docker's own store; its record
+    in the archive directory) and restoring it at its next start (docker start --checkpoint)."""
     docker = harness.Docker()
     docker.start()
     config = Path("/etc/gpuckpt/config.toml")
