@@ -230,6 +230,26 @@ def test_systemctl_stop_drains_then_exits_0(machine: Machine) -> None:
     machine.run("test", "!", "-e", f"{ARCHIVE_DIR}/{container}.json")
 
 
+def test_a_killed_gpuckptd_restarts_and_the_containers_it_restored_run_on(machine: Machine) -> None:
+    """Restart=on-failure, and KillMode=process: the conmon of each container gpuckptd restored (those
+    the tests before left) lives in gpuckptd's cgroup and must outlive it."""
+    containers = machine.run("podman", "ps", "-q", "--no-trunc").stdout.split()
+    assert containers
+    conmons = [machine.run("podman", "inspect", "--format", "{{.State.ConmonPid}}", container).stdout.strip()
+               for container in containers]
+    for conmon in conmons:
+        assert f"/system.slice/{UNIT}" in machine.run("cat", f"/proc/{conmon}/cgroup").stdout
+    before = {container: wait_counter(machine.state_reader(container)) for container in containers}
+    machine.run("kill", "-KILL", machine.unit(UNIT, "MainPID")["MainPID"])
+    deadline = time.monotonic() + 60
+    while machine.unit(UNIT, "NRestarts", "ActiveState") != {"NRestarts": "1", "ActiveState": "active"}:
+        assert time.monotonic() < deadline, machine.unit(UNIT, "NRestarts", "ActiveState", "SubState")
+        time.sleep(0.5)
+    for container in containers:
+        assert_continues(before[container], machine.state_reader(container))
+    machine.run("kill", "-0", *conmons)
+
+
 def test_shutdown_drains_before_the_scopes_stop_and_boot_restores(machine: Machine) -> None:
     container = machine.start_counter("shutdown", ENDS_ON_SIGTERM + COUNTER_SOURCE)
     before = wait_counter(machine.state_reader(container), minimum=3)
