@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from archive import machine, run
+from archive import WORKLOAD, machine, run  # the archive benchmark's workload, all of it random bytes
 
 RESULTS = Path(__file__).parent / "results" / "drain.json"
 IMAGE = "localhost/gpuckpt-test:latest"
@@ -48,18 +48,6 @@ VENV_PYTHON = "/opt/gpuckpt/venv/bin/python3"
 SAMPLE_S = 0.1
 QUIET_SHARE = 0.15  # others' tests share this machine: a case starts once it is this idle (or waited long enough)
 QUIET_WAIT_S = 180
-WORKLOAD = """
-import os, time
-chunk = 64 << 20
-memory = [bytearray(os.urandom(chunk)) for _ in range(int(os.environ["MIB"]) * (1 << 20) // chunk)]
-token, count = os.urandom(8).hex(), 0
-while True:
-    count += 1
-    with open("/tmp/state.new", "w") as state:
-        state.write(f"{token} {count} {len(memory)}\\n")
-    os.replace("/tmp/state.new", "/tmp/state")
-    time.sleep(0.1)
-"""
 # The archive writer's compressor and the signature's hash, alone, on random bytes in 1 MiB writes.
 CALIBRATE = """
 import hashlib, json, os, sys, time
@@ -225,8 +213,8 @@ def wait_for_quiet() -> float:
 def start_containers(names: list[str], hooks: Path, mib: int) -> None:
     for name in names:
         run("podman", "--hooks-dir", str(hooks), "run", "-d", "--name", name, "--runtime", "gpuckpt-runtime",
-            "--network", "none", "--annotation", "io.gpuckpt.inventory=true", "-e", f"MIB={mib}", IMAGE,
-            "python3", "-c", WORKLOAD)
+            "--network", "none", "--annotation", "io.gpuckpt.inventory=true", "-e", f"MIB={mib}", "-e", "RANDOM=1",
+            "-e", "ZERO=0", IMAGE, "python3", "-c", WORKLOAD)
     deadline = time.monotonic() + 600
     for name in names:  # the counter runs once the memory is filled
         while subprocess.run(["podman", "exec", name, "cat", "/tmp/state"], capture_output=True).returncode != 0:
