@@ -3,9 +3,9 @@
 Phases: decode a program (8-byte `sock_filter` instructions, only the opcodes seccomp accepts),
 run it on a `seccomp_data` (nr, arch, instruction pointer, six arguments; 64 bytes), every jump
 forward and every load inside the data, and combine a chain's results the kernel's way (the
-action of highest precedence wins). For the policy, what a syscall number leaves open (the
-instruction pointer, the arguments) stays open: every path a filter can take is followed
-(`may_allow`). A program the kernel would refuse is an ImageError.
+action of highest precedence wins, so every filter must allow). For the policy, what a syscall
+number leaves open (the instruction pointer, the arguments) stays open: every path a filter can
+take is followed (`may_allow`). A program the kernel would refuse is an ImageError.
 """
 
 from __future__ import annotations
@@ -39,12 +39,6 @@ def decode(program: bytes, what: str) -> list[tuple[int, int, int, int]]:
     if not program or len(program) % 8 or len(program) // 8 > MAX_INSNS:
         raise ImageError(f"{what}: a seccomp program of {len(program)} bytes (1 to {MAX_INSNS} 8-byte instructions)")
     return list(struct.iter_unpack("<HBBI", program))
-
-
-def run(program: list[tuple[int, int, int, int]], data: bytes, what: str) -> int:
-    """The program's return value for `data` (at most one pass over it: jumps go forward only)."""
-    (result,) = outcomes(program, data, what)
-    return result
 
 
 MAX_STATES = 1 << 16  # paths explored for one syscall, at most
@@ -132,15 +126,6 @@ def outcomes(program: list[tuple[int, int, int, int]], data: bytes, what: str,
                 raise ImageError(f"{what}: seccomp program has opcode {code:#x}")
             pc += 1
     return results
-
-
-def chain_action(programs: list[list[tuple[int, int, int, int]]], nr: int, what: str,
-                 arch: int = AUDIT_ARCH_X86_64) -> int:
-    """The action a chain of filters takes for syscall `nr` (no arguments): the kernel runs every
-    filter and keeps the action of highest precedence (lowest as a signed 32-bit number)."""
-    data = seccomp_data(nr, arch)
-    actions = [run(program, data, what) & RET_ACTION_FULL for program in programs]
-    return min(actions, key=lambda action: action - (1 << 32) if action & 0x80000000 else action)
 
 
 def allows(action: int) -> bool:
