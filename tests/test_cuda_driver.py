@@ -1,15 +1,12 @@
 """The CUDA driver binding without a GPU: struct layouts, UUIDs, error mapping through a fake
-libcuda, the driver checks, NVML's errors, and the fake driver's state machine."""
+libcuda, the driver checks and NVML's errors."""
 
 from __future__ import annotations
 
 import ctypes
 import threading
-import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from fake_driver import FakeDriver
 
 from gpuckpt.cuda import devices
 from gpuckpt.cuda.driver import (
@@ -19,7 +16,6 @@ from gpuckpt.cuda.driver import (
     CUcheckpointLockArgs,
     CUcheckpointRestoreArgs,
     CUcheckpointUnlockArgs,
-    CudaDriver,
     CUuuid,
     GpuPair,
     LibCudaDriver,
@@ -263,126 +259,3 @@ def test_nvml_failure_is_one_line():
 
 def test_processes_without_the_driver_are_not_found():
     assert devices.pids_holding_nvidia_devices([threading.get_native_id(), 2 ** 22 + 1]) == set()
-
-
-# -- the fake driver, which the engine's tests stand on -------------------------------------
-
-def test_fake_driver_is_a_cuda_driver():
-    assert isinstance(FakeDriver(), CudaDriver)
-    with pytest.raises(TypeError):
-        CudaDriver()  # type: ignore[abstract]
-
-
-def test_fake_driver_full_cycle():
-    driver = FakeDriver([10])
-    driver.lock(10, 1000)
-    assert driver.state(10) is ProcessState.LOCKED
-    driver.checkpoint(10)
-    assert driver.state(10) is ProcessState.CHECKPOINTED
-    driver.init()
-    driver.restore(10)
-    assert driver.state(10) is ProcessState.LOCKED
-    driver.unlock(10)
-    assert driver.state(10) is ProcessState.RUNNING
-    assert [call for call in driver.calls if call[0] != "state"] == [
-        ("lock", 10), ("checkpoint", 10), ("restore", 10), ("unlock", 10)]
-
-
-@pytest.mark.parametrize("state, method", [
-    (ProcessState.LOCKED, "lock"), (ProcessState.RUNNING, "checkpoint"), (ProcessState.CHECKPOINTED, "checkpoint"),
-    (ProcessState.LOCKED, "restore"), (ProcessState.RUNNING, "unlock"), (ProcessState.CHECKPOINTED, "unlock"),
-    (ProcessState.FAILED, "lock")])
-def test_fake_driver_refuses_wrong_transitions(state, method):
-    driver = FakeDriver()
-    driver.add_process(10, state)
-    driver.init()
-    call = {"lock": lambda: driver.lock(10, 100), "checkpoint": lambda: driver.checkpoint(10),
-            "restore": lambda: driver.restore(10), "unlock": lambda: driver.unlock(10)}[method]
-    with pytest.raises(DriverError) as caught:
-        call()
-    assert caught.value.cuda_error == "CUDA_ERROR_ILLEGAL_STATE"
-    assert driver.states[10] is state
-
-
-def test_fake_driver_unknown_pid():
-    with pytest.raises(DriverError, match=r"cuCheckpointProcessGetState\(pid 99\) failed: CUDA_ERROR_OPERATING_SYSTEM"):
-        FakeDriver([10]).state(99)
-
-
-def test_fake_driver_injected_failure_keeps_the_state():
-    driver = FakeDriver([10, 11], fail_on={("checkpoint", 10): "CUDA_ERROR_OUT_OF_MEMORY"})
-    driver.lock(10, 100)
-    driver.lock(11, 100)
-    with pytest.raises(DriverError, match=r"^cuCheckpointProcessCheckpoint\(pid 10\) failed: "
-                                          r"CUDA_ERROR_OUT_OF_MEMORY$"):
-        driver.checkpoint(10)
-    driver.checkpoint(11)
-    assert driver.states == {10: ProcessState.LOCKED, 11: ProcessState.CHECKPOINTED}
-
-
-def test_fake_driver_injected_lock_timeout():
-    driver = FakeDriver([10], fail_on={("lock", 10): "CUDA_ERROR_TIMEOUT"})
-    with pytest.raises(LockTimeout):
-        driver.lock(10, 100)
-    assert driver.states[10] is ProcessState.RUNNING
-
-
-def test_fake_driver_frozen_process_cannot_be_locked():
-    driver = FakeDriver([10], frozen_pids={10})
-    started = time.monotonic()
-    with pytest.raises(LockTimeout, match="after 50 ms"):
-        driver.lock(10, 50)
-    assert 0.04 < time.monotonic() - started < 1
-    assert driver.states[10] is ProcessState.RUNNING
-
-
-def test_fake_driver_thaw_lets_a_waiting_lock_through():
-    driver = FakeDriver([10], frozen_pids={10})
-    threading.Timer(0.05, driver.thaw, args=(10,)).start()
-    driver.lock(10, 5000)
-    assert driver.states[10] is ProcessState.LOCKED
-
-
-def test_fake_driver_restore_needs_cuinit():
-    driver = FakeDriver([10])
-    driver.lock(10, 100)
-    driver.checkpoint(10)
-    with pytest.raises(DriverError, match="CUDA_ERROR_NOT_INITIALIZED"):
-        driver.restore(10)
-    driver.init()
-    driver.restore(10)
-
-
-def test_fake_driver_pairs_must_cover_every_visible_gpu():
-    driver = FakeDriver([10], visible_gpus={10: [GPU0, GPU1]})
-    driver.init()
-    driver.lock(10, 100)
-    driver.checkpoint(10)
-    with pytest.raises(DriverError) as caught:
-        driver.restore(10, [GpuPair(GPU0, GPU1)])
-    assert caught.value.cuda_error == "CUDA_ERROR_INVALID_VALUE"
-    assert driver.states[10] is ProcessState.CHECKPOINTED
-    pairs = [GpuPair(GPU0, GPU1), GpuPair(GPU1, GPU0)]
-    driver.restore(10, pairs)
-    assert driver.restored_pairs[10] == pairs
-    assert driver.visible_gpus[10] == [GPU1, GPU0]
-
-
-def test_fake_driver_remap_needs_cuda_13():
-    driver = FakeDriver([10], version=12080)
-    driver.init()
-    driver.lock(10, 100)
-    driver.checkpoint(10)
-    with pytest.raises(DriverError, match="needs driver >= 580"):
-        driver.restore(10, [GpuPair(GPU0, GPU1)])
-
-
-def test_fake_driver_calls_run_in_parallel_and_are_all_logged():
-    pids = list(range(100, 108))
-    driver = FakeDriver(pids, delay_s={"lock": 0.2})
-    started = time.monotonic()
-    with ThreadPoolExecutor(len(pids)) as pool:
-        list(pool.map(lambda pid: driver.lock(pid, 1000), pids))
-    assert time.monotonic() - started < 0.2 * len(pids) / 2
-    assert sorted(driver.calls_of("lock")) == pids
-    assert all(state is ProcessState.LOCKED for state in driver.states.values())

@@ -214,14 +214,6 @@ def test_frozen_container_is_thawed_for_the_gpu_steps_and_refrozen_before_the_du
     assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
 
 
-def test_frozen_container_without_thaw_would_time_out(make_node) -> None:
-    """The reason for the thaw: a frozen process cannot be locked (the fake blocks like the driver)."""
-    node = make_node(1)
-    node.driver.frozen_pids.add(node.pids[0])
-    with pytest.raises(Exception, match="CUDA_ERROR_TIMEOUT"):
-        node.driver.lock(node.pids[0], timeout_ms=50)
-
-
 def test_stopped_process_is_refused_before_any_lock(make_node) -> None:
     node = make_node(2)
     os.kill(node.pids[1], signal.SIGSTOP)
