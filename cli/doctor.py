@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 from collections.abc import Callable, Iterator
 
 from gpuckpt.cuda.driver import load_driver, version_text
@@ -203,17 +202,12 @@ def _service_status(socket_path: str) -> str:
     """What the running service itself says (its API answers only root)."""
     if os.geteuid() != 0:
         return "run as root to ask it"
-    # client.request waits as long as the service takes; a status answer is immediate.
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(STATUS_TIMEOUT_S)
-    try:
-        status = next((event for event in list(request(socket_path, Request(op="status")))
+    try:  # a status answer is immediate
+        status = next((event for event in list(request(socket_path, Request(op="status"), STATUS_TIMEOUT_S))
                        if isinstance(event, Status)), None)
     except (GpuckptError, OSError) as error:
         raise CheckFailed(f"{SERVICE_UNIT} is active but its API does not answer: {error}",
                           "journalctl -u gpuckptd says what it is doing") from None
-    finally:
-        socket.setdefaulttimeout(previous)
     if status is None:
         raise CheckFailed(f"{SERVICE_UNIT} answered on {socket_path} without a status", "journalctl -u gpuckptd")
     busy = f", busy: {status.busy}" if status.busy else ""

@@ -9,12 +9,14 @@ from gpuckpt.errors import GpuckptError
 from gpuckpt.oci.service_api import MAX_LINE_BYTES, Event, Request, parse_event
 
 
-def request(path: str, wanted: Request) -> Iterator[Event]:
-    """Send `wanted` to the service at `path`; yield each event until it closes the connection."""
+def request(path: str, wanted: Request, timeout_s: float | None = None) -> Iterator[Event]:
+    """Send `wanted` to the service at `path`; yield each event until it closes the connection
+    (`timeout_s`: the longest wait for any one line; None waits as long as the work takes)."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    connection.settimeout(timeout_s)
     try:
         connection.connect(path)
-    except OSError as error:
+    except OSError as error:  # TimeoutError among them
         connection.close()
         raise GpuckptError(f"gpuckptd is not answering on {path}: {error.strerror} "
                            "(systemctl start gpuckptd)") from None

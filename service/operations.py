@@ -21,7 +21,7 @@ from gpuckpt.errors import GpuckptError
 from gpuckpt.host.procfs import descendants, resident_bytes
 from gpuckpt.host.safefiles import make_directories, write_private_at
 from gpuckpt.node.config import ServiceConfig
-from gpuckpt.node.inventory import read_records
+from gpuckpt.node.inventory import read_records, remove_record
 from gpuckpt.oci.container_record import ContainerRecord, parse_record
 from gpuckpt.oci.service_api import ContainerEvent, DrainedContainer, Event, Result, Status, parse_drained
 from gpuckpt.oci.timestamps import utc_now
@@ -136,7 +136,11 @@ class Operations:
                 return
             if not through_engine.is_running(record):
                 outcomes[record.id] = "skipped"
-                emit(report.model_copy(update={"state": "skipped", "message": "not running"}))
+                gone = not through_engine.exists(record)
+                if gone:
+                    remove_record(record.id, record.bundle)  # its engine forgot it without a poststop hook
+                emit(report.model_copy(update={"state": "skipped", "message": "no longer exists: record removed"
+                                               if gone else "not running"}))
                 return
             emit(report)
             log("checkpoint started", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="checkpoint")

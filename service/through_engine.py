@@ -36,6 +36,15 @@ def is_running(record: ContainerRecord) -> bool:
     return state.returncode == 0 and state.stdout.strip() == "true"
 
 
+def exists(record: ContainerRecord) -> bool:
+    """Whether the engine still knows the container (podman runs no poststop hook for a container it
+    restored, so its record can outlive it)."""
+    if record.engine not in ("podman", "docker"):
+        return True  # not ours to judge: the record stays
+    return process.run([record.engine, "inspect", "--format", "{{.Id}}", record.id], timeout_s=60,
+                       check=False).returncode == 0
+
+
 def _tree_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)

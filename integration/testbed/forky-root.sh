@@ -37,18 +37,7 @@ layout="v1 $suite ${packages[*]}"
 t0=$(date +%s)
 say() { echo "forky-root.sh: $* ($(( $(date +%s) - t0 )) s)"; }
 
-debian_mirror() {  # the same lookup as install-system.sh
-    local m
-    m=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-        | awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i ~ /^https?:/) { print $i; break } }' \
-        | grep -E '/debian/?$' | head -n1 || true)
-    if [ -z "$m" ]; then
-        m=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
-            | awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) print $i }' \
-            | grep -E '/debian/?$' | head -n1 || true)
-    fi
-    echo "${m:-http://deb.debian.org/debian}" | sed 's:/*$::'
-}
+. "$here/debian-mirror.sh"
 
 # --- 1. the root ---------------------------------------------------------------------------------
 if [ "$(cat "$root/.gpuckpt-forky" 2>/dev/null)" = "$layout" ]; then

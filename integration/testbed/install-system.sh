@@ -42,18 +42,7 @@ step() {  # print the time the previous step took, then announce the next
 }
 
 # --- the Debian mirror the machine already uses --------------------------------------------
-debian_mirror() {
-    local m
-    m=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-        | awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i ~ /^https?:/) { print $i; break } }' \
-        | grep -E '/debian/?$' | head -n1 || true)
-    if [ -z "$m" ]; then
-        m=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
-            | awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) print $i }' \
-            | grep -E '/debian/?$' | head -n1 || true)
-    fi
-    echo "${m:-http://deb.debian.org/debian}" | sed 's:/*$::'
-}
+. "$here/debian-mirror.sh"
 mirror=${GPUCKPT_DEBIAN_MIRROR:-$(debian_mirror)}
 
 # --- 1. bookworm packages ------------------------------------------------------------------

@@ -28,18 +28,7 @@ image=localhost/gpuckpt-systemd:latest
 packages=(systemd systemd-sysv dbus podman conmon runc iptables python3.11 procps)
 layout=$(cat "$0" "$here/criu-wrapper.sh" | sha256sum | cut -c1-16)
 
-debian_mirror() {  # the same lookup as install-system.sh
-    local m
-    m=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
-        | awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i !~ /^\[/ && $i ~ /^https?:/) { print $i; break } }' \
-        | grep -E '/debian/?$' | head -n1 || true)
-    if [ -z "$m" ]; then
-        m=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null \
-            | awk 'tolower($1) == "uris:" { for (i = 2; i <= NF; i++) print $i }' \
-            | grep -E '/debian/?$' | head -n1 || true)
-    fi
-    echo "${m:-http://deb.debian.org/debian}" | sed 's:/*$::'
-}
+. "$here/debian-mirror.sh"
 
 if [ "$(cat "$image_tar.layout" 2>/dev/null)" != "$layout" ] || [ ! -s "$image_tar" ]; then
     mkdir -p "$cache"
