@@ -34,9 +34,8 @@ THIS_NODE = "this-node"  # the name of this node's own key in every listing
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MAX_POLICY_BYTES = 1 << 20
 MAX_KEY_FILE_BYTES = 4096
-# Where unsigned input may come from: an archive file given to `gpuckpt import`, or every archive
-# under a directory (archive:/DIR/); the shim's restore of an image directory it finds unsigned.
-SOURCE_KINDS = ("archive:", "restore:")
+# Where unsigned input may come from: an archive file given to `gpuckpt import` (archive:FILE), every
+# archive under a directory (archive:/DIR/), or the shim's restore of an image directory it finds unsigned:
 RESTORE_SOURCES = ("restore:any",)
 
 

@@ -20,8 +20,6 @@ MAX_INSNS = 4096                 # BPF_MAXINSNS
 RET_ACTION_FULL = 0xFFFF0000
 RET_ALLOW, RET_LOG, RET_TRACE, RET_USER_NOTIF = 0x7FFF0000, 0x7FFC0000, 0x7FF00000, 0x7FC00000
 NR_AND_ARCH_BYTES = 8            # what a syscall number fixes in seccomp_data; the rest may be anything
-ACTION_NAMES = {0x80000000: "kill-process", 0x00000000: "kill-thread", 0x00030000: "trap", 0x00050000: "errno",
-                0x7FC00000: "user-notif", 0x7FF00000: "trace", RET_LOG: "log", RET_ALLOW: "allow"}
 MEMORY_WORDS = 16                # BPF_MEMWORDS
 
 _ALU = {0x00: lambda a, b: a + b, 0x10: lambda a, b: a - b, 0x20: lambda a, b: a * b,
