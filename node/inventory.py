@@ -22,7 +22,8 @@ INVENTORY_DIR = "containers"
 RECORD_SUFFIX = ".json"
 MAX_RECORD_BYTES = 64 << 10
 # runc's container id rule ([\w+.-]+), less what cannot be a file name of its own here.
-CONTAINER_ID = re.compile(r"[A-Za-z0-9_+-][A-Za-z0-9_+.-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
+# not '-' first: an id becomes an engine's argument
+CONTAINER_ID = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_+.-]{0,199}", re.ASCII)  # fullmatch: no trailing newline
 
 
 class InventoryError(GpuckptError):
@@ -36,7 +37,7 @@ def inventory_dir() -> str:
 def check_container_id(container_id: object) -> str:
     if not isinstance(container_id, str) or not CONTAINER_ID.fullmatch(container_id):
         raise InventoryError(f"container id {container_id!r} not allowed: letters, digits, '_', '+', '-', '.' "
-                             "(not first), at most 200")
+                             "('-' and '.' not first), at most 200")
     return container_id
 
 

@@ -48,6 +48,8 @@ class Notice:
 
 
 def _seconds_until(moment: datetime, now: datetime) -> float:
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)  # a time without a zone: the services all speak UTC
     return max(0.0, (moment - now).total_seconds())
 
 
@@ -61,7 +63,7 @@ def parse_notice(status: int, body: bytes, now: datetime | None = None) -> Notic
         return Notice("the metadata service answered TRUE (GCE: preempted)", None)
     try:
         document = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     try:
         action = AwsInstanceAction.model_validate(document)
@@ -75,7 +77,10 @@ def parse_notice(status: int, body: bytes, now: datetime | None = None) -> Notic
         return None
     for event in events.Events:
         if event.EventType in AZURE_LOSING_EVENTS:
-            when = email.utils.parsedate_to_datetime(event.NotBefore) if event.NotBefore else None
+            try:
+                when = email.utils.parsedate_to_datetime(event.NotBefore) if event.NotBefore else None
+            except (TypeError, ValueError):
+                when = None  # a notice all the same; its time unknown
             named = f"Azure scheduled event {event.EventType}" + (f" not before {event.NotBefore}" if when else "")
             return Notice(named, _seconds_until(when, now) if when else None)
     return None

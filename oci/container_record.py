@@ -7,6 +7,7 @@ the hook writes is one this model accepts.
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,7 +29,7 @@ class RecordedGpu(BaseModel):
 class ContainerRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     version: Literal[1]
-    id: str = Field(pattern=r"^[A-Za-z0-9_+-][A-Za-z0-9_+.-]{0,199}$")
+    id: str = Field(pattern=r"^[A-Za-z0-9_+][A-Za-z0-9_+.-]{0,199}$")
     engine: Engine
     bundle: str = Field(pattern=r"^/", max_length=4096)
     pid: int = Field(ge=0)
@@ -41,7 +42,9 @@ class ContainerRecord(BaseModel):
     def minutes(self, key: str) -> int | None:
         """An annotation's whole number of minutes (io.gpuckpt.KEY), or None when absent or not one."""
         value = self.options.get(f"io.gpuckpt.{key}", "")
-        return int(value) if value.isdigit() and 0 < int(value) <= 525_600 else None
+        if not re.fullmatch(r"[0-9]{1,6}", value, re.ASCII):  # str.isdigit() takes "²", which int() refuses
+            return None
+        return int(value) if 0 < int(value) <= 525_600 else None
 
 
 def parse_record(data: bytes, where: str) -> ContainerRecord:

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from gpuckpt.errors import GpuckptError
 from gpuckpt.oci.problems import first_problem
 
-CONTAINER_ID_PATTERN = r"^[A-Za-z0-9_+-][A-Za-z0-9_+.-]{0,199}$"  # node/inventory.py's rule
+CONTAINER_ID_PATTERN = r"^[A-Za-z0-9_+][A-Za-z0-9_+.-]{0,199}$"  # node/inventory.py's rule
 MAX_LINE_BYTES = 1 << 20
 DrainEngine = Literal["podman", "docker"]  # the engines gpuckptd acts through (runc bundles: not yet)
 

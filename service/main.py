@@ -68,11 +68,14 @@ def main(argv: list[str] | None = None) -> int:
         if interval and time.monotonic() >= next_pet:
             notify("WATCHDOG=1")
             next_pet = time.monotonic() + interval
+        schedule.paused = preemption.handled  # after a notice, nothing but its drain
         for watch in (preemption.check, schedule.check):
             try:
                 watch()
             except GpuckptError as error:  # reported; the service goes on
                 log(str(error))
+            except Exception as error:  # a bug, or an input no check foresaw: logged, and the service goes on
+                log(f"internal error in {getattr(watch, '__qualname__', 'a watcher')}: {type(error).__name__}: {error}")
     notify("STOPPING=1")
     if config.drain_on_stop:
         notify("STATUS=draining before stopping")

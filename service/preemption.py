@@ -7,6 +7,7 @@ node goes; the report names those that made it and those skipped.
 
 from __future__ import annotations
 
+import http.client
 import os
 import threading
 import time
@@ -46,8 +47,8 @@ def poll_url(url: str) -> Notice | None:
             return parse_notice(answer.status, answer.read(MAX_NOTICE_BYTES + 1))
     except urllib.error.HTTPError as error:
         return parse_notice(error.code, b"")
-    except (OSError, urllib.error.URLError):
-        return None  # the metadata service not answering is not a notice
+    except (OSError, urllib.error.URLError, http.client.HTTPException):
+        return None  # the metadata service not answering (or not speaking HTTP) is not a notice
 
 
 class PreemptionWatch:
@@ -55,7 +56,8 @@ class PreemptionWatch:
 
     def __init__(self, config: ServiceConfig, operations: Operations, signalled: threading.Event) -> None:
         self.config, self.operations, self.signalled = config, operations, signalled
-        self._next_poll = 0.0
+        self._polled: Notice | None = None  # set by the poller thread
+        self._poller: threading.Thread | None = None
         self._draining: threading.Thread | None = None
         self.handled = False
 
@@ -78,10 +80,19 @@ class PreemptionWatch:
             return Notice("SIGUSR1", None)
         if self.config.preemption_file and os.path.exists(self.config.preemption_file):
             return Notice(f"{self.config.preemption_file} exists", None)
-        if self.config.preemption_url and time.monotonic() >= self._next_poll:
-            self._next_poll = time.monotonic() + self.config.preemption_poll_s
-            return poll_url(self.config.preemption_url)
-        return None
+        if self.config.preemption_url and self._poller is None:
+            # its own thread: a metadata service that answers a byte at a time holds the poll, not the service
+            self._poller = threading.Thread(target=self._poll, name="preemption-poll", daemon=True)
+            self._poller.start()
+        return self._polled
+
+    def _poll(self) -> None:
+        while self._polled is None:
+            try:
+                self._polled = poll_url(self.config.preemption_url)
+            except Exception as error:  # an answer no check foresaw: logged, and polled again
+                log(f"preemption: polling {self.config.preemption_url}: {type(error).__name__}: {error}")
+            time.sleep(self.config.preemption_poll_s)
 
     def _drain(self, deadline_s: float) -> None:
         def quiet(_: Event) -> None:

@@ -57,12 +57,17 @@ class Schedule:
         self.last_checkpoint: dict[str, float] = {}
         self.busy_at: dict[str, float] = {}  # when each container's GPUs last showed work
         self._running: threading.Thread | None = None
+        self.paused = False
 
     def check(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        if self._running is not None and self._running.is_alive():
+        if self.paused or (self._running is not None and self._running.is_alive()):
             return
         records = recorded()
+        present = {record.id for record in records}
+        for table in (self.last_checkpoint, self.busy_at):
+            for gone in set(table) - present:
+                del table[gone]
         due = [record for record in records
                if (interval := checkpoint_interval_s(record, self.config))
                and now - self.last_checkpoint.setdefault(record.id, now) >= interval]
@@ -114,6 +119,7 @@ class Schedule:
             where, size = self.operations.exclusive_call(
                 "periodic checkpoint", lambda: through_engine.checkpoint_live(record, directory, name))
         except GpuckptError as error:
+            self.last_checkpoint[record.id] = now  # tried: the next try is an interval away, not a tick
             log(f"periodic checkpoint failed: {error}", CONTAINER_ID=record.id, ENGINE=record.engine,
                 PHASE="periodic")
             return

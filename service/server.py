@@ -16,6 +16,7 @@ from gpuckpt.service.systemd import log
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 REQUEST_TIMEOUT_S = 30.0
+SEND_TIMEOUT_S = 10.0
 
 
 def _peer_uid(connection: socket.socket) -> int:
@@ -71,18 +72,22 @@ class Server:
     def _serve(self, connection: socket.socket) -> None:
         lock = threading.Lock()  # drain threads report at once
 
+        gone = threading.Event()
+
         def emit(event: Event) -> None:
             with lock:
+                if gone.is_set():
+                    return
                 try:
                     connection.sendall(event.model_dump_json().encode() + b"\n")
-                except OSError:
-                    pass  # the client went away; the work goes on and the journal has it
+                except OSError:  # went away, or reads nothing for SEND_TIMEOUT_S: the work goes on, the journal has it
+                    gone.set()
 
         with connection:
             try:
                 connection.settimeout(REQUEST_TIMEOUT_S)  # a client that never finishes its line holds nothing
                 line = _read_line(connection)  # read before any answer: unread bytes would reset the connection
-                connection.settimeout(None)
+                connection.settimeout(SEND_TIMEOUT_S)  # from here on: a client that stops reading is dropped
                 if _peer_uid(connection) != 0:
                     emit(Result(ok=False, message="gpuckptd: only root may use this socket"))
                     return

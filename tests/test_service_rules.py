@@ -10,6 +10,7 @@ import pytest
 
 from gpuckpt.hooks.main import options
 from gpuckpt.node.config import ServiceConfig
+from gpuckpt.node.inventory import InventoryError, check_container_id
 from gpuckpt.oci.cloud_notices import parse_notice
 from gpuckpt.oci.container_record import ContainerRecord
 from gpuckpt.service.schedule import checkpoint_interval_s, prune
@@ -50,7 +51,7 @@ def test_interval_from_annotation_never_below_the_operators_floor() -> None:
     assert checkpoint_interval_s(record(**{"io.gpuckpt.checkpoint-every": "60"}), config) == 3600
     assert checkpoint_interval_s(record(), config) is None
     assert checkpoint_interval_s(record(), ServiceConfig(checkpoint_every_min=30)) == 1800
-    for bad in ("-5", "1e9", "five", "0", ""):
+    for bad in ("-5", "1e9", "five", "0", "", "\u00b2", "\u0663", "1" * 7):  # "²" passes str.isdigit()
         assert checkpoint_interval_s(record(**{"io.gpuckpt.checkpoint-every": bad}), config) is None
 
 
@@ -77,3 +78,22 @@ def test_deadline_in_the_past_is_zero_not_negative() -> None:
     late = {"action": "terminate", "time": (NOW - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")}
     notice = parse_notice(200, json.dumps(late).encode(), NOW)
     assert notice is not None and notice.deadline_s == 0.0
+
+
+@pytest.mark.hostile("a metadata answer with a time without zone, a date that is none, JSON nested 60000 deep")
+@pytest.mark.parametrize(("body", "deadline"), [
+    (json.dumps({"action": "terminate", "time": "2026-11-25T05:01:00"}).encode(), 60.0),  # read as UTC
+    (json.dumps({"Events": [{"EventType": "Preempt", "NotBefore": "not a date"}]}).encode(), None),
+    (b"[" * 60000, "none"),
+])
+def test_odd_metadata_answers_are_notices_or_nothing_never_errors(body, deadline) -> None:
+    notice = parse_notice(200, body, NOW)
+    if deadline == "none":
+        assert notice is None
+    else:
+        assert notice is not None and notice.deadline_s == deadline
+
+
+def test_an_id_beginning_with_a_dash_is_no_container_id() -> None:
+    with pytest.raises(InventoryError, match="not allowed"):
+        check_container_id("-l")
