@@ -23,8 +23,15 @@ build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 tar -C "$src" --exclude=./.git --exclude=./build --exclude='./*.egg-info' --exclude='./.carry*' \
     --exclude=./.gpusnap --exclude='__pycache__' --exclude=./integration/gpu/results -cf - . | tar -C "$build" -xf -
-"$prefix/venv/bin/python3" -m pip install -q --disable-pip-version-check --upgrade "$build[$extras]"
 site=$("$prefix/venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+[ ! -L "$site/systemd" ] || rm -f "$site/systemd"  # an earlier install's link to Debian's: pip must not write through it
+"$prefix/venv/bin/python3" -m pip install -q --disable-pip-version-check --upgrade "$build[$extras]"
+# gpuckptd's python-systemd: the `service` extra builds it from PyPI's sdist (libsystemd-dev, gcc);
+# without it, Debian's python3-systemd (built for this same python3) is linked in.
+debian_systemd=/usr/lib/python3/dist-packages/systemd
+if ! "$prefix/venv/bin/python3" -c 'import systemd.daemon' 2>/dev/null && [ -d "$debian_systemd" ]; then
+    ln -sfn "$debian_systemd" "$site/systemd"
+fi
 
 write_launcher() {  # NAME MODULE
     local target="$bindir/$1" tmp

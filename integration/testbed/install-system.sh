@@ -51,7 +51,7 @@ packages=(podman conmon crun runc docker.io containerd iptables skopeo buildah d
           zstd debootstrap python3-venv python3-pip uidmap slirp4netns iproute2 hyperfine jq
           containernetworking-plugins fuse-overlayfs catatonit tini procps psmisc
           ca-certificates debian-archive-keyring xz-utils
-          libsystemd-dev pkg-config gcc python3-dev)  # python-systemd (gpuckptd) builds from PyPI's sdist
+          python3-systemd)  # gpuckptd's python-systemd, Debian's (no libsystemd-dev: it would upgrade systemd)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")

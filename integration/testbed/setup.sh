@@ -8,7 +8,7 @@ repo=$(cd "$here/../.." && pwd)
 [ "$(id -u)" = 0 ] || { echo "setup.sh: run as root" >&2; exit 1; }
 start=$(date +%s)
 bash "$here/install-system.sh"
-GPUCKPT_EXTRAS=${GPUCKPT_EXTRAS:-gpu,service,test} bash "$repo/packaging/install.sh"
+GPUCKPT_EXTRAS=${GPUCKPT_EXTRAS:-gpu,test} bash "$repo/packaging/install.sh"
 gpuckpt install --engine podman --default
 gpuckpt install --engine docker
 bash "$here/restart-dockerd.sh"   # dockerd reads "experimental" only at start
