@@ -118,18 +118,19 @@ def created(state: bytes) -> None:
     minors, visible = gpu_minors(spec), visible_devices(spec)
     if not minors and visible is None and annotations.get(INVENTORY_ANNOTATION) != "true":
         return  # not a GPU container, and not one its owner asked to be drained with them
-    node = gpu_uuids_by_minor()
-    if minors and node is None:
+    listed = gpu_uuids_by_minor()
+    if minors and listed is None:
         raise HookError(f"container {container_id} is given /dev/nvidia{min(minors)} but this node has no "
                         f"NVIDIA GPU ({nvidia_proc()}/gpus is missing: driver not loaded)")
-    missing = sorted(minors - set(node or {}))
+    node = listed or {}
+    missing = sorted(minors - set(node))
     if missing:
-        here = ", ".join(f"/dev/nvidia{minor}" for minor in sorted(node or {})) or "none"
+        here = ", ".join(f"/dev/nvidia{minor}" for minor in sorted(node)) or "none"
         raise HookError(f"container {container_id} is given /dev/nvidia{missing[0]} but this node has no such GPU "
                         f"(GPUs here: {here})")
     write_record({
         "version": RECORD_VERSION, "id": container_id, "engine": engine_of(bundle, annotations), "bundle": bundle,
-        "pid": pid, "gpus": [{"minor": minor, "uuid": (node or {})[minor]} for minor in sorted(minors)],
+        "pid": pid, "gpus": [{"minor": minor, "uuid": node[minor]} for minor in sorted(minors)],
         "visible_devices": None if minors else visible, "created": utc_now(), "options": options(annotations),
     })
 

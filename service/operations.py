@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypedDict, TypeVar
 
 from gpuckpt.errors import GpuckptError
 from gpuckpt.host.procfs import descendants, resident_bytes
@@ -37,6 +37,18 @@ T = TypeVar("T")
 class Candidate:
     record: ContainerRecord
     estimated_bytes: int  # host memory of its processes now: what the checkpoint will at least write
+
+
+class Facts(TypedDict):
+    """The journal fields that name a container's step."""
+
+    CONTAINER_ID: str
+    ENGINE: str
+    PHASE: str
+
+
+def facts(container: ContainerRecord | DrainedContainer, phase: str) -> Facts:
+    return {"CONTAINER_ID": container.id, "ENGINE": container.engine, "PHASE": phase}
 
 
 def recorded() -> list[ContainerRecord]:
@@ -143,13 +155,13 @@ class Operations:
                                                if gone else "not running"}))
                 return
             emit(report)
-            log("checkpoint started", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="checkpoint")
+            log("checkpoint started", **facts(record, "checkpoint"))
             began = time.monotonic()
             try:
                 engine, where, size = through_engine.checkpoint(record, self.config.archive_dir)
             except GpuckptError as error:
                 outcomes[record.id] = "failed"
-                log(f"checkpoint failed: {error}", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="checkpoint")
+                log(f"checkpoint failed: {error}", **facts(record, "checkpoint"))
                 emit(report.model_copy(update={"state": "failed", "message": str(error)}))
                 return
             seconds = round(time.monotonic() - began, 3)
@@ -160,8 +172,7 @@ class Operations:
             outcomes[record.id] = "done"
             finished += 1
             notify(f"STATUS=drain: {finished} of {len(candidates)} checkpointed")
-            log("checkpointed", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="checkpoint", BYTES=size,
-                SECONDS=seconds)
+            log("checkpointed", **facts(record, "checkpoint"), BYTES=size, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "message": where, "bytes": size, "seconds": seconds}))
 
         try:
@@ -184,16 +195,14 @@ class Operations:
                 through_engine.restore(record)
             except GpuckptError as error:
                 outcomes[record.id] = "failed"
-                log(f"restore failed, checkpoint kept at {record.checkpoint}: {error}", CONTAINER_ID=record.id,
-                    ENGINE=record.engine, PHASE="restore")
+                log(f"restore failed, checkpoint kept at {record.checkpoint}: {error}", **facts(record, "restore"))
                 emit(report.model_copy(update={"state": "failed", "message": f"{error} (kept: {record.checkpoint})"}))
                 continue
             seconds = round(time.monotonic() - began, 3)
             through_engine.discard(record)
             os.unlink(os.path.join(self.config.archive_dir, record.id + RECORD_SUFFIX))
             outcomes[record.id] = "done"
-            log("restored", CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="restore", BYTES=record.bytes,
-                SECONDS=seconds)
+            log("restored", **facts(record, "restore"), BYTES=record.bytes, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "bytes": record.bytes, "seconds": seconds}))
         return _result("restore", outcomes, time.monotonic() - started)
 

@@ -22,7 +22,7 @@ from gpuckpt.node.config import ServiceConfig
 from gpuckpt.node.suspension import read_suspension
 from gpuckpt.oci.container_record import ContainerRecord
 from gpuckpt.service import through_engine
-from gpuckpt.service.operations import Operations, recorded
+from gpuckpt.service.operations import Operations, facts, recorded
 from gpuckpt.service.systemd import log
 
 PERIODIC_DIR = "periodic"
@@ -101,30 +101,25 @@ class Schedule:
             try:
                 through_engine.suspend(record)
             except GpuckptError as error:
-                log(f"idle reclaim: suspend failed: {error}", CONTAINER_ID=record.id, ENGINE=record.engine,
-                    PHASE="suspend")
+                log(f"idle reclaim: suspend failed: {error}", **facts(record, "suspend"))
                 continue
             self.busy_at[record.id] = now  # counts again from its resume
             log("idle reclaim: suspended, its GPUs are free (gpuckpt resume gives them back)",
-                CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="suspend")
+                **facts(record, "suspend"))
 
     def _periodic(self, record: ContainerRecord, now: float) -> None:
-        parent_fd, fd, _ = make_directories(os.path.join(self.config.archive_dir, PERIODIC_DIR, record.id), 0o700)
-        os.close(parent_fd)
-        os.close(fd)
         directory = os.path.join(self.config.archive_dir, PERIODIC_DIR, record.id)
+        for fd in make_directories(directory, 0o700)[:2]:
+            os.close(fd)
         name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.last_checkpoint[record.id] = now  # tried, whatever comes of it: the next try is an interval away
         began = time.monotonic()
         try:
             where, size = self.operations.exclusive_call(
                 "periodic checkpoint", lambda: through_engine.checkpoint_live(record, directory, name))
         except GpuckptError as error:
-            self.last_checkpoint[record.id] = now  # tried: the next try is an interval away, not a tick
-            log(f"periodic checkpoint failed: {error}", CONTAINER_ID=record.id, ENGINE=record.engine,
-                PHASE="periodic")
+            log(f"periodic checkpoint failed: {error}", **facts(record, "periodic"))
             return
-        self.last_checkpoint[record.id] = now
         gone = prune(directory, self.config.checkpoint_keep)
         log(f"periodic checkpoint {where}" + (f"; removed the older {', '.join(gone)}" if gone else ""),
-            CONTAINER_ID=record.id, ENGINE=record.engine, PHASE="periodic", BYTES=size,
-            SECONDS=round(time.monotonic() - began, 3))
+            **facts(record, "periodic"), BYTES=size, SECONDS=round(time.monotonic() - began, 3))

@@ -26,7 +26,7 @@ def watchdog_interval_s() -> float | None:
     return int(usec) / 2e6 if usec.isdigit() and int(usec) > 0 and pid == str(os.getpid()) else None
 
 
-def log(message: str, priority: int = journal.LOG_INFO, **fields: object) -> None:
+def log(message: str, *, priority: int = journal.LOG_INFO, **fields: object) -> None:
     """One entry: `message`, and each field upper-cased (CONTAINER_ID=..., BYTES=...)."""
     named = {key.upper(): str(value) for key, value in fields.items() if value is not None}
     if os.path.exists(JOURNAL_SOCKET):
