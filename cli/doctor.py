@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 
 from gpuckpt.cuda.driver import load_driver, version_text
 from gpuckpt.errors import GpuckptError, ImageError
+from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host import process
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
@@ -145,7 +146,7 @@ def check_hook() -> str | None:
     runtime = find_program("gpuckpt-runtime")
     if runtime is None:
         return None  # check_podman and check_docker say what is missing
-    hook = os.path.join(os.path.dirname(os.path.realpath(runtime)), "gpuckpt-hook")
+    hook = hook_beside(os.path.realpath(runtime))
     if not os.access(hook, os.X_OK):
         raise CheckFailed(f"gpuckpt-hook is not beside {runtime}", "reinstall gpuckpt (packaging/install.sh)")
     reached = []

@@ -13,6 +13,7 @@ import signal
 
 from gpuckpt.cli.trust import run_init
 from gpuckpt.errors import UsageError
+from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host.programs import find_program
 from gpuckpt.node import engines
 from gpuckpt.node.config import turn_hook_on
@@ -53,7 +54,7 @@ def _reload_dockerd() -> str:
 
 def _install_hook(engine: str, runtime_path: str) -> str:
     """gpuckpt-hook for this engine's containers: podman reads hooks.d, docker gets it from the runtime's create."""
-    hook_path = os.path.join(os.path.dirname(runtime_path), "gpuckpt-hook")
+    hook_path = hook_beside(runtime_path)
     if not os.access(hook_path, os.X_OK):
         raise UsageError(f"gpuckpt-hook is not beside {runtime_path} (reinstall gpuckpt, or pass --no-hook)")
     if engine == "podman":

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from tomlkit.exceptions import TOMLKitError
 
 from gpuckpt.errors import EngineConfigError
+from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host.programs import find_program
 from gpuckpt.host.safefiles import replace_file
 from gpuckpt.oci.hooks_d import PACKAGED_HOOK_PATH, PACKAGED_HOOKS_DIR, hooks_d_files
@@ -174,6 +175,5 @@ def own_hook_paths() -> frozenset[str]:
     """Where this node's gpuckpt-hook is (beside gpuckpt-runtime, as `gpuckpt install` names it,
     or where the packages put it): the hook entries an engine wrote into a spec may name these."""
     runtime = find_program(RUNTIME_NAME)
-    beside = {os.path.join(os.path.dirname(path), "gpuckpt-hook") for path in (runtime, os.path.realpath(runtime))
-              } if runtime else set()
+    beside = {hook_beside(path) for path in (runtime, os.path.realpath(runtime))} if runtime else set()
     return frozenset(path for path in {*beside, PACKAGED_HOOK_PATH} if os.access(path, os.X_OK))

@@ -14,6 +14,7 @@ import os
 import sys
 
 from gpuckpt.errors import DelegateError
+from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host.programs import CommandError, exec_program, find_program
 from gpuckpt.node.paths import config_path, state_dir
 
@@ -24,7 +25,11 @@ if TYPE_CHECKING:
 
 CACHE_NAME = "delegate.cache"
 CACHE_VERSION = "2"
-HOOK_PROGRAM = "gpuckpt-hook"
+
+
+def _own_path() -> str:
+    """This gpuckpt-runtime's real path ("" when it was started without one)."""
+    return os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
 
 
 def _cache_key(config_file: str) -> list[str]:
@@ -33,8 +38,7 @@ def _cache_key(config_file: str) -> list[str]:
         identity = f"{status.st_dev}:{status.st_ino}:{status.st_size}:{status.st_mtime_ns}:{status.st_ctime_ns}"
     except FileNotFoundError:
         identity = "absent"
-    own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return [CACHE_VERSION, config_file, identity, os.environ.get("PATH", ""), own_path]
+    return [CACHE_VERSION, config_file, identity, os.environ.get("PATH", ""), _own_path()]
 
 
 class Resolved:
@@ -82,8 +86,7 @@ def _write_cache(key: list[str], resolved: Resolved) -> None:
 
 def resolve_delegate(delegate: str, config_file: str) -> str:
     """The executable path of the configured delegate, or a DelegateError naming where it was set."""
-    own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None
-    found = find_program(delegate, skip=own_path)
+    found = find_program(delegate, skip=_own_path() or None)
     if found is None:
         problem = (f"{delegate} is not an executable file" if delegate.startswith("/")
                    else f"{delegate!r} not found on PATH ({os.environ.get('PATH', os.defpath)})")
@@ -96,8 +99,7 @@ def resolve_delegate(delegate: str, config_file: str) -> str:
 
 def hook_beside_runtime() -> str:
     """gpuckpt-hook of this installation: the one beside the running gpuckpt-runtime."""
-    own_path = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return os.path.join(os.path.dirname(own_path), HOOK_PROGRAM)
+    return hook_beside(_own_path())
 
 
 def resolve_runtime() -> Resolved:
