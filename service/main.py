@@ -18,18 +18,13 @@ from types import FrameType
 
 from gpuckpt.errors import GpuckptError
 from gpuckpt.node.config import load_config
-from gpuckpt.oci.service_api import Event
-from gpuckpt.service.operations import Operations
+from gpuckpt.service.operations import Operations, unheard
 from gpuckpt.service.preemption import PreemptionWatch
 from gpuckpt.service.schedule import Schedule
 from gpuckpt.service.server import Server
 from gpuckpt.service.systemd import log, notify, watchdog_interval_s
 
 TICK_S = 1.0  # how often the service looks at its watchers (preemption, schedule) and the watchdog
-
-
-def _quiet(_: Event) -> None:
-    """Start-up and shutdown work reports to the journal only: no client is listening."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -51,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         operations = Operations(config)
         if config.restore_at_start and (waiting := operations.status().drained):
             notify(f"STATUS=restoring {len(waiting)} drained container(s)")
-            result = operations.restore(_quiet)
+            result = operations.restore(unheard)
             log(result.message)
         server = Server(config.socket, operations)
         preemption = PreemptionWatch(config, operations, preemption_signalled)
@@ -79,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     notify("STOPPING=1")
     if config.drain_on_stop:
         notify("STATUS=draining before stopping")
-        log(operations.drain(_quiet, wait=True).message)
+        log(operations.drain(unheard, wait=True).message)
     server.close()
     log("stopped")
     return 0

@@ -39,6 +39,10 @@ class Candidate:
     estimated_bytes: int  # host memory of its processes now: what the checkpoint will at least write
 
 
+def unheard(_: Event) -> None:
+    """The events of work no client asked for (at start, at stop, on a preemption notice): the journal has them."""
+
+
 class Facts(TypedDict):
     """The journal fields that name a container's step."""
 

@@ -17,8 +17,7 @@ from urllib.parse import urlsplit
 
 from gpuckpt.node.config import ServiceConfig
 from gpuckpt.oci.cloud_notices import MAX_NOTICE_BYTES, Notice, parse_notice
-from gpuckpt.oci.service_api import Event
-from gpuckpt.service.operations import Operations
+from gpuckpt.service.operations import Operations, unheard
 from gpuckpt.service.systemd import log, notify
 
 MARGIN_S = 3.0  # what the drain leaves of the notice's time for the last checkpoint to finish
@@ -95,10 +94,7 @@ class PreemptionWatch:
             time.sleep(self.config.preemption_poll_s)
 
     def _drain(self, deadline_s: float) -> None:
-        def quiet(_: Event) -> None:
-            pass
-
-        result = self.operations.drain(quiet, deadline_s, wait=True)
+        result = self.operations.drain(unheard, deadline_s, wait=True)
         log(f"preemption {result.message}; made it: {', '.join(result.done) or 'none'}; "
             f"not started: {', '.join(result.skipped) or 'none'}", PHASE="preemption")
         notify(f"STATUS=preemption: {result.message}")
