@@ -152,7 +152,7 @@ class Operations:
                 return
             if not through_engine.is_running(record):
                 outcomes[record.id] = "skipped"
-                gone = not through_engine.exists(record)
+                gone = not through_engine.exists(record.engine, record.id)
                 if gone:
                     remove_record(record.id, record.bundle)  # its engine forgot it without a poststop hook
                 emit(report.model_copy(update={"state": "skipped", "message": "no longer exists: record removed"

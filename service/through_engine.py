@@ -36,12 +36,12 @@ def is_running(record: ContainerRecord) -> bool:
     return state.returncode == 0 and state.stdout.strip() == "true"
 
 
-def exists(record: ContainerRecord) -> bool:
+def exists(engine: str, container_id: str) -> bool:
     """Whether the engine still knows the container (podman runs no poststop hook for a container it
-    restored, so its record can outlive it)."""
-    if record.engine not in ("podman", "docker"):
+    restored, so its record can outlive it); True for an engine the service does not act through."""
+    if engine not in ("podman", "docker"):
         return True  # not ours to judge: the record stays
-    return process.run([record.engine, "inspect", "--format", "{{.Id}}", record.id], timeout_s=60,
+    return process.run([engine, "inspect", "--format", "{{.Id}}", container_id], timeout_s=60,
                        check=False).returncode == 0
 
 
@@ -72,7 +72,7 @@ def checkpoint(record: ContainerRecord, archive_dir: str) -> tuple[DrainEngine, 
 def restore(drained: DrainedContainer) -> None:
     """Bring a drained container back through its engine."""
     if drained.engine == "podman":
-        if process.run(["podman", "container", "exists", drained.id], timeout_s=60, check=False).returncode == 0:
+        if exists("podman", drained.id):
             process.run(["podman", "rm", "-f", drained.id], timeout_s=300)  # the exited one: the archive holds it
         # the archive is this node's own, signed here: the container config it carries ran here already
         process.run([_gpuckpt(), "import", "--trust-config", drained.checkpoint], timeout_s=ENGINE_TIMEOUT_S)
