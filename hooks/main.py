@@ -90,10 +90,12 @@ def visible_devices(spec: dict[str, object]) -> str | None:
 
 
 def options(annotations: dict[str, object]) -> dict[str, str]:
-    """The container's io.gpuckpt.* annotations, as many and as long as a record holds."""
-    return dict(sorted((key, value) for key, value in annotations.items()
-                       if key.startswith(OPTION_PREFIX) and isinstance(value, str) and len(key) <= 128
-                       and len(value) <= 256)[:MAX_OPTIONS])
+    """The container's io.gpuckpt.* annotations, as many and as long as a record holds; printable ASCII
+    only, so that JSON's escapes cannot grow a record past node/inventory.py's bound."""
+    kept = [(key, value) for key, value in annotations.items()
+            if key.startswith(OPTION_PREFIX) and isinstance(value, str) and len(key) <= 128 and len(value) <= 256
+            and (key + value).isascii() and (key + value).isprintable()]
+    return dict(sorted(kept)[:MAX_OPTIONS])
 
 
 def engine_of(bundle: str, annotations: dict[str, object]) -> str:
@@ -101,10 +103,14 @@ def engine_of(bundle: str, annotations: dict[str, object]) -> str:
     parts = bundle.split("/")
     if CONTAINERD_TASKS in parts[:-2]:
         return "docker" if parts[parts.index(CONTAINERD_TASKS) + 1] == "moby" else "containerd"
-    if annotations.get("io.container.manager") == "libpod":  # podman also sets some io.kubernetes.cri-o.* keys
-        return "podman"
     if "io.kubernetes.cri-o.ContainerType" in annotations:
-        return "cri-o"
+        return "cri-o"  # CRI-O's own key (podman sets other io.kubernetes.cri-o.* keys, not this one)
+    # containers/storage's layout (DRIVER-containers/ID/userdata), where podman's bundles are: the
+    # engine's choice, where io.container.manager is one a user's --annotation overrides
+    if len(parts) > 3 and parts[-3].endswith("-containers") and parts[-1] == "userdata":
+        return "podman"
+    if annotations.get("io.container.manager") == "libpod":
+        return "podman"
     return "runc"
 
 

@@ -74,12 +74,10 @@ def remove_record(container_id: str, bundle: str) -> bool:
     fd = _open_inventory()
     try:
         data = _read_record(fd, container_id + RECORD_SUFFIX)
-        if data is None:
-            return False
         try:
-            recorded_bundle = json.loads(data).get("bundle")
+            recorded_bundle = json.loads(data).get("bundle") if data is not None else None
         except (ValueError, AttributeError):
-            recorded_bundle = None  # a damaged record: its id is all it has
+            recorded_bundle = None  # a damaged or unreadable record: its id is all it has
         if recorded_bundle not in (None, bundle):
             return False
         os.unlink(container_id + RECORD_SUFFIX, dir_fd=fd)

@@ -150,6 +150,11 @@ class Operations:
                 outcomes[record.id] = "skipped"
                 emit(report.model_copy(update={"state": "skipped", "message": f"the {deadline_s:g} s deadline passed"}))
                 return
+            if record.engine not in through_engine.DRAINED_ENGINES:
+                outcomes[record.id] = "failed"  # it may well be running: say so, never "not running"
+                emit(report.model_copy(update={"state": "failed", "message": f"{record.engine} containers are not "
+                                               "drained by gpuckptd (podman and docker are): it stays as it is"}))
+                return
             if not through_engine.is_running(record):
                 outcomes[record.id] = "skipped"
                 gone = not through_engine.exists(record.engine, record.id)

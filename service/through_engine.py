@@ -28,8 +28,11 @@ def _gpuckpt() -> str:
     return found
 
 
+DRAINED_ENGINES = ("podman", "docker")  # the engines the service acts through
+
+
 def is_running(record: ContainerRecord) -> bool:
-    if record.engine not in ("podman", "docker"):
+    if record.engine not in DRAINED_ENGINES:
         return False
     state = process.run([record.engine, "inspect", "--format", "{{.State.Running}}", record.id],
                         timeout_s=60, check=False)
@@ -39,7 +42,7 @@ def is_running(record: ContainerRecord) -> bool:
 def exists(engine: str, container_id: str) -> bool:
     """Whether the engine still knows the container (podman runs no poststop hook for a container it
     restored, so its record can outlive it); True for an engine the service does not act through."""
-    if engine not in ("podman", "docker"):
+    if engine not in DRAINED_ENGINES:
         return True  # not ours to judge: the record stays
     return process.run([engine, "inspect", "--format", "{{.Id}}", container_id], timeout_s=60,
                        check=False).returncode == 0

@@ -118,6 +118,9 @@ def test_gpu_container_on_a_node_without_driver_is_refused(node, tmp_path, monke
     ("/run/containers/storage/overlay-containers/abc/userdata", {"io.kubernetes.cri-o.ContainerType": "container"},
      "cri-o"),
     ("/srv/bundles/abc", {}, "runc"),
+    # podman's bundle layout decides, not the annotation a user's --annotation overrides
+    ("/var/lib/containers/storage/overlay-containers/abc/userdata", {"io.container.manager": "evil"}, "podman"),
+    ("/var/lib/containers/storage/vfs-containers/abc/userdata", {}, "podman"),
     # A user's annotation cannot move a container out of the engine whose bundle it is.
     ("/run/containerd/io.containerd.runtime.v2.task/moby/abc", {"io.container.manager": "libpod"}, "docker"),
 ])
@@ -279,3 +282,13 @@ def test_restore_adds_the_hook_to_the_restored_bundle(node, recording_runtime, i
                     "--bundle", spec_dir, "c1"], capture_output=True, text=True, timeout=60)
     hooks = json.loads((spec_dir / "config.json").read_text()).get("hooks", {})
     assert [entry["path"] for entry in hooks.get("createRuntime", [])] == [str(installed / "gpuckpt-hook")]
+
+
+@pytest.mark.hostile("a record of a container's id grown past the inventory's read bound")
+def test_poststop_removes_its_record_even_when_it_cannot_be_read(node, gpus, tmp_path) -> None:
+    spec_dir = bundle(tmp_path, ["/dev/nvidia0"])
+    assert hook("createRuntime", state("big", spec_dir)).returncode == 0
+    record = node / "state" / "containers" / "big.json"
+    record.write_bytes(record.read_bytes()[:-1] + b" " * (64 << 10) + b"}")
+    assert hook("poststop", state("big", spec_dir)).returncode == 0
+    assert not record.exists()

@@ -60,6 +60,8 @@ def test_record_keeps_only_bounded_gpuckpt_annotations() -> None:
                    **{f"io.gpuckpt.k{i:02}": str(i) for i in range(30)}}
     kept = options(annotations)
     assert len(kept) == 16 and "org.other" not in kept and "io.gpuckpt.long" not in kept
+    # JSON escapes U+10FFFF to 12 bytes: 16 such options would outgrow the record's bound
+    assert options({"io.gpuckpt.a": "\U0010ffff" * 256, "io.gpuckpt.\U0010ffff": "1", "io.gpuckpt.b": "x\ny"}) == {}
 
 
 def test_prune_keeps_the_newest(tmp_path: Path) -> None:
