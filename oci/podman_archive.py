@@ -36,6 +36,7 @@ from gpuckpt.oci.archive import close_quietly, decompressed, open_archive, zstd_
 from gpuckpt.oci.hooks_d import only_gpuckpt_hooks
 from gpuckpt.oci.image_layout import _Hashing
 from gpuckpt.oci.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from gpuckpt.oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
 from gpuckpt.oci.spec import Spec, load_exact_json
 from gpuckpt.oci.tarstream import ByteSink, ByteSource, Data
 from gpuckpt.transfer.bounds import RatioGuard
@@ -128,7 +129,7 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
     for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
-    mounts, a runtime given by path. podman's own --import trusts all of it."""
+    mounts, device nodes other than the NVIDIA ones, a runtime given by path. podman's own --import trusts all of it."""
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
@@ -148,6 +149,11 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         host = [m.source for m in spec.mounts if m.is_bind() and userdata not in posixpath.normpath(m.source) + "/"]
         if host:
             problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
+        # a device node is a piece of the host (a disk, a tty); the GPU's nodes are what gpuckpt moves
+        devices = sorted({device.path for device in spec.linux.devices
+                          if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})
+        if devices:
+            problems.append(f"host devices in {where} ({', '.join(devices[:3])})")
     return list(dict.fromkeys(problems))
 
 
