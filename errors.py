@@ -54,3 +54,7 @@ class EngineConfigError(GpuckptError):
 
 class CheckpointRefusedError(GpuckptError):
     """The container holds something CRIU cannot dump; refused before anything was touched."""
+
+
+class UnsafeNodeError(GpuckptError):
+    """The node is in a state where the delegate would do harm beyond the container; nothing was touched."""

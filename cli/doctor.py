@@ -15,6 +15,7 @@ from gpuckpt.cuda.driver import load_driver, version_text
 from gpuckpt.errors import GpuckptError, ImageError
 from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host import process
+from gpuckpt.host.cgroup_v1 import hybrid_or_legacy, stale_hierarchy_for_crun
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
 from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
@@ -227,8 +228,24 @@ def check_driver() -> str | None:
     return f"CUDA driver {version_text(version)} has the process checkpoint API"
 
 
+def check_cgroup_hierarchies() -> str | None:
+    """A cgroup v1 hierarchy nothing mounts makes crun's restore kill every process (host/cgroup_v1.py)."""
+    if not hybrid_or_legacy():
+        return None
+    if hierarchy := stale_hierarchy_for_crun():
+        options = hierarchy if not hierarchy.startswith("name=") else f"none,{hierarchy}"
+        raise CheckFailed(
+            f"the cgroup v1 hierarchy '{hierarchy}' is mounted nowhere under /sys/fs/cgroup: crun's restore would "
+            f"kill every process on the node (gpuckpt-runtime refuses such restores)",
+            f"once no process runs in its cgroups, remove them: unshare -m sh -c 'd=$(mktemp -d); "
+            f"mount -t cgroup -o {options} cgroup $d && find $d -mindepth 1 -depth -type d -exec rmdir {{}} +; "
+            f"umount $d' (twice: the kernel lets the emptied hierarchy go at an unmount)")
+    return "cgroup v1: crun's restore finds its own cgroup (no hierarchy is mounted only elsewhere)"
+
+
 CHECKS: list[Callable[[], str | None]] = [
-    check_kernel, check_criu, check_criu_image_definitions, check_config_and_delegate, check_trust, check_network_lock,
+    check_kernel, check_cgroup_hierarchies, check_criu, check_criu_image_definitions, check_config_and_delegate,
+    check_trust, check_network_lock,
     check_podman, check_docker, check_hook, check_service,
     check_driver,
 ]

@@ -128,3 +128,29 @@ def configured_delegate(name: str, more: str = "") -> Iterator[str]:
             CONFIG.unlink()
         else:
             CONFIG.write_text(saved)
+
+
+# A cgroup v1 hierarchy mounted nowhere: mounted in a private mount namespace, a cgroup made in it,
+# unmounted. The hierarchy lives on (it has a cgroup) and every process has a line for it in
+# /proc/self/cgroup, the first one (host/cgroup_v1.py says what crun's restore does with it).
+_STALE_CGROUP = "left-by-a-test"
+
+
+def make_stale_hierarchy(options: str) -> None:
+    sh("unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+       'd=$(mktemp -d) && mount -t cgroup -o "$1" cgroup "$d" && mkdir "$d/$2" && umount "$d" && rmdir "$d"',
+       "_", options, _STALE_CGROUP)
+
+
+def remove_stale_hierarchy(options: str, timeout_s: float = 30) -> None:
+    """Its cgroups removed, deepest first; the kernel lets an empty hierarchy go when it is unmounted,
+    and a cgroup removed a moment ago may still count: mounted and unmounted again until it is gone."""
+    controllers = options.removeprefix("none,")
+    deadline = time.monotonic() + timeout_s
+    while f":{controllers}:" in Path("/proc/self/cgroup").read_text():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the cgroup hierarchy {controllers} is still there after {timeout_s} s")
+        sh("unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+           'd=$(mktemp -d) && mount -t cgroup -o "$1" cgroup "$d" && '
+           'find "$d" -mindepth 1 -depth -type d -exec rmdir {} +; umount "$d"; rmdir "$d"', "_", options)
+        time.sleep(0.2)

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, PODMAN_IMAGE, RUNTIME, TCP_HOLDER_SOURCE, assert_continues, sh, wait_counter
+from bed import (
+    COUNTER_SOURCE,
+    PODMAN_IMAGE,
+    RUNTIME,
+    TCP_HOLDER_SOURCE,
+    assert_continues,
+    configured_delegate,
+    make_stale_hierarchy,
+    remove_stale_hierarchy,
+    sh,
+    wait_counter,
+)
+
+from gpuckpt.host.cgroup_v1 import hybrid_or_legacy
 
 _names = itertools.count()
 
@@ -158,3 +172,33 @@ def test_container_cannot_point_criu_at_its_own_config(delegate, tmp_path) -> No
         assert_continues(before, box.state)
     finally:
         box.remove()
+
+
+def test_crun_restore_is_refused_while_a_cgroup_hierarchy_is_mounted_nowhere(tmp_path) -> None:
+    """crun's restore would kill every process on the node (host/cgroup_v1.py): the shim refuses it with
+    one line, the container stays checkpointed, nothing else dies; once the hierarchy is gone it restores."""
+    if not hybrid_or_legacy():
+        pytest.skip("cgroup v2 host: crun's restore proxy finds its own cgroup there")
+    hierarchy = f"name=gpuckpt-stale-{os.getpid()}"
+    bystander = subprocess.Popen(["sleep", "300"])  # in the root cgroup, as every process of a node without systemd
+    with configured_delegate("crun"):
+        box = PodmanContainer(["--runtime", "gpuckpt-runtime"])
+        box.run()
+        try:
+            before = wait_counter(box.state, minimum=3)
+            sh(*box.podman, "container", "checkpoint", box.name)
+            make_stale_hierarchy(f"none,{hierarchy}")
+            try:
+                refused = sh(*box.podman, "container", "restore", box.name, check=False)
+                assert refused.returncode != 0
+                assert f"the cgroup v1 hierarchy '{hierarchy}' is mounted nowhere" in refused.stderr
+                assert box.status() == "exited"
+                assert bystander.poll() is None, "a process outside the container was killed"
+            finally:
+                remove_stale_hierarchy(f"none,{hierarchy}")
+            sh(*box.podman, "container", "restore", box.name)
+            box.assert_running()
+            assert_continues(before, box.state)
+        finally:
+            box.remove()
+            bystander.kill()

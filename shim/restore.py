@@ -20,7 +20,8 @@ from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.cuda.engine import CudaSession, query_states
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
+from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError, UnsafeNodeError
+from gpuckpt.host.cgroup_v1 import stale_hierarchy_for_crun
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.paths import config_path
@@ -46,6 +47,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     if owned is None:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
+    refuse_crun_killing_the_node(delegate, container_id)
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
@@ -70,6 +72,18 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     if manifest is None or not manifest.processes:
         return run_delegate(delegate, argv)  # no GPU state to bring back
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus or NodeGpus()).run()
+
+
+def refuse_crun_killing_the_node(delegate: str, container_id: str) -> None:
+    """crun's restore destroys the cgroup its proxy process finds itself in; with a cgroup v1 hierarchy
+    nothing mounts, that is the root, and crun kills every process on the node (host/cgroup_v1.py)."""
+    if "crun" not in os.path.basename(delegate):
+        return
+    if hierarchy := stale_hierarchy_for_crun():
+        raise UnsafeNodeError(
+            f"restore of {container_id} refused: the cgroup v1 hierarchy '{hierarchy}' is mounted nowhere under "
+            f"/sys/fs/cgroup and crun's restore would kill every process in its root (the whole node); "
+            f"remove that hierarchy (gpuckpt doctor says how) or restore through runc")
 
 
 class GpuRestore:

@@ -1,0 +1,72 @@
+"""cgroup v1 hierarchies that exist but are mounted nowhere under /sys/fs/cgroup.
+
+Such a hierarchy stays behind when something mounted a controller (or a named
+hierarchy) elsewhere, made cgroups in it and unmounted it: a container's own
+systemd, CRIU's cgroup yard restoring an image that listed it, a `perf` user.
+Every process still has a line for it in /proc/self/cgroup, in the root.
+
+crun's restore (1.8 to at least 1.28, libcrun restore_proxy_process) reads its
+proxy process's own cgroup from the first line of /proc/self/cgroup that is not
+`memory`, moves the proxy to that cgroup's parent and destroys the cgroup. The
+newest hierarchy comes first; when crun could not place the proxy in it, the
+path is "/" and crun kills every process in the root cgroup: the whole node
+(seen on this project's test machines: dockerd, the CI run, every shell).
+"""
+
+from __future__ import annotations
+
+import os
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+# Mount options of a cgroup v1 super block that are not controllers.
+_NOT_CONTROLLERS = {"rw", "ro", "none", "noprefix", "xattr", "clone_children", "cpuset_v2_mode", "favordynmods"}
+
+
+def hybrid_or_legacy(cgroup_root: str = CGROUP_ROOT) -> bool:
+    """True where /sys/fs/cgroup is not itself the cgroup v2 hierarchy (crun's CGROUP_MODE_UNIFIED)."""
+    return not os.path.exists(os.path.join(cgroup_root, "cgroup.controllers"))
+
+
+def _mounted_controller_sets(mountinfo: str, cgroup_root: str) -> list[frozenset[str]]:
+    """The controller sets ('cpu', 'name=systemd', ...) of the v1 hierarchies mounted below cgroup_root."""
+    mounted = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        after = line.split(" - ", 1)[1].split()
+        if len(after) < 3 or after[0] != "cgroup":
+            continue
+        if not fields[4].startswith(cgroup_root + "/"):
+            continue
+        mounted.append(frozenset(after[2].split(",")) - _NOT_CONTROLLERS)
+    return mounted
+
+
+def crun_proxy_hierarchy(proc_cgroup: str, mountinfo: str, cgroup_root: str = CGROUP_ROOT) -> str | None:
+    """The hierarchy crun's restore proxy would take for its own when nothing mounts it under
+    cgroup_root ('perf_event', 'name=x'), else None. Both texts as /proc/self/{cgroup,mountinfo} hold them."""
+    mounted = _mounted_controller_sets(mountinfo, cgroup_root)
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        controllers = parts[1]
+        if controllers == "memory":
+            continue  # crun skips exactly this one
+        if controllers == "":
+            return None  # the unified line: crun's path there is its own
+        wanted = frozenset(controllers.split(","))
+        if any(wanted <= found for found in mounted):
+            return None
+        return controllers
+    return None
+
+
+def stale_hierarchy_for_crun(cgroup_root: str = CGROUP_ROOT) -> str | None:
+    """crun_proxy_hierarchy for this process, on a host whose cgroups are v1 or hybrid."""
+    if not hybrid_or_legacy(cgroup_root):
+        return None
+    with open("/proc/self/cgroup") as cgroups, open("/proc/self/mountinfo") as mounts:
+        proc_cgroup, mountinfo = cgroups.read(), mounts.read()
+    return crun_proxy_hierarchy(proc_cgroup, mountinfo, cgroup_root)

@@ -1,0 +1,50 @@
+"""Which cgroup v1 hierarchy crun's restore proxy takes for its own, as /proc shows it (texts seen on the
+2-core test VM: cgroup v1 hybrid, perf_event and net_cls,net_prio left behind by a container's systemd)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuckpt.host.cgroup_v1 import crun_proxy_hierarchy
+
+MOUNTS = """\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+42 31 0:39 / /sys/fs/cgroup/hugetlb rw,relatime - cgroup cgroup rw,hugetlb
+43 31 0:40 / /sys/fs/cgroup/net_cls,net_prio rw,relatime - cgroup cgroup rw,net_cls,net_prio
+"""
+CLEAN = "10:hugetlb:/\n9:name=systemd:/\n6:freezer:/\n4:memory:/process_api/x\n1:cpu:/\n0::/\n"
+
+
+def test_every_hierarchy_mounted_is_safe() -> None:
+    assert crun_proxy_hierarchy(CLEAN, MOUNTS) is None
+    assert crun_proxy_hierarchy("13:net_cls,net_prio:/\n" + CLEAN, MOUNTS) is None  # mounted as a pair
+
+
+@pytest.mark.parametrize(("first", "named"), [
+    ("15:perf_event:/\n", "perf_event"),
+    ("16:name=gpuckpt-stale:/\n", "name=gpuckpt-stale"),
+    ("15:perf_event:/\n4:memory:/\n", "perf_event"),
+])
+def test_the_newest_hierarchy_mounted_nowhere_is_named(first: str, named: str) -> None:
+    assert crun_proxy_hierarchy(first + CLEAN, MOUNTS) == named
+
+
+def test_memory_is_skipped_as_crun_skips_it() -> None:
+    assert crun_proxy_hierarchy("4:memory:/x\n15:perf_event:/\n" + CLEAN, MOUNTS) == "perf_event"
+    assert crun_proxy_hierarchy("11:memory:/x\n" + CLEAN, MOUNTS) is None
+
+
+def test_a_mount_outside_the_cgroup_root_does_not_count() -> None:
+    elsewhere = MOUNTS + "90 1 0:50 / /tmp/yard rw,relatime - cgroup cgroup rw,perf_event\n"
+    assert crun_proxy_hierarchy("15:perf_event:/\n" + CLEAN, elsewhere) == "perf_event"
+
+
+def test_a_stale_hierarchy_older_than_a_mounted_one_is_not_crun_s_choice() -> None:
+    # crun takes the first line that is not memory: hugetlb here, mounted, so its proxy finds its own cgroup
+    older = "10:hugetlb:/\n7:perf_event:/\n4:memory:/x\n1:cpu:/\n0::/\n"
+    assert crun_proxy_hierarchy(older, MOUNTS) is None
