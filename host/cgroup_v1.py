@@ -43,23 +43,26 @@ def _mounted_controller_sets(mountinfo: str, cgroup_root: str) -> list[frozenset
     return mounted
 
 
+def unmounted_hierarchies(proc_cgroup: str, mountinfo: str, cgroup_root: str = CGROUP_ROOT) -> list[str]:
+    """Every v1 hierarchy in proc_cgroup that nothing mounts under cgroup_root, newest first."""
+    mounted = _mounted_controller_sets(mountinfo, cgroup_root)
+    found = []
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[1] and not any(frozenset(parts[1].split(",")) <= sets for sets in mounted):
+            found.append(parts[1])
+    return found
+
+
 def crun_proxy_hierarchy(proc_cgroup: str, mountinfo: str, cgroup_root: str = CGROUP_ROOT) -> str | None:
     """The hierarchy crun's restore proxy would take for its own when nothing mounts it under
     cgroup_root ('perf_event', 'name=x'), else None. Both texts as /proc/self/{cgroup,mountinfo} hold them."""
-    mounted = _mounted_controller_sets(mountinfo, cgroup_root)
+    unmounted = unmounted_hierarchies(proc_cgroup, mountinfo, cgroup_root)
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        controllers = parts[1]
-        if controllers == "memory":
-            continue  # crun skips exactly this one
-        if controllers == "":
-            return None  # the unified line: crun's path there is its own
-        wanted = frozenset(controllers.split(","))
-        if any(wanted <= found for found in mounted):
-            return None
-        return controllers
+        if len(parts) != 3 or parts[1] == "memory":
+            continue  # crun skips exactly memory
+        return parts[1] if parts[1] in unmounted else None  # the unified line ("") is crun's own too
     return None
 
 
@@ -67,6 +70,16 @@ def stale_hierarchy_for_crun(cgroup_root: str = CGROUP_ROOT) -> str | None:
     """crun_proxy_hierarchy for this process, on a host whose cgroups are v1 or hybrid."""
     if not hybrid_or_legacy(cgroup_root):
         return None
+    return crun_proxy_hierarchy(*_own_cgroups_and_mounts(), cgroup_root)
+
+
+def stale_hierarchies(cgroup_root: str = CGROUP_ROOT) -> list[str]:
+    """unmounted_hierarchies for this process, on a host whose cgroups are v1 or hybrid."""
+    if not hybrid_or_legacy(cgroup_root):
+        return []
+    return unmounted_hierarchies(*_own_cgroups_and_mounts(), cgroup_root)
+
+
+def _own_cgroups_and_mounts() -> tuple[str, str]:
     with open("/proc/self/cgroup") as cgroups, open("/proc/self/mountinfo") as mounts:
-        proc_cgroup, mountinfo = cgroups.read(), mounts.read()
-    return crun_proxy_hierarchy(proc_cgroup, mountinfo, cgroup_root)
+        return cgroups.read(), mounts.read()

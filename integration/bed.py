@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from gpuckpt.host.cgroup_v1 import stale_hierarchies
+
 HERE = Path(__file__).parent
 COUNTER_SOURCE = (HERE / "workloads" / "counter.py").read_text()
 # Prepended to the counter: an established TCP connection on the container's own
@@ -140,6 +142,16 @@ def make_stale_hierarchy(options: str) -> None:
     sh("unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
        'd=$(mktemp -d) && mount -t cgroup -o "$1" cgroup "$d" && mkdir "$d/$2" && umount "$d" && rmdir "$d"',
        "_", options, _STALE_CGROUP)
+
+
+def remove_stale_hierarchies() -> list[str]:
+    """Every cgroup v1 hierarchy mounted nowhere under /sys/fs/cgroup, removed (named: the ones removed).
+    Left by a container's systemd or by CRIU's cgroup yard, one makes every crun restore a refusal."""
+    removed = []
+    for controllers in stale_hierarchies():
+        remove_stale_hierarchy(controllers if not controllers.startswith("name=") else f"none,{controllers}")
+        removed.append(controllers)
+    return removed
 
 
 def remove_stale_hierarchy(options: str, timeout_s: float = 30) -> None:

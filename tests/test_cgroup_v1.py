@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuckpt.host.cgroup_v1 import crun_proxy_hierarchy
+from gpuckpt.host.cgroup_v1 import crun_proxy_hierarchy, unmounted_hierarchies
 
 MOUNTS = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -48,3 +48,9 @@ def test_a_stale_hierarchy_older_than_a_mounted_one_is_not_crun_s_choice() -> No
     # crun takes the first line that is not memory: hugetlb here, mounted, so its proxy finds its own cgroup
     older = "10:hugetlb:/\n7:perf_event:/\n4:memory:/x\n1:cpu:/\n0::/\n"
     assert crun_proxy_hierarchy(older, MOUNTS) is None
+
+
+def test_every_unmounted_hierarchy_is_listed_newest_first() -> None:
+    text = "16:name=left:/\n15:perf_event:/\n" + CLEAN.replace("6:freezer", "7:blkio:/\n6:freezer")
+    assert unmounted_hierarchies(text, MOUNTS) == ["name=left", "perf_event", "blkio"]
+    assert unmounted_hierarchies(CLEAN, MOUNTS) == []
