@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpuckpt.errors import ImageError
+from gpuckpt.errors import ConfigError, ImageError
 
 
 def create_new(path: str, mode: int = 0o600) -> int:
@@ -90,6 +90,28 @@ def make_directories(path: str, mode: int = 0o700) -> tuple[int, int, bool]:
     except BaseException:
         os.close(parent_fd)
         raise
+
+
+def require_private(fd: int, path: str) -> None:
+    """The directory `fd` (named `path`) is this user's and nobody else may write in it: what root
+    keeps there (checkpoints it restores at boot) cannot have been put there by another user."""
+    status = os.fstat(fd)
+    if status.st_uid != os.geteuid() or status.st_mode & 0o022:
+        raise ConfigError(f"{path}: owned by uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):o}: "
+                          f"checkpoints are kept only where uid {os.geteuid()} alone may write "
+                          f"(chown {os.geteuid()} and chmod go-w it, or name another directory)")
+
+
+def private_directory(path: str) -> int:
+    """make_directories(path), checked with require_private: its descriptor."""
+    parent_fd, fd, _ = make_directories(path, 0o700)
+    os.close(parent_fd)
+    try:
+        require_private(fd, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def create_private_at(dir_fd: int, name: str) -> int:

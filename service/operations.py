@@ -19,7 +19,7 @@ from typing import TypedDict, TypeVar
 
 from gpuckpt.errors import GpuckptError
 from gpuckpt.host.procfs import descendants, resident_bytes
-from gpuckpt.host.safefiles import make_directories, write_private_at
+from gpuckpt.host.safefiles import open_directory, private_directory, require_private, write_private_at
 from gpuckpt.node.config import ServiceConfig
 from gpuckpt.node.inventory import read_records, remove_record
 from gpuckpt.oci.container_record import ContainerRecord, parse_record
@@ -74,18 +74,25 @@ def smallest_first(records: list[ContainerRecord]) -> list[Candidate]:
 
 def drained(archive_dir: str) -> list[DrainedContainer]:
     """The drain records in the archive directory, oldest first; a damaged one is reported and kept."""
-    if not os.path.isdir(archive_dir):
+    try:
+        directory = open_directory(archive_dir)
+    except FileNotFoundError:
         return []
     found = []
-    for name in sorted(os.listdir(archive_dir)):
-        if not name.endswith(RECORD_SUFFIX):
-            continue
-        path = os.path.join(archive_dir, name)
-        try:
-            with open(path, "rb") as record:
-                found.append(parse_drained(record.read(1 << 20), path))
-        except (OSError, GpuckptError) as error:
-            log(f"{path}: {error}")
+    try:
+        require_private(directory, archive_dir)
+        for name in sorted(os.listdir(directory)):
+            if not name.endswith(RECORD_SUFFIX):
+                continue
+            path = os.path.join(archive_dir, name)
+            try:
+                record = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory)
+                with os.fdopen(record, "rb") as text:
+                    found.append(parse_drained(text.read(1 << 20), path))
+            except (OSError, GpuckptError) as error:
+                log(f"{path}: {error}")
+    finally:
+        os.close(directory)
     return sorted(found, key=lambda record: record.drained_at)
 
 
@@ -137,8 +144,7 @@ class Operations:
 
     def _drain(self, emit: Emit, deadline_s: float | None, started: float) -> Result:
         candidates = smallest_first(recorded())
-        parent_fd, archive_fd, _ = make_directories(self.config.archive_dir, 0o700)
-        os.close(parent_fd)
+        archive_fd = private_directory(self.config.archive_dir)
         outcomes: dict[str, str] = {}
         finished = 0
 

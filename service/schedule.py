@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from gpuckpt.cuda.devices import utilization_by_uuid
 from gpuckpt.errors import GpuckptError
-from gpuckpt.host.safefiles import make_directories
+from gpuckpt.host.safefiles import make_directories, private_directory
 from gpuckpt.node.config import ServiceConfig
 from gpuckpt.node.suspension import read_suspension
 from gpuckpt.oci.container_record import ContainerRecord
@@ -109,6 +109,7 @@ class Schedule:
 
     def _periodic(self, record: ContainerRecord, now: float) -> None:
         directory = os.path.join(self.config.archive_dir, PERIODIC_DIR, record.id)
+        os.close(private_directory(self.config.archive_dir))  # nobody else may move what is below it
         for fd in make_directories(directory, 0o700)[:2]:
             os.close(fd)
         name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
