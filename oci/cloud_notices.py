@@ -5,7 +5,8 @@
 - AWS: GET /latest/meta-data/spot/instance-action is 404 until a notice, then
   {"action": "terminate"|"stop"|"hibernate", "time": "2026-11-25T05:20:00Z"}.
 - Azure: GET /metadata/scheduledevents lists {"Events": [{"EventType": "Preempt", "NotBefore":
-  "Wed, 25 Nov 2026 05:20:00 GMT", ...}]}.
+  "Wed, 25 Nov 2026 05:20:00 GMT", "Resources": ["vm-name", ...], ...}]}: the events of every VM in
+  the same availability set or scale set; only those naming this VM are its notices.
 Any other 200 whose body is TRUE also counts. Bodies are bounded and parsed into these models:
 the metadata service is the operator's choice, but a proxy in between is not.
 """
@@ -34,6 +35,7 @@ class AzureEvent(BaseModel):
     model_config = ConfigDict(extra="ignore")
     EventType: str
     NotBefore: str = ""
+    Resources: list[str] = []  # the VMs it is for
 
 
 class AzureScheduledEvents(BaseModel):
@@ -53,8 +55,9 @@ def _seconds_until(moment: datetime, now: datetime) -> float:
     return max(0.0, (moment - now).total_seconds())
 
 
-def parse_notice(status: int, body: bytes, now: datetime | None = None) -> Notice | None:
-    """A notice from one answer of a metadata service, or None (no notice yet, or not an answer we know)."""
+def parse_notice(status: int, body: bytes, now: datetime | None = None, vm_name: str | None = None) -> Notice | None:
+    """A notice from one answer of a metadata service, or None (no notice yet, or not an answer we know).
+    vm_name: this VM's name (Azure's), when known: an event naming only other VMs is theirs."""
     now = now or datetime.now(UTC)
     if status != 200 or len(body) > MAX_NOTICE_BYTES:
         return None
@@ -76,6 +79,8 @@ def parse_notice(status: int, body: bytes, now: datetime | None = None) -> Notic
     except ValidationError:
         return None
     for event in events.Events:
+        if vm_name and event.Resources and vm_name not in event.Resources:
+            continue
         if event.EventType in AZURE_LOSING_EVENTS:
             try:
                 when = email.utils.parsedate_to_datetime(event.NotBefore) if event.NotBefore else None

@@ -99,3 +99,15 @@ def test_odd_metadata_answers_are_notices_or_nothing_never_errors(body, deadline
 def test_an_id_beginning_with_a_dash_is_no_container_id() -> None:
     with pytest.raises(InventoryError, match="not allowed"):
         check_container_id("-l")
+
+
+def test_an_azure_event_for_other_vms_only_is_not_this_vms_notice() -> None:
+    def events(*resources: str) -> bytes:
+        return json.dumps({"DocumentIncarnation": 3, "Events": [
+            {"EventId": "x", "EventType": "Preempt", "Resources": list(resources),
+             "NotBefore": "Wed, 25 Nov 2026 05:00:30 GMT"}]}).encode()
+    assert parse_notice(200, events("vm-b", "vm-c"), NOW, vm_name="vm-a") is None
+    assert parse_notice(200, events("vm-b", "vm-a"), NOW, vm_name="vm-a") is not None
+    # this VM's name unknown, or an event naming no VM: a drain rather than a missed notice
+    assert parse_notice(200, events("vm-b"), NOW) is not None
+    assert parse_notice(200, events(), NOW, vm_name="vm-a") is not None
