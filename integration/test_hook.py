@@ -87,7 +87,7 @@ def test_podman_container_given_a_gpu_the_node_lacks_is_refused(delegate, fake_n
         if delegate == "runc":  # runc quotes the hook's stderr; crun 1.21 names the hook and its status only
             assert "is given /dev/nvidia1 but this node has no such GPU (GPUs here: /dev/nvidia0)" in result.stderr
         else:
-            assert "error executing hook `/usr/local/bin/gpuckpt-hook` (exit code: 1)" in result.stderr
+            assert f"error executing hook `{HOOK}` (exit code: 1)" in result.stderr
         status = sh("podman", "inspect", "--format", "{{.State.Status}}", name).stdout.strip()
         assert status != "running" and inventory(fake_node) == {}
     finally:

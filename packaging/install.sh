@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install gpuckpt from this source tree into /opt/gpuckpt/venv (Debian's python3) and put
-# `gpuckpt`, `gpuckpt-runtime` and `gpuckpt-hook` in /usr/local/bin. Idempotent; run as root.
+# `gpuckpt`, `gpuckpt-runtime`, `gpuckpt-hook` and `gpuckptd` in /usr/local/bin (GPUCKPT_BINDIR;
+# `none`: the venv only, as the test bed has it beside the installed .deb). Idempotent; run as root.
 #
 # The runtime's launcher starts the interpreter directly with -I -S and adds only our
 # site-packages: engines run it for every container operation, and a pyenv shim or
@@ -46,10 +47,15 @@ LAUNCHER
     chmod 0755 "$tmp"
     mv -f "$tmp" "$target"
 }
+install -d -m 0755 /etc/gpuckpt
+version=$("$prefix/venv/bin/python3" -c 'import importlib.metadata as m; print(m.version("gpuckpt"))')
+if [ "$bindir" = none ]; then
+    echo "gpuckpt $version installed in $prefix (no launchers)"
+    exit 0
+fi
 mkdir -p "$bindir"
 write_launcher gpuckpt-runtime gpuckpt.shim.main
 write_launcher gpuckpt gpuckpt.cli.main
 write_launcher gpuckpt-hook gpuckpt.hooks.main
 write_launcher gpuckptd gpuckpt.service.main
-install -d -m 0755 /etc/gpuckpt
-echo "gpuckpt $("$bindir/gpuckpt" --version | cut -d' ' -f2) installed in $prefix; $bindir/gpuckpt-runtime ready"
+echo "gpuckpt $version installed in $prefix; $bindir/gpuckpt-runtime ready"
