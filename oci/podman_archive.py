@@ -66,6 +66,7 @@ class PodmanConfigDump(BaseModel):
     runtime: str = ""
     createdTime: str = ""
     privileged: bool = False
+    rootfs: str = ""  # `podman run --rootfs DIR`: the container's root is that host directory
     spec: Spec | None = None
 
 
@@ -125,11 +126,39 @@ DEFAULT_CAPABILITIES = frozenset(f"CAP_{name}" for name in (
     "SETUID", "SYS_CHROOT"))
 
 
+# What every podman run gives a container of its own, and hides or makes read-only in its /proc and
+# /sys (podman 4.3's and 5.8's defaults, containers/common pkg/config): without them a container
+# shares the host's processes or network, or writes /proc/sys (kernel.core_pattern runs a program
+# on the host), or reads the kernel's memory and keys.
+OWN_NAMESPACES = frozenset({"pid", "network", "ipc", "uts", "mount"})
+MASKED_PATHS = frozenset({"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+                          "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"})
+READONLY_PATHS = frozenset({"/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"})
+
+
+def _isolation_refusals(spec: Spec, where: str) -> list[str]:
+    """What of podman run's own isolation a container config gives up."""
+    problems = []
+    namespaces = {namespace.type: namespace.path for namespace in spec.linux.namespaces}
+    if shared := sorted(OWN_NAMESPACES - namespaces.keys()):
+        problems.append(f"the host's {', '.join(shared)} namespace(s) in {where}")
+    if joined := sorted(kind for kind, path in namespaces.items() if path):
+        problems.append(f"namespaces joined by path in {where} ({', '.join(joined)})")
+    if spec.linux.seccomp is None:
+        problems.append(f"no seccomp filter in {where}")
+    if unmasked := sorted(MASKED_PATHS - set(spec.linux.maskedPaths)):
+        problems.append(f"paths podman masks left visible in {where} ({', '.join(unmasked[:3])})")
+    if writable := sorted(READONLY_PATHS - set(spec.linux.readonlyPaths)):
+        problems.append(f"paths podman makes read-only left writable in {where} ({', '.join(writable[:3])})")
+    return problems
+
+
 def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset()) -> list[str]:
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
     for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
-    mounts, device nodes other than the NVIDIA ones, a runtime given by path. podman's own --import trusts all of it."""
+    mounts, device nodes other than the NVIDIA ones, a runtime given by path, a root filesystem given by path,
+    less isolation (namespaces, seccomp, masked and read-only paths). podman's own --import trusts all of it."""
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
@@ -138,6 +167,8 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         problems.append(f"runtime given as a path ({config.runtime})")
     if config.privileged:
         problems.append("a privileged container")
+    if config.rootfs:
+        problems.append(f"a root filesystem given by path ({config.rootfs[:80]})")
     for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
         if spec is None:
             continue
@@ -154,6 +185,7 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
                           if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})
         if devices:
             problems.append(f"host devices in {where} ({', '.join(devices[:3])})")
+        problems += _isolation_refusals(spec, where)
     return list(dict.fromkeys(problems))
 
 

@@ -44,8 +44,17 @@ class Mount(_Part):
         return self.type == "bind" or "bind" in self.options or "rbind" in self.options
 
 
+class Namespace(_Part):
+    type: str
+    path: str = ""  # given: the container joins that namespace instead of getting its own
+
+
 class Linux(_Part):
     devices: list[Device] = []
+    namespaces: list[Namespace] = []
+    seccomp: dict | None = None
+    maskedPaths: list[str] = []
+    readonlyPaths: list[str] = []
 
 
 class Capabilities(_Part):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from podman_tars import CONFIG, podman_tar
+from podman_tars import CONFIG, PODMAN_LINUX, podman_tar
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.podman_archive import check_podman_archive, import_refusals
@@ -23,8 +23,7 @@ def honest_spec() -> dict:
                         "capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_CHOWN"]}},
             "mounts": [{"destination": "/etc/hosts", "type": "bind", "source": f"{USERDATA}/hosts",
                         "options": ["bind", "private"]}],
-            "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}], "mountLabel": "",
-                      "seccomp": {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": []}},
+            "linux": PODMAN_LINUX | {"mountLabel": ""},
             "annotations": {"Hooks": "an annotation's name is free", "io.podman.annotations.privileged": "FALSE"}}
 
 

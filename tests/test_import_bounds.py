@@ -12,6 +12,7 @@ import tarfile
 import pytest
 import zstandard
 from podman_tars import CONFIG, MANIFEST
+from podman_tars import SPEC as PODMAN_SPEC
 
 from gpuckpt.errors import ConfigError, ImageError
 from gpuckpt.node.config import ImportConfig, parse_config
@@ -21,7 +22,7 @@ from gpuckpt.transfer import staging
 from gpuckpt.transfer.bounds import RatioGuard, StagingBudget, node_memory_bytes
 from gpuckpt.transfer.staging import HeldOutput, Staging
 
-SPEC = b'{"ociVersion": "1.0.2"}'
+SPEC = PODMAN_SPEC
 PAGES = os.urandom(4096) * 16
 
 

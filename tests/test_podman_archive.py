@@ -15,7 +15,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from podman_tars import CONFIG, MANIFEST, podman_tar
+from podman_tars import CONFIG, MANIFEST, PODMAN_LINUX, SPEC, podman_tar
 
 from gpuckpt.cli import inspect
 from gpuckpt.cli.main import main
@@ -34,7 +34,7 @@ def test_podmans_archive_is_read_in_any_of_its_compressions(tmp_path, compress) 
     archive = check_podman_archive(str(path))
     assert (archive.config.name, archive.config.rootfsImageName) == ("web", "localhost/app:1")
     assert archive.manifest.container_id == "c1" and archive.files == 5
-    assert archive.bytes == sum(len(d) for d in (b"inv", MANIFEST, CONFIG, b'{"ociVersion": "1.0.2"}')) + 4096 * 8
+    assert archive.bytes == sum(len(d) for d in (b"inv", MANIFEST, CONFIG, SPEC)) + 4096 * 8
 
 
 def test_copy_re_emits_every_entry_owned_by_root_and_keeps_the_small_files() -> None:
@@ -205,7 +205,7 @@ def test_a_zstd_stream_cut_anywhere_is_refused(tmp_path, cut) -> None:
 def test_a_plain_tar_without_its_end_blocks_is_refused(tmp_path) -> None:
     data = podman_tar()
     path = tmp_path / "cut.tar"
-    path.write_bytes(data[:data.rindex(b'{"ociVersion": "1.0.2"}') + 512])  # cut after the last entry's data
+    path.write_bytes(data[:data.rindex(SPEC) + -(-len(SPEC) // 512) * 512])  # cut after the last entry's data
     with pytest.raises(ImageError, match="ends before the end-of-archive blocks"):
         check_podman_archive(str(path))
 
@@ -260,7 +260,8 @@ def podman_spec(**changes) -> dict:
             "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
                        {"destination": "/etc/hosts", "type": "bind", "source": f"{USERDATA}/hosts",
                         "options": ["bind", "private"]},
-                       {"destination": "/dev/shm", "type": "bind", "source": f"{USERDATA}/shm", "options": ["bind"]}]}
+                       {"destination": "/dev/shm", "type": "bind", "source": f"{USERDATA}/shm", "options": ["bind"]}],
+            "linux": PODMAN_LINUX}
     spec.update(changes)
     return spec
 
@@ -272,10 +273,21 @@ def podman_spec(**changes) -> dict:
     ({"id": "../../x"}, {}, "a container ID that is not podman's"),
     ({}, {"hooks": {"prestart": [{"path": "/tmp/evil"}]}}, "OCI hooks in spec.dump (prestart)"),
     ({}, {"process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}}, "capabilities beyond podman's default"),
-    ({}, {"linux": {"devices": [{"path": "/dev/hostdisk", "type": "b", "major": 254, "minor": 0}]}},
+    ({}, {"linux": PODMAN_LINUX | {"devices": [{"path": "/dev/hostdisk", "type": "b", "major": 254, "minor": 0}]}},
      "host devices in spec.dump (/dev/hostdisk)"),
-    ({}, {"linux": {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0},
-                                {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]}}, None),
+    ({}, {"linux": PODMAN_LINUX | {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0},
+                                               {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]}},
+     None),
+    ({"rootfs": "/"}, {}, "a root filesystem given by path (/)"),
+    ({}, {"linux": PODMAN_LINUX | {"namespaces": [{"type": "mount"}, {"type": "ipc"}, {"type": "uts"}]}},
+     "the host's network, pid namespace(s) in spec.dump"),
+    ({}, {"linux": PODMAN_LINUX | {"namespaces": [*PODMAN_LINUX["namespaces"][1:],
+                                                  {"type": "pid", "path": "/proc/1/ns/pid"}]}},
+     "namespaces joined by path in spec.dump (pid)"),
+    ({}, {"linux": {k: v for k, v in PODMAN_LINUX.items() if k != "seccomp"}}, "no seccomp filter in spec.dump"),
+    ({}, {"linux": PODMAN_LINUX | {"maskedPaths": []}}, "paths podman masks left visible in spec.dump (/proc/acpi"),
+    ({}, {"linux": PODMAN_LINUX | {"readonlyPaths": ["/proc/bus"]}},
+     "paths podman makes read-only left writable in spec.dump (/proc/asound, /proc/fs, /proc/irq)"),
     ({}, {"mounts": [{"destination": "/host", "type": "bind", "source": "/", "options": ["rbind"]}]},
      "host bind mounts in spec.dump (/)"),
     ({}, {"mounts": [{"destination": "/x", "source": f"{USERDATA}/../../../../../../etc", "options": ["bind"]}]},
