@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import zstandard
 from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+from podman_tars import SPEC as PODMAN_SPEC
 
 _names = itertools.count()
 
@@ -109,7 +110,7 @@ def hostile_archive(path: Path, evil: tarfile.TarInfo, good_config: bool = True)
     config = json.dumps({"id": "0" * 64, "name": "hostile"}).encode() if good_config else b"{not json"
     with open(path, "wb") as raw, zstandard.ZstdCompressor().stream_writer(raw) as compressed, \
             tarfile.open(fileobj=compressed, mode="w|") as tar:
-        for entry, data in (("config.dump", config), ("spec.dump", b"{}"), ("checkpoint/inventory.img", b"x")):
+        for entry, data in (("config.dump", config), ("spec.dump", PODMAN_SPEC), ("checkpoint/inventory.img", b"x")):
             info = tarfile.TarInfo(entry)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
@@ -196,7 +197,7 @@ def zero_pages_archive(path: Path, pages_first: bool) -> None:
     140 KB of zstd), with its pages before its config, or after a config that passes the checks
     and names gpuckpt-runtime (so that the pages would be staged)."""
     config = json.dumps({"id": "0" * 64, "name": f"zero-pages-{os.getpid()}", "runtime": "gpuckpt-runtime"}).encode()
-    small = [("config.dump", config), ("spec.dump", b"{}")]
+    small = [("config.dump", config), ("spec.dump", PODMAN_SPEC)]
     image = [("checkpoint/inventory.img", b"x"), ("checkpoint/pages-1.img", 4 << 30)]
     with open(path, "wb") as raw, zstandard.ZstdCompressor(level=1, threads=2).stream_writer(raw) as compressed, \
             tarfile.open(fileobj=compressed, mode="w|") as tar:

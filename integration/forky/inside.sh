@@ -23,6 +23,8 @@ podman image exists "$image" ||
     podman import --quiet --change 'CMD ["/bin/sh"]' /var/cache/gpuckpt-testbed/rootfs-python.tar "$image" >/dev/null
 echo "forky engine set: $(. /etc/os-release && echo "$PRETTY_NAME"), $(podman --version), $(runc --version | head -n1)," \
      "$(crun --version | head -n1), CRIU $(criu --version | sed -n 's/^Version: //p'), $(python3 --version)"
+# The README's demo, its container steps (its setup is Debian 12's; the operator's install above is forky's)
+bash integration/demo-steps.sh
 # Not here: test_docker.py (docker stays with the Debian 12 set) and test_image_creds.py, whose
 # workload escapes through a cgroup v1 release_agent: the kernel runs the agent in the host's
 # namespaces, which no isolated root can hold (its path is the forky root's, so the escape it
