@@ -7,9 +7,10 @@ import json
 import os
 
 import pytest
-from bed import COUNTER_SOURCE, DOCKER, DOCKER_IMAGE, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, DOCKER, DOCKER_IMAGE, HERE, assert_continues, configured_delegate, sh, wait_counter
 
 _names = itertools.count()
+RESTART_DOCKERD = HERE / "testbed" / "restart-dockerd.sh"
 
 
 @pytest.fixture
@@ -51,3 +52,19 @@ def test_checkpoint_leave_running(container) -> None:
     sh(DOCKER, "start", "--checkpoint", "cp-live", container)
     after = assert_continues(before, read_state)
     assert after.token == before.token
+
+
+def test_the_shims_error_reaches_the_docker_user_on_a_node_not_in_utc() -> None:
+    """containerd reads the runtime's last JSON log line with its `time` as RFC 3339; an offset without
+    its colon (+0530) lost every message the shim gave docker users on nodes outside UTC (#19)."""
+    name = f"gpuckpt-it-tz-{os.getpid()}"
+    sh("env", "TZ=Asia/Kolkata", "bash", str(RESTART_DOCKERD))  # dockerd, its containerd and their shims at +05:30
+    try:
+        with configured_delegate("bin/runc"):  # a config every shim call refuses, with one line
+            refused = sh(DOCKER, "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
+                         DOCKER_IMAGE, "true", check=False)
+        assert refused.returncode != 0
+        assert "must be a program name looked up on PATH" in refused.stderr, refused.stderr
+    finally:
+        sh(DOCKER, "rm", "-f", name, check=False)
+        sh("bash", str(RESTART_DOCKERD))
