@@ -122,6 +122,9 @@ class ServiceConfig(_Section):
     checkpoint_every_min: float = Field(default=0, ge=0, le=525_600)
     checkpoint_min_interval_min: float = Field(default=5, ge=0.01, le=525_600)  # the most often an annotation may ask
     checkpoint_keep: int = Field(default=3, ge=1, le=100)
+    # All periodic checkpoints together, in GiB (0: no limit): past it the oldest go first, never
+    # the newest of a container still recorded; those of containers gone count, and go, like the rest.
+    checkpoint_budget_gib: float = Field(default=0, ge=0, le=1_000_000)
     # Idle GPU reclaim: a container annotated io.gpuckpt.idle-suspend-after=MINUTES whose GPUs all
     # showed 0 % utilization (NVML) that long is suspended (gpuckpt suspend); at least this long.
     idle_min_minutes: float = Field(default=10, ge=0.01, le=525_600)

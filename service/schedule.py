@@ -36,15 +36,62 @@ def checkpoint_interval_s(record: ContainerRecord, config: ServiceConfig) -> flo
 
 def prune(directory: str, keep: int) -> list[str]:
     """Remove all but the newest `keep` checkpoints in `directory` (names sort by time); what went."""
-    names = sorted({name.removesuffix(".sig").removesuffix(".tar.zst") for name in os.listdir(directory)})
+    names = _checkpoint_names(directory)
     gone = names[:-keep] if len(names) > keep else []
     for name in gone:
-        for path in (os.path.join(directory, name), os.path.join(directory, f"{name}.tar.zst"),
-                     os.path.join(directory, f"{name}.tar.zst.sig")):
-            if os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-            elif os.path.exists(path):
-                os.unlink(path)
+        prune_named(directory, name)
+    return gone
+
+
+def prune_named(directory: str, name: str) -> None:
+    """One checkpoint in `directory`: docker's directory NAME, or podman's NAME.tar.zst and its signature."""
+    for path in (os.path.join(directory, name), os.path.join(directory, f"{name}.tar.zst"),
+                 os.path.join(directory, f"{name}.tar.zst.sig")):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            os.unlink(path)
+
+
+def _checkpoint_names(directory: str) -> list[str]:
+    return sorted({name.removesuffix(".sig").removesuffix(".tar.zst") for name in os.listdir(directory)})
+
+
+def _checkpoint_bytes(directory: str, name: str) -> int:
+    total = 0
+    for path in (os.path.join(directory, name), os.path.join(directory, f"{name}.tar.zst"),
+                 os.path.join(directory, f"{name}.tar.zst.sig")):
+        if os.path.isdir(path):
+            total += sum(os.lstat(os.path.join(root, entry)).st_size for root, _, entries in os.walk(path)
+                         for entry in entries)
+        elif os.path.lexists(path):
+            total += os.lstat(path).st_size
+    return total
+
+
+def prune_to_budget(periodic_root: str, budget_bytes: int, recorded_ids: set[str]) -> list[str]:
+    """Remove the oldest periodic checkpoints of every container until all of them fit `budget_bytes`,
+    never the newest of a container in `recorded_ids`; what went, as ID/NAME."""
+    if not budget_bytes or not os.path.isdir(periodic_root):
+        return []
+    found = []  # (name: its time, container id, bytes, removable)
+    for container_id in sorted(os.listdir(periodic_root)):
+        directory = os.path.join(periodic_root, container_id)
+        if os.path.islink(directory) or not os.path.isdir(directory):
+            continue
+        names = _checkpoint_names(directory)
+        for name in names:
+            protected = container_id in recorded_ids and name == names[-1]
+            found.append((name, container_id, _checkpoint_bytes(directory, name), not protected))
+    total = sum(size for _, _, size, _ in found)
+    gone = []
+    for name, container_id, size, removable in sorted(found):
+        if total <= budget_bytes:
+            break
+        if removable:
+            prune_named(os.path.join(periodic_root, container_id), name)
+            total -= size
+            gone.append(f"{container_id[:12]}/{name}")
     return gone
 
 
@@ -122,5 +169,7 @@ class Schedule:
             log(f"periodic checkpoint failed: {error}", **facts(record, "periodic"))
             return
         gone = prune(directory, self.config.checkpoint_keep)
+        gone += prune_to_budget(os.path.join(self.config.archive_dir, PERIODIC_DIR),
+                                int(self.config.checkpoint_budget_gib * 2**30), {item.id for item in recorded()})
         log(f"periodic checkpoint {where}" + (f"; removed the older {', '.join(gone)}" if gone else ""),
             **facts(record, "periodic"), BYTES=size, SECONDS=round(time.monotonic() - began, 3))

@@ -13,7 +13,7 @@ from gpuckpt.node.config import ServiceConfig
 from gpuckpt.node.inventory import InventoryError, check_container_id
 from gpuckpt.oci.cloud_notices import parse_notice
 from gpuckpt.oci.container_record import ContainerRecord
-from gpuckpt.service.schedule import checkpoint_interval_s, prune
+from gpuckpt.service.schedule import checkpoint_interval_s, prune, prune_to_budget
 
 NOW = datetime(2026, 11, 25, 5, 0, 0, tzinfo=UTC)
 
@@ -111,3 +111,35 @@ def test_an_azure_event_for_other_vms_only_is_not_this_vms_notice() -> None:
     # this VM's name unknown, or an event naming no VM: a drain rather than a missed notice
     assert parse_notice(200, events("vm-b"), NOW) is not None
     assert parse_notice(200, events(), NOW, vm_name="vm-a") is not None
+
+
+def test_the_budget_takes_the_oldest_first_and_never_a_recorded_containers_newest(tmp_path: Path) -> None:
+    root = tmp_path / "periodic"
+    mib = 1 << 20
+
+    def checkpoint(container: str, name: str, size_mib: int, docker: bool = False) -> None:
+        directory = root / container
+        directory.mkdir(parents=True, exist_ok=True)
+        if docker:  # docker's checkpoint is a directory of CRIU's files
+            (directory / name).mkdir()
+            (directory / name / "pages-1.img").write_bytes(b"\0" * (size_mib * mib))
+        else:
+            (directory / f"{name}.tar.zst").write_bytes(b"\0" * (size_mib * mib))
+            (directory / f"{name}.tar.zst.sig").write_bytes(b"sig")
+    checkpoint("a" * 64, "20261125T010000Z", 4)
+    checkpoint("a" * 64, "20261125T030000Z", 4)
+    checkpoint("b" * 64, "20261125T020000Z", 4, docker=True)
+    checkpoint("b" * 64, "20261125T040000Z", 4, docker=True)
+    checkpoint("c" * 64, "20261125T000000Z", 4)  # a container gone: its only checkpoint counts too
+    recorded = {"a" * 64, "b" * 64}
+
+    gone = prune_to_budget(str(root), 9 * mib, recorded)
+    assert gone == ["cccccccccccc/20261125T000000Z", "aaaaaaaaaaaa/20261125T010000Z",
+                    "bbbbbbbbbbbb/20261125T020000Z"]
+    assert sorted(p.name for p in (root / ("a" * 64)).iterdir()) == ["20261125T030000Z.tar.zst",
+                                                                     "20261125T030000Z.tar.zst.sig"]
+    assert [p.name for p in (root / ("b" * 64)).iterdir()] == ["20261125T040000Z"]
+    assert list((root / ("c" * 64)).iterdir()) == []
+    # below what the newest of each recorded container takes, those stay all the same
+    assert prune_to_budget(str(root), 1 * mib, recorded) == []
+    assert prune_to_budget(str(root), 0, set()) == []  # 0: no budget
