@@ -105,7 +105,7 @@ class ServiceConfig(_Section):
     # gpuckptd (service/): where a drain puts each container's checkpoint, how many at once, and
     # whether stopping the service (node shutdown) drains first.
     archive_dir: str = "/var/lib/gpuckpt/drain"
-    drain_parallel: int = Field(default=4, ge=1, le=64)
+    drain_parallel: int = Field(default=4, ge=1, le=64)  # a drain's checkpoints at once, and the restores after
     drain_on_stop: bool = True
     restore_at_start: bool = True
     socket: str = "/run/gpuckpt/gpuckptd.sock"

@@ -23,7 +23,7 @@ from gpuckpt.host.safefiles import open_directory, private_directory, require_pr
 from gpuckpt.node.config import ServiceConfig
 from gpuckpt.node.inventory import read_records, remove_record
 from gpuckpt.oci.container_record import ContainerRecord, parse_record
-from gpuckpt.oci.service_api import ContainerEvent, DrainedContainer, Event, Result, Status, parse_drained
+from gpuckpt.oci.service_api import ContainerEvent, DrainedContainer, Event, Plan, Result, Status, parse_drained
 from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.service import through_engine
 from gpuckpt.service.systemd import log, notify
@@ -146,10 +146,11 @@ class Operations:
         candidates = smallest_first(recorded())
         archive_fd = private_directory(self.config.archive_dir)
         outcomes: dict[str, str] = {}
-        finished = 0
+        counted = threading.Lock()
+        finished = written = 0
 
         def one(candidate: Candidate) -> None:
-            nonlocal finished
+            nonlocal finished, written
             record = candidate.record
             report = ContainerEvent(id=record.id, engine=record.engine, phase="checkpoint", state="started")
             if deadline_s is not None and time.monotonic() - started > deadline_s:
@@ -185,12 +186,16 @@ class Operations:
             write_private_at(archive_fd, f".{record.id}.tmp", kept.model_dump_json().encode())
             os.replace(f".{record.id}.tmp", record.id + RECORD_SUFFIX, src_dir_fd=archive_fd, dst_dir_fd=archive_fd)
             outcomes[record.id] = "done"
-            finished += 1
-            notify(f"STATUS=drain: {finished} of {len(candidates)} checkpointed")
+            with counted:
+                finished, written = finished + 1, written + size
+                notify(_status("drain", finished, len(candidates), "checkpointed", written))
             log("checkpointed", **facts(record, "checkpoint"), BYTES=size, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "message": where, "bytes": size, "seconds": seconds}))
 
         try:
+            emit(Plan(phase="checkpoint", containers=len(candidates),
+                      bytes=sum(candidate.estimated_bytes for candidate in candidates)))
+            notify(_status("drain", 0, len(candidates), "checkpointed", 0))
             with ThreadPoolExecutor(max_workers=self.config.drain_parallel, thread_name_prefix="drain") as pool:
                 list(pool.map(one, candidates))
         finally:
@@ -198,13 +203,19 @@ class Operations:
         return _result("drain", outcomes, time.monotonic() - started)
 
     def _restore(self, emit: Emit) -> Result:
+        """What a drain left, restored up to drain_parallel at a time, smallest first (most containers
+        back soonest); a failure keeps its checkpoint and record."""
         started = time.monotonic()
         outcomes: dict[str, str] = {}
-        waiting = drained(self.config.archive_dir)
-        for done, record in enumerate(waiting):
+        waiting = sorted(drained(self.config.archive_dir), key=lambda record: (record.bytes, record.id))
+        counted = threading.Lock()
+        restored = restored_bytes = 0
+        waiting_bytes = sum(record.bytes for record in waiting)
+
+        def one(record: DrainedContainer) -> None:
+            nonlocal restored, restored_bytes
             report = ContainerEvent(id=record.id, engine=record.engine, phase="restore", state="started")
             emit(report)
-            notify(f"STATUS=restore: {done} of {len(waiting)} restored")
             began = time.monotonic()
             try:
                 through_engine.restore(record)
@@ -212,14 +223,29 @@ class Operations:
                 outcomes[record.id] = "failed"
                 log(f"restore failed, checkpoint kept at {record.checkpoint}: {error}", **facts(record, "restore"))
                 emit(report.model_copy(update={"state": "failed", "message": f"{error} (kept: {record.checkpoint})"}))
-                continue
+                return
             seconds = round(time.monotonic() - began, 3)
             through_engine.discard(record)
             os.unlink(os.path.join(self.config.archive_dir, record.id + RECORD_SUFFIX))
             outcomes[record.id] = "done"
+            with counted:
+                restored, restored_bytes = restored + 1, restored_bytes + record.bytes
+                notify(_status("restore", restored, len(waiting), "restored", restored_bytes, waiting_bytes))
             log("restored", **facts(record, "restore"), BYTES=record.bytes, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "bytes": record.bytes, "seconds": seconds}))
+
+        emit(Plan(phase="restore", containers=len(waiting), bytes=waiting_bytes))
+        notify(_status("restore", 0, len(waiting), "restored", 0, waiting_bytes))
+        with ThreadPoolExecutor(max_workers=self.config.drain_parallel, thread_name_prefix="restore") as pool:
+            list(pool.map(one, waiting))
         return _result("restore", outcomes, time.monotonic() - started)
+
+
+def _status(what: str, done: int, total: int, verb: str, done_bytes: int, total_bytes: int | None = None) -> str:
+    """systemd's STATUS= line for an operation under way: containers done of all, and their bytes
+    (of all, where known: a drain's checkpoints are only known once written)."""
+    of_bytes = f" of {total_bytes / 2**30:.1f}" if total_bytes is not None else ""
+    return f"STATUS={what}: {done} of {total} {verb}, {done_bytes / 2**30:.1f}{of_bytes} GiB"
 
 
 def _result(what: str, outcomes: dict[str, str], seconds: float) -> Result:
