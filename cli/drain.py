@@ -1,16 +1,21 @@
 """`gpuckpt drain` and `gpuckpt service status|restore`: gpuckptd's operations, asked through its socket.
 
-One line per container as it goes (`--json`: the service's events as they come); exit status 1
-if any container failed.
+One line per container as it goes (`--json`: the service's events as they come), and on a
+terminal a bar over the containers below them (cli.progress); exit status 1 if any container failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Iterable
 
+from tqdm import tqdm
+
+from gpuckpt.cli.progress import bytes_done, container_bar
 from gpuckpt.errors import UsageError
 from gpuckpt.node.config import load_config
-from gpuckpt.oci.service_api import ContainerEvent, Event, Request, Result, Status
+from gpuckpt.oci.service_api import ContainerEvent, Event, Plan, Request, Result, Status
 from gpuckpt.service.client import request
 
 
@@ -35,6 +40,9 @@ def _line(event: Event) -> str:
         figures = f" ({event.bytes / 2**20:.1f} MiB, {event.seconds:.1f} s)" if event.state == "done" else ""
         detail = f": {event.message}" if event.message else ""
         return f"{event.phase} {event.state:<7} {event.id[:12]} ({event.engine}){figures}{detail}"
+    if isinstance(event, Plan):
+        held = "of host memory now" if event.phase == "checkpoint" else "of checkpoints"
+        return f"{event.phase} {event.containers} containers ({event.bytes / 2**20:.1f} MiB {held})"
     if isinstance(event, Status):
         busy = f"; busy: {event.busy}" if event.busy else ""
         return (f"recorded: {len(event.recorded)} {' '.join(cid[:12] for cid in event.recorded)}\n"
@@ -45,11 +53,34 @@ def _line(event: Event) -> str:
 def run(options: argparse.Namespace) -> int:
     if options.deadline is not None and options.deadline <= 0:
         raise UsageError(f"--deadline {options.deadline:g}: give a number of seconds above 0")
-    ok = True
-    for event in request(load_config().service.socket, Request(op=options.op, deadline_s=options.deadline)):
-        print(event.model_dump_json() if options.json else _line(event), flush=True)
-        if isinstance(event, Result):
-            ok = ok and event.ok
-        elif isinstance(event, ContainerEvent) and event.state == "failed":
-            ok = False
-    return 0 if ok else 1
+    events = request(load_config().service.socket, Request(op=options.op, deadline_s=options.deadline))
+    return 0 if shown(events, options.json) else 1
+
+
+def shown(events: Iterable[Event], as_json: bool) -> bool:
+    """Each event as its line on stdout (`as_json`: as the service sent it) and, from the first
+    (the Plan: how many containers), the bar below them; whether all went well."""
+    ok, bar, moved_bytes, total_bytes = True, None, 0, None
+    try:
+        for event in events:
+            if bar is None and isinstance(event, Plan | ContainerEvent):  # an older gpuckptd sends no Plan
+                plan = event if isinstance(event, Plan) else None
+                total_bytes = plan.bytes if plan and plan.phase == "restore" else None  # a drain's is a floor
+                bar = container_bar(event.phase, plan.containers if plan else None)
+                bytes_done(bar, 0, total_bytes)
+            if isinstance(event, Result) and bar is not None:
+                bar.close()  # the bar's last state stays, above the result
+            tqdm.write(event.model_dump_json() if as_json else _line(event), file=sys.stdout)
+            sys.stdout.flush()
+            if isinstance(event, ContainerEvent) and event.state != "started" and bar is not None:
+                moved_bytes += event.bytes
+                bytes_done(bar, moved_bytes, total_bytes)
+                bar.update()
+            if isinstance(event, Result):
+                ok = ok and event.ok
+            elif isinstance(event, ContainerEvent) and event.state == "failed":
+                ok = False
+    finally:
+        if bar is not None:
+            bar.close()  # closing twice is nothing
+    return ok

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
+from gpuckpt.cli.progress import byte_bar, moved_to, watched
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
 from gpuckpt.host.process import Background, run
@@ -31,14 +32,24 @@ from gpuckpt.node.engines import own_hook_paths
 from gpuckpt.node.trust import load_trust, require_node_key
 from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
-from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked, described, described_dumps, import_refusals
+from gpuckpt.oci.podman_archive import (
+    ArchiveWriter,
+    copy_checked,
+    described,
+    described_dumps,
+    exported_bytes,
+    import_refusals,
+)
 from gpuckpt.policy.image import check_archive
 from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
 from gpuckpt.transfer.provenance import ArchiveVerification, ExportSigning, Unsigned, verify_archive_signature
 from gpuckpt.transfer.staging import HeldOutput, Staging
 
 if TYPE_CHECKING:
-    from gpuckpt.oci.podman_archive import PodmanArchive
+    import tarfile
+
+    from gpuckpt.oci.podman_archive import Copied, PodmanArchive
+    from gpuckpt.oci.tarstream import ByteSink, ByteSource
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -61,30 +72,19 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     restore.set_defaults(handler=run_import)
 
 
-class Progress:
-    """Bytes moved, on a terminal only: an engine or a script calling us gets quiet stderr."""
-
-    def __init__(self, what: str) -> None:
-        self.what, self.shown, self.started = what, 0.0, time.monotonic()
-        self.enabled = sys.stderr.isatty()
-
-    def __call__(self, done: int) -> None:
-        now = time.monotonic()
-        if self.enabled and now - self.shown >= 0.5:
-            self.shown = now
-            rate = done / max(now - self.started, 1e-6) / 2**20
-            print(f"\r{self.what}: {done / 2**20:8.0f} MiB, {rate:6.0f} MiB/s", end="", file=sys.stderr, flush=True)
-
-    def end(self) -> None:
-        if self.enabled and self.shown:
-            print(file=sys.stderr)
-
-
 def _podman() -> str:
     podman = find_program("podman")
     if podman is None:
         raise UsageError("podman is not installed (export and import work on podman containers)")
     return podman
+
+
+def _bundle(podman: str, container: str) -> str | None:
+    """The directory podman's export of `container` reads (its bundle: beside config.json), or None
+    where podman does not say (then the export's progress has no total)."""
+    inspected = run([podman, "container", "inspect", "--format", "{{.OCIConfigPath}}", container], check=False)
+    config_path = inspected.stdout.strip()
+    return os.path.dirname(config_path) if inspected.returncode == 0 and os.path.isabs(config_path) else None
 
 
 def _ended_within(program: Background, seconds: float) -> bool:
@@ -115,6 +115,7 @@ def run_export(options: argparse.Namespace) -> int:
     signing.attach(writer)
     flags = [flag for flag, wanted in (("--leave-running", options.leave_running),
                                        ("--tcp-established", options.tcp_established)) if wanted]
+    bundle = _bundle(podman, options.container) if watched() else None  # only a bar needs it
     started = time.monotonic()
     with private_fifo("gpuckpt-export-") as fifo:
         podman_run = Background([podman, "container", "checkpoint", "--export", fifo, "--compress", "none",
@@ -122,12 +123,10 @@ def run_export(options: argparse.Namespace) -> int:
         try:
             fd = open_when_peer(fifo, writing=False, peer_alive=podman_run.running)
             if fd is not None:
-                progress, kept = Progress(f"exporting {options.container}"), dict[str, bytes]()
+                kept = dict[str, bytes]()
                 widen(fd)
                 with os.fdopen(fd, "rb", buffering=0) as stream:
-                    copied = copy_checked(stream, writer.layer(), f"podman's export of {options.container}",
-                                          progress, kept, observe=signing.observe)
-                progress.end()
+                    copied = exported(stream, writer, options.container, bundle, kept, signing.observe)
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the archive of {options.container}")
@@ -147,6 +146,15 @@ def run_export(options: argparse.Namespace) -> int:
     print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
           f"{time.monotonic() - started:.1f} s, signed by key {signing.signer.key_id} ({signed})")
     return 0
+
+
+def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, container: str, bundle: str | None,
+             kept: dict[str, bytes], observe: Callable[[tarfile.TarInfo], ByteSink | None] | None) -> Copied:
+    """podman's export of `container` read from `stream` and re-emitted, checked, into `writer`.
+    podman opens the stream once all it exports is written: their size in `bundle` is the bar's total."""
+    with byte_bar(f"exporting {container}", exported_bytes(bundle) if bundle else None) as bar:
+        return copy_checked(stream, writer.layer(), f"podman's export of {container}",
+                            lambda done: moved_to(bar, done), kept, observe=observe)
 
 
 def run_import(options: argparse.Namespace) -> int:
@@ -179,18 +187,8 @@ def run_import(options: argparse.Namespace) -> int:
         held.release(staging.light())
 
     try:
-        progress, kept = Progress(f"importing {options.archive}"), dict[str, bytes]()
-        raw = open_archive(options.archive)
-        with raw:
-            copied = copy_checked(decompressed(verification.reader(raw)), held, options.archive, progress, kept,
-                                  divert=staging.divert, trailer=(staging.placeholder(),),
-                                  observe=verification.observe, first=config_read,
-                                  guard=RatioGuard(options.archive, raw.tell, limits.max_entry_ratio, READ_BYTES,
-                                                   os.fstat(raw.fileno()).st_size))
-            verification.finish()
-            checked_file = file_identity(os.fstat(raw.fileno()))  # the file this pass read and checked
+        copied, kept, checked_file = checking_pass(options.archive, verification, held, staging, limits, config_read)
         staging.close_light()
-        progress.end()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
         light = staging.light_path
         check_archive(light, checked.spec_bytes, options.archive)  # CRIU's images against spec.dump, trusted or not
@@ -209,6 +207,27 @@ def run_import(options: argparse.Namespace) -> int:
     print(f"restored {checked.config.name} as {restored[0][:12]} from {options.archive} in "
           f"{time.monotonic() - started:.1f} s ({', '.join(phases)})")
     return 0
+
+
+def checking_pass(archive: str, verification: ArchiveVerification | Unsigned, held: HeldOutput, staging: Staging,
+                  limits: ImportConfig, config_read: Callable[[dict[str, bytes]], None],
+                  ) -> tuple[Copied, dict[str, bytes], tuple[int, ...]]:
+    """The archive read once, every entry checked (config_read: config.dump and spec.dump, before
+    anything is staged), the pages staged; what it held, its small files, and the identity of the
+    file read. The bar counts the archive's own bytes as read: a compressed one's time left is true."""
+    kept: dict[str, bytes] = {}
+    with open_archive(archive) as raw:
+        archive_bytes = os.fstat(raw.fileno()).st_size
+        with byte_bar(f"importing {os.path.basename(archive)}", archive_bytes) as bar:
+            copied = copy_checked(decompressed(verification.reader(raw)), held, archive,
+                                  lambda _: moved_to(bar, raw.tell()), kept,
+                                  divert=staging.divert, trailer=(staging.placeholder(),),
+                                  observe=verification.observe, first=config_read,
+                                  guard=RatioGuard(archive, raw.tell, limits.max_entry_ratio, READ_BYTES,
+                                                   archive_bytes))
+            verification.finish()
+            moved_to(bar, raw.tell())
+        return copied, kept, file_identity(os.fstat(raw.fileno()))  # the file this pass read and checked
 
 
 def file_identity(status: os.stat_result) -> tuple[int, ...]:
@@ -232,11 +251,16 @@ def _stage_checked_copy(checked: PodmanArchive, checked_file: tuple[int, ...], s
         with open(checked.path, "rb") as raw:
             _require_unchanged(raw, checked_file, checked.path)
             again = verification.again()  # the file is read anew: checked anew
-            guard = RatioGuard(checked.path, raw.tell, limits.max_entry_ratio, READ_BYTES,
-                               os.fstat(raw.fileno()).st_size)
-            copy_checked(decompressed(raw), writer.layer(), checked.path,
-                         progress=lambda done: _no_more_than(checked, done),
-                         observe=again.observe if again else None, guard=guard)
+            archive_bytes = os.fstat(raw.fileno()).st_size
+            guard = RatioGuard(checked.path, raw.tell, limits.max_entry_ratio, READ_BYTES, archive_bytes)
+            with byte_bar("copying for podman", archive_bytes) as bar:
+
+                def moved(done: int) -> None:
+                    _no_more_than(checked, done)
+                    moved_to(bar, raw.tell())
+
+                copy_checked(decompressed(raw), writer.layer(), checked.path, progress=moved,
+                             observe=again.observe if again else None, guard=guard)
             if again:
                 again.finish()
             _require_unchanged(raw, checked_file, checked.path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import stat
 import tarfile
 import time
 import zlib
@@ -202,6 +203,34 @@ def write_small_entry(out: ByteSink, name: str, data: bytes) -> int:
 # podman's small files, and the GPU manifest where podman puts CRIU's image or at the top (gpuckpt's own archives)
 SMALL_FILES = {CONFIG_DUMP: MAX_DUMP_BYTES, SPEC_DUMP: MAX_DUMP_BYTES, GPU_MANIFEST: MAX_MANIFEST_BYTES,
                MANIFEST_NAME: MAX_MANIFEST_BYTES}
+
+
+# What `podman container checkpoint --export` takes from the container's bundle directory, files or
+# directories (podman 4 and 5, libpod's exportCheckpoint): all written before podman opens its target.
+EXPORTED = ("artifacts", "devshm-checkpoint.tar", CONFIG_DUMP, SPEC_DUMP, "network.status", "stats-dump", "ctr.log",
+            CHECKPOINT_DIR, "rootfs-diff.tar", "deleted.files", "volumes")
+
+
+def exported_bytes(bundle: str) -> int:
+    """The bytes of the files podman's export of the container whose bundle is `bundle` holds,
+    counted as copy_checked counts them (regular files' data; links not followed)."""
+    total = 0
+    for name in EXPORTED:
+        top = os.path.join(bundle, name)
+        if os.path.isdir(top) and not os.path.islink(top):
+            total += sum(_file_bytes(os.path.join(directory, file)) for directory, _, files in os.walk(top)
+                         for file in files)
+        else:
+            total += _file_bytes(top)
+    return total
+
+
+def _file_bytes(path: str) -> int:
+    try:
+        status = os.lstat(path)
+    except OSError:  # gone, or not ours to see: the total is a guide, not a bound
+        return 0
+    return status.st_size if stat.S_ISREG(status.st_mode) else 0
 
 
 @dataclass

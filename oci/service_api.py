@@ -42,6 +42,18 @@ class ContainerEvent(_Message):
     seconds: float = 0.0
 
 
+class Plan(_Message):
+    """What a drain or restore is about to work on, sent before its first container (absent from
+    a gpuckptd older than the client: its progress then counts with no total). A client parses
+    only the events it knows, so client and service come from one install (an upgrade leaves the
+    running service older than its client, never newer)."""
+
+    event: Literal["plan"] = "plan"
+    phase: Literal["checkpoint", "restore"]
+    containers: int = Field(ge=0)
+    bytes: int = Field(default=0, ge=0)  # checkpoint: the containers' host memory now, a floor; restore: exact
+
+
 class Result(_Message):
     event: Literal["result"] = "result"
     ok: bool
@@ -58,7 +70,7 @@ class Status(_Message):
     busy: str | None = None  # the operation under way
 
 
-Event = ContainerEvent | Result | Status
+Event = Plan | ContainerEvent | Result | Status
 
 
 class DrainedContainer(_Message):
@@ -85,7 +97,7 @@ def parse_request(line: bytes) -> Request:
 
 
 def parse_event(line: bytes) -> Event:
-    for model in (ContainerEvent, Result, Status):
+    for model in (ContainerEvent, Plan, Result, Status):
         try:
             return model.model_validate_json(line)
         except ValidationError:

@@ -19,7 +19,6 @@ from podman_tars import CONFIG, MANIFEST, PODMAN_LINUX, SPEC, podman_tar
 
 from gpuckpt.cli import inspect
 from gpuckpt.cli.main import main
-from gpuckpt.cli.transfer import Progress
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.hooks.entry import STAGES, spec_entry
 from gpuckpt.oci import image_layout
@@ -228,25 +227,6 @@ def test_an_os_error_is_one_line_from_the_cli(tmp_path, capsys, node, monkeypatc
     assert main(["inspect", str(tmp_path)]) == 1
     assert capsys.readouterr().err == ("gpuckpt inspect: /var/lib/containers/.gpuckpt-import-x: "
                                        "No space left on device\n")
-
-
-def test_progress_shows_on_a_terminal_only(monkeypatch) -> None:
-    class Terminal(io.StringIO):
-        def __init__(self, tty: bool) -> None:
-            super().__init__()
-            self.tty = tty
-
-        def isatty(self) -> bool:
-            return self.tty
-
-    for tty in (True, False):
-        stream = Terminal(tty)
-        monkeypatch.setattr("sys.stderr", stream)
-        progress = Progress("exporting web")
-        progress(300 << 20)
-        progress.end()
-        assert ("exporting web:      300 MiB" in stream.getvalue()) == tty
-        assert (stream.getvalue() == "") == (not tty)  # an engine calling us hears nothing
 
 
 PODMAN_ID = "ab" * 32
