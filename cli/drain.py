@@ -7,12 +7,9 @@ terminal a bar over the containers below them (cli.progress); exit status 1 if a
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Iterable
 
-from tqdm import tqdm
-
-from gpuckpt.cli.progress import bytes_done, container_bar
+from gpuckpt.cli.progress import bytes_done, container_bar, line_above
 from gpuckpt.errors import UsageError
 from gpuckpt.node.config import load_config
 from gpuckpt.oci.service_api import ContainerEvent, Event, Plan, Request, Result, Status
@@ -54,10 +51,10 @@ def run(options: argparse.Namespace) -> int:
     if options.deadline is not None and options.deadline <= 0:
         raise UsageError(f"--deadline {options.deadline:g}: give a number of seconds above 0")
     events = request(load_config().service.socket, Request(op=options.op, deadline_s=options.deadline))
-    return 0 if shown(events, options.json) else 1
+    return 0 if report(events, options.json) else 1
 
 
-def shown(events: Iterable[Event], as_json: bool) -> bool:
+def report(events: Iterable[Event], as_json: bool) -> bool:
     """Each event as its line on stdout (`as_json`: as the service sent it) and, from the first
     (the Plan: how many containers), the bar below them; whether all went well."""
     ok, bar, moved_bytes, total_bytes = True, None, 0, None
@@ -70,8 +67,7 @@ def shown(events: Iterable[Event], as_json: bool) -> bool:
                 bytes_done(bar, 0, total_bytes)
             if isinstance(event, Result) and bar is not None:
                 bar.close()  # the bar's last state stays, above the result
-            tqdm.write(event.model_dump_json() if as_json else _line(event), file=sys.stdout)
-            sys.stdout.flush()
+            line_above(bar, event.model_dump_json() if as_json else _line(event))
             if isinstance(event, ContainerEvent) and event.state != "started" and bar is not None:
                 moved_bytes += event.bytes
                 bytes_done(bar, moved_bytes, total_bytes)

@@ -59,3 +59,13 @@ def bytes_done(bar: tqdm, done_bytes: int, total_bytes: int | None = None) -> No
 
 def _binary(count: int) -> str:
     return f"{count} B" if count < 1024 else tqdm.format_sizeof(count, "iB", 1024)
+
+
+def line_above(bar: tqdm | None, text: str) -> None:
+    """`text` on stdout, above the bar where one is shown (tqdm clears and redraws it); a plain
+    print otherwise, with none of tqdm's locks."""
+    if bar is not None and not bar.disable:
+        tqdm.write(text, file=sys.stdout)
+    else:
+        print(text)
+    sys.stdout.flush()

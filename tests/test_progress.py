@@ -17,7 +17,7 @@ import pytest
 from podman_tars import CONFIG, MANIFEST, SPEC
 from tqdm import tqdm
 
-from gpuckpt.cli import drain
+from gpuckpt.cli import drain, progress
 from gpuckpt.cli.progress import SYSTEMD_VARIABLES
 from gpuckpt.cli.transfer import checking_pass, exported
 from gpuckpt.node.config import ImportConfig, ServiceConfig
@@ -156,12 +156,15 @@ def test_import_on_a_terminal_counts_the_archives_own_bytes_with_the_time_left(t
     archive = tmp_path / "web.tar.zst"
     export_into(tmp_path, archive)  # quiet: pytest's stderr is no terminal
     monkeypatch.setattr("sys.stderr", terminal.stream)
+    monkeypatch.setattr(progress, "REDRAW_S", 0)  # every step drawn
     import_pass(tmp_path, archive)
     shown = terminal.text()
     size = archive.stat().st_size  # compressed: what is read, not the larger tar inside
     assert size < len(PAGES) / 2
     assert "importing web.tar.zst: 100%" in shown and f"{sized(size)}/{sized(size)}" in shown, shown
     assert TIME_LEFT.search(shown), shown
+    drawn = [int(percent) for percent in re.findall(r"importing web.tar.zst: +(\d+)%", shown)]
+    assert len(set(drawn)) > 2 and max(drawn) == 100, shown  # steps on the way, never past the total
 
 
 def test_export_and_import_write_nothing_to_stderr_that_is_no_terminal(tmp_path, not_a_terminal,
@@ -182,7 +185,7 @@ def test_under_systemd_a_terminal_gets_no_bar(tmp_path, terminal, monkeypatch, v
     archive = tmp_path / "web.tar.zst"
     export_into(tmp_path, archive)
     import_pass(tmp_path, archive)
-    assert drain.shown(restore_events(), as_json=False)
+    assert drain.report(restore_events(), as_json=False)
     assert terminal.text() == ""
 
 
@@ -200,7 +203,7 @@ def test_restore_on_a_terminal_keeps_a_line_per_container_and_shows_a_bar_over_t
                                                                                     monkeypatch) -> None:
     monkeypatch.setattr("sys.stderr", terminal.stream)
     events = restore_events()
-    assert drain.shown(events, as_json=False)
+    assert drain.report(events, as_json=False)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "restore 3 containers (3072.0 MiB of checkpoints)"
     assert lines[1:-1] == [drain._line(event) for event in events[1:-1]]
@@ -214,7 +217,7 @@ def test_restore_on_a_terminal_keeps_a_line_per_container_and_shows_a_bar_over_t
 def test_json_output_is_the_services_events_with_the_bar_on_stderr(terminal, capsys, monkeypatch) -> None:
     monkeypatch.setattr("sys.stderr", terminal.stream)
     events = restore_events()
-    assert drain.shown(events, as_json=True)
+    assert drain.report(events, as_json=True)
     assert capsys.readouterr().out.splitlines() == [event.model_dump_json() for event in events]
     assert "3/3" in terminal.text()
 
@@ -222,7 +225,7 @@ def test_json_output_is_the_services_events_with_the_bar_on_stderr(terminal, cap
 def test_an_older_service_without_a_plan_gets_a_count_without_time_left(terminal, capsys, monkeypatch) -> None:
     monkeypatch.setattr("sys.stderr", terminal.stream)
     events = restore_events(plan=False)
-    assert drain.shown(events, as_json=False)
+    assert drain.report(events, as_json=False)
     assert len(capsys.readouterr().out.splitlines()) == len(events)
     shown = terminal.text()
     assert "restore: 3 containers" in shown and "3.00GiB" in shown, shown
@@ -233,7 +236,7 @@ def test_drain_output_in_a_script_has_no_bar(not_a_terminal, capsys, monkeypatch
     monkeypatch.setattr("sys.stderr", not_a_terminal)
     failed = [*restore_events()[:-2], parse_event(ContainerEvent(id="c2" * 20, engine="podman", phase="restore",
                                                                  state="failed", message="no").model_dump_json())]
-    assert not drain.shown(failed, as_json=False)
+    assert not drain.report(failed, as_json=False)
     assert capsys.readouterr().out.splitlines()[-1] == "restore failed  c2c2c2c2c2c2 (podman): no"
     not_a_terminal.seek(0)
     assert not_a_terminal.read() == ""
