@@ -1,5 +1,7 @@
 """Drain of 4 CPU containers of 1 GiB each through gpuckptd (issue #13): parallel vs serial in the
-same run, and `gpuckpt drain --deadline 30` standing in for a preemption notice with 30 s left.
+same run, then the restore of what each drained (the service started again with restore_at_start,
+timed until READY, as parallel as the drain), and `gpuckpt drain --deadline 30` standing in for a
+preemption notice with 30 s left.
 
 The installed gpuckptd (`bash packaging/install.sh` first) runs as a plain process with a config of
 this script's own (archive directory under /var/tmp, socket and inventory under /run, drain_on_stop
@@ -97,14 +99,22 @@ class Service:
         self.notify.settimeout(120)
         self.process: subprocess.Popen | None = None
 
-    def start(self, parallel: int) -> None:
+    def start(self, parallel: int, restore_at_start: bool = False) -> float:
+        """Started with `parallel`; the seconds until READY (a restore at start comes before it)."""
         self.config.write_text(f'[service]\narchive_dir = "{self.archive_dir}"\nsocket = "{self.private / "sock"}"\n'
-                               f"drain_parallel = {parallel}\ndrain_on_stop = false\nrestore_at_start = false\n")
+                               f"drain_parallel = {parallel}\ndrain_on_stop = false\n"
+                               f"restore_at_start = {str(restore_at_start).lower()}\n")
         self.config.chmod(0o644)
         daemon = shutil.which("gpuckptd") or "/usr/local/bin/gpuckptd"
-        self.process = subprocess.Popen([daemon], env=self.env, stderr=open(self.private / "gpuckptd.log", "ab"))
+        # The restore imports through podman, whose runtime claims the pages the import staged under the
+        # node's state directory: the private one (the drain's inventory) must not reach that import.
+        env = {key: value for key, value in self.env.items() if key != "GPUCKPT_STATE_DIR"} \
+            if restore_at_start else self.env
+        started = time.monotonic()
+        self.process = subprocess.Popen([daemon], env=env, stderr=open(self.private / "gpuckptd.log", "ab"))
         while "READY=1" not in self.notify.recv(4096).decode():
             pass
+        return time.monotonic() - started
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
@@ -272,25 +282,45 @@ def drain(service: Service, deadline_s: float | None) -> dict:
             "cpu_s_others": round(sum(s for name, s in cpu.by_program.items() if name.startswith("other: ")), 2)}
 
 
+def restore(service: Service, parallel: int) -> dict:
+    """The service started again with restore_at_start: its seconds until READY, the restore before it."""
+    service.stop()
+    run("sync")
+    wait_for_quiet()
+    ready_s = service.start(parallel, restore_at_start=True)
+    log = (service.private / "gpuckptd.log").read_text(errors="replace")
+    results = [line for line in log.splitlines() if "restore: " in line and " done, " in line]
+    failures = [line for line in log.splitlines() if "restore failed" in line]
+    return {"restore_wall_s": round(ready_s, 2), "restore_message": results[-1] if results else "no result",
+            "restore_failures": failures}
+
+
 def one_case(label: str, parallel: int, deadline_s: float | None, service: Service, hooks: Path,
              names: list[str], mib: int) -> dict:
-    """Fresh containers, the service started with `parallel`, one drain; everything removed after."""
+    """Fresh containers, the service started with `parallel`, one drain (and, without a deadline, the
+    restore of what it drained, with the same parallelism); everything removed after."""
     try:
         start_containers(names, hooks, mib)
         service.start(parallel)
         figures = drain(service, deadline_s)
+        if deadline_s is None:
+            figures.update(restore(service, parallel))
     finally:
         service.stop()
         subprocess.run(["podman", "rm", "-f", "-t", "0", *names], capture_output=True)
         for path in service.archive_dir.iterdir():
             path.unlink()
+        # podman runs no poststop hook for a container it restored: its record would be the next case's
+        shutil.rmtree(service.private / "state" / "containers", ignore_errors=True)
     figures.update(case=label, drain_parallel=parallel, deadline_s=deadline_s)
     if deadline_s is not None:
         done = [c for c in figures["containers"] if c["state"] == "done"]
         figures.update(checkpointed=len(done), skipped=sum(c["state"] == "skipped" for c in figures["containers"]),
                        failed=sum(c["state"] == "failed" for c in figures["containers"]),
                        finished_within_deadline=sum(c["finished_at_s"] <= deadline_s for c in done))
-    print(f"{label}: {figures['message']}; wall {figures['wall_s']:.1f} s", flush=True)
+    restored = f"; restore {figures['restore_wall_s']:.1f} s ({figures['restore_message']})" \
+        if "restore_wall_s" in figures else ""
+    print(f"{label}: {figures['message']}; wall {figures['wall_s']:.1f} s{restored}", flush=True)
     return figures
 
 
@@ -337,10 +367,13 @@ def main() -> None:
         shutil.rmtree(private, ignore_errors=True)
     parallel_s = round(statistics.median(case["wall_s"] for case in cases if case["case"] == "parallel"), 2)
     serial_s = round(statistics.median(case["wall_s"] for case in cases if case["case"] == "serial"), 2)
+    restore_parallel_s = round(statistics.median(c["restore_wall_s"] for c in cases if c["case"] == "parallel"), 2)
+    restore_serial_s = round(statistics.median(c["restore_wall_s"] for c in cases if c["case"] == "serial"), 2)
     result = {"machine": machine(), "podman": run("podman", "--version").strip(), "containers": options.containers,
               "container_mib": options.mib, "content": "os.urandom (incompressible)", "rounds": options.rounds,
               "parallel_wall_s": parallel_s, "serial_wall_s": serial_s,
               "parallel_over_serial": round(parallel_s / serial_s, 2),
+              "restore_parallel_wall_s": restore_parallel_s, "restore_serial_wall_s": restore_serial_s,
               "deadline": [{key: case[key] for key in ("drain_parallel", "deadline_s", "checkpointed", "skipped",
                                                        "failed", "finished_within_deadline", "wall_s")}
                            for case in cases if case["deadline_s"] is not None],
@@ -362,6 +395,8 @@ def report(result: dict) -> None:
               f"{within!s:>6}  {per}")
     print(f"parallel / serial: {result['parallel_wall_s']:.1f} s / {result['serial_wall_s']:.1f} s = "
           f"{result['parallel_over_serial']:.2f}")
+    print(f"restore of what they drained, parallel / serial: {result['restore_parallel_wall_s']:.1f} s / "
+          f"{result['restore_serial_wall_s']:.1f} s")
     print(f"per container, median (s):\n{'':10}" + "".join(f"{key:>16}" for key in result["per_container_serial"]))
     for label in ("parallel", "serial"):
         print(f"{label:10}" + "".join(f"{value:>16.2f}" for value in result[f"per_container_{label}"].values()))
