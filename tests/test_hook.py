@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support import write_config
 
-from gpuckpt.hooks.entry import STAGES
+from gpuckpt.hooks.entry import HOOK_TIMEOUT_S, STAGES
 from gpuckpt.hooks.main import RECORD_VERSION, engine_of
 from gpuckpt.oci.container_record import RECORD_VERSION as MODEL_VERSION
 from gpuckpt.oci.container_record import ContainerRecord, parse_record
@@ -215,7 +215,7 @@ def test_create_adds_the_hook_to_a_gpu_containers_spec_once(node, recording_runt
         assert result.returncode == 0, result.stderr
     hooks = json.loads((spec_dir / "config.json").read_text())["hooks"]
     assert {stage: [SpecHook.model_validate(entry) for entry in hooks[stage]] for stage in hooks} == {
-        stage: [SpecHook(path=str(installed / "gpuckpt-hook"), args=["gpuckpt-hook", stage], timeout=10)]
+        stage: [SpecHook(path=str(installed / "gpuckpt-hook"), args=["gpuckpt-hook", stage], timeout=HOOK_TIMEOUT_S)]
         for stage in STAGES}
     assert (recording_runtime.parent / "argv").read_text().splitlines() == [
         "--root", "/r", "create", "--bundle", str(spec_dir), "--pid-file", "/p", "c1"]
