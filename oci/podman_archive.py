@@ -68,6 +68,7 @@ class PodmanConfigDump(BaseModel):
     createdTime: str = ""
     privileged: bool = False
     rootfs: str = ""  # `podman run --rootfs DIR`: the container's root is that host directory
+    createNetNS: bool = False  # podman makes the container a network namespace and puts its path in the spec
     spec: Spec | None = None
 
 
@@ -137,13 +138,14 @@ MASKED_PATHS = frozenset({"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/late
 READONLY_PATHS = frozenset({"/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"})
 
 
-def _isolation_refusals(spec: Spec, where: str) -> list[str]:
-    """What of podman run's own isolation a container config gives up."""
+def _isolation_refusals(spec: Spec, where: str, replaced: frozenset[str]) -> list[str]:
+    """What of podman run's own isolation a container config gives up; a path of a namespace in
+    `replaced` is one podman's restore sets itself."""
     problems = []
     namespaces = {namespace.type: namespace.path for namespace in spec.linux.namespaces}
     if shared := sorted(OWN_NAMESPACES - namespaces.keys()):
         problems.append(f"the host's {', '.join(shared)} namespace(s) in {where}")
-    if joined := sorted(kind for kind, path in namespaces.items() if path):
+    if joined := sorted(kind for kind, path in namespaces.items() if path and kind not in replaced):
         problems.append(f"namespaces joined by path in {where} ({', '.join(joined)})")
     if spec.linux.seccomp is None:
         problems.append(f"no seccomp filter in {where}")
@@ -170,6 +172,9 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         problems.append("a privileged container")
     if config.rootfs:
         problems.append(f"a root filesystem given by path ({config.rootfs[:80]})")
+    # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary
+    # `podman run` exports the path of the one it made on its own node
+    replaced = frozenset({"network"}) if config.createNetNS else frozenset()
     for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
         if spec is None:
             continue
@@ -186,7 +191,7 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
                           if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})
         if devices:
             problems.append(f"host devices in {where} ({', '.join(devices[:3])})")
-        problems += _isolation_refusals(spec, where)
+        problems += _isolation_refusals(spec, where, replaced)
     return list(dict.fromkeys(problems))
 
 

@@ -326,3 +326,23 @@ def test_layouts_of_another_schema_or_a_huge_manifest_or_a_wrong_layer_are_refus
     blob(layout, image.layer.digest).write_bytes(bytes(data))
     with pytest.raises(ImageError, match="the layer does not match its digest"):
         verify_layer(image)
+
+
+NETNS = {"type": "network", "path": "/run/netns/netns-1f0c4b9e-5a1d-2b3c-8d7e-0a1b2c3d4e5f"}
+
+
+@pytest.mark.parametrize(("create_net_ns", "refused"), [(True, False), (False, True), (None, True)])
+def test_podmans_own_network_namespace_path_is_accepted_only_where_podman_replaces_it(tmp_path, create_net_ns,
+                                                                                       refused) -> None:
+    # `podman run` with its default network writes the netns it made into spec.dump (seen in podman
+    # 4.3's export on the CI machine); on restore podman puts the new container's own netns there
+    # (addNetworkNamespace, config.dump createNetNS). Without createNetNS the path is the one joined.
+    namespaces = [*(n for n in PODMAN_LINUX["namespaces"] if n["type"] != "network"), NETNS]
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()}
+    if create_net_ns is not None:
+        config["createNetNS"] = create_net_ns
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(),
+                                spec=json.dumps(podman_spec(linux=PODMAN_LINUX | {"namespaces": namespaces})).encode()))
+    refusals = import_refusals(check_podman_archive(str(path)))
+    assert refusals == (["namespaces joined by path in spec.dump (network)"] if refused else []), refusals
