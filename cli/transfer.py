@@ -169,6 +169,7 @@ def run_import(options: argparse.Namespace) -> int:
     flags = ["--name", options.name] if options.name else []
     flags += ["--tcp-established"] if options.tcp_established else []
     graph_root = run([podman, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
+    run_root = run([podman, "info", "--format", "{{.Store.RunRoot}}"]).stdout.strip()  # its pid files
     # beside podman's storage, on its filesystem, so the shim can rename the pages in (a copy otherwise)
     near = os.path.dirname(graph_root)
     if os.stat(near).st_dev != os.stat(graph_root).st_dev:
@@ -179,7 +180,7 @@ def run_import(options: argparse.Namespace) -> int:
     def config_read(kept: dict[str, bytes]) -> None:
         """config.dump and spec.dump, checked before anything is staged; then where the rest goes."""
         dumps = described_dumps(options.archive, kept)
-        if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths())):
+        if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
                              "(give --trust-config if you trust where the archive comes from)")
         if os.path.basename(dumps.config.runtime) == "gpuckpt-runtime":

@@ -69,6 +69,17 @@ class PodmanConfigDump(BaseModel):
     privileged: bool = False
     rootfs: str = ""  # `podman run --rootfs DIR`: the container's root is that host directory
     createNetNS: bool = False  # podman makes the container a network namespace and puts its path in the spec
+    # kept by podman's --import unless under its run root; conmon writes them as root, following links
+    conmonPidFile: str = ""
+    pid_file: str = ""
+    # `--pid container:X` and the like: joined at the container's next start (generateSpec), whatever spec.dump says
+    ipcNsCtr: str = ""
+    mountNsCtr: str = ""
+    netNsCtr: str = ""
+    pidNsCtr: str = ""
+    userNsCtr: str = ""
+    utsNsCtr: str = ""
+    cgroupNsCtr: str = ""
     spec: Spec | None = None
 
 
@@ -156,12 +167,16 @@ def _isolation_refusals(spec: Spec, where: str, replaced: frozenset[str]) -> lis
     return problems
 
 
-def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset()) -> list[str]:
+NAMESPACE_CONTAINERS = ("ipcNsCtr", "mountNsCtr", "netNsCtr", "pidNsCtr", "userNsCtr", "utsNsCtr", "cgroupNsCtr")
+
+
+def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset(), run_root: str = "") -> list[str]:
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
     for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
     mounts, device nodes other than the NVIDIA ones, a runtime given by path, a root filesystem given by path,
-    less isolation (namespaces, seccomp, masked and read-only paths). podman's own --import trusts all of it."""
+    less isolation (namespaces, seccomp, masked and read-only paths), another container's namespaces, pid
+    files outside `run_root` (podman's on this node). podman's own --import trusts all of it."""
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
@@ -172,6 +187,12 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         problems.append("a privileged container")
     if config.rootfs:
         problems.append(f"a root filesystem given by path ({config.rootfs[:80]})")
+    # podman's restore replaces a pid file that starts with its run root (strings.HasPrefix), keeps any other
+    if pid_files := [path for path in (config.conmonPidFile, config.pid_file)
+                     if path and not (run_root and path.startswith(run_root))]:
+        problems.append(f"pid files podman would write on this node ({', '.join(p[:80] for p in pid_files)})")
+    if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:
+        problems.append(f"the namespaces of another container ({', '.join(joined)})")
     # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary
     # `podman run` exports the path of the one it made on its own node
     replaced = frozenset({"network"}) if config.createNetNS else frozenset()

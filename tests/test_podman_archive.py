@@ -346,3 +346,26 @@ def test_podmans_own_network_namespace_path_is_accepted_only_where_podman_replac
                                 spec=json.dumps(podman_spec(linux=PODMAN_LINUX | {"namespaces": namespaces})).encode()))
     refusals = import_refusals(check_podman_archive(str(path)))
     assert refusals == (["namespaces joined by path in spec.dump (network)"] if refused else []), refusals
+
+
+RUN_ROOT = "/run/containers/storage"
+OWN_PID_FILE = f"{RUN_ROOT}/overlay-containers/{PODMAN_ID}/userdata/conmon.pid"
+
+
+@pytest.mark.hostile("config.dump fields podman's --import keeps from the archive (not in any spec): conmon's and the "
+                     "container's pid files, written by root wherever they point, and another container's namespaces")
+@pytest.mark.parametrize(("config_changes", "refusal"), [
+    ({"conmonPidFile": OWN_PID_FILE, "pid_file": f"{RUN_ROOT}/overlay-containers/{PODMAN_ID}/userdata/pidfile"},
+     None),  # podman 4.3's own, under this node's run root: podman's restore sets its own instead
+    ({"conmonPidFile": "/etc/shadow"}, "pid files podman would write on this node (/etc/shadow)"),
+    ({"pid_file": "/tmp/x/overlay-containers/" + PODMAN_ID + "/userdata/pidfile"}, "pid files podman would write"),
+    ({"conmonPidFile": "/var/run/containers/storage/x"}, "pid files podman would write"),
+    ({"pidNsCtr": "cd" * 32}, "the namespaces of another container (pidNsCtr"),
+    ({"netNsCtr": "cd" * 32, "createNetNS": False}, "the namespaces of another container (netNsCtr"),
+])
+def test_import_refuses_config_dump_fields_podman_acts_on(tmp_path, config_changes, refusal) -> None:
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | config_changes
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
+    refusals = import_refusals(check_podman_archive(str(path)), run_root=RUN_ROOT)
+    assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
