@@ -16,7 +16,6 @@ entry, so what reaches podman has passed the same checks as what we unpack.
 from __future__ import annotations
 
 import os
-import posixpath
 import re
 import stat
 import tarfile
@@ -167,6 +166,24 @@ def _isolation_refusals(spec: Spec, where: str, replaced: frozenset[str]) -> lis
     return problems
 
 
+# What podman's --import drops from spec.dump (runtime_ctr.go setupContainer, RemoveMount: the first
+# mount of each destination, of any type), its own binds from the container's userdata; 4.3's list, in 5.8's too.
+IMPORT_DROPPED_MOUNTS = frozenset({"/dev/shm", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts", "/run/.containerenv",
+                                   "/run/secrets"})
+
+
+def _host_binds(spec: Spec) -> list[str]:
+    """The sources of the bind mounts the restored container keeps. A source is not trusted for its
+    name (podman's userdata path): a local user can make a path that holds it, linked anywhere."""
+    dropped, kept = set(), []
+    for mount in spec.mounts:
+        if mount.destination in IMPORT_DROPPED_MOUNTS and mount.destination not in dropped:
+            dropped.add(mount.destination)
+        elif mount.is_bind():
+            kept.append(mount.source)
+    return kept
+
+
 NAMESPACE_CONTAINERS = ("ipcNsCtr", "mountNsCtr", "netNsCtr", "pidNsCtr", "userNsCtr", "utsNsCtr", "cgroupNsCtr")
 
 
@@ -180,7 +197,6 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
-    userdata = f"/overlay-containers/{config.id}/userdata/"  # podman's own per-container files
     if "/" in config.runtime:
         problems.append(f"runtime given as a path ({config.runtime})")
     if config.privileged:
@@ -204,7 +220,7 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         added = spec.process.capabilities.all() - DEFAULT_CAPABILITIES if spec.process.capabilities else set()
         if added:
             problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
-        host = [m.source for m in spec.mounts if m.is_bind() and userdata not in posixpath.normpath(m.source) + "/"]
+        host = _host_binds(spec)
         if host:
             problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
         # a device node is a piece of the host (a disk, a tty); the GPU's nodes are what gpuckpt moves
