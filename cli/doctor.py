@@ -15,7 +15,7 @@ from gpuckpt.cuda.driver import load_driver, version_text
 from gpuckpt.errors import GpuckptError, ImageError
 from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host import process
-from gpuckpt.host.cgroup_v1 import hybrid_or_legacy, stale_hierarchy_for_crun
+from gpuckpt.host.cgroup_v1 import crun_directory, hybrid_or_legacy, stale_hierarchy_for_crun
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
 from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
@@ -235,8 +235,8 @@ def check_cgroup_hierarchies() -> str | None:
     if hierarchy := stale_hierarchy_for_crun():
         options = hierarchy if not hierarchy.startswith("name=") else f"none,{hierarchy}"
         raise CheckFailed(
-            f"the cgroup v1 hierarchy '{hierarchy}' is mounted nowhere under /sys/fs/cgroup: crun's restore would "
-            f"kill every process on the node (gpuckpt-runtime refuses such restores)",
+            f"the cgroup v1 hierarchy '{hierarchy}' is not mounted at {crun_directory(hierarchy)}: crun's restore "
+            f"would kill every process on the node (gpuckpt-runtime refuses such restores)",
             f"once no process runs in its cgroups, remove them: unshare -m sh -c 'd=$(mktemp -d); "
             f"mount -t cgroup -o {options} cgroup $d && find $d -mindepth 1 -depth -type d -exec rmdir {{}} +; "
             f"umount $d' (twice: the kernel lets the emptied hierarchy go at an unmount)")

@@ -1,4 +1,4 @@
-"""cgroup v1 hierarchies that exist but are mounted nowhere under /sys/fs/cgroup.
+"""cgroup v1 hierarchies that exist but are not mounted where crun enters them (/sys/fs/cgroup/NAME).
 
 Such a hierarchy stays behind when something mounted a controller (or a named
 hierarchy) elsewhere, made cgroups in it and unmounted it: a container's own
@@ -27,9 +27,10 @@ def hybrid_or_legacy(cgroup_root: str = CGROUP_ROOT) -> bool:
     return not os.path.exists(os.path.join(cgroup_root, "cgroup.controllers"))
 
 
-def _mounted_controller_sets(mountinfo: str, cgroup_root: str) -> list[frozenset[str]]:
-    """The controller sets ('cpu', 'name=systemd', ...) of the v1 hierarchies mounted below cgroup_root."""
-    mounted = []
+def _cgroup_mounts(mountinfo: str) -> dict[str, frozenset[str]]:
+    """The controller sets ('cpu', 'name=systemd', ...) of the v1 hierarchies by mount point (the
+    last mount at a point is the one seen there)."""
+    mounted = {}
     for line in mountinfo.splitlines():
         fields = line.split()
         if " - " not in line or len(fields) < 5:
@@ -37,19 +38,26 @@ def _mounted_controller_sets(mountinfo: str, cgroup_root: str) -> list[frozenset
         after = line.split(" - ", 1)[1].split()
         if len(after) < 3 or after[0] != "cgroup":
             continue
-        if not fields[4].startswith(cgroup_root + "/"):
-            continue
-        mounted.append(frozenset(after[2].split(",")) - _NOT_CONTROLLERS)
+        mounted[fields[4]] = frozenset(after[2].split(",")) - _NOT_CONTROLLERS
     return mounted
 
 
+def crun_directory(controllers: str, cgroup_root: str = CGROUP_ROOT) -> str:
+    """Where crun enters a v1 hierarchy (libcrun enter_cgroup_v1): its controllers' line, name= taken off."""
+    name = controllers.removeprefix("name=")
+    name = {"net_prio,net_cls": "net_cls,net_prio", "cpuacct,cpu": "cpu,cpuacct"}.get(name, name)
+    return f"{cgroup_root}/{name}"
+
+
 def unmounted_hierarchies(proc_cgroup: str, mountinfo: str, cgroup_root: str = CGROUP_ROOT) -> list[str]:
-    """Every v1 hierarchy in proc_cgroup that nothing mounts under cgroup_root, newest first."""
-    mounted = _mounted_controller_sets(mountinfo, cgroup_root)
+    """Every v1 hierarchy in proc_cgroup that is not mounted where crun enters it, newest first: one
+    mounted elsewhere, even below cgroup_root, leaves crun's proxy in that hierarchy's root."""
+    mounted = _cgroup_mounts(mountinfo)
     found = []
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1] and not any(frozenset(parts[1].split(",")) <= sets for sets in mounted):
+        if len(parts) == 3 and parts[1] and not frozenset(parts[1].split(",")) <= mounted.get(
+                crun_directory(parts[1], cgroup_root), frozenset()):
             found.append(parts[1])
     return found
 

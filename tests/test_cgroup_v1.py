@@ -54,3 +54,22 @@ def test_every_unmounted_hierarchy_is_listed_newest_first() -> None:
     text = "16:name=left:/\n15:perf_event:/\n" + CLEAN.replace("6:freezer", "7:blkio:/\n6:freezer")
     assert unmounted_hierarchies(text, MOUNTS) == ["name=left", "perf_event", "blkio"]
     assert unmounted_hierarchies(CLEAN, MOUNTS) == []
+
+
+@pytest.mark.parametrize(("mount_point", "options"), [
+    ("/sys/fs/cgroup/name=yard", "rw,name=yard"),  # crun strips name=: it looks for /sys/fs/cgroup/yard
+    ("/sys/fs/cgroup/elsewhere", "rw,name=yard"),
+    ("/sys/fs/cgroup/yard/nested", "rw,name=yard"),
+])
+def test_a_hierarchy_below_the_cgroup_root_but_not_where_crun_looks_is_crun_s_unmounted_one(mount_point,
+                                                                                              options) -> None:
+    # crun enters a v1 hierarchy only at /sys/fs/cgroup/<its controllers, name= stripped>
+    # (libcrun enter_cgroup_v1); its proxy stays in the root of any other, and destroys that
+    mounts = MOUNTS + f"91 31 0:51 / {mount_point} rw,relatime - cgroup cgroup {options}\n"
+    assert crun_proxy_hierarchy("16:name=yard:/\n" + CLEAN, mounts) == "name=yard"
+
+
+def test_a_named_hierarchy_at_its_name_and_a_pair_crun_spells_its_way_are_where_crun_looks() -> None:
+    mounts = MOUNTS + "91 31 0:51 / /sys/fs/cgroup/yard rw,relatime - cgroup cgroup rw,name=yard\n"
+    assert crun_proxy_hierarchy("16:name=yard:/\n" + CLEAN, mounts) is None
+    assert crun_proxy_hierarchy("13:net_cls,net_prio:/\n" + CLEAN, MOUNTS) is None
