@@ -93,13 +93,31 @@ def make_directories(path: str, mode: int = 0o700) -> tuple[int, int, bool]:
 
 
 def require_private(fd: int, path: str) -> None:
-    """The directory `fd` (named `path`) is this user's and nobody else may write in it: what root
-    keeps there (checkpoints it restores at boot) cannot have been put there by another user."""
+    """The directory `fd` (named `path`) is this user's and nobody else may write in it, nor move it
+    or a directory above it (a link put in its place sends what root does there by path elsewhere):
+    what root keeps there (checkpoints it restores at boot) cannot have been put there by another user."""
     status = os.fstat(fd)
     if status.st_uid != os.geteuid() or status.st_mode & 0o022:
         raise ConfigError(f"{path}: owned by uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):o}: "
                           f"checkpoints are kept only where uid {os.geteuid()} alone may write "
                           f"(chown {os.geteuid()} and chmod go-w it, or name another directory)")
+    # every directory the path passes through, as written and as the links resolve now
+    absolute = os.path.abspath(path)
+    for named in (absolute, os.path.realpath(absolute)):
+        above = os.path.dirname(named)
+        while True:
+            _require_not_movable_by_others(above, path)
+            if above == os.path.dirname(above):
+                break
+            above = os.path.dirname(above)
+
+
+def _require_not_movable_by_others(directory: str, path: str) -> None:
+    status = os.stat(directory)
+    if status.st_uid not in (0, os.geteuid()) or (status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX):
+        raise ConfigError(f"{directory}: mode {stat.S_IMODE(status.st_mode):o}: owned by uid {status.st_uid}, "
+                          f"another user may move {path} (or a directory above it) away and put a link there "
+                          f"(chmod go-w or +t it, or name another directory)")
 
 
 def private_directory(path: str) -> int:

@@ -47,3 +47,33 @@ def test_records_are_read_without_following_links(tmp_path: Path) -> None:
 
 def test_a_missing_directory_is_nothing_drained(tmp_path: Path) -> None:
     assert drained(str(tmp_path / "none")) == []
+
+
+@pytest.mark.hostile("a local user who may write in a directory above the archive directory swaps it for a link "
+                     "between gpuckptd's check and its prune (seen as root: prune_to_budget removed a root file "
+                     "below the link's target)")
+@pytest.mark.parametrize(("mode", "refused"), [(0o777, True), (0o775, True), (0o1777, False), (0o755, False)])
+def test_an_archive_directory_below_one_others_may_write_is_refused(tmp_path: Path, mode: int, refused: bool) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    directory = shared / "drain"
+    directory.mkdir(mode=0o700)
+    shared.chmod(mode)  # sticky (/tmp): another user can neither rename nor remove what root made there
+    operations = Operations(ServiceConfig(archive_dir=str(directory)))
+    for call in (lambda: drained(str(directory)), operations.status):
+        if refused:
+            with pytest.raises(ConfigError, match=f"{shared}: mode {mode:o}: "):
+                call()
+        else:
+            call()
+
+
+def test_an_archive_directory_reached_through_a_link_in_a_directory_others_may_write_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "drain").mkdir(mode=0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.symlink(tmp_path / "real", shared / "link")
+    shared.chmod(0o777)
+    with pytest.raises(ConfigError, match=f"{shared}: mode 777: "):
+        drained(str(shared / "link" / "drain"))
