@@ -401,3 +401,14 @@ def test_a_bind_behind_another_mount_of_a_dropped_destination_is_kept_and_refuse
     path = tmp_path / "a.tar"
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(spec).encode()))
     assert "host bind mounts in spec.dump (/etc/shadow)" in import_refusals(check_podman_archive(str(path)))
+
+
+@pytest.mark.hostile("config.dump keys Go's encoding/json folds onto podman's fields (PIDNsCtr, ConmonPidFile, "
+                     "CreateNetNS) that the checks above would not see")
+@pytest.mark.parametrize("key", ["PIDNsCtr", "ConmonPidFile", "Pid_File", "CreateNetNS", "NetNSCtr"])
+def test_a_config_dump_key_spelled_otherwise_than_podmans_is_refused(tmp_path, key) -> None:
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec(), key: "cd" * 32}
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
+    with pytest.raises(ImageError, match="spelled otherwise"):
+        check_podman_archive(str(path))
