@@ -1,9 +1,10 @@
 """Moving a container's CUDA processes together: lock, checkpoint, restore, unlock.
 
 One worker thread per process (the driver API is safe to call concurrently for
-different PIDs and scales ~3.3x for four). Every process the session touched is
-remembered, so `rollback` can put each back to running from whatever state the
-driver reports, and no path leaves a process locked or checkpointed.
+different PIDs and scales ~3.3x for four). The session keeps a journal of what its
+own calls did to each process (a call that failed did nothing, so a process another
+tool locked or suspended is never "resumed"), and `rollback` puts back to running
+each process the journal names, from whatever state the driver reports.
 
 A watchdog guards every driver call. The driver's lock ignores its timeout for a
 stopped process and waits until it is continued (r580, H100), and a process in the
@@ -174,23 +175,37 @@ class CudaSession:
     def __init__(self, driver: CudaDriver, pids: Iterable[int]) -> None:
         self.driver = driver
         self.pids = sorted(set(pids))
-        self.touched: set[int] = set()  # every pid a lock was tried on: rollback candidates
+        # The journal: the state this session's own last successful call left each process in
+        # (a failed call did nothing); rollback candidates. A process back to running leaves it.
+        self.done: dict[int, ProcessState] = {}
+        self.in_doubt: set[int] = set()  # a state-changing call abandoned in flight: outcome unknown
         self.continued: set[int] = set()  # stopped pids the watchdog continued: stopped again by rollback
         self.abandoned: set[int] = set()  # pids whose driver call never returned: not touched again
         self.timings: dict[str, float] = {}
 
     def _timed(self, name: str, action: Callable[[int], None], pids: Sequence[int], step: str,
-               watchdog: Watchdog | None = None) -> None:
+               leads_to: ProcessState, watchdog: Watchdog | None = None) -> None:
         started = time.monotonic()
         watchdog = watchdog or Watchdog(act_after_s=WATCHDOG_MARGIN_S)
-        failures = self._watched(action, pids, watchdog, step)
+        failures = self._watched(action, pids, watchdog, step, leads_to)
         self.timings[name] = time.monotonic() - started
         if failures:
             raise GpuCheckpointError(describe_failures(step, failures))
 
     def _watched(self, action: Callable[[int], None], pids: Sequence[int], watchdog: Watchdog,
-                 step: str) -> dict[int, BaseException]:
-        failures = run_parallel(action, [pid for pid in pids if pid not in self.abandoned], watchdog)
+                 step: str, leads_to: ProcessState) -> dict[int, BaseException]:
+        """Run `action` on each pid (watched); journal the state each call that returned left its
+        process in (`leads_to`; running: out of the journal), and each call abandoned in flight."""
+        called = [pid for pid in pids if pid not in self.abandoned]
+        failures = run_parallel(action, called, watchdog)
+        for pid in called:
+            if pid in failures:
+                if isinstance(failures[pid], CallAbandoned):
+                    self.in_doubt.add(pid)
+            elif leads_to == ProcessState.RUNNING:
+                self.done.pop(pid, None)
+            else:
+                self.done[pid] = leads_to
         self.continued |= watchdog.continued
         self.abandoned |= {pid for pid, error in failures.items() if isinstance(error, CallAbandoned)}
         for pid in sorted(watchdog.continued - failures.keys()):
@@ -215,24 +230,23 @@ class CudaSession:
                     "is it suspended (gpuckpt resume) or being checkpointed by another tool?")
 
     def lock(self, timeout_ms: int) -> None:
-        self.touched.update(self.pids)
         after_s = timeout_ms / 1000 + WATCHDOG_MARGIN_S
         self._timed("lock_s", lambda pid: self.driver.lock(pid, timeout_ms), self.pids, "lock",
-                    Watchdog(act_after_s=after_s, give_up_after_s=after_s + GIVE_UP_S))
+                    ProcessState.LOCKED, Watchdog(act_after_s=after_s, give_up_after_s=after_s + GIVE_UP_S))
 
     def checkpoint(self) -> None:
         """Move each process's device memory into its host memory; the GPU is released."""
-        self._timed("device_checkpoint_s", self.driver.checkpoint, self.pids, "device checkpoint")
+        self._timed("device_checkpoint_s", self.driver.checkpoint, self.pids, "device checkpoint",
+                    ProcessState.CHECKPOINTED)
 
     def restore(self, gpu_pairs: Sequence[GpuPair] = ()) -> None:
         """Put checkpointed processes back on the GPU (remapped by `gpu_pairs`); they stay locked."""
         self.driver.init()
-        self.touched.update(self.pids)
         self._timed("device_restore_s", lambda pid: self.driver.restore(pid, gpu_pairs), self.pids,
-                    "device restore")
+                    "device restore", ProcessState.LOCKED)
 
     def unlock(self) -> None:
-        self._timed("unlock_s", self.driver.unlock, self.pids, "unlock")
+        self._timed("unlock_s", self.driver.unlock, self.pids, "unlock", ProcessState.RUNNING)
 
     def _resume_one(self, pid: int) -> None:
         state = self.driver.state(pid)
@@ -244,11 +258,11 @@ class CudaSession:
             self.driver.unlock(pid)
 
     def rollback(self) -> list[str]:
-        """Bring every touched process back to running, and stop again those the watchdog
-        continued; what could not be resumed, one line each."""
-        left_behind = sorted(self.touched & self.abandoned)
-        failures = self._watched(self._resume_one, sorted(self.touched - self.abandoned),
-                                 Watchdog(act_after_s=WATCHDOG_MARGIN_S), "rollback")
+        """Bring every process the journal names back to running, and stop again those the
+        watchdog continued; what could not be resumed, one line each."""
+        left_behind = sorted(self.in_doubt)
+        failures = self._watched(self._resume_one, sorted(self.done.keys() - self.abandoned),
+                                 Watchdog(act_after_s=WATCHDOG_MARGIN_S), "rollback", ProcessState.RUNNING)
         for pid in sorted(self.continued - self.abandoned):
             _signal(pid, signal.SIGSTOP)  # as the container left it
         # A process that no longer exists needs no resuming; one the watchdog continued
