@@ -16,6 +16,7 @@ entry, so what reaches podman has passed the same checks as what we unpack.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import stat
 import tarfile
@@ -184,6 +185,31 @@ def _host_binds(spec: Spec) -> list[str]:
     return kept
 
 
+# The kernel filesystems `podman run` mounts: where (None: anywhere, a new instance of its own) and
+# whether read-only. Another proc mount has none of the masked or read-only paths (/proc/sys writable:
+# kernel.core_pattern runs a program on the host), sysfs or cgroup writable reach the host's kernel,
+# and overlay, a disk or anything else mounts what the options name from the host.
+PODMAN_FILESYSTEMS: dict[str, tuple[str | None, bool]] = {
+    "proc": ("/proc", False), "sysfs": ("/sys", True), "cgroup": ("/sys/fs/cgroup", True),
+    "cgroup2": ("/sys/fs/cgroup", True), "tmpfs": (None, False), "devpts": (None, False), "mqueue": (None, False)}
+
+
+def _other_filesystems(spec: Spec) -> list[str]:
+    """The mounts, not binds, that podman run would not have made as they are."""
+    found = []
+    for mount in spec.mounts:
+        if mount.is_bind():
+            continue
+        if mount.type not in PODMAN_FILESYSTEMS:
+            found.append(f"{mount.type or 'untyped'} at {mount.destination}")
+            continue
+        where, read_only = PODMAN_FILESYSTEMS[mount.type]
+        if (where is not None and posixpath.normpath(mount.destination) != where) or (
+                read_only and ("ro" not in mount.options or "rw" in mount.options)):
+            found.append(f"{mount.type} at {mount.destination}" + (" writable" if read_only else ""))
+    return found
+
+
 NAMESPACE_CONTAINERS = ("ipcNsCtr", "mountNsCtr", "netNsCtr", "pidNsCtr", "userNsCtr", "utsNsCtr", "cgroupNsCtr")
 
 
@@ -223,6 +249,8 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         host = _host_binds(spec)
         if host:
             problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
+        if kernel := _other_filesystems(spec):
+            problems.append(f"kernel filesystems podman run does not mount in {where} ({', '.join(kernel[:3])})")
         # a device node is a piece of the host (a disk, a tty); the GPU's nodes are what gpuckpt moves
         devices = sorted({device.path for device in spec.linux.devices
                           if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})

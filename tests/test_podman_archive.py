@@ -412,3 +412,38 @@ def test_a_config_dump_key_spelled_otherwise_than_podmans_is_refused(tmp_path, k
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
     with pytest.raises(ImageError, match="spelled otherwise"):
         check_podman_archive(str(path))
+
+
+PODMAN_KERNEL_MOUNTS = [  # podman 4.3's own, from a real export on the CI machine
+    {"destination": "/proc", "type": "proc", "source": "proc", "options": ["nosuid", "noexec", "nodev"]},
+    {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755"]},
+    {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+    {"destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "newinstance"]},
+    {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"]},
+    {"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["rprivate", "nosuid", "ro"]},
+]
+
+
+@pytest.mark.hostile("a second proc mount in spec.dump (/hostproc): none of podman's masked or read-only paths "
+                     "cover it; after a real podman 4.3 restore --import and the container's next start, "
+                     "/hostproc/sys/kernel/core_pattern was writable from the container (a program the host runs)")
+@pytest.mark.parametrize(("mount", "refusal"), [
+    (None, None),
+    ({"destination": "/hostproc", "type": "proc", "source": "proc"}, "kernel filesystems podman run does not mount"),
+    ({"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid"]},
+     "kernel filesystems podman run does not mount"),
+    ({"destination": "/sys/fs/cgroup", "type": "cgroup", "source": "cgroup", "options": ["rw"]},
+     "kernel filesystems podman run does not mount"),
+    ({"destination": "/x", "type": "overlay", "source": "overlay", "options": ["lowerdir=/etc:/root"]},
+     "kernel filesystems podman run does not mount"),
+    ({"destination": "/x", "type": "ext4", "source": "/dev/sda1"}, "kernel filesystems podman run does not mount"),
+    ({"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["rw"]}, None),
+])
+def test_import_refuses_kernel_filesystems_podman_run_does_not_mount(tmp_path, mount, refusal) -> None:
+    spec = podman_spec()
+    spec["mounts"] = [*PODMAN_KERNEL_MOUNTS, *spec["mounts"][1:], *([mount] if mount else [])]
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()}
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(spec).encode()))
+    refusals = import_refusals(check_podman_archive(str(path)))
+    assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
