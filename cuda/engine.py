@@ -121,6 +121,16 @@ def _wait(calls: list[_Call], watchdog: Watchdog | None) -> set[int]:
     return abandoned
 
 
+def _wait_whatever_arrives(calls: list[_Call], watchdog: Watchdog | None) -> None:
+    """Wait for every call even if more interruptions arrive meanwhile (a second SIGINT)."""
+    while True:
+        try:
+            _wait(calls, watchdog)
+            return
+        except BaseException:  # the first interruption is the one the caller re-raises
+            continue
+
+
 def run_parallel(action: Callable[[int], None], pids: Sequence[int],
                  watchdog: Watchdog | None = None) -> dict[int, BaseException]:
     """Run `action(pid)` for every pid at once; the failures by pid.
@@ -131,12 +141,12 @@ def run_parallel(action: Callable[[int], None], pids: Sequence[int],
     watchdog abandons fails with CallAbandoned.
     """
     calls = [_Call(action, pid) for pid in pids]
-    for call in calls:
-        call.start()
     try:
+        for call in calls:
+            call.start()
         abandoned = _wait(calls, watchdog)
     except BaseException:
-        _wait(calls, watchdog)
+        _wait_whatever_arrives([call for call in calls if call.ident is not None], watchdog)
         raise
     failures: dict[int, BaseException] = {}
     for call in calls:

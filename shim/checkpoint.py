@@ -4,8 +4,9 @@ Phases, in order: refuse what the operator does not allow, choose CRIU's network
 options from the container's sockets, find the CUDA processes and refuse what the
 driver could not restore, lock and checkpoint them (thawing a frozen container for
 that), the delegate's dump, then with --leave-running restore and unlock them, and
-write the manifest. Any failure or SIGTERM/SIGINT after the first lock rolls every
-process back to running; the container keeps running and the engine gets one line.
+write the manifest. Any failure, or a SIGTERM/SIGINT/SIGHUP (a flag, checked between
+phases, never an exception in the middle of a step), rolls back what the session's
+journal says was done; the container keeps running and the engine gets one line.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, del
 from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
 from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, owned_call, run_delegate, verb_has_flag
 from gpuckpt.shim.freezer import Freezer, thawed
-from gpuckpt.shim.interrupt import interruptible, uninterruptible
+from gpuckpt.shim.interrupt import SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
 from gpuckpt.shim.pause import PAUSE_ENGINE
 from gpuckpt.transfer.dump_signature import sign_dump
@@ -199,30 +200,30 @@ class Checkpoint:
         self._refuse_unrestorable(cuda_pids, inventory)
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
         session = CudaSession(driver, cuda_pids)
-        lock_timeout_ms = self.config.cuda.lock_timeout_ms
-        with hugepages_always(self.config.cuda.host_hugepages == "always"):
-            return self._lock_checkpoint_dump(session, freezer, lock_timeout_ms, inventory, cuda_pids, started)
+        with hugepages_always(self.config.cuda.host_hugepages == "always"), deferred_signals() as signals:
+            return self._lock_checkpoint_dump(session, freezer, signals, inventory, cuda_pids, started)
 
-    def _lock_checkpoint_dump(self, session: CudaSession, freezer: Freezer | None, lock_timeout_ms: int,
-                              inventory: Inventory, cuda_pids: list[int],
-                              started: float) -> int:
+    def _lock_checkpoint_dump(self, session: CudaSession, freezer: Freezer | None, signals: SignalFlag,
+                              inventory: Inventory, cuda_pids: list[int], started: float) -> int:
         dump_s = 0.0
         first_lock = time.monotonic()
         try:
-            with interruptible():
-                with thawed(freezer) as was_frozen:  # a frozen process cannot be locked (docker pauses first)
-                    if was_frozen:
-                        log(self.args, "info", f"{self.container_id}: frozen by the engine: thawed for the GPU "
-                            "lock and checkpoint, frozen again before the dump")
-                    session.require_running()
-                    refuse_stopped(session.pids)
-                    self._release_forked_children(freezer)
-                    session.lock(lock_timeout_ms)
-                    session.checkpoint()
-                dump_started = time.monotonic()
-                dump = DelegateRun(self.delegate, self.argv)
-                dump_status = dump.wait()
-                dump_s = time.monotonic() - dump_started
+            with thawed(freezer) as was_frozen:  # a frozen process cannot be locked (docker pauses first)
+                if was_frozen:
+                    log(self.args, "info", f"{self.container_id}: frozen by the engine: thawed for the GPU "
+                        "lock and checkpoint, frozen again before the dump")
+                session.require_running()
+                refuse_stopped(session.pids)
+                self._release_forked_children(freezer)
+                signals.check()
+                session.lock(self.config.cuda.lock_timeout_ms)
+                signals.check()
+                session.checkpoint()
+            signals.check()
+            dump_started = time.monotonic()
+            dump = DelegateRun(self.delegate, self.argv)
+            dump_status = dump.wait()
+            dump_s = time.monotonic() - dump_started
             if dump.interrupted_by is not None:
                 raise GpuCheckpointError(f"interrupted by signal {dump.interrupted_by} during the dump")
             if dump_status != 0:
@@ -231,7 +232,7 @@ class Checkpoint:
             self._roll_back(session, freezer, error)
         downtime_s = None
         if self.leave_running:
-            with uninterruptible(), thawed(freezer):
+            with thawed(freezer):
                 try:
                     session.restore()
                     session.unlock()
@@ -256,7 +257,8 @@ class Checkpoint:
             f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
 
     def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException) -> NoReturn:
-        with uninterruptible(), thawed(freezer):
+        """Resume what the journal names (signals stay deferred: it runs to its end), then one line."""
+        with thawed(freezer):
             leftovers = session.rollback()
         what = "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
         if leftovers:

@@ -3,8 +3,9 @@
 Phases, in order: read the image's manifest and check this node against it
 (before touching anything), the delegate's restore, then find the restored CUDA
 processes and restore (remapped if the GPUs changed) and unlock them in
-parallel. If the GPU steps fail, the half-restored container is killed rather
-than left hanging.
+parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP arrives before the
+driver's restore begins (a flag, checked between phases), the half-restored container
+is killed rather than left with its processes locked.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, delega
 from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
 from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, kill_container, owned_call, run_delegate
 from gpuckpt.shim.devnodes import sync_nvidia_nodes
-from gpuckpt.shim.interrupt import uninterruptible
+from gpuckpt.shim.interrupt import SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
 from gpuckpt.transfer.dump_signature import verify_dump
 from gpuckpt.transfer.staging import claim_staged_pages
@@ -109,10 +110,10 @@ class GpuRestore:
         return target
 
     def run(self) -> int:
-        with hugepages_always(self.config.cuda.host_hugepages == "always"):
-            return self._run()
+        with hugepages_always(self.config.cuda.host_hugepages == "always"), deferred_signals() as signals:
+            return self._run(signals)
 
-    def _run(self) -> int:
+    def _run(self, signals: SignalFlag) -> int:
         started = time.monotonic()
         driver = self.gpus.load_driver()
         # The controlling process must have initialised CUDA before a restore; cuInit takes
@@ -122,21 +123,28 @@ class GpuRestore:
         initialising.start()
         target = self._target_gpus()
         self.phases["check_s"] = time.monotonic() - started
+        if signals.signum is not None:
+            raise GpuCheckpointError(f"restore of {self.container_id} interrupted by {signals.name} before the "
+                                     "delegate's restore; nothing was restored")
         mark = time.monotonic()
         delegate_run = DelegateRun(self.delegate, self.argv)
         if self.detach:
-            if (status := delegate_run.wait()) != 0:
+            status = delegate_run.wait()
+            signals.note(delegate_run.interrupted_by)
+            if status != 0:
                 return status  # the delegate reported why; nothing of ours to undo
-        else:
+        else:  # the container's own: signals go on to it as runc's do (delegate_run forwards them)
             delegate_run.start()
             if not self._wait_running(delegate_run):
                 return delegate_run.finish()
         self.phases["delegate_restore_s"] = time.monotonic() - mark
         try:
+            signals.check()
             initialising.join()
+            signals.check()
             if init_errors:
                 raise init_errors[0]
-            self._restore_gpu(driver, gpu_pairs(self.manifest, target))
+            self._restore_gpu(driver, gpu_pairs(self.manifest, target), signals)
         except GpuckptError as error:
             kill_container(self.delegate, self.args.global_argv, self.container_id)
             if not self.detach:
@@ -144,6 +152,9 @@ class GpuRestore:
             raise GpuCheckpointError(
                 f"restore of {self.container_id} failed: {error}; the container was stopped"
             ) from None
+        if signals.signum is not None:
+            log(self.args, "warning", f"{self.container_id}: {signals.name} arrived while the driver restored the "
+                "CUDA processes: the restore completed")
         self.phases["total_s"] = time.monotonic() - started
         phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in self.phases.items())
         log(self.args, "info", f"{self.container_id}: restored {len(self.manifest.processes)} CUDA process(es): "
@@ -164,7 +175,7 @@ class GpuRestore:
             time.sleep(0.05)
         return False
 
-    def _restore_gpu(self, driver: CudaDriver, pairs: list[GpuPair]) -> None:
+    def _restore_gpu(self, driver: CudaDriver, pairs: list[GpuPair], signals: SignalFlag) -> None:
         wanted = {record.container_pid for record in self.manifest.processes}
 
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
@@ -184,10 +195,10 @@ class GpuRestore:
                 raise process_state
             if process_state != ProcessState.CHECKPOINTED:
                 raise GpuCheckpointError(f"restored process {pid} is {process_state.name.lower()}, not checkpointed")
+        signals.check()  # the last boundary: from here the restore runs to its end (or fails and is killed)
         session = CudaSession(driver, found)
-        with uninterruptible():  # a half-done restore is killed below, never left locked
-            session.restore(pairs)
-            session.unlock()
+        session.restore(pairs)
+        session.unlock()
         self.phases.update(session.timings)
 
 

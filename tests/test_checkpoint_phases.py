@@ -7,15 +7,60 @@ leaves behind: every CUDA process running, or a complete image, never locked for
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+
 import pytest
 import test_gpu_verbs
 from fake_driver import FakeDriver
+from test_gpu_verbs import checkpointed_node, restore_args
 
 from gpuckpt.cuda.driver import ProcessState
-from gpuckpt.errors import DelegateError
+from gpuckpt.cuda.node import NodeGpus
+from gpuckpt.errors import DelegateError, GpuCheckpointError
+from gpuckpt.shim import restore
 
 make_node = test_gpu_verbs.make_node  # the fake node, its runtime and its driver (fixtures)
 suspendable = test_gpu_verbs.suspendable
+
+
+def join_driver_calls() -> None:
+    """Wait for driver calls the shim may have left in flight, so the states read are final."""
+    for thread in threading.enumerate():
+        if thread.name.startswith("gpuckpt-cuda-"):
+            thread.join(5)
+
+
+class TwoSigtermsDriver(FakeDriver):
+    """The engine sends SIGTERM twice while the locks are in flight (a stop timeout, then another)."""
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        if pid == min(self.states):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().lock(pid, timeout_ms)
+
+
+def test_a_second_sigterm_while_locks_are_in_flight_still_rolls_every_one_back(make_node) -> None:
+    node = make_node(3)
+    node.driver = TwoSigtermsDriver(node.pids, delay_s={"lock": 0.6})
+    arrived: list[int] = []  # the engine's signals outside the shim's handlers: noted, so pytest lives on
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: arrived.append(signum))
+    try:
+        with pytest.raises(DelegateError) as raised:
+            node.checkpoint()
+        join_driver_calls()
+        assert signal.getsignal(signal.SIGTERM) is not previous  # the caller's handler put back
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert node.all_running()  # no lock completed after the rollback
+    assert "interrupted by SIGTERM" in str(raised.value)
+    assert sorted(node.driver.calls_of("unlock")) == sorted(node.pids)
+    assert "checkpoint" not in node.verbs_called()
 
 
 # -- rollback undoes what the shim did, nothing else ------------------------------------------
@@ -44,3 +89,57 @@ def test_rollback_leaves_alone_a_process_whose_lock_failed(make_node) -> None:
     assert node.driver.states[victim] == ProcessState.CHECKPOINTED  # the other tool's, as it left it
     assert victim not in node.driver.calls_of("restore") + node.driver.calls_of("unlock")
     assert all(node.driver.states[pid] == ProcessState.RUNNING for pid in node.pids if pid != victim)
+
+
+# -- restore ------------------------------------------------------------------------------
+
+
+def running_here(program: str) -> bool:
+    """Whether a child of this process runs `program` (a zombie runs nothing)."""
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as children:
+            for child in children.read().split():
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as cmdline:
+                        if program.encode() in cmdline.read():
+                            return True
+                except OSError:
+                    pass
+    return False
+
+
+class SigtermInInitDriver(FakeDriver):
+    """SIGTERM reaches the shim while cuInit still runs (it takes seconds on a real node), after the
+    delegate's restore brought the container back."""
+
+    def __init__(self, pids, restored: Callable[[], bool], **kwargs) -> None:
+        super().__init__(pids, **kwargs)
+        self.restored = restored
+
+    def init(self) -> None:
+        deadline = time.monotonic() + 5
+        while not self.restored() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        super().init()
+
+
+def test_a_sigterm_during_cuinit_stops_the_container_rather_than_leaving_it_locked(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 2)
+    states = dict(node.driver.states)
+    node.driver = SigtermInInitDriver(node.pids, lambda: "restore" in node.verbs_called()
+                                      and not running_here(str(node.runtime)))
+    node.driver.states.update(states)
+
+    def dies(signum, frame):  # what the default action does to the shim, as an exception pytest survives
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, dies)
+    try:
+        with pytest.raises(GpuCheckpointError) as raised:
+            restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert "\n" not in str(raised.value)
+    assert "interrupted by SIGTERM" in str(raised.value) and "the container was stopped" in str(raised.value)
+    assert node.verbs_called()[-2:] == ["kill", "delete"]
