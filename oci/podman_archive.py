@@ -158,8 +158,12 @@ def _isolation_refusals(spec: Spec, where: str, replaced: frozenset[str]) -> lis
         problems.append(f"the host's {', '.join(shared)} namespace(s) in {where}")
     if joined := sorted(kind for kind, path in namespaces.items() if path and kind not in replaced):
         problems.append(f"namespaces joined by path in {where} ({', '.join(joined)})")
-    if spec.linux.seccomp is None:
-        problems.append(f"no seccomp filter in {where}")
+    seccomp = spec.linux.seccomp
+    if seccomp is None or seccomp.get("defaultAction") in ("SCMP_ACT_ALLOW", "SCMP_ACT_LOG"):
+        allowed = "" if seccomp is None else " (every call allowed by default)"
+        problems.append(f"no seccomp filter in {where}{allowed}")
+    elif seccomp.get("listenerPath"):
+        problems.append(f"no seccomp filter in {where} (its calls handed to {str(seccomp['listenerPath'])[:80]})")
     if unmasked := sorted(MASKED_PATHS - set(spec.linux.maskedPaths)):
         problems.append(f"paths podman masks left visible in {where} ({', '.join(unmasked[:3])})")
     if writable := sorted(READONLY_PATHS - set(spec.linux.readonlyPaths)):

@@ -447,3 +447,20 @@ def test_import_refuses_kernel_filesystems_podman_run_does_not_mount(tmp_path, m
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(spec).encode()))
     refusals = import_refusals(check_podman_archive(str(path)))
     assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
+
+
+@pytest.mark.hostile("a seccomp filter that lets every call through (defaultAction SCMP_ACT_ALLOW, no rules) "
+                     "passed as 'a seccomp filter'; a listenerPath has runc hand the filter's fd to a host socket")
+@pytest.mark.parametrize(("seccomp", "refused"), [
+    ({"defaultAction": "SCMP_ACT_ERRNO", "syscalls": []}, False),
+    ({"defaultAction": "SCMP_ACT_ALLOW"}, True),
+    ({"defaultAction": "SCMP_ACT_LOG", "syscalls": []}, True),
+    ({"defaultAction": "SCMP_ACT_ERRNO", "listenerPath": "/run/some.sock"}, True),
+])
+def test_a_seccomp_filter_that_filters_nothing_is_refused(tmp_path, seccomp, refused) -> None:
+    spec = podman_spec(linux=PODMAN_LINUX | {"seccomp": seccomp})
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()}
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(spec).encode()))
+    refusals = import_refusals(check_podman_archive(str(path)))
+    assert any(r.startswith("no seccomp filter in spec.dump") for r in refusals) == refused, refusals
