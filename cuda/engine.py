@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.errors import GpuCheckpointError
+from gpuckpt.errors import GpuCheckpointError, GpuckptError
 from gpuckpt.host.procfs import is_stopped
 
 # Past the lock's own timeout, a lock still in flight is waiting on something the timeout
@@ -161,6 +161,16 @@ def describe_failures(step: str, failures: dict[int, BaseException]) -> str:
     parts = [str(error) if isinstance(error, (StoppedDuringCall, CallAbandoned)) else f"pid {pid}: {error}"
              for pid, error in sorted(failures.items())]
     return f"{step} failed for {len(failures)} CUDA process(es): " + "; ".join(parts)
+
+
+def one_line(cause: BaseException) -> str:
+    """What went wrong, as part of the user's one line, whatever the exception."""
+    if isinstance(cause, OSError) and cause.strerror:
+        return f"{cause.filename}: {cause.strerror}" if cause.filename else cause.strerror
+    if isinstance(cause, KeyboardInterrupt):
+        return "interrupted"
+    text = str(cause) if isinstance(cause, GpuckptError) else f"{type(cause).__name__}: {cause}"
+    return " ".join(text.split())
 
 
 def query_states(driver: CudaDriver, pids: Sequence[int]) -> dict[int, ProcessState | BaseException]:

@@ -4,9 +4,10 @@ Phases, in order: refuse what the operator does not allow, choose CRIU's network
 options from the container's sockets, find the CUDA processes and refuse what the
 driver could not restore, lock and checkpoint them (thawing a frozen container for
 that), the delegate's dump, then with --leave-running restore and unlock them, and
-write the manifest. Any failure, or a SIGTERM/SIGINT/SIGHUP (a flag, checked between
-phases, never an exception in the middle of a step), rolls back what the session's
-journal says was done; the container keeps running and the engine gets one line.
+write the manifest. Until the dump succeeded, any exception or a SIGTERM/SIGINT/SIGHUP
+(a flag, checked between phases, never an exception in the middle of a step) rolls
+back what the session's journal says was done; the container keeps running and the
+engine gets one line. After it, a signal is noted and the checkpoint completes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from typing import NoReturn
 
 from gpuckpt.cuda.driver import CudaDriver
-from gpuckpt.cuda.engine import CudaSession, refuse_stopped
+from gpuckpt.cuda.engine import CudaSession, one_line, refuse_stopped
 from gpuckpt.cuda.forked import split_forked_children
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.inventory import Inventory
@@ -38,7 +39,7 @@ from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, del
 from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
 from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, owned_call, run_delegate, verb_has_flag
 from gpuckpt.shim.freezer import Freezer, thawed
-from gpuckpt.shim.interrupt import SignalFlag, deferred_signals
+from gpuckpt.shim.interrupt import Interrupted, SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
 from gpuckpt.shim.pause import PAUSE_ENGINE
 from gpuckpt.transfer.dump_signature import sign_dump
@@ -205,7 +206,6 @@ class Checkpoint:
 
     def _lock_checkpoint_dump(self, session: CudaSession, freezer: Freezer | None, signals: SignalFlag,
                               inventory: Inventory, cuda_pids: list[int], started: float) -> int:
-        dump_s = 0.0
         first_lock = time.monotonic()
         try:
             with thawed(freezer) as was_frozen:  # a frozen process cannot be locked (docker pauses first)
@@ -220,30 +220,38 @@ class Checkpoint:
                 signals.check()
                 session.checkpoint()
             signals.check()
-            dump_started = time.monotonic()
-            dump = DelegateRun(self.delegate, self.argv)
-            dump_status = dump.wait()
-            dump_s = time.monotonic() - dump_started
-            if dump.interrupted_by is not None:
-                raise GpuCheckpointError(f"interrupted by signal {dump.interrupted_by} during the dump")
-            if dump_status != 0:
-                raise DelegateError(f"{os.path.basename(self.delegate)} checkpoint exited {dump_status}", dump_status)
-        except (GpuckptError, KeyboardInterrupt) as error:
+            dump_s = self._dump(signals)
+        except BaseException as error:  # whatever it was, the journal says what to undo
             self._roll_back(session, freezer, error)
+        if signals.signum is not None:  # the dump had succeeded: the container's state is in the image
+            log(self.args, "warning", f"{self.container_id}: {signals.name} arrived during the dump, which completed: "
+                "the checkpoint is completed")
         downtime_s = None
         if self.leave_running:
-            with thawed(freezer):
-                try:
+            try:
+                with thawed(freezer):
                     session.restore()
                     session.unlock()
-                except GpuckptError as error:
-                    self._roll_back(session, freezer, error)
+            except BaseException as error:
+                self._roll_back(session, freezer, error)
             downtime_s = time.monotonic() - first_lock
             log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s "
                 f"({len(cuda_pids)} CUDA process(es))")
         self._write_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
                              timings=session.timings)
         return 0
+
+    def _dump(self, signals: SignalFlag) -> float:
+        """The delegate's dump (our signals go to it meanwhile); its seconds."""
+        dump_started = time.monotonic()
+        dump = DelegateRun(self.delegate, self.argv)
+        dump_status = dump.wait()
+        signals.note(dump.interrupted_by)
+        if dump_status != 0 and dump.interrupted_by is not None:
+            raise Interrupted(dump.interrupted_by)
+        if dump_status != 0:
+            raise DelegateError(f"{os.path.basename(self.delegate)} checkpoint exited {dump_status}", dump_status)
+        return time.monotonic() - dump_started
 
     def _release_forked_children(self, freezer: Freezer | None) -> None:
         """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump
@@ -258,9 +266,15 @@ class Checkpoint:
 
     def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException) -> NoReturn:
         """Resume what the journal names (signals stay deferred: it runs to its end), then one line."""
-        with thawed(freezer):
+        leftovers: list[str] | None = None
+        try:
+            with thawed(freezer):
+                leftovers = session.rollback()
+        except (OSError, GpuckptError):
+            pass  # the freezer failed (its cgroup gone?): the driver may resume the processes all the same
+        if leftovers is None:
             leftovers = session.rollback()
-        what = "interrupted" if isinstance(cause, KeyboardInterrupt) else str(cause)
+        what = one_line(cause)
         if leftovers:
             raise GpuCheckpointError(f"checkpoint of {self.container_id} failed ({what}); "
                                      f"rollback could not resume {'; '.join(leftovers)}")

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from gpuckpt.cuda.compat import check_node, gpu_pairs
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.cuda.engine import CudaSession, query_states
+from gpuckpt.cuda.engine import CudaSession, one_line, query_states
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError, UnsafeNodeError
+from gpuckpt.errors import DelegateError, GpuCheckpointError, UnsafeNodeError
 from gpuckpt.host.cgroup_v1 import stale_hierarchy_for_crun
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import Config, load_config
@@ -145,12 +145,12 @@ class GpuRestore:
             if init_errors:
                 raise init_errors[0]
             self._restore_gpu(driver, gpu_pairs(self.manifest, target), signals)
-        except GpuckptError as error:
+        except BaseException as error:  # whatever it was, the container must not stay with locked processes
             kill_container(self.delegate, self.args.global_argv, self.container_id)
             if not self.detach:
                 delegate_run.finish()
             raise GpuCheckpointError(
-                f"restore of {self.container_id} failed: {error}; the container was stopped"
+                f"restore of {self.container_id} failed: {one_line(error)}; the container was stopped"
             ) from None
         if signals.signum is not None:
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived while the driver restored the "

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import test_gpu_verbs
@@ -21,7 +22,8 @@ from test_gpu_verbs import checkpointed_node, restore_args
 from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError
-from gpuckpt.shim import restore
+from gpuckpt.oci.manifest import read_manifest
+from gpuckpt.shim import freezer, restore
 
 make_node = test_gpu_verbs.make_node  # the fake node, its runtime and its driver (fixtures)
 suspendable = test_gpu_verbs.suspendable
@@ -32,6 +34,55 @@ def join_driver_calls() -> None:
     for thread in threading.enumerate():
         if thread.name.startswith("gpuckpt-cuda-"):
             thread.join(5)
+
+
+# -- rollback on any exception ------------------------------------------------------------
+
+
+class CgroupGoneDriver(FakeDriver):
+    """The container's freezer cgroup goes away while its processes are checkpointed: freezing it
+    again after the GPU steps fails with an OSError."""
+
+    def __init__(self, pids, cgroup: Path, **kwargs) -> None:
+        super().__init__(pids, **kwargs)
+        self.cgroup = cgroup
+
+    def checkpoint(self, pid: int) -> None:
+        super().checkpoint(pid)
+        control = self.cgroup / "freezer.state"
+        with self._lock:
+            if control.is_file():
+                control.unlink()
+                control.mkdir()
+
+
+def test_an_oserror_while_freezing_again_rolls_every_process_back(make_node, monkeypatch, tmp_path) -> None:
+    node = make_node(2)
+    cgroup = tmp_path / "cgroup"
+    cgroup.mkdir()
+    (cgroup / "freezer.state").write_text("FROZEN\n")  # docker paused the container before its checkpoint
+    monkeypatch.setattr(freezer.Freezer, "of_process", classmethod(lambda cls, pid: cls(str(cgroup), v2=False)))
+    node.driver = CgroupGoneDriver(node.pids, cgroup)
+    with pytest.raises(DelegateError) as raised:
+        node.checkpoint()
+    message = str(raised.value)
+    assert "\n" not in message and "freezer.state" in message
+    assert "restored and unlocked and the container keeps running" in message
+    assert node.all_running()
+    assert "checkpoint" not in node.verbs_called()
+
+
+# -- signals ------------------------------------------------------------------------------
+
+
+def test_a_signal_during_a_dump_that_succeeded_completes_the_checkpoint(make_node) -> None:
+    node = make_node(2)
+    node.set_runtime(checkpoint_signals_caller="SIGTERM")  # runc's dump ends with status 0 all the same
+    assert node.checkpoint() == 0
+    assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
+    assert node.driver.calls_of("unlock") == []  # the image holds them checkpointed: nothing resumed
+    assert read_manifest(str(node.images)) is not None  # the checkpoint completed
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
 class TwoSigtermsDriver(FakeDriver):
