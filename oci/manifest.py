@@ -127,6 +127,10 @@ class Manifest(_Record):
     criu_config: Annotated[list[Annotated[str, StringConstraints(max_length=64), AfterValidator(_criu_config_line)]],
                            Field(max_length=8)] = []
     timings: Timings = Timings()
+    # Written false before the dump and true once it succeeded, so an image whose dump (or whose
+    # final write) never finished is refused rather than restored with its processes locked. A
+    # manifest without the field comes from a gpuckpt that wrote it only after a successful dump.
+    dump_completed: bool = True
 
 
 def write_manifest(image_dir: str, manifest: Manifest) -> str:
@@ -134,6 +138,13 @@ def write_manifest(image_dir: str, manifest: Manifest) -> str:
     path = os.path.join(image_dir, MANIFEST_NAME)
     replace_file(path, manifest.model_dump_json(indent=2))
     return path
+
+
+def require_completed(manifest: Manifest, image_dir: str) -> None:
+    """Refuse an image whose dump never completed (its CUDA processes would stay locked)."""
+    if not manifest.dump_completed:
+        raise ImageError(f"{os.path.join(image_dir, MANIFEST_NAME)}: the dump of {manifest.container_id} never "
+                         "completed (the checkpoint failed or was cut short): this image cannot be restored")
 
 
 def read_manifest(image_dir: str) -> Manifest | None:

@@ -2,12 +2,12 @@
 
 Phases, in order: refuse what the operator does not allow, choose CRIU's network
 options from the container's sockets, find the CUDA processes and refuse what the
-driver could not restore, lock and checkpoint them (thawing a frozen container for
-that), the delegate's dump, then with --leave-running restore and unlock them, and
-write the manifest. Until the dump succeeded, any exception or a SIGTERM/SIGINT/SIGHUP
-(a flag, checked between phases, never an exception in the middle of a step) rolls
-back what the session's journal says was done; the container keeps running and the
-engine gets one line. After it, a signal is noted and the checkpoint completes.
+driver could not restore, write the manifest marked incomplete, lock and checkpoint
+them (thawing a frozen container for that), the delegate's dump, then with
+--leave-running restore and unlock them, and mark the manifest complete. Until the dump
+succeeded, any exception or a SIGTERM/SIGINT/SIGHUP (a flag, checked between phases)
+rolls back what the session's journal says was done; the container keeps running and
+the engine gets one line. After it, a signal is noted and the checkpoint completes.
 """
 
 from __future__ import annotations
@@ -175,6 +175,7 @@ class Checkpoint:
         inventory.memory_bytes = {p.pid: p.device_bytes for p in record.processes}
         inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}
+        self._begin_manifest(inventory, cuda_pids, started, "its CUDA processes stay suspended as the pause left them")
         dump_started = time.monotonic()
         status = run_delegate(self.delegate, self.argv)
         if status != 0:
@@ -182,18 +183,19 @@ class Checkpoint:
                                 f"as the pause left them{self._failure_hint()}", status)
         if not self.leave_running:
             remove_suspension(self.container_id)  # the processes are gone; their image holds them
-        self._write_manifest(inventory, cuda_pids, started, dump_s=time.monotonic() - dump_started)
+        self._complete_manifest(inventory, cuda_pids, started, dump_s=time.monotonic() - dump_started)
         return 0
 
     def _dump_plain(self, started: float, gpu: bool) -> int:
+        inventory = self.gpus.describe_container_gpus(self.spec, []) if gpu else Inventory("", 0, [])
+        self._begin_manifest(inventory, [], started, "the container keeps running")
         status = run_delegate(self.delegate, self.argv)
         if status != 0:
             hint = self._failure_hint()
             if hint:
                 raise DelegateError(f"checkpoint of {self.container_id} failed{hint}", status)
             return status
-        inventory = self.gpus.describe_container_gpus(self.spec, []) if gpu else Inventory("", 0, [])
-        self._write_manifest(inventory, [], started, dump_s=time.monotonic() - started)
+        self._complete_manifest(inventory, [], started, dump_s=time.monotonic() - started)
         return 0
 
     def _checkpoint_gpu(self, driver: CudaDriver, cuda_pids: list[int], freezer: Freezer | None, started: float) -> int:
@@ -208,6 +210,8 @@ class Checkpoint:
                               inventory: Inventory, cuda_pids: list[int], started: float) -> int:
         first_lock = time.monotonic()
         try:
+            # Before anything is locked: an image whose dump never completes is refused at restore.
+            self._write_manifest(inventory, cuda_pids, started, dump_s=0.0, completed=False)
             with thawed(freezer) as was_frozen:  # a frozen process cannot be locked (docker pauses first)
                 if was_frozen:
                     log(self.args, "info", f"{self.container_id}: frozen by the engine: thawed for the GPU "
@@ -237,8 +241,8 @@ class Checkpoint:
             downtime_s = time.monotonic() - first_lock
             log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s "
                 f"({len(cuda_pids)} CUDA process(es))")
-        self._write_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
-                             timings=session.timings)
+        self._complete_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
+                                timings=session.timings)
         return 0
 
     def _dump(self, signals: SignalFlag) -> float:
@@ -282,8 +286,32 @@ class Checkpoint:
         raise DelegateError(f"checkpoint of {self.container_id} failed ({what}); its CUDA processes were "
                             f"restored and unlocked and the container keeps running{self._failure_hint()}", status)
 
+    def _begin_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, left: str) -> None:
+        """Before the dump: the manifest marked incomplete (an image cut short is refused at restore)."""
+        try:
+            self._write_manifest(inventory, cuda_pids, started, dump_s=0.0, completed=False)
+        except OSError as error:
+            raise GpuCheckpointError(f"checkpoint of {self.container_id} failed before the dump: its manifest could "
+                                     f"not be written ({one_line(error)}); {left}") from None
+
+    def _complete_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, *, dump_s: float,
+                           downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
+        """The dump succeeded: mark the manifest complete; nothing is left to roll back."""
+        try:
+            self._write_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
+                                 timings=timings, completed=True)
+        except OSError as error:
+            container = "keeps running" if self.leave_running else "was stopped by the dump"
+            raise GpuCheckpointError(f"checkpoint of {self.container_id} failed: the dump completed but its manifest "
+                                     f"could not be completed ({one_line(error)}): restore refuses the image; the "
+                                     f"container {container}") from None
+        if sign_dump(image_dir_of(self.verb)) is None:
+            log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
+                "install makes one); a restore of it needs the trust policy's restore:any")
+
     def _write_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, *, dump_s: float,
-                        downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
+                        completed: bool, downtime_s: float | None = None,
+                        timings: dict[str, float] | None = None) -> None:
         timings = timings or {}
         manifest = Manifest(
             created=utc_now(),
@@ -305,9 +333,8 @@ class Checkpoint:
             timings=Timings(lock_s=timings.get("lock_s", 0.0),
                             device_checkpoint_s=timings.get("device_checkpoint_s", 0.0),
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
+            dump_completed=completed,
         )
+        os.makedirs(image_dir_of(self.verb), mode=0o700, exist_ok=True)  # runc makes it too, if we have not
         write_manifest(image_dir_of(self.verb), manifest)
 
-        if sign_dump(image_dir_of(self.verb)) is None:
-            log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
-                "install makes one); a restore of it needs the trust policy's restore:any")

@@ -1,11 +1,11 @@
 """`gpuckpt-runtime restore`: the delegate's restore, then the GPU steps.
 
-Phases, in order: read the image's manifest and check this node against it
-(before touching anything), the delegate's restore, then find the restored CUDA
-processes and restore (remapped if the GPUs changed) and unlock them in
-parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP arrives before the
-driver's restore begins (a flag, checked between phases), the half-restored container
-is killed rather than left with its processes locked.
+Phases, in order: read the image's manifest (refusing an image whose dump never
+completed) and check this node against it (before touching anything), the delegate's
+restore, then find the restored CUDA processes and restore (remapped if the GPUs
+changed) and unlock them in parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP
+arrives before the driver's restore begins (a flag, checked between phases), the
+half-restored container is killed rather than left with its processes locked.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
-from gpuckpt.oci.manifest import Manifest, read_manifest
+from gpuckpt.oci.manifest import Manifest, read_manifest, require_completed
 from gpuckpt.oci.spec import Device, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
@@ -52,6 +52,8 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
+    if (written := read_manifest(image_dir_of(verb))) is not None:
+        require_completed(written, image_dir_of(verb))  # read again, once verified, to be used
 
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")

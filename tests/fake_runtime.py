@@ -7,6 +7,7 @@ the exit status each verb should return. Every call is appended to calls.log.
 
 import json
 import os
+import resource
 import signal
 import sys
 import time
@@ -31,6 +32,9 @@ elif verb == "checkpoint":
         signal.signal(signal.SIGTERM, lambda signum, frame: None)  # runc's dump completes all the same
         os.kill(os.getppid(), getattr(signal, setup["checkpoint_signals_caller"]))
         time.sleep(0.2)  # the forwarded signal arrives before the dump ends
+    if "checkpoint_fills_disk_bytes" in setup:  # the dump fills the disk: the caller's writes fail after it
+        limit = setup["checkpoint_fills_disk_bytes"]
+        resource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
     sys.exit(setup.get("checkpoint_status", 0))
 elif verb == "restore":
     sys.exit(setup.get("restore_status", 0))

@@ -8,6 +8,7 @@ leaves behind: every CUDA process running, or a complete image, never locked for
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import threading
 import time
@@ -21,8 +22,8 @@ from test_gpu_verbs import checkpointed_node, restore_args
 
 from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuCheckpointError
-from gpuckpt.oci.manifest import read_manifest
+from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError
+from gpuckpt.oci.manifest import parse_manifest, read_manifest
 from gpuckpt.shim import freezer, restore
 
 make_node = test_gpu_verbs.make_node  # the fake node, its runtime and its driver (fixtures)
@@ -34,6 +35,43 @@ def join_driver_calls() -> None:
     for thread in threading.enumerate():
         if thread.name.startswith("gpuckpt-cuda-"):
             thread.join(5)
+
+
+# -- the manifest: written before the dump, completed after it ------------------------------
+
+
+def test_a_manifest_write_failing_after_the_dump_leaves_an_image_restore_refuses(make_node, monkeypatch) -> None:
+    node = make_node(2)
+    node.set_runtime(checkpoint_fills_disk_bytes=256)  # the dump fills the disk: the manifest no longer fits
+    before = resource.getrlimit(resource.RLIMIT_FSIZE)
+    try:
+        with pytest.raises(GpuCheckpointError) as raised:
+            node.checkpoint()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, before)
+    message = str(raised.value)
+    assert "\n" not in message and "the dump completed but its manifest could not be completed" in message
+    assert "checkpoint" in node.verbs_called()
+    node.set_runtime()
+    node.gpus["container_gpus"] = lambda spec, pids, gpus=None: []
+    before_restore = len(node.calls())
+    with pytest.raises(ImageError) as refused:
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
+    assert "\n" not in str(refused.value)
+    assert f"{node.images}/gpuckpt-manifest.json: the dump of ctr never completed" in str(refused.value)
+    assert "restore" not in node.verbs_called()[before_restore:]
+
+
+def test_the_manifest_is_marked_complete_after_the_dump(make_node) -> None:
+    node = make_node(2)
+    assert node.checkpoint() == 0
+    assert read_manifest(str(node.images)).dump_completed
+
+
+def test_a_manifest_of_an_older_gpuckpt_reads_as_complete() -> None:
+    """Before this field, the manifest was written only after a successful dump."""
+    older = b'{"schema_version": 1, "created": "2026-11-01T00:00:00Z", "container_id": "ctr"}'
+    assert parse_manifest(older, "older.json").dump_completed
 
 
 # -- rollback on any exception ------------------------------------------------------------
@@ -81,7 +119,7 @@ def test_a_signal_during_a_dump_that_succeeded_completes_the_checkpoint(make_nod
     assert node.checkpoint() == 0
     assert all(node.driver.states[pid] == ProcessState.CHECKPOINTED for pid in node.pids)
     assert node.driver.calls_of("unlock") == []  # the image holds them checkpointed: nothing resumed
-    assert read_manifest(str(node.images)) is not None  # the checkpoint completed
+    assert read_manifest(str(node.images)).dump_completed
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
