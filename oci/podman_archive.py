@@ -25,7 +25,7 @@ import zlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import IO, BinaryIO, cast
+from typing import IO, Any, BinaryIO, cast
 
 import zstandard
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -72,6 +72,9 @@ class PodmanConfigDump(BaseModel):
     # kept by podman's --import unless under its run root; conmon writes them as root, following links
     conmonPidFile: str = ""
     pid_file: str = ""
+    # this node's podman secrets by name: copied in at --import, mounted or set as env at the next start
+    secrets: list[dict[str, Any]] = []
+    secret_env: dict[str, dict[str, Any]] = {}
     # `--pid container:X` and the like: joined at the container's next start (generateSpec), whatever spec.dump says
     ipcNsCtr: str = ""
     mountNsCtr: str = ""
@@ -237,6 +240,8 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     if pid_files := [path for path in (config.conmonPidFile, config.pid_file)
                      if path and not (run_root and path.startswith(run_root))]:
         problems.append(f"pid files podman would write on this node ({', '.join(p[:80] for p in pid_files)})")
+    if secrets := [str(secret.get("name", "?"))[:40] for secret in (*config.secrets, *config.secret_env.values())]:
+        problems.append(f"this node's podman secrets ({', '.join(secrets[:3])})")
     if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:
         problems.append(f"the namespaces of another container ({', '.join(joined)})")
     # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary

@@ -464,3 +464,17 @@ def test_a_seccomp_filter_that_filters_nothing_is_refused(tmp_path, seccomp, ref
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(spec).encode()))
     refusals = import_refusals(check_podman_archive(str(path)))
     assert any(r.startswith("no seccomp filter in spec.dump") for r in refusals) == refused, refusals
+
+
+@pytest.mark.hostile("config.dump naming podman secrets: podman's --import copies each named secret of this node into "
+                     "the container's storage, and its next start mounts them (/run/secrets) or sets them as env")
+@pytest.mark.parametrize("config_changes", [
+    {"secrets": [{"name": "db-password", "id": "ab" * 12, "UID": 0, "GID": 0, "Mode": 420, "Target": ""}]},
+    {"secret_env": {"PASSWORD": {"name": "db-password", "id": "ab" * 12}}},
+])
+def test_import_refuses_an_archive_that_names_podman_secrets(tmp_path, config_changes) -> None:
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | config_changes
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
+    assert any(r.startswith("this node's podman secrets (db-password")
+               for r in import_refusals(check_podman_archive(str(path)))), config_changes
