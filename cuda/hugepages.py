@@ -4,16 +4,20 @@ The driver's host buffers are ordinary anonymous memory of the target process an
 first-touch page faults dominate the device-to-host move; 2 MiB pages made a 16 GB
 checkpoint 1.35x and its restore 1.6x faster on an H100 (integration/gpu/results).
 The setting is node-wide, so it is changed only with `cuda.host_hugepages = "always"`,
-only for the duration, and concurrent shims share one change through a counted lock.
+only for the duration, and concurrent shims share one change: the record names each
+live holder (PID and start time), so a shim killed while it held the setting counts no
+more, and the next shim, whether it wants hugepages or not, puts back what the node had.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from collections.abc import Iterator
 
+from gpuckpt.host.procfs import start_time
 from gpuckpt.node.paths import state_dir
 
 THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
@@ -29,42 +33,80 @@ def current_mode(path: str = THP_ENABLED) -> str:
 @contextlib.contextmanager
 def hugepages_always(wanted: bool, path: str = THP_ENABLED) -> Iterator[None]:
     """Set THP to `always` for the block (if `wanted`), then put back what the node had."""
-    if not wanted or not os.path.exists(path):
+    if not os.path.exists(path):
         yield
         return
-    os.makedirs(state_dir(), mode=0o700, exist_ok=True)
     record = os.path.join(state_dir(), "thp.holders")
+    if not wanted:
+        if os.path.exists(record):
+            with _locked():
+                _hold(record, path, _live_holders(record))  # what a killed holder left
+        yield
+        return
+    me = _me()
+    with _locked():
+        _hold(record, path, [*_live_holders(record), me])
+    try:
+        yield
+    finally:
+        with _locked():
+            holders = _live_holders(record)
+            if me in holders:
+                holders.remove(me)  # one entry: a process may hold it twice (nested)
+            _hold(record, path, holders)
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    os.makedirs(state_dir(), mode=0o700, exist_ok=True)
     with open(os.path.join(state_dir(), "thp.lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        holders, saved = _read_record(record)
-        if holders == 0:
-            saved = current_mode(path)
-            _write(path, "always")
-        _write_record(record, holders + 1, saved)
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            holders, saved = _read_record(record)
-            if holders <= 1:
-                _write(path, saved or "madvise")
-            _write_record(record, max(holders - 1, 0), saved)
-            fcntl.flock(lock, fcntl.LOCK_UN)
+        yield  # closing the file lets go of the lock
 
 
-def _read_record(record: str) -> tuple[int, str]:
+def _me() -> list[int]:
+    return [os.getpid(), start_time(os.getpid()) or 0]
+
+
+def _read_record(record: str) -> tuple[list[list[int]], str]:
+    """The holders and the mode the node had before the first; none and "" without a record."""
     try:
         with open(record) as holders_file:
-            count, saved = holders_file.read().split()
-        return int(count), saved
-    except (OSError, ValueError):
-        return 0, ""
+            text = holders_file.read()
+    except OSError:
+        return [], ""
+    try:
+        found = json.loads(text)
+        return [[int(pid), int(since)] for pid, since in found["holders"]], str(found["saved"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    words = text.split()  # an older shim's "COUNT SAVED": its holders unknown, what the node had kept
+    return [], words[1] if len(words) == 2 and words[1] in ("always", "madvise", "never") else ""
 
 
-def _write_record(record: str, holders: int, saved: str) -> None:
+def _live_holders(record: str) -> list[list[int]]:
+    holders, _ = _read_record(record)
+    return [[pid, since] for pid, since in holders if start_time(pid) == since]
+
+
+def _hold(record: str, path: str, holders: list[list[int]]) -> None:
+    """Make the node's setting and the record agree with `holders` (the caller holds the lock)."""
+    _, saved = _read_record(record)
+    if holders:
+        if not saved:  # the first holder: keep what the node had
+            saved = current_mode(path)
+            _write(path, "always")
+        _write_record(record, holders, saved)
+        return
+    if saved:
+        _write(path, saved)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(record)
+
+
+def _write_record(record: str, holders: list[list[int]], saved: str) -> None:
     with open(record, "w") as holders_file:
-        holders_file.write(f"{holders} {saved}\n")
+        holders_file.write(json.dumps({"saved": saved, "holders": holders}) + "\n")
 
 
 def _write(path: str, mode: str) -> None:
