@@ -75,6 +75,8 @@ class PodmanConfigDump(BaseModel):
     # this node's podman secrets by name: copied in at --import, mounted or set as env at the next start
     secrets: list[dict[str, Any]] = []
     secret_env: dict[str, dict[str, Any]] = {}
+    # mounted at the container's next start: a host path as an overlay's lower (or upper) layer
+    overlayVolumes: list[dict[str, Any]] = []
     # `--pid container:X` and the like: joined at the container's next start (generateSpec), whatever spec.dump says
     ipcNsCtr: str = ""
     mountNsCtr: str = ""
@@ -240,6 +242,8 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     if pid_files := [path for path in (config.conmonPidFile, config.pid_file)
                      if path and not (run_root and path.startswith(run_root))]:
         problems.append(f"pid files podman would write on this node ({', '.join(p[:80] for p in pid_files)})")
+    if overlays := [str(volume.get("source", "?"))[:80] for volume in config.overlayVolumes]:
+        problems.append(f"host directories as overlay volumes ({', '.join(overlays[:3])})")
     if secrets := [str(secret.get("name", "?"))[:40] for secret in (*config.secrets, *config.secret_env.values())]:
         problems.append(f"this node's podman secrets ({', '.join(secrets[:3])})")
     if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:

@@ -478,3 +478,18 @@ def test_import_refuses_an_archive_that_names_podman_secrets(tmp_path, config_ch
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
     assert any(r.startswith("this node's podman secrets (db-password")
                for r in import_refusals(check_podman_archive(str(path)))), config_changes
+
+
+@pytest.mark.hostile("config.dump overlay volumes (podman run -v SRC:DEST:O): not in any spec, podman mounts them from "
+                     "the host path at the container's next start (a root-only directory read from the container "
+                     "after a real podman 4.3 restore --import)")
+@pytest.mark.parametrize(("config_changes", "refusal"), [
+    ({"overlayVolumes": [{"dest": "/hostdir", "source": "/etc"}]}, "host directories as overlay volumes (/etc)"),
+    ({"overlayVolumes": [{"dest": "/d", "source": "/srv", "options": ["U", "upperdir=/srv/u"]}]},
+     "host directories as overlay volumes (/srv)"),
+])
+def test_import_refuses_overlay_volumes(tmp_path, config_changes, refusal) -> None:
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | config_changes
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
+    assert refusal in import_refusals(check_podman_archive(str(path)))
