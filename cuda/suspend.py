@@ -1,9 +1,10 @@
 """Suspend a container's CUDA processes to host memory and resume them, without CRIU.
 
-Suspend: lock and checkpoint every CUDA process in parallel; the GPU is released and the
-processes stay where they are. Resume: check the GPUs have the memory back, restore
-(optionally onto other GPUs) and unlock. Any failure leaves the container either running
-or cleanly suspended, never half of each.
+Suspend: lock and checkpoint every CUDA process in parallel, then write the suspension
+record (node/suspension.py); the GPU is released and the processes stay where they are.
+Resume: check the GPUs have the memory back, restore (optionally onto other GPUs) and
+unlock. Any failure leaves the container either running or cleanly suspended (with its
+record), never half of each.
 """
 
 from __future__ import annotations
@@ -13,11 +14,11 @@ from collections.abc import Sequence
 
 from gpuckpt.cuda.compat import memory_needed
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.cuda.engine import CudaSession, query_states, refuse_stopped
+from gpuckpt.cuda.engine import CudaSession, one_line, query_states, refuse_stopped
 from gpuckpt.cuda.forked import split_forked_children
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
-from gpuckpt.node.suspension import SuspendedProcess, Suspension
+from gpuckpt.node.suspension import SuspendedProcess, Suspension, write_suspension
 from gpuckpt.oci.timestamps import utc_now
 
 
@@ -48,16 +49,18 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
     try:
         session.lock(lock_timeout_ms)
         session.checkpoint()
-    except (GpuckptError, KeyboardInterrupt) as error:
+        record = Suspension(
+            container=container, engine=engine, init_pid=init_pid,
+            since=utc_now(),
+            processes=[SuspendedProcess(pid=pid, gpu_uuids=sorted(usage.get(pid, {})),
+                                        device_bytes=sum(usage.get(pid, {}).values())) for pid in cuda_pids],
+            suspend_s=time.monotonic() - started)
+        write_suspension(record)  # resume starts from it: without one, nothing may stay suspended
+    except BaseException as error:  # whatever it was, the journal says what to undo
         leftovers = session.rollback()
         state = f"rollback could not resume {'; '.join(leftovers)}" if leftovers else "the container keeps running"
-        raise GpuCheckpointError(f"suspend of {container} failed ({error}); {state}") from None
-    return Suspension(
-        container=container, engine=engine, init_pid=init_pid,
-        since=utc_now(),
-        processes=[SuspendedProcess(pid=pid, gpu_uuids=sorted(usage.get(pid, {})),
-                                    device_bytes=sum(usage.get(pid, {}).values())) for pid in cuda_pids],
-        suspend_s=time.monotonic() - started)
+        raise GpuCheckpointError(f"suspend of {container} failed ({one_line(error)}); {state}") from None
+    return record
 
 
 def _check_memory(record: Suspension, pairs: Sequence[GpuPair], gpus: NodeGpus) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import test_gpu_verbs
 from fake_driver import FakeDriver
-from test_gpu_verbs import checkpointed_node, restore_args
+from test_gpu_verbs import checkpointed_node, restore_args, run_verb
 
 from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
@@ -232,3 +232,19 @@ def test_a_sigterm_during_cuinit_stops_the_container_rather_than_leaving_it_lock
     assert "\n" not in str(raised.value)
     assert "interrupted by SIGTERM" in str(raised.value) and "the container was stopped" in str(raised.value)
     assert node.verbs_called()[-2:] == ["kill", "delete"]
+
+
+# -- suspend on pause -----------------------------------------------------------------------
+
+
+def test_a_pause_whose_suspension_record_cannot_be_written_leaves_the_container_running(suspendable) -> None:
+    """The record is what resume needs: without one written, nothing may stay suspended."""
+    node = suspendable
+    (node.dir / "state").mkdir()
+    (node.dir / "state" / "suspended").write_text("")  # a file where the records' directory belongs
+    with pytest.raises(GpuCheckpointError) as raised:
+        run_verb(node, "pause")
+    assert "\n" not in str(raised.value) and "the container keeps running" in str(raised.value)
+    assert f"{node.dir}/state/suspended" in str(raised.value)
+    assert node.all_running()
+    assert "pause" not in node.verbs_called()
