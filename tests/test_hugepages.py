@@ -76,3 +76,15 @@ def test_a_shim_that_does_not_want_hugepages_puts_back_what_a_killed_holder_left
     with hugepages_always(False, path=thp):
         assert read(thp) == "madvise"
     assert read(thp) == "madvise"
+
+
+def test_an_older_shims_counted_record_gives_back_its_saved_mode(thp, node) -> None:
+    """Before holders were named, the record was 'COUNT SAVED': its holders cannot be checked, what the
+    node had is kept and put back."""
+    (node / "state").mkdir()
+    (node / "state" / "thp.holders").write_text("1 madvise\n")
+    with open(thp, "w") as setting:
+        setting.write("always")  # as the older shim, killed, left it
+    with hugepages_always(True, path=thp):
+        assert read(thp) == "always"
+    assert read(thp) == "madvise"
