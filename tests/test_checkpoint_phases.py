@@ -40,7 +40,7 @@ def join_driver_calls() -> None:
 # -- the manifest: written before the dump, completed after it ------------------------------
 
 
-def test_a_manifest_write_failing_after_the_dump_leaves_an_image_restore_refuses(make_node, monkeypatch) -> None:
+def test_a_manifest_write_failing_after_the_dump_leaves_an_image_restore_refuses(make_node) -> None:
     node = make_node(2)
     node.set_runtime(checkpoint_fills_disk_bytes=256)  # the dump fills the disk: the manifest no longer fits
     before = resource.getrlimit(resource.RLIMIT_FSIZE)
@@ -53,7 +53,6 @@ def test_a_manifest_write_failing_after_the_dump_leaves_an_image_restore_refuses
     assert "\n" not in message and "the dump completed but its manifest could not be completed" in message
     assert "checkpoint" in node.verbs_called()
     node.set_runtime()
-    node.gpus["container_gpus"] = lambda spec, pids, gpus=None: []
     before_restore = len(node.calls())
     with pytest.raises(ImageError) as refused:
         restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
