@@ -91,3 +91,29 @@ def stale_hierarchies(cgroup_root: str = CGROUP_ROOT) -> list[str]:
 def _own_cgroups_and_mounts() -> tuple[str, str]:
     with open("/proc/self/cgroup") as cgroups, open("/proc/self/mountinfo") as mounts:
         return cgroups.read(), mounts.read()
+
+
+def hierarchies_a_restore_would_leave(image_hierarchies: list[str], mountinfo: str,
+                                      cgroup_root: str = CGROUP_ROOT) -> list[str]:
+    """Of the v1 hierarchies a checkpoint's cgroup image lists (CRIU mounts each to restore the processes'
+    cgroups, creating it where the node has none), those not mounted where crun enters them: one CRIU
+    creates during crun's restore, after any look at /proc/self/cgroup, is the newest, and crun's proxy
+    takes its root for its own cgroup."""
+    mounted = _cgroup_mounts(mountinfo)
+    return [controllers for controllers in image_hierarchies
+            if controllers and not frozenset(controllers.split(",")) <= mounted.get(
+                crun_directory(controllers, cgroup_root), frozenset())]
+
+
+def crun_restore_hazard(image_hierarchies: list[str], cgroup_root: str = CGROUP_ROOT) -> str | None:
+    """Why crun's restore of a checkpoint with these cgroup hierarchies would kill every process on this
+    node (one line), or None: on cgroup v2 hosts never (crun's proxy reads its own cgroup v2 line)."""
+    if not hybrid_or_legacy(cgroup_root):
+        return None
+    proc_cgroup, mountinfo = _own_cgroups_and_mounts()
+    if stale := crun_proxy_hierarchy(proc_cgroup, mountinfo, cgroup_root):
+        return f"the cgroup v1 hierarchy '{stale}' is not mounted at {crun_directory(stale, cgroup_root)}"
+    if missing := hierarchies_a_restore_would_leave(image_hierarchies, mountinfo, cgroup_root):
+        return (f"the checkpoint's cgroup image lists the cgroup v1 hierarchy '{missing[0]}', not mounted at "
+                f"{crun_directory(missing[0], cgroup_root)} here, which CRIU would make during the restore")
+    return None

@@ -19,8 +19,9 @@ from bed import ROOTFS_TAR, configured_delegate, free_port, remove_stale_hierarc
 
 @pytest.fixture(scope="session", autouse=True)
 def no_stale_cgroup_hierarchy() -> Iterator[None]:
-    """gpuckpt-runtime refuses crun restores while a cgroup v1 hierarchy is mounted nowhere (host/cgroup_v1.py):
-    one an earlier run or experiment on this machine left is removed first; one this run leaves is an error."""
+    """gpuckpt-runtime refuses crun restores while a cgroup v1 hierarchy is not mounted where crun enters it
+    (host/cgroup_v1.py): one an earlier run or experiment on this machine left is removed first; one this run
+    leaves is an error."""
     if removed := remove_stale_hierarchies():
         print(f"\nintegration: removed cgroup v1 hierarchies mounted nowhere, left from before: {', '.join(removed)}")
     yield

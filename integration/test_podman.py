@@ -176,7 +176,8 @@ def test_container_cannot_point_criu_at_its_own_config(delegate, tmp_path) -> No
 
 def test_crun_restore_is_refused_while_a_cgroup_hierarchy_is_mounted_nowhere(tmp_path) -> None:
     """crun's restore would kill every process on the node (host/cgroup_v1.py): the shim refuses it with
-    one line, the container stays checkpointed, nothing else dies; once the hierarchy is gone it restores."""
+    one line, the container stays checkpointed, nothing else dies; once the hierarchy is gone it restores. A
+    checkpoint whose cgroup image lists a hierarchy the node lacks is refused too."""
     if not hybrid_or_legacy():
         pytest.skip("cgroup v2 host: crun's restore proxy finds its own cgroup there")
     hierarchy = f"name=gpuckpt-stale-{os.getpid()}"
@@ -191,7 +192,7 @@ def test_crun_restore_is_refused_while_a_cgroup_hierarchy_is_mounted_nowhere(tmp
             try:
                 refused = sh(*box.podman, "container", "restore", box.name, check=False)
                 assert refused.returncode != 0
-                assert f"the cgroup v1 hierarchy '{hierarchy}' is mounted nowhere" in refused.stderr
+                assert f"the cgroup v1 hierarchy '{hierarchy}' is not mounted at" in refused.stderr
                 assert box.status() == "exited"
                 assert bystander.poll() is None, "a process outside the container was killed"
             finally:
@@ -199,6 +200,19 @@ def test_crun_restore_is_refused_while_a_cgroup_hierarchy_is_mounted_nowhere(tmp
             sh(*box.podman, "container", "restore", box.name)
             box.assert_running()
             assert_continues(before, box.state)
+
+            # Dumped while the hierarchy existed, the checkpoint's cgroup image lists it: CRIU would make it
+            # again during crun's restore, after any look at /proc/self/cgroup (as it did on the CI machine).
+            make_stale_hierarchy(f"none,{hierarchy}")
+            try:
+                sh(*box.podman, "container", "checkpoint", box.name)
+            finally:
+                remove_stale_hierarchy(f"none,{hierarchy}")
+            refused = sh(*box.podman, "container", "restore", box.name, check=False)
+            assert refused.returncode != 0
+            assert f"the checkpoint's cgroup image lists the cgroup v1 hierarchy '{hierarchy}'" in refused.stderr
+            assert box.status() == "exited" and bystander.poll() is None
+            assert f":{hierarchy}:" not in Path("/proc/self/cgroup").read_text()
         finally:
             box.remove()
             bystander.kill()

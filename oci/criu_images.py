@@ -32,7 +32,7 @@ from gpuckpt.errors import ImageError
 # directory and every parent must be root's and writable by no one else.
 PYCRIU_DIRS = ("/opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu/images",
                "/usr/lib/python3/dist-packages/pycriu/images")
-PB2_MODULES = ("creds_pb2", "core_pb2", "pstree_pb2", "inventory_pb2", "seccomp_pb2", "userns_pb2")
+PB2_MODULES = ("creds_pb2", "core_pb2", "pstree_pb2", "inventory_pb2", "seccomp_pb2", "userns_pb2", "cgroup_pb2")
 
 MAX_FILE_BYTES = 1 << 20         # core-N.img holds registers, sigactions, rlimits: a few KiB
 MAX_SECCOMP_BYTES = 16 << 20     # every distinct filter program of the tree (4096 insns each at most)
@@ -43,7 +43,8 @@ MAX_MAP_EXTENTS = 340            # the kernel's limit for uid_map/gid_map lines
 SECCOMP_FILTER_FLAG_TSYNC = 1
 TASK_DEAD = 2                    # a zombie: restored only to be reaped, never runs
 NAMESPACE_FIELDS = ("pid", "net", "ipc", "uts", "mnt", "user", "cgroup", "time")
-IMAGE_NAME = re.compile(r"(inventory|pstree|seccomp|(?:core|ids|userns|creds)-[0-9]{1,10})\.img")
+IMAGE_NAME = re.compile(r"(inventory|pstree|seccomp|cgroup|(?:core|ids|userns|creds)-[0-9]{1,10})\.img")
+MAX_CGROUP_CONTROLLERS = 64  # a kernel has about 15 v1 controllers
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class _Messages:
         self.seccomp = modules["seccomp_pb2"].seccomp_entry
         self.userns = modules["userns_pb2"].userns_entry
         self.creds = modules["creds_pb2"].creds_entry
+        self.cgroup = modules["cgroup_pb2"].cgroup_entry
 
 
 def _require_root_owned(path: str) -> None:
@@ -387,6 +389,19 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
         images.tasks.append(TaskImage(process.pid, state, shown, tuple(threads), tuple(namespaces)))
     _read_user_namespaces(read, images, messages, at)
     return images
+
+
+def read_cgroup_hierarchies(read: FileSource, where: str) -> list[str]:
+    """The cgroup hierarchies CRIU mounts to put the restored processes back in their cgroups (cgroup.img's
+    controllers, each as /proc/self/cgroup names it: 'cpu,cpuacct', 'name=systemd'; '' the unified one)."""
+    messages = criu_messages()
+    entry = _optional(read("cgroup.img", MAX_FILE_BYTES), f"{where}/cgroup.img", "CGROUP", messages.cgroup, messages)
+    if entry is None:
+        return []
+    if len(entry.controllers) > MAX_CGROUP_CONTROLLERS:
+        raise ImageError(f"{where}/cgroup.img: {len(entry.controllers)} cgroup controllers, more than "
+                         f"{MAX_CGROUP_CONTROLLERS}")
+    return [",".join(sorted(str(name) for name in controller.cnames)) for controller in entry.controllers]
 
 
 def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list[Message],

@@ -22,18 +22,26 @@ from gpuckpt.cuda.engine import CudaSession, one_line, query_states
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError, UnsafeNodeError
-from gpuckpt.host.cgroup_v1 import stale_hierarchy_for_crun
+from gpuckpt.host.cgroup_v1 import crun_restore_hazard
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
+from gpuckpt.oci.criu_images import directory_source, read_cgroup_hierarchies
 from gpuckpt.oci.manifest import Manifest, read_manifest, require_completed
 from gpuckpt.oci.spec import Device, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
 from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
 from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
-from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, kill_container, owned_call, run_delegate
+from gpuckpt.shim.delegate import (
+    DelegateRun,
+    container_pids,
+    container_state,
+    kill_container,
+    owned_call,
+    run_delegate,
+)
 from gpuckpt.shim.devnodes import sync_nvidia_nodes
 from gpuckpt.shim.interrupt import SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
@@ -48,7 +56,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     if owned is None:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
-    refuse_crun_killing_the_node(delegate, container_id)
+    refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
@@ -77,16 +85,23 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus or NodeGpus()).run()
 
 
-def refuse_crun_killing_the_node(delegate: str, container_id: str) -> None:
-    """crun's restore destroys the cgroup its proxy process finds itself in; with a cgroup v1 hierarchy
-    nothing mounts, that is the root, and crun kills every process on the node (host/cgroup_v1.py)."""
-    if "crun" not in os.path.basename(delegate):
+def refuse_crun_killing_the_node(delegate: str, container_id: str, image_dir: str) -> None:
+    """crun's restore destroys the cgroup its proxy process finds itself in; when that is a cgroup v1
+    hierarchy's root (one not mounted where crun enters it, or one CRIU creates for the checkpoint's
+    cgroup image during the restore), crun kills every process on the node (host/cgroup_v1.py)."""
+    if not _is_crun(delegate):
         return
-    if hierarchy := stale_hierarchy_for_crun():
+    if hazard := crun_restore_hazard(read_cgroup_hierarchies(directory_source(image_dir), image_dir)):
         raise UnsafeNodeError(
-            f"restore of {container_id} refused: the cgroup v1 hierarchy '{hierarchy}' is mounted nowhere under "
-            f"/sys/fs/cgroup and crun's restore would kill every process in its root (the whole node); "
-            f"remove that hierarchy (gpuckpt doctor says how) or restore through runc")
+            f"restore of {container_id} refused: {hazard}, and crun's restore would kill every process in its "
+            f"root (the whole node); mount or remove that hierarchy (gpuckpt doctor says how) or restore "
+            f"through runc")
+
+
+def _is_crun(delegate: str) -> bool:
+    """The delegate is crun by its name or by the name of the file it links to (a crun the operator
+    renamed and copied is not seen: asking each delegate's --version costs every restore a process)."""
+    return any("crun" in os.path.basename(path) for path in (delegate, os.path.realpath(delegate)))
 
 
 class GpuRestore:

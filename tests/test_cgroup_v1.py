@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuckpt.host.cgroup_v1 import crun_proxy_hierarchy, unmounted_hierarchies
+from gpuckpt.host.cgroup_v1 import crun_proxy_hierarchy, hierarchies_a_restore_would_leave, unmounted_hierarchies
 
 MOUNTS = """\
 31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
@@ -73,3 +73,13 @@ def test_a_named_hierarchy_at_its_name_and_a_pair_crun_spells_its_way_are_where_
     mounts = MOUNTS + "91 31 0:51 / /sys/fs/cgroup/yard rw,relatime - cgroup cgroup rw,name=yard\n"
     assert crun_proxy_hierarchy("16:name=yard:/\n" + CLEAN, mounts) is None
     assert crun_proxy_hierarchy("13:net_cls,net_prio:/\n" + CLEAN, MOUNTS) is None
+
+
+def test_a_checkpoint_listing_a_hierarchy_this_node_lacks_is_named() -> None:
+    # as a podman 4.3 container's cgroup.img on the CI machine lists them ('' is the unified hierarchy)
+    listed = ["hugetlb", "memory", "cpu", "freezer", "", "name=systemd"]
+    assert hierarchies_a_restore_would_leave(listed, MOUNTS) == []
+    assert hierarchies_a_restore_would_leave([*listed, "perf_event", "name=elsewhere"], MOUNTS) == [
+        "perf_event", "name=elsewhere"]
+    moved = MOUNTS.replace("/sys/fs/cgroup/freezer", "/sys/fs/cgroup/other")  # crun looks only at its own place
+    assert hierarchies_a_restore_would_leave(listed, moved) == ["freezer"]
