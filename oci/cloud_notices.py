@@ -79,7 +79,7 @@ def parse_notice(status: int, body: bytes, now: datetime | None = None, vm_name:
     except ValidationError:
         return None
     for event in events.Events:
-        if vm_name and event.Resources and vm_name not in event.Resources:
+        if vm_name and event.Resources and vm_name.lower() not in {name.lower() for name in event.Resources}:
             continue
         if event.EventType in AZURE_LOSING_EVENTS:
             try:

@@ -108,6 +108,7 @@ def test_an_azure_event_for_other_vms_only_is_not_this_vms_notice() -> None:
              "NotBefore": "Wed, 25 Nov 2026 05:00:30 GMT"}]}).encode()
     assert parse_notice(200, events("vm-b", "vm-c"), NOW, vm_name="vm-a") is None
     assert parse_notice(200, events("vm-b", "vm-a"), NOW, vm_name="vm-a") is not None
+    assert parse_notice(200, events("VM-A"), NOW, vm_name="vm-a") is not None  # Azure's names ignore case
     # this VM's name unknown, or an event naming no VM: a drain rather than a missed notice
     assert parse_notice(200, events("vm-b"), NOW) is not None
     assert parse_notice(200, events(), NOW, vm_name="vm-a") is not None
