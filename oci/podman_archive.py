@@ -222,6 +222,9 @@ def _other_filesystems(spec: Spec) -> list[str]:
 NAMESPACE_CONTAINERS = ("ipcNsCtr", "mountNsCtr", "netNsCtr", "pidNsCtr", "userNsCtr", "utsNsCtr", "cgroupNsCtr")
 
 
+DEFAULT_RUN_ROOT = "/run/containers/storage"  # root's podman (containers-storage.conf runroot)
+
+
 def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset(), run_root: str = "") -> list[str]:
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
@@ -238,9 +241,13 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         problems.append("a privileged container")
     if config.rootfs:
         problems.append(f"a root filesystem given by path ({config.rootfs[:80]})")
-    # podman's restore replaces a pid file that starts with its run root (strings.HasPrefix), keeps any other
+    # podman's restore replaces a pid file that starts with its run root (strings.HasPrefix) and keeps any
+    # other: kept, only the paths root's podman itself gives this very container are harmless (in its own
+    # root-only directory, named by the archive's own ID, as an archive from a node with the default run
+    # root names them on a node with another)
+    own = {f"{DEFAULT_RUN_ROOT}/overlay-containers/{config.id}/userdata/{name}" for name in ("conmon.pid", "pidfile")}
     if pid_files := [path for path in (config.conmonPidFile, config.pid_file)
-                     if path and not (run_root and path.startswith(run_root))]:
+                     if path and not (run_root and path.startswith(run_root)) and path not in own]:
         problems.append(f"pid files podman would write on this node ({', '.join(p[:80] for p in pid_files)})")
     if overlays := [str(volume.get("source", "?"))[:80] for volume in config.overlayVolumes]:
         problems.append(f"host directories as overlay volumes ({', '.join(overlays[:3])})")

@@ -371,6 +371,19 @@ def test_import_refuses_config_dump_fields_podman_acts_on(tmp_path, config_chang
     assert refusals == [] if refusal is None else any(r.startswith(refusal) for r in refusals), refusals
 
 
+def test_the_pid_files_podman_gives_this_very_container_pass_under_another_run_root(tmp_path) -> None:
+    """An archive from a node with root's default run root, imported where podman has another (the signed-move
+    test's node B): podman keeps those paths, in its own root-only directory named by the archive's own ID."""
+    own = {"conmonPidFile": OWN_PID_FILE, "pid_file": f"{RUN_ROOT}/overlay-containers/{PODMAN_ID}/userdata/pidfile"}
+    other_id = {"conmonPidFile": f"{RUN_ROOT}/overlay-containers/{'cd' * 32}/userdata/conmon.pid"}
+    for changes, refused in ((own, False), (other_id, True)):
+        config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | changes
+        path = tmp_path / "a.tar"
+        path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
+        refusals = import_refusals(check_podman_archive(str(path)), run_root="/var/tmp/node-b/run")
+        assert bool(refusals) == refused, refusals
+
+
 @pytest.mark.hostile("a bind mount whose source only holds podman's userdata words: a local user's link there "
                      "(/tmp/x/overlay-containers/ID/userdata -> a root-only directory) was mounted read-write at the "
                      "container's next start after a real podman 4.3 restore --import; or a second entry for a "
