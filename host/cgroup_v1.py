@@ -49,28 +49,28 @@ def crun_directory(controllers: str, cgroup_root: str = CGROUP_ROOT) -> str:
     return f"{cgroup_root}/{name}"
 
 
+def _entered_by_crun(controllers: str, mounted: dict[str, frozenset[str]], cgroup_root: str) -> bool:
+    """Whether the hierarchy of `controllers` is mounted where crun enters it (the unified one, '', always is)."""
+    return not controllers or frozenset(controllers.split(",")) <= mounted.get(
+        crun_directory(controllers, cgroup_root), frozenset())
+
+
 def unmounted_hierarchies(proc_cgroup: str, mountinfo: str, cgroup_root: str = CGROUP_ROOT) -> list[str]:
     """Every v1 hierarchy in proc_cgroup that is not mounted where crun enters it, newest first: one
     mounted elsewhere, even below cgroup_root, leaves crun's proxy in that hierarchy's root."""
     mounted = _cgroup_mounts(mountinfo)
-    found = []
-    for line in proc_cgroup.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1] and not frozenset(parts[1].split(",")) <= mounted.get(
-                crun_directory(parts[1], cgroup_root), frozenset()):
-            found.append(parts[1])
-    return found
+    return [parts[1] for line in proc_cgroup.splitlines()
+            if len(parts := line.split(":", 2)) == 3 and not _entered_by_crun(parts[1], mounted, cgroup_root)]
 
 
 def crun_proxy_hierarchy(proc_cgroup: str, mountinfo: str, cgroup_root: str = CGROUP_ROOT) -> str | None:
-    """The hierarchy crun's restore proxy would take for its own when nothing mounts it under
-    cgroup_root ('perf_event', 'name=x'), else None. Both texts as /proc/self/{cgroup,mountinfo} hold them."""
-    unmounted = unmounted_hierarchies(proc_cgroup, mountinfo, cgroup_root)
+    """The hierarchy crun's restore proxy would take for its own when it is not mounted where crun enters
+    it ('perf_event', 'name=x'), else None. Both texts as /proc/self/{cgroup,mountinfo} hold them."""
     for line in proc_cgroup.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3 or parts[1] == "memory":
             continue  # crun skips exactly memory
-        return parts[1] if parts[1] in unmounted else None  # the unified line ("") is crun's own too
+        return None if _entered_by_crun(parts[1], _cgroup_mounts(mountinfo), cgroup_root) else parts[1]
     return None
 
 
@@ -100,9 +100,7 @@ def hierarchies_a_restore_would_leave(image_hierarchies: list[str], mountinfo: s
     creates during crun's restore, after any look at /proc/self/cgroup, is the newest, and crun's proxy
     takes its root for its own cgroup."""
     mounted = _cgroup_mounts(mountinfo)
-    return [controllers for controllers in image_hierarchies
-            if controllers and not frozenset(controllers.split(",")) <= mounted.get(
-                crun_directory(controllers, cgroup_root), frozenset())]
+    return [controllers for controllers in image_hierarchies if not _entered_by_crun(controllers, mounted, cgroup_root)]
 
 
 def crun_restore_hazard(image_hierarchies: list[str], cgroup_root: str = CGROUP_ROOT) -> str | None:

@@ -43,10 +43,15 @@ def prune(directory: str, keep: int) -> list[str]:
     return gone
 
 
-def prune_named(directory: str, name: str) -> None:
+def _checkpoint_paths(directory: str, name: str) -> tuple[str, str, str]:
     """One checkpoint in `directory`: docker's directory NAME, or podman's NAME.tar.zst and its signature."""
-    for path in (os.path.join(directory, name), os.path.join(directory, f"{name}.tar.zst"),
-                 os.path.join(directory, f"{name}.tar.zst.sig")):
+    return (os.path.join(directory, name), os.path.join(directory, f"{name}.tar.zst"),
+            os.path.join(directory, f"{name}.tar.zst.sig"))
+
+
+def prune_named(directory: str, name: str) -> None:
+    """Remove one checkpoint of `directory` (_checkpoint_paths), following no link."""
+    for path in _checkpoint_paths(directory, name):
         if os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path, ignore_errors=True)
         elif os.path.lexists(path):
@@ -59,8 +64,7 @@ def _checkpoint_names(directory: str) -> list[str]:
 
 def _checkpoint_bytes(directory: str, name: str) -> int:
     total = 0
-    for path in (os.path.join(directory, name), os.path.join(directory, f"{name}.tar.zst"),
-                 os.path.join(directory, f"{name}.tar.zst.sig")):
+    for path in _checkpoint_paths(directory, name):
         if os.path.isdir(path):
             total += sum(os.lstat(os.path.join(root, entry)).st_size for root, _, entries in os.walk(path)
                          for entry in entries)
