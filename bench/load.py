@@ -116,14 +116,14 @@ def verified_restore(tally: Tally, name: str) -> bool:
 
 
 def run_container(tally: Tally, name: str) -> None:
-    if step(tally, "run", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
-            IMAGE, "python3", "-c", COUNTER) is None:
-        return
     try:
+        if step(tally, "run", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
+                IMAGE, "python3", "-c", COUNTER) is None:
+            return
         step(tally, "exec", "exec", name, "true")
         verified_restore(tally, name)
         step(tally, "stop", "stop", "-t", "2", name)
-    finally:
+    finally:  # a run that failed may still have created the container
         step(tally, "rm", "rm", "-f", "-t", "0", name)
 
 
@@ -136,10 +136,10 @@ def lifecycle(tally: Tally, names: list[str]) -> float:
 
 def cycles(tally: Tally, name: str, count: int) -> float:
     started = time.monotonic()
-    if step(tally, "run", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
-            IMAGE, "python3", "-c", COUNTER) is None:
-        return 0.0
     try:
+        if step(tally, "run", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
+                IMAGE, "python3", "-c", COUNTER) is None:
+            return 0.0
         for _ in range(count):
             verified_restore(tally, name)
     finally:
