@@ -225,7 +225,19 @@ NAMESPACE_CONTAINERS = ("ipcNsCtr", "mountNsCtr", "netNsCtr", "pidNsCtr", "userN
 DEFAULT_RUN_ROOT = "/run/containers/storage"  # root's podman (containers-storage.conf runroot)
 
 
-def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset(), run_root: str = "") -> list[str]:
+def _held_by_another(userdata: str) -> bool:
+    """Whether something is at a container's userdata directory: a directory with files (another
+    container's, of a store that uses that run root), a link or a file. Absent or empty is free."""
+    try:
+        return not stat.S_ISDIR(os.lstat(userdata).st_mode) or bool(os.listdir(userdata))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset(), run_root: str = "",
+                    default_run_root: str = DEFAULT_RUN_ROOT) -> list[str]:
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
     for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
@@ -244,8 +256,10 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     # podman's restore replaces a pid file that starts with its run root (strings.HasPrefix) and keeps any
     # other: kept, only the paths root's podman itself gives this very container are harmless (in its own
     # root-only directory, named by the archive's own ID, as an archive from a node with the default run
-    # root names them on a node with another)
-    own = {f"{DEFAULT_RUN_ROOT}/overlay-containers/{config.id}/userdata/{name}" for name in ("conmon.pid", "pidfile")}
+    # root names them on a node with another). On such a node podman never makes that directory: one with
+    # files in it is another container's (CRI-O, a second store), whose pid files conmon would replace
+    userdata = f"{default_run_root}/overlay-containers/{config.id}/userdata"
+    own = set() if _held_by_another(userdata) else {f"{userdata}/{name}" for name in ("conmon.pid", "pidfile")}
     if pid_files := [path for path in (config.conmonPidFile, config.pid_file)
                      if path and not (run_root and path.startswith(run_root)) and path not in own]:
         problems.append(f"pid files podman would write on this node ({', '.join(p[:80] for p in pid_files)})")

@@ -384,6 +384,31 @@ def test_the_pid_files_podman_gives_this_very_container_pass_under_another_run_r
         assert bool(refusals) == refused, refusals
 
 
+def test_the_pid_files_of_an_id_another_container_holds_there_are_refused(tmp_path) -> None:
+    """Under another run root podman never makes the default one's userdata directory: one with files in it
+    belongs to another container (CRI-O's, a second store's) with the ID the archive chose, whose conmon.pid
+    and pidfile conmon and the runtime would replace, as root. Absent or empty, nothing of another's is there."""
+    default_root, userdata = tmp_path / "run", tmp_path / f"run/overlay-containers/{PODMAN_ID}/userdata"
+    own = {"conmonPidFile": f"{default_root}/overlay-containers/{PODMAN_ID}/userdata/conmon.pid"}
+    config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | own
+    path = tmp_path / "a.tar"
+    path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
+    archive = check_podman_archive(str(path))
+
+    def refusals() -> list[str]:
+        return import_refusals(archive, run_root="/var/tmp/node-b/run", default_run_root=str(default_root))
+
+    assert refusals() == []  # no such directory
+    userdata.mkdir(parents=True)
+    assert refusals() == []  # empty
+    (userdata / "conmon.pid").write_text("4242")  # another container's, running
+    assert any(r.startswith("pid files podman would write") for r in refusals()), refusals()
+    (userdata / "conmon.pid").unlink()
+    userdata.rmdir()
+    userdata.symlink_to(tmp_path)
+    assert any(r.startswith("pid files podman would write") for r in refusals()), refusals()
+
+
 @pytest.mark.hostile("a bind mount whose source only holds podman's userdata words: a local user's link there "
                      "(/tmp/x/overlay-containers/ID/userdata -> a root-only directory) was mounted read-write at the "
                      "container's next start after a real podman 4.3 restore --import; or a second entry for a "
