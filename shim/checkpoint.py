@@ -8,6 +8,11 @@ them (thawing a frozen container for that), the delegate's dump, then with
 succeeded, any exception or a SIGTERM/SIGINT/SIGHUP (a flag, checked between phases)
 rolls back what the session's journal says was done; the container keeps running and
 the engine gets one line. After it, a signal is noted and the checkpoint completes.
+
+One gpuckpt operation on a container at a time (node/journal.py's lock). Each phase is
+written to the container's journal on disk before it starts; a shim killed outright
+(SIGKILL) leaves it, and the next owned verb on the container finishes it first
+(shim/recover.py).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_hand
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import load_config
+from gpuckpt.node.journal import ContainerLock, Journal, Phase, boot_id, process_record, remove_journal, write_journal
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.suspension import Suspension, read_suspension, remove_suspension
 from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest
@@ -42,6 +48,7 @@ from gpuckpt.shim.freezer import Freezer, thawed
 from gpuckpt.shim.interrupt import Interrupted, SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
 from gpuckpt.shim.pause import PAUSE_ENGINE
+from gpuckpt.shim.recover import finish_left_journal
 from gpuckpt.transfer.dump_signature import sign_dump
 
 
@@ -50,11 +57,17 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     if owned is None:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
-    try:
-        state = container_state(delegate, args.global_argv, container_id)
-    except DelegateError:
-        return run_delegate(delegate, args.argv)  # no such container: runc's own error
-    return Checkpoint(args, verb, container_id, delegate, state, gpus or NodeGpus()).run()
+    gpus = gpus or NodeGpus()
+    with ContainerLock(container_id, "checkpoint"):
+        finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+        try:
+            state = container_state(delegate, args.global_argv, container_id)
+        except DelegateError:
+            return run_delegate(delegate, args.argv)  # no such container: runc's own error
+        try:
+            return Checkpoint(args, verb, container_id, delegate, state, gpus).run()
+        finally:
+            remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
 
 
 class Checkpoint:
@@ -74,6 +87,32 @@ class Checkpoint:
         self.criu_config: list[str] = []
         self.pids: list[int] = []
         self.forked_children: list[int] = []
+        self.journal: Journal | None = None
+        freezer = Freezer.of_process(state.pid)
+        try:  # as the engine left it (docker pauses before a checkpoint): how a recovery puts it back
+            self.frozen_by_engine = freezer is not None and freezer.is_frozen()
+        except OSError:
+            self.frozen_by_engine = False
+
+    def _journal(self, phase: Phase, **changes: object) -> None:
+        """Write the phase about to start (and what it needs known) before it starts."""
+        if self.journal is None:
+            image_dir = image_dir_of(self.verb)
+            self.journal = Journal(container=self.container_id, verb="checkpoint", phase=phase, boot_id=boot_id(),
+                                   shim_pid=os.getpid(), global_argv=self.args.global_argv, image_dir=image_dir,
+                                   work_dir=os.path.abspath(self.verb.value("work-path") or image_dir),
+                                   leave_running=self.leave_running, refreeze=self.frozen_by_engine)
+        self.journal = self.journal.model_copy(update={"phase": phase, **changes})
+        write_journal(self.journal)
+
+    def _start_dump(self) -> DelegateRun:
+        """The delegate's dump, started, with the journal naming it (a dump goes on if we are killed)."""
+        self._journal("dump", dump_began=time.time())
+        dump = DelegateRun(self.delegate, self.argv)
+        dump.start()
+        if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:
+            self._journal("dump", delegate_pid=child, delegate_start_time=record.start_time)
+        return dump
 
     def _refuse_container_criu_config(self) -> None:
         refuse_runtime_annotations(self.annotations, self.container_id, self.config.criu, config_path(),
@@ -177,7 +216,7 @@ class Checkpoint:
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}
         self._begin_manifest(inventory, cuda_pids, started, "its CUDA processes stay suspended as the pause left them")
         dump_started = time.monotonic()
-        status = run_delegate(self.delegate, self.argv)
+        status = self._start_dump().finish()
         if status != 0:
             raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
                                 f"as the pause left them{self._failure_hint()}", status)
@@ -189,7 +228,7 @@ class Checkpoint:
     def _dump_plain(self, started: float, gpu: bool) -> int:
         inventory = self.gpus.describe_container_gpus(self.spec, []) if gpu else Inventory("", 0, [])
         self._begin_manifest(inventory, [], started, "the container keeps running")
-        status = run_delegate(self.delegate, self.argv)
+        status = self._start_dump().finish()
         if status != 0:
             hint = self._failure_hint()
             if hint:
@@ -220,6 +259,9 @@ class Checkpoint:
                 refuse_stopped(session.pids)
                 self._release_forked_children(freezer)
                 signals.check()
+                records = [process_record(pid, self.pid_in_container[pid]) for pid in cuda_pids]
+                self._journal("gpu_checkpoint", gpu=True,
+                              processes=[record for record in records if record is not None])
                 session.lock(self.config.cuda.lock_timeout_ms)
                 signals.check()
                 session.checkpoint()
@@ -233,6 +275,7 @@ class Checkpoint:
         downtime_s = None
         if self.leave_running:
             try:
+                self._journal("gpu_resume")
                 with thawed(freezer):
                     session.restore()
                     session.unlock()
@@ -248,8 +291,8 @@ class Checkpoint:
     def _dump(self, signals: SignalFlag) -> float:
         """The delegate's dump (our signals go to it meanwhile); its seconds."""
         dump_started = time.monotonic()
-        dump = DelegateRun(self.delegate, self.argv)
-        dump_status = dump.wait()
+        dump = self._start_dump()
+        dump_status = dump.finish()
         signals.note(dump.interrupted_by)
         if dump_status != 0 and dump.interrupted_by is not None:
             raise Interrupted(dump.interrupted_by)
@@ -293,6 +336,7 @@ class Checkpoint:
         except OSError as error:
             raise GpuCheckpointError(f"checkpoint of {self.container_id} failed before the dump: its manifest could "
                                      f"not be written ({one_line(error)}); {left}") from None
+        self._journal("prepared")
 
     def _complete_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, *, dump_s: float,
                            downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:

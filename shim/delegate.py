@@ -63,6 +63,11 @@ class DelegateRun:
             self._restore_handlers()
             raise DelegateError(f"delegate runtime: {error}") from None
 
+    @property
+    def pid(self) -> int | None:
+        """The child's PID once started."""
+        return self._child.pid if self._child is not None else None
+
     def poll(self) -> int | None:
         """The exit status if the child has ended, else None."""
         assert self._child is not None

@@ -6,6 +6,11 @@ restore, then find the restored CUDA processes and restore (remapped if the GPUs
 changed) and unlock them in parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP
 arrives before the driver's restore begins (a flag, checked between phases), the
 half-restored container is killed rather than left with its processes locked.
+
+One gpuckpt operation on a container at a time (node/journal.py's lock, held until the
+container runs). A GPU restore writes its phases to the container's journal before each
+starts; a shim killed outright leaves it, and the next owned verb on the container (or
+`gpuckpt recover`) finishes the restore (shim/recover.py).
 """
 
 from __future__ import annotations
@@ -25,6 +30,16 @@ from gpuckpt.errors import DelegateError, GpuCheckpointError, UnsafeNodeError
 from gpuckpt.host.cgroup_v1 import crun_restore_hazard
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import Config, load_config
+from gpuckpt.node.journal import (
+    ContainerLock,
+    Journal,
+    JournalProcess,
+    Phase,
+    boot_id,
+    process_record,
+    remove_journal,
+    write_journal,
+)
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
 from gpuckpt.oci.criu_images import directory_source, read_cgroup_hierarchies
@@ -45,6 +60,7 @@ from gpuckpt.shim.delegate import (
 from gpuckpt.shim.devnodes import sync_nvidia_nodes
 from gpuckpt.shim.interrupt import SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
+from gpuckpt.shim.recover import finish_left_journal
 from gpuckpt.transfer.dump_signature import verify_dump
 from gpuckpt.transfer.staging import claim_staged_pages
 
@@ -56,6 +72,18 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     if owned is None:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
+    gpus = gpus or NodeGpus()
+    lock = ContainerLock(container_id, "restore")
+    with lock:
+        finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+        try:
+            return _restore(args, delegate, verb, container_id, gpus, lock)
+        finally:
+            remove_journal(container_id)
+
+
+def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, gpus: NodeGpus,
+             lock: ContainerLock) -> int:
     refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
@@ -65,8 +93,8 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
 
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")
-    if lock := network_lock_lines(config.criu.network_lock):
-        use_criu_config(lock)  # CRIU locks the network while it restores TCP connections too
+    if network_lock := network_lock_lines(config.criu.network_lock):
+        use_criu_config(network_lock)  # CRIU locks the network while it restores TCP connections too
     if staged := claim_staged_pages(image_dir_of(verb)):
         log(args, "info", f"{container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
 
@@ -82,7 +110,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
         return run_delegate(delegate, argv)  # no GPU state to bring back
-    return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus or NodeGpus()).run()
+    return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
 
 
 def refuse_crun_killing_the_node(delegate: str, container_id: str, image_dir: str) -> None:
@@ -108,14 +136,24 @@ class GpuRestore:
     """The GPU side of one restore: node check, the delegate's restore, then the CUDA processes back."""
 
     def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, config: Config,
-                 manifest: Manifest, argv: list[str], gpus: NodeGpus) -> None:
+                 manifest: Manifest, argv: list[str], gpus: NodeGpus, lock: ContainerLock) -> None:
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
-        self.config, self.gpus = config, gpus
+        self.config, self.gpus, self.lock = config, gpus, lock
         self.container_id = container_id
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
         self.spec_devices: list[Device] = []
         self.rootfs = ""
+        # host PIDs are known once the delegate restored them (phase gpu_restore)
+        wanted = [JournalProcess(host_pid=0, start_time=0, container_pid=record.container_pid)
+                  for record in manifest.processes]
+        self.journal = Journal(container=container_id, verb="restore", phase="restore", boot_id=boot_id(),
+                               shim_pid=os.getpid(), global_argv=args.global_argv, image_dir=image_dir_of(verb),
+                               gpu=True, processes=wanted)
+
+    def _write_journal(self, phase: Phase, **changes: object) -> None:
+        self.journal = self.journal.model_copy(update={"phase": phase, **changes})
+        write_journal(self.journal)
 
     def _target_gpus(self) -> list[GpuInfo]:
         bundle = os.path.abspath(self.verb.value("bundle", "b") or ".")
@@ -139,21 +177,24 @@ class GpuRestore:
         initialising = threading.Thread(target=lambda: _collect(driver.init, init_errors), daemon=True)
         initialising.start()
         target = self._target_gpus()
+        pairs = gpu_pairs(self.manifest, target)
         self.phases["check_s"] = time.monotonic() - started
         if signals.signum is not None:
             raise GpuCheckpointError(f"restore of {self.container_id} interrupted by {signals.name} before the "
                                      "delegate's restore; nothing was restored")
         mark = time.monotonic()
+        self._write_journal("restore", gpu_pairs=[(pair.old_uuid, pair.new_uuid) for pair in pairs])
         delegate_run = DelegateRun(self.delegate, self.argv)
+        delegate_run.start()
+        if (child := delegate_run.pid) is not None and (record := process_record(child, 0)) is not None:
+            self._write_journal("restore", delegate_pid=child, delegate_start_time=record.start_time)
         if self.detach:
-            status = delegate_run.wait()
+            status = delegate_run.finish()
             signals.note(delegate_run.interrupted_by)
             if status != 0:
                 return status  # the delegate reported why; nothing of ours to undo
-        else:  # the container's own: signals go on to it as runc's do (delegate_run forwards them)
-            delegate_run.start()
-            if not self._wait_running(delegate_run):
-                return delegate_run.finish()
+        elif not self._wait_running(delegate_run):  # the container's own: signals go on to it as runc's do
+            return delegate_run.finish()
         self.phases["delegate_restore_s"] = time.monotonic() - mark
         try:
             signals.check()
@@ -161,14 +202,18 @@ class GpuRestore:
             signals.check()
             if init_errors:
                 raise init_errors[0]
-            self._restore_gpu(driver, gpu_pairs(self.manifest, target), signals)
+            self._restore_gpu(driver, pairs, signals)
         except BaseException as error:  # whatever it was, the container must not stay with locked processes
             kill_container(self.delegate, self.args.global_argv, self.container_id)
+            remove_journal(self.container_id)
+            self.lock.release()
             if not self.detach:
                 delegate_run.finish()
             raise GpuCheckpointError(
                 f"restore of {self.container_id} failed: {one_line(error)}; the container was stopped"
             ) from None
+        remove_journal(self.container_id)
+        self.lock.release()  # the container runs: a checkpoint of it may come while the delegate waits on it
         if signals.signum is not None:
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived while the driver restored the "
                 "CUDA processes: the restore completed")
@@ -213,6 +258,8 @@ class GpuRestore:
             if process_state != ProcessState.CHECKPOINTED:
                 raise GpuCheckpointError(f"restored process {pid} is {process_state.name.lower()}, not checkpointed")
         signals.check()  # the last boundary: from here the restore runs to its end (or fails and is killed)
+        records = [process_record(pid, container_pid(pid)) for pid in found]
+        self._write_journal("gpu_restore", processes=[record for record in records if record is not None])
         session = CudaSession(driver, found)
         session.restore(pairs)
         session.unlock()

@@ -32,6 +32,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A private config path and state dir; the config file does not exist yet."""
     monkeypatch.setenv("GPUCKPT_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("GPUCKPT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("GPUCKPT_JOURNAL_DIR", str(tmp_path / "journal"))
     return tmp_path
 
 

@@ -205,8 +205,8 @@ def test_frozen_container_is_thawed_for_the_gpu_steps_and_refrozen_before_the_du
     events: list[str] = []
     fake_freezer = FakeFreezer(node.driver, node.pids, events)
     monkeypatch.setattr(freezer.Freezer, "of_process", classmethod(lambda cls, pid: fake_freezer))
-    original_run = checkpoint.DelegateRun.wait
-    monkeypatch.setattr(checkpoint.DelegateRun, "wait",
+    original_run = checkpoint.DelegateRun.start
+    monkeypatch.setattr(checkpoint.DelegateRun, "start",
                         lambda self: (events.append(f"dump(frozen={fake_freezer.frozen})"), original_run(self))[1])
     assert node.checkpoint() == 0
     # thawed for the driver's state queries (which wait on a frozen process), then for the lock and checkpoint
