@@ -18,11 +18,13 @@ from types import FrameType
 
 from gpuckpt.errors import GpuckptError
 from gpuckpt.node.config import load_config
+from gpuckpt.node.journal import pending_journals
 from gpuckpt.service.operations import Operations, unheard
 from gpuckpt.service.preemption import PreemptionWatch
 from gpuckpt.service.schedule import Schedule
 from gpuckpt.service.server import Server
 from gpuckpt.service.systemd import log, notify, watchdog_interval_s
+from gpuckpt.shim.recover import recover_all
 
 TICK_S = 1.0  # how often the service looks at its watchers (preemption, schedule) and the watchdog
 
@@ -44,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config().service
         operations = Operations(config)
+        if pending_journals():  # a shim killed mid-checkpoint (or the node with it): finished before anything else
+            recover_all(log)
         if config.restore_at_start and (waiting := operations.status().drained):
             notify(f"STATUS=restoring {len(waiting)} drained container(s)")
             result = operations.restore(unheard)

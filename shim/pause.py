@@ -39,10 +39,15 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     # Deferred: the GPU side (the driver binding, NVML, ptrace) only for containers that opted
     # in; every other container's pause and resume is the delegate's alone (exec'd above).
     from gpuckpt.cuda.node import NodeGpus
+    from gpuckpt.node.journal import ContainerLock
+    from gpuckpt.shim.recover import finish_left_journal
 
-    if args.command == "pause":
-        return _pause(args, delegate, container_id, state.pid, gpus or NodeGpus())
-    return _resume(args, delegate, container_id, gpus or NodeGpus())
+    gpus = gpus or NodeGpus()
+    with ContainerLock(container_id, args.command or "pause"):  # not beside a checkpoint or restore of it
+        finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+        if args.command == "pause":
+            return _pause(args, delegate, container_id, state.pid, gpus)
+        return _resume(args, delegate, container_id, gpus)
 
 
 def _opted_in(state: ContainerState) -> bool:

@@ -21,10 +21,20 @@ from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuckptError, ImageError
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.host.safefiles import read_bounded
-from gpuckpt.node.journal import BusyError, Journal, boot_id, read_journal, remove_journal, same_process
+from gpuckpt.node.journal import (
+    BusyError,
+    ContainerLock,
+    Journal,
+    boot_id,
+    pending_journals,
+    read_journal,
+    remove_journal,
+    same_process,
+)
 from gpuckpt.oci.manifest import read_manifest, write_manifest
 from gpuckpt.shim.delegate import container_pids, container_state, kill_container
 from gpuckpt.shim.freezer import Freezer
+from gpuckpt.shim.resolve import resolve_runtime
 from gpuckpt.transfer.dump_signature import sign_dump
 
 ORPHAN_WAIT_S = 60.0  # a dump or restore the killed shim's delegate still runs: waited for this long
@@ -66,6 +76,22 @@ def _wait_for_delegate(journal: Journal) -> None:
                             f"delegate (pid {journal.delegate_pid}) after {ORPHAN_WAIT_S:g} s; nothing was touched "
                             "(try again when it ends)")
         time.sleep(0.1)
+
+
+def recover_all(report: Report, containers: list[str] | None = None) -> int:
+    """Finish each journal nobody is working on; how many could not be finished (one line each to `report`)."""
+    delegate, gpus, failed = resolve_runtime().delegate, NodeGpus(), 0
+    for container in containers or pending_journals():
+        try:
+            with ContainerLock(container, "recover"):
+                if not finish_left_journal(container, delegate, gpus, report):
+                    report(f"{container}: no journal: nothing to finish")
+        except BusyError as error:
+            report(str(error))  # a live shim's work in progress, or its delegate's: not ours to finish
+        except GpuckptError as error:
+            report(f"{container}: {error}")
+            failed += 1
+    return failed
 
 
 # -- checkpoint ---------------------------------------------------------------------------------
