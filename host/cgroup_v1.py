@@ -28,17 +28,20 @@ def hybrid_or_legacy(cgroup_root: str = CGROUP_ROOT) -> bool:
 
 
 def _cgroup_mounts(mountinfo: str) -> dict[str, frozenset[str]]:
-    """The controller sets ('cpu', 'name=systemd', ...) of the v1 hierarchies by mount point (the
-    last mount at a point is the one seen there)."""
-    mounted = {}
+    """The controller sets ('cpu', 'name=systemd', ...) of the v1 hierarchies crun can enter, by mount
+    point: a later mount at or above a point hides what was there (a tmpfs over it: crun's mkdir and
+    write land in the tmpfs), and crun skips a read-only one (EROFS), its proxy left in the root."""
+    mounted: dict[str, frozenset[str]] = {}
     for line in mountinfo.splitlines():
         fields = line.split()
-        if " - " not in line or len(fields) < 5:
+        if " - " not in line or len(fields) < 6:
             continue
-        after = line.split(" - ", 1)[1].split()
-        if len(after) < 3 or after[0] != "cgroup":
-            continue
-        mounted[fields[4]] = frozenset(after[2].split(",")) - _NOT_CONTROLLERS
+        point, after = fields[4], line.split(" - ", 1)[1].split()
+        mounted = {at: names for at, names in mounted.items()
+                   if at != point and not at.startswith(point.rstrip("/") + "/")}
+        read_only = "ro" in fields[5].split(",") or (len(after) >= 3 and "ro" in after[2].split(","))
+        if len(after) >= 3 and after[0] == "cgroup" and not read_only:
+            mounted[point] = frozenset(after[2].split(",")) - _NOT_CONTROLLERS
     return mounted
 
 

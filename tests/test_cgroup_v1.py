@@ -83,3 +83,16 @@ def test_a_checkpoint_listing_a_hierarchy_this_node_lacks_is_named() -> None:
         "perf_event", "name=elsewhere"]
     moved = MOUNTS.replace("/sys/fs/cgroup/freezer", "/sys/fs/cgroup/other")  # crun looks only at its own place
     assert hierarchies_a_restore_would_leave(listed, moved) == ["freezer"]
+
+
+@pytest.mark.parametrize("hiding", [
+    "92 32 0:60 / /sys/fs/cgroup/cpu rw,relatime - tmpfs tmpfs rw\n",  # over it: crun's mkdir lands in the tmpfs
+    "92 23 0:60 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw\n",  # over every hierarchy below
+    "92 31 0:29 / /sys/fs/cgroup/cpu ro,relatime - cgroup cgroup rw,cpu\n",  # crun skips EROFS, proxy in '/'
+])
+def test_a_hierarchy_hidden_by_a_later_mount_or_read_only_is_not_entered_by_crun(hiding: str) -> None:
+    hidden_first = "/sys/fs/cgroup " in hiding  # hugetlb, CLEAN's first line, hidden too
+    assert crun_proxy_hierarchy(CLEAN, MOUNTS + hiding) == ("hugetlb" if hidden_first else None)
+    assert crun_proxy_hierarchy("1:cpu:/\n", MOUNTS + hiding) == "cpu"
+    assert "cpu" in hierarchies_a_restore_would_leave(["cpu"], MOUNTS + hiding)
+    assert "cpu" in unmounted_hierarchies(CLEAN, MOUNTS + hiding)
