@@ -1,0 +1,287 @@
+"""The store on disk: a root-only directory of chunk files and checkpoint manifests, and its lock.
+
+    ROOT/                   0700, root's (host.safefiles.private_directory), /var/lib/gpuckpt/store
+      store.lock            flock: shared while a checkpoint is written or read, exclusive to collect
+      chunks/ab/abcd…       one chunk, zstd, named by the BLAKE3 digest of its bytes (64 hex)
+      checkpoints/NAME.json a checkpoint (store.manifest), linked into place once complete
+      tmp/                  chunks and manifests being written
+
+A chunk is written once: compressed, synced to disk under a temporary name, renamed into place.
+Everything read back is bounded and checked: names are hex digests or checkpoint names only, files
+are regular and read without following links, a chunk must decompress to exactly its size and
+digest. Only this module opens files in the store.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import stat
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import TracebackType
+
+import zstandard
+
+from gpuckpt.errors import ImageError, UsageError
+from gpuckpt.host.safefiles import make_directory_at, private_directory
+from gpuckpt.store.chunking import DIGEST, MAX_CHUNK_BYTES, chunk_digest
+from gpuckpt.store.manifest import MAX_MANIFEST_BYTES, NAME, StoredCheckpoint, check_name, parse_stored
+
+DEFAULT_STORE_DIR = "/var/lib/gpuckpt/store"
+CHUNKS, CHECKPOINTS, TEMPORARY, LOCK = "chunks", "checkpoints", "tmp", "store.lock"
+MANIFEST_SUFFIX = ".json"
+# zstd's bound for a chunk that does not compress (ZSTD_compressBound), and room for the frame
+MAX_STORED_CHUNK_BYTES = MAX_CHUNK_BYTES + (MAX_CHUNK_BYTES >> 7) + 4096
+COMPRESSION_LEVEL = 1  # speed first: pages are large and mostly incompressible or zero
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+class ChunkError(ImageError):
+    """A chunk is missing, unreadable or not what its name says; the message names it."""
+
+    def __init__(self, message: str, digest: str) -> None:
+        super().__init__(message)
+        self.digest = digest
+
+
+class StoreBusy(UsageError):
+    """The lock is held the other way (a checkpoint is being written, or chunks collected)."""
+
+
+def _fanout(digest: str) -> str:
+    return digest[:2]
+
+
+class Store:
+    """One store, opened (made 0700 if missing, checked private) for the life of a command."""
+
+    def __init__(self, root: str = DEFAULT_STORE_DIR) -> None:
+        self.root = os.path.abspath(root)
+        self.fd = private_directory(self.root)
+        self._local = threading.local()
+        try:
+            for name in (CHUNKS, CHECKPOINTS, TEMPORARY):
+                os.close(make_directory_at(self.fd, name)[0])  # ELOOP, not followed, if a link is there
+        except BaseException:
+            os.close(self.fd)
+            raise
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.close()
+
+    # --- the lock -------------------------------------------------------------------------------
+    @contextmanager
+    def locked(self, exclusive: bool = False, wait_s: float | None = None) -> Iterator[None]:
+        """Shared: checkpoints written and read (many at once); exclusive: a collection (no chunk
+        is added or read meanwhile). `wait_s` None waits as long as it takes; else StoreBusy."""
+        fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+        try:
+            kind = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            deadline = None if wait_s is None else time.monotonic() + wait_s
+            while True:
+                try:
+                    fcntl.flock(fd, kind | (fcntl.LOCK_NB if deadline is not None else 0))
+                    break
+                except BlockingIOError:
+                    if deadline is None or time.monotonic() >= deadline:
+                        holder = "a checkpoint is being written or read" if exclusive else "chunks are being collected"
+                        raise StoreBusy(f"{self.root}: the store is busy ({holder}): try again later") from None
+                    time.sleep(0.1)
+            yield
+        finally:
+            os.close(fd)
+
+    # --- chunks ---------------------------------------------------------------------------------
+    @staticmethod
+    def chunk_name(digest: str) -> str:
+        if not DIGEST.fullmatch(digest):
+            raise ImageError(f"chunk {digest[:80]!r} is not a BLAKE3 digest (64 hex digits): refused")
+        return f"{CHUNKS}/{_fanout(digest)}/{digest}"
+
+    def has_chunk(self, digest: str) -> bool:
+        try:
+            status = os.stat(self.chunk_name(digest), dir_fd=self.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(status.st_mode)
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        compressor: zstandard.ZstdCompressor | None = getattr(self._local, "compressor", None)
+        if compressor is None:  # one per thread: python-zstandard's objects are not shared between threads
+            compressor = self._local.compressor = zstandard.ZstdCompressor(level=COMPRESSION_LEVEL)
+        return compressor
+
+    def put_chunk(self, digest: str, data: memoryview | bytes) -> int:
+        """Write one chunk (compressed, synced, renamed into place); its bytes on disk."""
+        name = self.chunk_name(digest)
+        compressed = self._compressor().compress(data)
+        temporary = f"{TEMPORARY}/{digest}.{os.getpid()}.{threading.get_ident()}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.fd)
+        try:
+            view = memoryview(compressed)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fdatasync(fd)  # on disk before any manifest can name it
+        except BaseException:
+            os.close(fd)
+            os.unlink(temporary, dir_fd=self.fd)
+            raise
+        os.close(fd)
+        try:
+            os.mkdir(f"{CHUNKS}/{_fanout(digest)}", 0o700, dir_fd=self.fd)
+        except FileExistsError:
+            pass
+        os.rename(temporary, name, src_dir_fd=self.fd, dst_dir_fd=self.fd)
+        return len(compressed)
+
+    def sync_fanouts(self, fanouts: set[str]) -> None:
+        """The chunk directories' new names on disk (before a manifest names them)."""
+        for fanout in sorted(fanouts):
+            fd = os.open(f"{CHUNKS}/{fanout}", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self.fd)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def read_chunk(self, digest: str, size: int) -> bytes:
+        """A chunk's bytes, checked: exactly `size` of them, and their digest its name; else a ChunkError."""
+        name = self.chunk_name(digest)
+        try:
+            fd = os.open(name, _READ_FLAGS, dir_fd=self.fd)
+        except FileNotFoundError:
+            raise ChunkError(f"chunk {digest} is missing from {self.root}", digest) from None
+        except OSError as error:
+            raise ChunkError(f"chunk {digest} cannot be read: {error.strerror}", digest) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ChunkError(f"chunk {digest} is not a regular file: refused", digest)
+            stored = os.read(fd, MAX_STORED_CHUNK_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(stored) > MAX_STORED_CHUNK_BYTES:
+            raise ChunkError(f"chunk {digest} is corrupt: larger than any chunk is stored", digest)
+        try:
+            # a frame declaring another size is refused before anything is allocated for it
+            declared = zstandard.get_frame_parameters(stored).content_size
+            if declared != size:
+                raise ChunkError(f"chunk {digest} is corrupt: it declares {declared} bytes, not {size}", digest)
+            data = zstandard.ZstdDecompressor().decompress(stored, max_output_size=size)
+        except zstandard.ZstdError as error:
+            raise ChunkError(f"chunk {digest} is corrupt: {error}", digest) from None
+        if len(data) != size or chunk_digest(data) != digest:
+            raise ChunkError(f"chunk {digest} is corrupt: its bytes do not hash to its name", digest)
+        return data
+
+    def chunk_files(self) -> Iterator[tuple[str, os.stat_result]]:
+        """Every chunk file in the store (names that are not digests are left alone), with its status."""
+        for fanout in self._list(CHUNKS):
+            if len(fanout) != 2 or not all(c in "0123456789abcdef" for c in fanout):
+                continue
+            directory = f"{CHUNKS}/{fanout}"
+            for name in self._list(directory):
+                if DIGEST.fullmatch(name) and name.startswith(fanout):
+                    try:
+                        yield name, os.stat(f"{directory}/{name}", dir_fd=self.fd, follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+
+    def remove_chunk(self, digest: str) -> None:
+        os.unlink(self.chunk_name(digest), dir_fd=self.fd)
+
+    def temporary_files(self) -> Iterator[tuple[str, os.stat_result]]:
+        for name in self._list(TEMPORARY):
+            try:
+                yield name, os.stat(f"{TEMPORARY}/{name}", dir_fd=self.fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+
+    def remove_temporary(self, name: str) -> None:
+        if "/" in name or name in (".", ".."):
+            raise ImageError(f"{name!r} is not a file name")
+        os.unlink(f"{TEMPORARY}/{name}", dir_fd=self.fd)
+
+    def _list(self, relative: str) -> list[str]:
+        """The names in a directory of the store, opened without following a link."""
+        fd = os.open(relative, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            return os.listdir(fd)
+        finally:
+            os.close(fd)
+
+    # --- checkpoints ----------------------------------------------------------------------------
+    def checkpoint_names(self) -> list[str]:
+        names = []
+        for file_name in self._list(CHECKPOINTS):
+            name = file_name.removesuffix(MANIFEST_SUFFIX)
+            if file_name.endswith(MANIFEST_SUFFIX) and NAME.fullmatch(name):
+                names.append(name)
+        return sorted(names)
+
+    def has_checkpoint(self, name: str) -> bool:
+        return os.path.lexists(os.path.join(self.root, CHECKPOINTS, f"{check_name(name)}{MANIFEST_SUFFIX}"))
+
+    def read_checkpoint(self, name: str) -> StoredCheckpoint:
+        relative = f"{CHECKPOINTS}/{check_name(name)}{MANIFEST_SUFFIX}"
+        what = os.path.join(self.root, relative)
+        try:
+            fd = os.open(relative, _READ_FLAGS, dir_fd=self.fd)
+        except FileNotFoundError:
+            raise UsageError(f"no checkpoint {name!r} in {self.root} (gpuckpt store list shows them)") from None
+        except OSError as error:
+            raise ImageError(f"{what}: cannot read: {error.strerror}") from None
+        with os.fdopen(fd, "rb") as source:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ImageError(f"{what}: not a regular file")
+            data = source.read(MAX_MANIFEST_BYTES + 1)
+        if len(data) > MAX_MANIFEST_BYTES:
+            raise ImageError(f"{what}: larger than {MAX_MANIFEST_BYTES} bytes")
+        stored = parse_stored(data, what)
+        if stored.name != name:
+            raise ImageError(f"{what}: names itself {stored.name!r}: refused")
+        return stored
+
+    def write_checkpoint(self, stored: StoredCheckpoint) -> str:
+        """The manifest, synced, then linked into place (never over another); its path."""
+        final = f"{CHECKPOINTS}/{check_name(stored.name)}{MANIFEST_SUFFIX}"
+        temporary = f"{TEMPORARY}/{stored.name}{MANIFEST_SUFFIX}.{os.getpid()}"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                     dir_fd=self.fd)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(stored.model_dump_json().encode())
+                out.flush()
+                os.fsync(out.fileno())
+            try:
+                os.link(temporary, final, src_dir_fd=self.fd, dst_dir_fd=self.fd, follow_symlinks=False)
+            except FileExistsError:
+                raise UsageError(f"a checkpoint named {stored.name!r} is already in {self.root}: "
+                                 "give another --name") from None
+        finally:
+            os.unlink(temporary, dir_fd=self.fd)
+        directory = os.open(CHECKPOINTS, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+        return os.path.join(self.root, final)
+
+    def remove_checkpoint(self, name: str) -> None:
+        try:
+            os.unlink(f"{CHECKPOINTS}/{check_name(name)}{MANIFEST_SUFFIX}", dir_fd=self.fd)
+        except FileNotFoundError:
+            raise UsageError(f"no checkpoint {name!r} in {self.root} (gpuckpt store list shows them)") from None
+
