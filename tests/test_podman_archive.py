@@ -384,6 +384,8 @@ def test_the_pid_files_podman_gives_this_very_container_pass_under_another_run_r
         assert bool(refusals) == refused, refusals
 
 
+@pytest.mark.hostile("config.dump's pid files at podman's default run root for an ID whose userdata directory there "
+                     "is another container's (imported where podman has another run root): conmon would replace them")
 def test_the_pid_files_of_an_id_another_container_holds_there_are_refused(tmp_path) -> None:
     """Under another run root podman never makes the default one's userdata directory: one with files in it
     belongs to another container (CRI-O's, a second store's) with the ID the archive chose, whose conmon.pid
