@@ -18,6 +18,7 @@ from gpuckpt.host import process
 from gpuckpt.host.cgroup_v1 import crun_directory, hybrid_or_legacy, stale_hierarchy_for_crun
 from gpuckpt.host.programs import find_program
 from gpuckpt.node.config import load_config
+from gpuckpt.node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
 from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
 from gpuckpt.node.inventory import inventory_dir, read_records
 from gpuckpt.node.paths import config_path
@@ -47,6 +48,8 @@ class CheckFailed(Exception):
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser("doctor", help="check this node for what checkpoint/restore needs")
+    parser.add_argument("--containerd-config", default=CONTAINERD_CONFIG,
+                        help=f"containerd's config file to check (default {CONTAINERD_CONFIG})")
     parser.set_defaults(handler=run)
 
 
@@ -139,6 +142,30 @@ def check_podman() -> str | None:
 
 def check_docker() -> str | None:
     return _check_engine("docker", "dockerd", docker_registration)
+
+
+def _containerd_major() -> int | None:
+    """The major version of the containerd on PATH (None: none, or no version in its answer)."""
+    if not find_program("containerd"):
+        return None
+    answer = process.run(["containerd", "--version"], timeout_s=30, check=False).stdout
+    found = re.search(r" v?(\d+)\.\d+", answer)
+    return int(found.group(1)) if found else None
+
+
+def check_containerd(config: str = CONTAINERD_CONFIG) -> str | None:
+    """A CRI handler in containerd's config must run an executable gpuckpt-runtime through the runc v2 shim; none
+    is needed unless containerd is 2.x (CRI checkpoint and restore; a 1.x on PATH is docker's)."""
+    binary, runtime_type = containerd_registration(config)
+    fix = f"gpuckpt install --engine containerd{'' if config == CONTAINERD_CONFIG else f' --config {config}'}"
+    if binary is None and runtime_type is None:
+        if os.path.exists(config) and (_containerd_major() or 0) >= 2:
+            raise CheckFailed(f"containerd: no CRI runtime handler {HANDLER!r} in {config}", fix)
+        return None
+    if runtime_type != SHIM_RUNTIME_TYPE or not binary or not os.access(binary, os.X_OK):
+        raise CheckFailed(f"containerd: handler {HANDLER!r} in {config} runs {binary!r} through {runtime_type!r}, "
+                          f"not an executable gpuckpt-runtime through {SHIM_RUNTIME_TYPE}", fix)
+    return f"containerd: CRI runtime handler {HANDLER!r} runs {binary} ({config})"
 
 
 def check_hook() -> str | None:
@@ -246,15 +273,15 @@ def check_cgroup_hierarchies() -> str | None:
 CHECKS: list[Callable[[], str | None]] = [
     check_kernel, check_cgroup_hierarchies, check_criu, check_criu_image_definitions, check_config_and_delegate,
     check_trust, check_network_lock,
-    check_podman, check_docker, check_hook, check_service,
+    check_podman, check_docker, check_containerd, check_hook, check_service,
     check_driver,
 ]
 
 
-def results() -> Iterator[tuple[bool, str]]:
+def results(containerd_config: str = CONTAINERD_CONFIG) -> Iterator[tuple[bool, str]]:
     for check in CHECKS:
         try:
-            line = check()
+            line = check_containerd(containerd_config) if check is check_containerd else check()
         except CheckFailed as failure:
             yield False, f"{failure}\n       fix: {failure.fix}"
         except GpuckptError as error:
@@ -266,7 +293,7 @@ def results() -> Iterator[tuple[bool, str]]:
 
 def run(options: argparse.Namespace) -> int:
     failed = 0
-    for passed, line in results():
+    for passed, line in results(options.containerd_config):
         print(f"{'ok  ' if passed else 'FAIL'}   {line}")
         failed += not passed
     return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""`gpuckpt install --engine podman|docker`: register gpuckpt-runtime with an engine.
+"""`gpuckpt install --engine podman|docker|containerd`: register gpuckpt-runtime with an engine.
 
 Makes this node's signing key if it has none (node.trust: root only, never replaced), then
 edits the engine's own config idempotently (backup first, other settings kept) and, for a
@@ -17,14 +17,15 @@ from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host.programs import find_program
 from gpuckpt.node import engines
 from gpuckpt.node.config import turn_hook_on
+from gpuckpt.node.containerd import CONTAINERD_CONFIG, HANDLER, register_containerd
 from gpuckpt.node.paths import config_path
 
 DOCKER_PID_FILE = "/var/run/docker.pid"
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("install", help="register gpuckpt-runtime with podman or docker")
-    parser.add_argument("--engine", required=True, choices=["podman", "docker"])
+    parser = commands.add_parser("install", help="register gpuckpt-runtime with podman, docker or containerd")
+    parser.add_argument("--engine", required=True, choices=["podman", "docker", "containerd"])
     parser.add_argument("--default", action="store_true", help="make gpuckpt-runtime the engine's default runtime")
     parser.add_argument("--runtime-path", help="path of gpuckpt-runtime (default: found on PATH)")
     parser.add_argument("--config", help="the engine config file to edit (default: the engine's system file)")
@@ -53,7 +54,8 @@ def _reload_dockerd() -> str:
 
 
 def _install_hook(engine: str, runtime_path: str) -> str:
-    """gpuckpt-hook for this engine's containers: podman reads hooks.d, docker gets it from the runtime's create."""
+    """gpuckpt-hook for this engine's containers: podman reads hooks.d, docker and containerd get it from the runtime's
+    create."""
     hook_path = hook_beside(runtime_path)
     if not os.access(hook_path, os.X_OK):
         raise UsageError(f"gpuckpt-hook is not beside {runtime_path} (reinstall gpuckpt, or pass --no-hook)")
@@ -69,9 +71,14 @@ def run(options: argparse.Namespace) -> int:
     if os.geteuid() == 0:  # a non-root run edits a --config of its own and signs nothing
 
         run_init(options)
+    if options.engine == "containerd" and options.default:
+        raise UsageError(f"--default: containerd's pods choose gpuckpt through a RuntimeClass whose handler is "
+                         f"{HANDLER!r} (packaging/kubernetes/runtimeclass.yaml); give no --default")
     if options.engine == "podman":
         change = engines.register_podman(runtime_path, default=options.default,
                                          conf_path=options.config or engines.PODMAN_CONF, hooks=not options.no_hook)
+    elif options.engine == "containerd":
+        change = register_containerd(runtime_path, config_path=options.config or CONTAINERD_CONFIG)
     else:
         change = engines.register_docker(runtime_path, default=options.default,
                                          daemon_json=options.config or engines.DOCKER_DAEMON_JSON)
@@ -81,6 +88,10 @@ def run(options: argparse.Namespace) -> int:
         print(f"{change.path}: {engines.RUNTIME_NAME} already registered ({runtime_path}); nothing changed")
         return 0
     backup = f" (backup: {change.backup})" if change.backup else ""
+    if options.engine == "containerd":
+        print(f"{change.path}: registered the CRI runtime handler {HANDLER!r} -> {runtime_path}{backup}; "
+              "restart containerd (it reads its config when it starts)")
+        return 0
     print(f"{change.path}: registered {engines.RUNTIME_NAME} -> {runtime_path}{backup}")
     if options.engine == "docker" and not options.config:
         print(_reload_dockerd())

@@ -17,8 +17,9 @@ case $mode in deb|tree) ;; *) echo "setup.sh: GPUCKPT_INSTALL=$mode: give deb or
 [ "$(id -u)" = 0 ] || { echo "setup.sh: run as root" >&2; exit 1; }
 start=$(date +%s)
 bash "$here/install-system.sh"
+bash "$here/containerd.sh"   # containerd 2.1 in a private prefix, for integration/test_cri.py
 if [ "$mode" = deb ]; then
-    GPUCKPT_EXTRAS=${GPUCKPT_EXTRAS:-gpu,test} GPUCKPT_BINDIR=none bash "$repo/packaging/install.sh"
+    GPUCKPT_EXTRAS=${GPUCKPT_EXTRAS:-gpu,test,cri-test} GPUCKPT_BINDIR=none bash "$repo/packaging/install.sh"
     # install.sh's launchers from an earlier tree install would come first in PATH: only ours go
     for name in gpuckpt gpuckpt-runtime gpuckpt-hook gpuckptd; do
         launcher=/usr/local/bin/$name
@@ -35,7 +36,7 @@ if [ "$mode" = deb ]; then
     [ "$(command -v gpuckpt-runtime)" = /usr/bin/gpuckpt-runtime ] || {
         echo "setup.sh: gpuckpt-runtime in PATH is $(command -v gpuckpt-runtime), not the package's" >&2; exit 1; }
 else
-    GPUCKPT_EXTRAS=${GPUCKPT_EXTRAS:-gpu,test} bash "$repo/packaging/install.sh"
+    GPUCKPT_EXTRAS=${GPUCKPT_EXTRAS:-gpu,test,cri-test} bash "$repo/packaging/install.sh"
 fi
 gpuckpt install --engine podman --default
 gpuckpt install --engine docker

@@ -1,0 +1,164 @@
+"""Kubernetes through the CRI: gpuckpt as a containerd 2.1 runtime handler, driven as kubelet drives it.
+
+Two private containerd 2.1 nodes (Debian forky's, integration/testbed/containerd.sh; cri_node.py) with
+gpuckpt's handler registered by `gpuckpt install --engine containerd --config`; their pods' image comes
+from Debian's docker-registry on loopback. A pod runs the counter workload under the `gpuckpt` handler;
+kubelet's ContainerCheckpoint is CheckpointContainer into an archive (the container keeps running);
+containerd 2.1's restore is CreateContainer whose image is that archive, in a new pod on the same node
+and on the second node. The restored workload goes on from its state (token, counter, buffer checksum).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tarfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from bed import COUNTER_SOURCE, GPUCKPT, RUNTIME, Counter, assert_continues, configured_delegate, sh, wait_counter
+from cri_client import Kubelet
+from cri_node import CGROUP_PARENT, CONTAINERD, HANDLER, Node, loopback_registry, push_base_image
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def cri_work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("cri")
+
+
+@pytest.fixture(scope="module")
+def cri_image(cri_work) -> Iterator[str]:
+    """The pods' image (and sandbox image) in a registry on loopback that both nodes pull from."""
+    if not CONTAINERD.exists():
+        pytest.fail(f"{CONTAINERD} missing: run integration/testbed/containerd.sh (setup.sh does)")
+    with loopback_registry(cri_work) as registry:
+        yield push_base_image(registry, cri_work)
+
+
+def _node(name: str, work: Path, image: str) -> Iterator[Node]:
+    node = Node(name, work, image)
+    node.install_handler()
+    node.start()
+    try:
+        yield node
+    finally:
+        try:
+            node.stop()
+        except Exception as error:  # the test's own failure is the one to see; the log tail helps with both
+            print(f"stopping containerd {name}: {error}\n{node.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def node_a(cri_work, cri_image) -> Iterator[Node]:
+    yield from _node("node-a", cri_work, cri_image)
+
+
+@pytest.fixture(scope="module")
+def node_b(cri_work, cri_image) -> Iterator[Node]:
+    yield from _node("node-b", cri_work, cri_image)
+
+
+class Pod:
+    """A pod with one container running the counter, made as kubelet makes it."""
+
+    def __init__(self, kubelet: Kubelet, image: str) -> None:
+        self.kubelet, self.image = kubelet, image
+        self.name = f"gpuckpt-cri-{os.getpid()}-{next(_names)}"
+        self.config = kubelet.pod_config(self.name, str(uuid.uuid4()), CGROUP_PARENT)
+        self.pod_id = kubelet.run_pod(self.config, HANDLER)
+        self.container_id = ""
+
+    def run_counter(self) -> None:
+        self.container_id = self.kubelet.create(self.pod_id, self.config, "counter", self.image,
+                                                command=["python3", "-c", COUNTER_SOURCE])
+        self.kubelet.start(self.container_id)
+
+    def restore(self, archive: Path) -> None:
+        self.container_id = self.kubelet.create(self.pod_id, self.config, "counter", str(archive))
+        self.kubelet.start(self.container_id)
+
+    def read_state(self) -> str:
+        code, out, err = self.kubelet.exec_sync(self.container_id, ["cat", "/tmp/state"])
+        if code != 0:
+            raise OSError(f"cat /tmp/state exited {code}: {err}")
+        return out
+
+    def remove(self) -> None:
+        self.kubelet.stop_and_remove_pod(self.pod_id)
+
+
+def test_containerd_21_runs_pods_under_the_gpuckpt_handler(node_a) -> None:
+    version = node_a.kubelet.version()
+    assert version.runtime_name == "containerd" and version.runtime_version.startswith(("2.1.", "v2.1.")), version
+    again = node_a.install_handler()
+    assert "already registered" in again.stdout, again.stdout
+    assert f'Root = "{node_a.state}/runc"' in node_a.config.read_text()  # the entry's own option kept
+    doctor = sh(GPUCKPT, "doctor", "--containerd-config", str(node_a.config), check=False)
+    assert f"containerd: CRI runtime handler '{HANDLER}' runs {RUNTIME}" in doctor.stdout, doctor.stdout
+
+
+@pytest.fixture(scope="module")
+def checkpointed(node_a, cri_image, cri_work) -> Iterator[tuple[Path, Counter]]:
+    """kubelet's ContainerCheckpoint of a running counter pod on node A: the archive and the state before it."""
+    with configured_delegate("runc"):
+        pod = Pod(node_a.kubelet, cri_image)
+        try:
+            pod.run_counter()
+            before = wait_counter(pod.read_state, minimum=3)
+            archive = cri_work / f"checkpoint-{pod.name}-counter.tar"
+            node_a.kubelet.checkpoint(pod.container_id, archive)
+            # the container keeps running, as kubelet's checkpoint leaves it
+            assert node_a.kubelet.status(pod.container_id).state == node_a.kubelet.pb.CONTAINER_RUNNING
+            assert_continues(before, pod.read_state)
+        finally:
+            pod.remove()
+        yield archive, before
+
+
+def _restore_and_check(node: Node, image: str, archive: Path, before: Counter) -> None:
+    with configured_delegate("runc"):
+        pod = Pod(node.kubelet, image)
+        try:
+            pod.restore(archive)
+            assert_continues(before, pod.read_state)
+            status = node.kubelet.status(pod.container_id)
+            assert status.annotations.get("restored") == "true", dict(status.annotations)
+            assert status.image.image == image  # the base image, shown again in place of the archive
+        finally:
+            pod.remove()
+
+
+def test_the_archive_restores_in_a_new_pod_on_the_same_node(node_a, cri_image, checkpointed) -> None:
+    _restore_and_check(node_a, cri_image, *checkpointed)
+
+
+def test_the_archive_restores_on_a_second_node(node_b, cri_image, checkpointed) -> None:
+    """Another containerd root: the base image is pulled by the restore itself (NAME@DIGEST from config.dump)."""
+    _restore_and_check(node_b, cri_image, *checkpointed)
+
+
+def test_the_archive_is_containerds_with_gpuckpts_manifest(checkpointed) -> None:
+    archive, _ = checkpointed
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+        manifest = json.load(tar.extractfile("checkpoint/gpuckpt-manifest.json"))  # type: ignore[arg-type]
+        config_dump = json.load(tar.extractfile("config.dump"))  # type: ignore[arg-type]
+    # containerd 2.1's layout (internal/cri/server/container_checkpoint_linux.go), CRIU's images under checkpoint/
+    assert {"config.dump", "spec.dump", "status.dump", "rootfs-diff.tar", "checkpoint/inventory.img"} <= names
+    assert config_dump["runtime"] == "io.containerd.runc.v2"
+    # gpuckpt-runtime took containerd's checkpoint, leaving the container running, and said so in its manifest
+    assert manifest["leave_running"] is True and "--leave-running" in manifest["delegate_args"], manifest
+    inspected = json.loads(sh(GPUCKPT, "inspect", "--json", str(archive)).stdout)
+    assert inspected["container"]["id"] == config_dump["id"]
+    assert inspected["manifest"]["delegate_args"] == manifest["delegate_args"]
+    checkpointctl = shutil.which("checkpointctl")
+    if checkpointctl is None:
+        pytest.fail("checkpointctl missing (install-system.sh puts Debian forky's in /usr/local/bin)")
+    shown = sh(checkpointctl, "show", str(archive)).stdout
+    assert "containerd" in shown and config_dump["id"][:12] in shown, shown
