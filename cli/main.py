@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from gpuckpt import __version__
-from gpuckpt.cli import doctor, drain, inspect, install, recover, suspend, transfer, trust
+from gpuckpt.cli import doctor, drain, inspect, install, recover, store, suspend, transfer, trust
 from gpuckpt.errors import GpuckptError
 
 
@@ -18,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuckpt {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (install, doctor, suspend, inspect, transfer, trust, drain, recover):
+    for module in (install, doctor, suspend, inspect, transfer, trust, drain, recover, store):
         module.add_parser(commands)
     return parser
 

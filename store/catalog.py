@@ -7,6 +7,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from gpuckpt.store.manifest import StoredCheckpoint
+from gpuckpt.store.reader import verify_chunks
 from gpuckpt.store.repository import Store
 from gpuckpt.store.retention import checkpoints
 
@@ -50,3 +51,29 @@ def usage(store: Store, stored: list[StoredCheckpoint] | None = None) -> StoreUs
     files = list(store.chunk_files())
     return StoreUsage(rows, sum(row.logical_bytes for row in rows), sum(sizes.values()),
                       sum(status.st_size for _, status in files), len(files))
+
+
+@dataclass
+class Verified:
+    checkpoints: int
+    chunks: int  # distinct chunks referenced, each read and checked
+    chunk_bytes: int
+    bad: dict[str, str]  # digest -> its one line
+    referenced_by: dict[str, list[str]]  # digest -> the checkpoints that name it (bad ones only)
+    unreferenced: int  # chunk files no checkpoint names (a collection removes them)
+
+
+def verify_store(store: Store, names: list[str] | None = None, threads: int = 0) -> Verified:
+    """Every chunk of every checkpoint (or of `names`) read, decompressed and checked against its name."""
+    with store.locked():
+        stored = [store.read_checkpoint(name) for name in names] if names else checkpoints(store)
+        digests: dict[str, int] = {}
+        users: dict[str, list[str]] = {}
+        for checkpoint in stored:
+            for digest, size in checkpoint.digests().items():
+                digests[digest] = size
+                users.setdefault(digest, []).append(checkpoint.name)
+        bad = verify_chunks(store, digests, threads)
+        unreferenced = 0 if names else sum(1 for digest, _ in store.chunk_files() if digest not in digests)
+    return Verified(len(stored), len(digests), sum(digests.values()), bad,
+                    {digest: users[digest] for digest in bad}, unreferenced)

@@ -19,6 +19,9 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from pydantic import ValidationError
+
+from gpuckpt.errors import ImageError
 from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.store.chunking import Chunk, FileChunker, chunk_digest
 from gpuckpt.store.manifest import StoredCheckpoint, StoredEntry
@@ -101,15 +104,23 @@ class CheckpointWriter:
                     new_bytes += size
                     new_stored += written
             member = entry.member
-            entries.append(StoredEntry(name=member.name, type="dir" if member.isdir() else "file",
-                                       mode=member.mode & 0o777, size=0 if member.isdir() else member.size,
-                                       mtime=int(member.mtime) if 0 <= member.mtime < 2**33 else 0, chunks=chunks))
+            try:
+                entries.append(StoredEntry(name=member.name, type="dir" if member.isdir() else "file",
+                                           mode=member.mode & 0o777, size=0 if member.isdir() else member.size,
+                                           mtime=int(member.mtime) if 0 <= member.mtime < 2**33 else 0, chunks=chunks))
+            except ValidationError as error:
+                raise ImageError(f"checkpoint {name}: entry {member.name[:80]!r} cannot be stored: "
+                                 f"{error.errors()[0]['msg']}") from None
         self._pool.shutdown()
         self.store.sync_fanouts(self._fanouts)
-        stored = StoredCheckpoint(name=name, container=container[:256], container_id=container_id,
-                                  created=utc_now(), created_ns=time.time_ns(), entries=entries,
-                                  logical_bytes=sum(entry.size for entry in entries), new_bytes=new_bytes,
-                                  new_stored_bytes=new_stored)
+        try:
+            stored = StoredCheckpoint(name=name, container=container[:256], container_id=container_id,
+                                      created=utc_now(), created_ns=time.time_ns(), entries=entries,
+                                      logical_bytes=sum(entry.size for entry in entries), new_bytes=new_bytes,
+                                      new_stored_bytes=new_stored)
+        except ValidationError as error:  # the export named something the store cannot keep (a bad container ID)
+            first = error.errors()[0]
+            raise ImageError(f"checkpoint {name}: cannot be stored: {first['loc'][0]}: {first['msg']}") from None
         self.store.write_checkpoint(stored)
         return stored
 
