@@ -1,6 +1,7 @@
 # A CUDA workload for checkpoint/restore tests: GPU memory filled with known data.
 # Env: GIB (GiB of device data per process), PROCS (CUDA processes in the container),
-# STATE (state file prefix), IDLE=1 (no GPU work until STATE.check exists). Each process
+# STATE (state file prefix), IDLE=1 (no GPU work until STATE.check exists), SEED (every process
+# fills the same data, as data-parallel replicas hold the same weights; default: one seed per process). Each process
 # rewrites STATE.<i> every tick with
 # "token counter ok|CORRUPT"; `ok` means the device data's checksum is unchanged.
 import os
@@ -23,7 +24,7 @@ if rank == 0:
 token = os.urandom(8).hex()
 chunk_elems = 256 << 20  # 1 GiB of int32 per chunk keeps temporaries small
 chunks, expected = [], []
-generator = torch.Generator(device="cuda").manual_seed(1000 + rank)
+generator = torch.Generator(device="cuda").manual_seed(int(os.environ.get("SEED", 1000 + rank)))
 remaining = int(gib * (1 << 30)) // 4
 while remaining > 0:
     count = min(chunk_elems, remaining)

@@ -14,7 +14,7 @@ bash integration/testbed/bundle-criu.sh .carry
 [ "$engine" = none ] || bash "integration/testbed/bundle-$engine.sh" .carry
 /opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
-    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm
+    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc
 # python-systemd (gpuckptd) has no wheel on PyPI: built here for Python 3.12 (pyenv's, against
 # Debian's libsystemd-dev; the machine has libsystemd.so.0)
 py312=$(ls -d /root/.pyenv/versions/3.12*/bin/python3 2>/dev/null | head -1)
