@@ -82,6 +82,7 @@ def test_checkpointed_twice_restored_from_the_store_state_goes_on(counter, store
     assert list(shown(store_dir)) == ["second"] and "all intact" in store(store_dir, "verify").stdout
 
 
+@pytest.mark.hostile("a stored checkpoint whose pages chunk has a flipped byte, then is missing, restored")
 def test_a_corrupted_chunk_refuses_the_restore_naming_it(counter, store_dir) -> None:
     name = counter
     wait_counter(read_state(name), minimum=3)

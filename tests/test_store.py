@@ -136,6 +136,7 @@ def corrupt(store: Store, digest: str, size: int, how: str) -> None:
         os.symlink("/etc/passwd", path)
 
 
+@pytest.mark.hostile("a store chunk missing, with a flipped byte, another valid frame of its size, or a link")
 @pytest.mark.parametrize("how", ["missing", "flipped", "other-chunk", "symlink"])
 def test_a_bad_chunk_is_named_before_anything_is_given_back(store, how) -> None:
     stored, _ = put(store, pages_tar(random_bytes(4 << 20, 6)), "web-1")
@@ -150,6 +151,7 @@ def test_a_bad_chunk_is_named_before_anything_is_given_back(store, how) -> None:
     assert missing_chunks(store, stored) == ([digest] if how in ("missing", "symlink") else [])
 
 
+@pytest.mark.hostile("a store manifest naming a path as a chunk, another checkpoint, an entry outside, or a link")
 def test_store_refuses_what_it_did_not_make(store, tmp_path) -> None:
     put(store, pages_tar(random_bytes(1 << 20, 7)), "web-1")
     path = os.path.join(store.root, "checkpoints", "web-1.json")
