@@ -10,6 +10,7 @@ CreateContainer whose image is that archive.
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 import tempfile
@@ -76,11 +77,13 @@ class Kubelet:
         request = self.pb.PullImageRequest(image=self.pb.ImageSpec(image=image))
         return self.images.PullImage(request, timeout=self.timeout_s).image_ref
 
-    def pod_config(self, name: str, uid: str, cgroup_parent: str):
-        """A pod on the node's network (no CNI here), its own PID namespace per container, as kubelet's defaults."""
+    def pod_config(self, name: str, uid: str, cgroup_parent: str, annotations: dict[str, str] | None = None):
+        """A pod on the node's network (no CNI here), its own PID namespace per container, as kubelet's defaults;
+        `annotations` are the pod's (kubelet passes a Pod's metadata.annotations)."""
         pb = self.pb
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace="gpuckpt-it", attempt=0),
+            annotations=annotations or {},
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=cgroup_parent,
                 security_context=pb.LinuxSandboxSecurityContext(
@@ -115,6 +118,12 @@ class Kubelet:
     def status(self, container_id: str):
         request = self.pb.ContainerStatusRequest(container_id=container_id)
         return self.runtime.ContainerStatus(request, timeout=self.timeout_s).status
+
+    def runtime_spec(self, container_id: str) -> dict:
+        """The OCI spec the runtime was given, from the verbose status (containerd's `info`)."""
+        request = self.pb.ContainerStatusRequest(container_id=container_id, verbose=True)
+        info = self.runtime.ContainerStatus(request, timeout=self.timeout_s).info
+        return json.loads(info["info"])["runtimeSpec"]
 
     def checkpoint(self, container_id: str, archive: str | Path, timeout_s: int = 300) -> None:
         """kubelet's ContainerCheckpoint: the runtime writes the archive; the container keeps running."""

@@ -28,7 +28,6 @@ from cri_client import Kubelet
 PREFIX = Path(os.environ.get("GPUCKPT_CONTAINERD_PREFIX", "/opt/gpuckpt/containerd"))
 CONTAINERD = PREFIX / "usr" / "bin" / "containerd"
 HANDLER = "gpuckpt"  # the runtime handler `gpuckpt install --engine containerd` registers (a RuntimeClass's handler)
-CGROUP_PARENT = "/gpuckpt-cri"
 IMAGE_NAME = "gpuckpt-cri"
 # The pods' image: the test bed's rootfs (python3 for the counter); as a sandbox image it only sleeps.
 IMAGE_CMD = ["sleep", "infinity"]
@@ -164,6 +163,11 @@ class Node:
         self.config = work / f"{name}-config.toml"
         self.log = work / f"{name}-containerd.log"
         self.config.write_text(base_config(self.root, self.state, self.socket, sandbox_image))
+        # gpuckpt-runtime's own config for this node's containers (containerd's environment reaches the shim and
+        # the runtime it runs), apart from /etc/gpuckpt/config.toml, which other tests rewrite as they run.
+        self.gpuckpt_config = work / f"{name}-gpuckpt.toml"
+        self.gpuckpt_config.write_text('delegate = "runc"\n')
+        self.cgroup_parent = f"/gpuckpt-cri-{name}-{os.getpid()}"  # the pods' cgroup_parent
         self.process: subprocess.Popen | None = None
         self.kubelet: Kubelet | None = None
 
@@ -177,7 +181,7 @@ class Node:
         # containerd looks its shim up on PATH first: forky's shim, not bookworm's 1.6 one in /usr/bin;
         # CRIU (go-criu's version check, runc's swrk) is the test bed's wrapper in /usr/local/sbin.
         env = {"PATH": f"{PREFIX}/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/root", "LANG": "C.UTF-8"}
+               "HOME": "/root", "LANG": "C.UTF-8", "GPUCKPT_CONFIG": str(self.gpuckpt_config)}
         with open(self.log, "ab") as log, open(os.devnull, "rb") as null:
             self.process = subprocess.Popen([str(CONTAINERD), "--config", str(self.config)], stdin=null,
                                             stdout=log, stderr=log, env=env, start_new_session=True)
@@ -192,10 +196,17 @@ class Node:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
 
     def stop(self) -> None:
+        """Pods removed through the CRI, then containerd stopped; whatever a failed removal left (the node's shims,
+        found by this node's socket in their command line, and the processes in the node's cgroups) killed by PID;
+        mounts, directories and cgroups removed. The first error is raised after all of it."""
+        errors: list[str] = []
         if self.kubelet is not None:
             try:
                 for pod_id in self.kubelet.pods():
-                    self.kubelet.stop_and_remove_pod(pod_id)
+                    try:
+                        self.kubelet.stop_and_remove_pod(pod_id)
+                    except Exception as error:
+                        errors.append(f"removing pod {pod_id[:12]}: {str(error).splitlines()[0]}")
             finally:
                 self.kubelet.close()
                 self.kubelet = None
@@ -207,26 +218,49 @@ class Node:
                 self.process.kill()
                 self.process.wait(timeout=10)
             self.process = None
+        for pid in self._shim_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        kill_and_remove_cgroups(self.cgroup_parent)
         for directory in (self.state, self.root):
             umount_below(directory)
             shutil.rmtree(directory, ignore_errors=True)
-        remove_pod_cgroups()
+        if errors:
+            raise AssertionError("; ".join(errors))
+
+    def _shim_pids(self) -> list[int]:
+        marker = f"-address\0{self.socket}\0".encode()
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError):
+                    if marker in (entry / "cmdline").read_bytes():
+                        pids.append(int(entry.name))
+        return pids
 
 
-def remove_pod_cgroups(deadline_s: float = 10) -> None:
-    """The cgroups the nodes' pods left under CGROUP_PARENT in each hierarchy, deepest first."""
+def kill_and_remove_cgroups(parent: str, deadline_s: float = 10) -> None:
+    """Every process in the cgroups under `parent` (in any hierarchy) thawed and killed, the cgroups removed,
+    deepest first."""
+    tops = [hierarchy / parent.lstrip("/") for hierarchy in Path("/sys/fs/cgroup").iterdir()
+            if not hierarchy.is_symlink()]
+
+    def cgroups() -> list[Path]:
+        found = [path for top in tops if top.is_dir() for path in [top, *top.rglob("*")] if path.is_dir()]
+        return sorted(found, key=lambda path: -len(path.parts))
+
+    # a frozen process (a checkpoint's pause left in place) takes SIGKILL only once thawed, in every hierarchy
+    for directory in cgroups():
+        for switch, thawed in (("freezer.state", "THAWED"), ("cgroup.freeze", "0")):
+            with contextlib.suppress(OSError):
+                (directory / switch).write_text(thawed)
     stop = time.monotonic() + deadline_s
-    for hierarchy in Path("/sys/fs/cgroup").iterdir():
-        parent = hierarchy / CGROUP_PARENT.lstrip("/")
-        if not parent.is_dir():
-            continue
-        while parent.exists() and time.monotonic() < stop:
-            for directory in sorted((p for p in parent.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                try:
-                    directory.rmdir()
-                except OSError:
-                    pass
-            try:
-                parent.rmdir()
-            except OSError:
-                time.sleep(0.2)
+    while (left := cgroups()) and time.monotonic() < stop:
+        for directory in left:
+            with contextlib.suppress(OSError, ValueError):
+                for pid in (directory / "cgroup.procs").read_text().split():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+        time.sleep(0.1)

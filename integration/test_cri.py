@@ -20,9 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, GPUCKPT, RUNTIME, Counter, assert_continues, configured_delegate, sh, wait_counter
-from cri_client import Kubelet
-from cri_node import CGROUP_PARENT, CONTAINERD, HANDLER, Node, loopback_registry, push_base_image
+from bed import COUNTER_SOURCE, GPUCKPT, RUNTIME, Counter, assert_continues, sh, wait_counter
+from cri_node import CONTAINERD, HANDLER, Node, loopback_registry, push_base_image
 
 _names = itertools.count()
 
@@ -67,11 +66,12 @@ def node_b(cri_work, cri_image) -> Iterator[Node]:
 class Pod:
     """A pod with one container running the counter, made as kubelet makes it."""
 
-    def __init__(self, kubelet: Kubelet, image: str) -> None:
-        self.kubelet, self.image = kubelet, image
+    def __init__(self, node: Node, image: str, annotations: dict[str, str] | None = None) -> None:
+        assert node.kubelet is not None
+        self.kubelet, self.image = node.kubelet, image
         self.name = f"gpuckpt-cri-{os.getpid()}-{next(_names)}"
-        self.config = kubelet.pod_config(self.name, str(uuid.uuid4()), CGROUP_PARENT)
-        self.pod_id = kubelet.run_pod(self.config, HANDLER)
+        self.config = self.kubelet.pod_config(self.name, str(uuid.uuid4()), node.cgroup_parent, annotations)
+        self.pod_id = self.kubelet.run_pod(self.config, HANDLER)
         self.container_id = ""
 
     def run_counter(self) -> None:
@@ -93,7 +93,7 @@ class Pod:
         self.kubelet.stop_and_remove_pod(self.pod_id)
 
 
-def test_containerd_21_runs_pods_under_the_gpuckpt_handler(node_a) -> None:
+def test_containerd_21_runs_pods_under_the_gpuckpt_handler(node_a, cri_image) -> None:
     version = node_a.kubelet.version()
     assert version.runtime_name == "containerd" and version.runtime_version.startswith(("2.1.", "v2.1.")), version
     again = node_a.install_handler()
@@ -101,37 +101,43 @@ def test_containerd_21_runs_pods_under_the_gpuckpt_handler(node_a) -> None:
     assert f'Root = "{node_a.state}/runc"' in node_a.config.read_text()  # the entry's own option kept
     doctor = sh(GPUCKPT, "doctor", "--containerd-config", str(node_a.config), check=False)
     assert f"containerd: CRI runtime handler '{HANDLER}' runs {RUNTIME}" in doctor.stdout, doctor.stdout
+    # a pod's io.gpuckpt.* annotations reach its container's spec, where gpuckpt-runtime reads them; others do not
+    pod = Pod(node_a, cri_image, {"io.gpuckpt.cri-test": "passed", "example.com/other": "kept out"})
+    try:
+        pod.run_counter()
+        annotations = node_a.kubelet.runtime_spec(pod.container_id)["annotations"]
+        assert annotations.get("io.gpuckpt.cri-test") == "passed" and "example.com/other" not in annotations
+    finally:
+        pod.remove()
 
 
 @pytest.fixture(scope="module")
 def checkpointed(node_a, cri_image, cri_work) -> Iterator[tuple[Path, Counter]]:
     """kubelet's ContainerCheckpoint of a running counter pod on node A: the archive and the state before it."""
-    with configured_delegate("runc"):
-        pod = Pod(node_a.kubelet, cri_image)
-        try:
-            pod.run_counter()
-            before = wait_counter(pod.read_state, minimum=3)
-            archive = cri_work / f"checkpoint-{pod.name}-counter.tar"
-            node_a.kubelet.checkpoint(pod.container_id, archive)
-            # the container keeps running, as kubelet's checkpoint leaves it
-            assert node_a.kubelet.status(pod.container_id).state == node_a.kubelet.pb.CONTAINER_RUNNING
-            assert_continues(before, pod.read_state)
-        finally:
-            pod.remove()
-        yield archive, before
+    pod = Pod(node_a, cri_image)
+    try:
+        pod.run_counter()
+        before = wait_counter(pod.read_state, minimum=3)
+        archive = cri_work / f"checkpoint-{pod.name}-counter.tar"
+        node_a.kubelet.checkpoint(pod.container_id, archive)
+        # the container keeps running, as kubelet's checkpoint leaves it
+        assert node_a.kubelet.status(pod.container_id).state == node_a.kubelet.pb.CONTAINER_RUNNING
+        assert_continues(before, pod.read_state)
+    finally:
+        pod.remove()
+    yield archive, before
 
 
 def _restore_and_check(node: Node, image: str, archive: Path, before: Counter) -> None:
-    with configured_delegate("runc"):
-        pod = Pod(node.kubelet, image)
-        try:
-            pod.restore(archive)
-            assert_continues(before, pod.read_state)
-            status = node.kubelet.status(pod.container_id)
-            assert status.annotations.get("restored") == "true", dict(status.annotations)
-            assert status.image.image == image  # the base image, shown again in place of the archive
-        finally:
-            pod.remove()
+    pod = Pod(node, image)
+    try:
+        pod.restore(archive)
+        assert_continues(before, pod.read_state)
+        status = node.kubelet.status(pod.container_id)
+        assert status.annotations.get("restored") == "true", dict(status.annotations)
+        assert status.image.image == image  # the base image, shown again in place of the archive
+    finally:
+        pod.remove()
 
 
 def test_the_archive_restores_in_a_new_pod_on_the_same_node(node_a, cri_image, checkpointed) -> None:

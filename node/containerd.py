@@ -11,10 +11,11 @@ a change, idempotent, as engines.py edits podman's and docker's files.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import MutableMapping
+from typing import Any
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
-from tomlkit.items import Table
 
 from gpuckpt.errors import EngineConfigError
 from gpuckpt.node.engines import Change, _write_with_backup, read_engine_file
@@ -22,6 +23,9 @@ from gpuckpt.node.engines import Change, _write_with_backup, read_engine_file
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 HANDLER = "gpuckpt"
 SHIM_RUNTIME_TYPE = "io.containerd.runc.v2"
+# A pod's annotations reach its containers' specs (where gpuckpt-runtime reads its io.gpuckpt.* settings) only
+# when the handler's pod_annotations name them (path.Match patterns, internal/cri/util GetPassthroughAnnotations).
+POD_ANNOTATIONS = "io.gpuckpt.*"
 # The CRI plugin holding `containerd.runtimes` in each config version containerd 2.x loads.
 CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 
@@ -39,19 +43,22 @@ def handler_path(version: int) -> tuple[str, ...]:
     return ("plugins", CRI_RUNTIME_PLUGIN[version], "containerd", "runtimes", HANDLER)
 
 
-def _table(parent: Table | tomlkit.TOMLDocument, key: str, config_path: str, where: str, leaf: bool) -> Table:
-    """parent[key], made if missing: a table above the handler's gets no header of its own."""
+def _table(parent: MutableMapping[str, Any], key: str, config_path: str, where: str,
+           leaf: bool) -> MutableMapping[str, Any]:
+    """parent[key], made if missing: a table above the handler's gets no header of its own (a table tomlkit
+    found in pieces, a super table defined after its child, is a mapping too)."""
     if key not in parent:
         parent[key] = tomlkit.table(is_super_table=not leaf)
     child = parent[key]
-    if not isinstance(child, Table):
+    if not isinstance(child, MutableMapping):
         raise EngineConfigError(f"{config_path}: {where}.{key} must be a table")
     return child
 
 
 def register_containerd(runtime_path: str, *, config_path: str = CONTAINERD_CONFIG) -> Change:
-    """The HANDLER runtime (runc v2 shim, BinaryName = `runtime_path`) in containerd's CRI runtimes; the
-    entry's other settings (SystemdCgroup, Root, ...) are kept. A missing or empty file becomes version 3."""
+    """The HANDLER runtime (runc v2 shim, BinaryName = `runtime_path`, the pods' io.gpuckpt.* annotations passed
+    to their containers) in containerd's CRI runtimes; the entry's other settings (SystemdCgroup, Root, ...) are
+    kept. A missing or empty file becomes version 3."""
     old_text = read_engine_file(config_path)
     try:
         document = tomlkit.parse(old_text or "")
@@ -61,17 +68,22 @@ def register_containerd(runtime_path: str, *, config_path: str = CONTAINERD_CONF
     version = _version(document.value, config_path, empty)
     if empty:
         document["version"] = 3
-    table: Table | tomlkit.TOMLDocument = document
+    table: MutableMapping[str, Any] = document
     where = ""
     keys = handler_path(version)
     for key in keys:
         table = _table(table, key, config_path, where, leaf=key is keys[-1])
         where = f"{where}.{key}" if where else key
     table["runtime_type"] = SHIM_RUNTIME_TYPE
+    passed = table.get("pod_annotations", [])
+    if not isinstance(passed, list) or not all(isinstance(pattern, str) for pattern in passed):
+        raise EngineConfigError(f"{config_path}: {where}.pod_annotations must be a list of strings")
+    if POD_ANNOTATIONS not in passed:
+        table["pod_annotations"] = [*passed, POD_ANNOTATIONS]
     options = table.get("options")
     if options is None:
         options = table["options"] = tomlkit.table()
-    if not isinstance(options, Table):
+    if not isinstance(options, MutableMapping):
         raise EngineConfigError(f"{config_path}: {where}.options must be a table")
     options["BinaryName"] = runtime_path
     new_text = tomlkit.dumps(document)

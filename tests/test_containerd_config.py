@@ -33,6 +33,7 @@ def test_a_new_file_is_version_3_with_the_handler(tmp_path) -> None:
     assert change.changed and change.backup is None
     assert tomllib.loads(config.read_text())["version"] == 3
     assert _entry(config, "io.containerd.cri.v1.runtime") == {"runtime_type": "io.containerd.runc.v2",
+                                                               "pod_annotations": ["io.gpuckpt.*"],
                                                                "options": {"BinaryName": RUNTIME}}
     assert containerd.containerd_registration(str(config)) == (RUNTIME, "io.containerd.runc.v2")
 
@@ -48,6 +49,8 @@ def test_version_3_keeps_comments_other_runtimes_and_the_entrys_options_and_is_i
   [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpuckpt.options]
     SystemdCgroup = true
     BinaryName = "/old/gpuckpt-runtime"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpuckpt]
+    pod_annotations = ["example.com/*"]
 """)
     first = containerd.register_containerd(RUNTIME, config_path=str(config))
     assert first.changed and first.backup and "/old/gpuckpt-runtime" in open(first.backup).read()
@@ -56,6 +59,7 @@ def test_version_3_keeps_comments_other_runtimes_and_the_entrys_options_and_is_i
     settings = tomllib.loads(text)["plugins"]["io.containerd.cri.v1.runtime"]["containerd"]
     assert settings["default_runtime_name"] == "runc" and settings["runtimes"]["runc"]
     assert settings["runtimes"]["gpuckpt"] == {"runtime_type": "io.containerd.runc.v2",
+                                               "pod_annotations": ["example.com/*", "io.gpuckpt.*"],
                                                "options": {"SystemdCgroup": True, "BinaryName": RUNTIME}}
     second = containerd.register_containerd(RUNTIME, config_path=str(config))
     assert not second.changed and config.read_text() == text
@@ -82,6 +86,8 @@ def test_debians_version_2_file_gets_the_version_2_plugin(tmp_path) -> None:
     ("version = 3\n[plugins\n", "not valid TOML"),
     ("version = 3\n[plugins.'io.containerd.cri.v1.runtime']\ncontainerd = 1\n",
      "plugins.io.containerd.cri.v1.runtime.containerd must be a table"),
+    ("version = 3\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.gpuckpt]\npod_annotations = 'x'\n",
+     "containerd.runtimes.gpuckpt.pod_annotations must be a list of strings"),
 ])
 def test_a_file_it_cannot_edit_is_refused_untouched(tmp_path, text: str, message: str) -> None:
     config = tmp_path / "config.toml"
