@@ -140,6 +140,8 @@ from gpuckpt.node import engines
 examples, runtime = sys.argv[1], sys.argv[2]
 engines.register_podman(runtime, default=True, conf_path=os.path.join(examples, "containers.conf"), hooks=True)
 engines.register_docker(runtime, default=True, daemon_json=os.path.join(examples, "daemon.json"))
+from gpuckpt.node.containerd import register_containerd
+register_containerd(runtime, config_path=os.path.join(examples, "containerd-config.toml"))
 EXAMPLES
 {
     echo "# podman: what \`gpuckpt install --engine podman --default\` adds to /etc/containers/containers.conf"
@@ -150,7 +152,8 @@ EXAMPLES
     cat "$examples/containers.conf"
 } >"$examples/containers.conf.new"
 mv -f "$examples/containers.conf.new" "$examples/containers.conf"
-install -m 0644 "$src/packaging/examples/README" "$examples/README"
+install -m 0644 "$src/packaging/examples/README" "$src/packaging/examples/runtimeclass.yaml" \
+    "$src/packaging/examples/crio-gpuckpt.conf" "$examples/"
 install -m 0644 "$src/README.md" "$dest$docdir/README.md"
 chmod 0644 "$examples"/*
 
