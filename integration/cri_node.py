@@ -1,11 +1,12 @@
 """The CRI tests' nodes: a private containerd 2.1 (integration/testbed/containerd.sh put Debian forky's in
-/opt/gpuckpt/containerd) with its own root, state, socket and config, and the registry its pods pull from.
+/opt/gpuckpt/containerd) with its own root, state, socket and config, and the OCI images its pods pull.
 
 A node's config is the test bed's (its directories, the sandbox image, no CNI: the pods use the node's
 network) with gpuckpt's runtime handler added by `gpuckpt install --engine containerd --config`, as an
 operator adds it. The system's containerd 1.6 (docker's) is never touched. A node is started, used and
 stopped by a fixture: its pods removed through the CRI, containerd stopped by its PID, what it mounted
-below its root and state unmounted, both removed.
+below its root and state unmounted, both removed. Standard library and cri_client only: the GPU machine's
+scenario (integration/gpu/cri_gpu.py) uses it without pytest.
 """
 
 from __future__ import annotations
@@ -18,53 +19,27 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from bed import GPUCKPT, ROOTFS_TAR, RUNTIME, free_port, sh
 from cri_client import Kubelet
 
 PREFIX = Path(os.environ.get("GPUCKPT_CONTAINERD_PREFIX", "/opt/gpuckpt/containerd"))
 CONTAINERD = PREFIX / "usr" / "bin" / "containerd"
 HANDLER = "gpuckpt"  # the runtime handler `gpuckpt install --engine containerd` registers (a RuntimeClass's handler)
-IMAGE_NAME = "gpuckpt-cri"
-# The pods' image: the test bed's rootfs (python3 for the counter); as a sandbox image it only sleeps.
-IMAGE_CMD = ["sleep", "infinity"]
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 
 
-@contextlib.contextmanager
-def loopback_registry(work: Path) -> Iterator[str]:
-    """Debian's docker-registry on 127.0.0.1, named `localhost:PORT`: containerd pulls from a localhost registry
-    over plain HTTP, the CRI's pulls and the restore's pull of the checkpoint's base image alike."""
-    port = free_port()
-    (work / "registry").mkdir()
-    config = work / "registry.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {work / 'registry'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
-        yield f"localhost:{port}"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=10)
-
-
-def push_base_image(registry: str, work: Path) -> str:
-    """The test bed's rootfs tarball as a one-layer OCI image in `registry`; its reference."""
-    layout = work / "base-layout"
+def write_layout(layout: Path, layer_tar: str | Path, cmd: list[str], tag: str = "latest") -> None:
+    """A one-layer OCI image layout (uncompressed layer) of `layer_tar`, running `cmd`, tagged `tag`."""
     blobs = layout / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
+    blobs.mkdir(parents=True, exist_ok=True)
 
-    def blob(data: bytes | None = None, source: str | None = None) -> tuple[str, int]:
+    def blob(data: bytes | None = None, source: str | Path | None = None) -> tuple[str, int]:
         digest = hashlib.sha256()
         if source is not None:
             with open(source, "rb") as layer:
@@ -77,28 +52,83 @@ def push_base_image(registry: str, work: Path) -> str:
         (blobs / digest.hexdigest()).write_bytes(data)
         return f"sha256:{digest.hexdigest()}", len(data)
 
-    layer_digest, layer_size = blob(source=ROOTFS_TAR)
-    config = {"architecture": "amd64", "os": "linux",
-              "config": {"Cmd": IMAGE_CMD, "Env": [f"PATH={IMAGE_PATH}"]},
+    layer_digest, layer_size = blob(source=layer_tar)
+    config = {"architecture": "amd64", "os": "linux", "config": {"Cmd": cmd, "Env": [f"PATH={IMAGE_PATH}"]},
               "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}
     config_digest, config_size = blob(json.dumps(config).encode())
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    manifest = {"schemaVersion": 2, "mediaType": MANIFEST_TYPE,
                 "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
                            "size": config_size},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
                             "size": layer_size}]}
     manifest_digest, manifest_size = blob(json.dumps(manifest).encode())
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest, "size": manifest_size,
-         "annotations": {"org.opencontainers.image.ref.name": "latest"}}]}))
-    reference = f"{registry}/{IMAGE_NAME}:latest"
-    sh("skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:latest", f"docker://{reference}")
-    shutil.rmtree(layout)
-    return reference
+    index = layout / "index.json"
+    manifests = json.loads(index.read_text())["manifests"] if index.exists() else []
+    manifests.append({"mediaType": MANIFEST_TYPE, "digest": manifest_digest, "size": manifest_size,
+                      "annotations": {"org.opencontainers.image.ref.name": tag}})
+    index.write_text(json.dumps({"schemaVersion": 2, "manifests": manifests}))
 
 
-def base_config(root: Path, state: Path, socket_path: Path, sandbox_image: str) -> str:
+@contextlib.contextmanager
+def layout_registry(layout: Path) -> Iterator[str]:
+    """A read-only registry on 127.0.0.1 serving one OCI layout's tags as `localhost:PORT/<any name>:<tag>`,
+    for the GPU machine, which has no registry program (the CI machine runs Debian's docker-registry):
+    containerd pulls from a localhost registry over plain HTTP, and a restore pulls the base image by digest."""
+    tags = {entry["annotations"]["org.opencontainers.image.ref.name"]: entry["digest"]
+            for entry in json.loads((layout / "index.json").read_text())["manifests"]}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def handle(self) -> None:
+            # containerd tries HTTPS first and falls back to HTTP when the answer to its TLS hello is HTTP's
+            if self.request.recv(1, socket.MSG_PEEK) == b"\x16":
+                self.request.sendall(b"HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+                return
+            super().handle()
+
+        def do_HEAD(self) -> None:
+            self.serve(body=False)
+
+        def do_GET(self) -> None:
+            self.serve(body=True)
+
+        def serve(self, body: bool) -> None:
+            parts = self.path.split("?")[0].strip("/").split("/")
+            if parts == ["v2"]:
+                return self.reply(b"{}", "application/json", None, body)
+            if len(parts) >= 4 and parts[0] == "v2" and parts[-2] in ("manifests", "blobs"):
+                reference = parts[-1]
+                digest = tags.get(reference, reference) if parts[-2] == "manifests" else reference
+                path = layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
+                if digest.startswith("sha256:") and len(digest) == 71 and path.is_file():
+                    kind = MANIFEST_TYPE if parts[-2] == "manifests" else "application/octet-stream"
+                    return self.reply(path.read_bytes(), kind, digest, body)
+            self.send_error(404)
+
+        def reply(self, data: bytes, kind: str, digest: str | None, body: bool) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            if digest:
+                self.send_header("Docker-Content-Digest", digest)
+            self.end_headers()
+            if body:
+                self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"localhost:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def base_config(root: Path, state: Path, socket_path: Path, sandbox_image: str, snapshotter: str = "overlayfs") -> str:
     """containerd 2.x (config version 3) for one test node: its own directories and sockets, nothing shared
     with the system's containerd, no CNI network (the pods use the node's), NRI off."""
     assert HANDLER == "gpuckpt"
@@ -119,7 +149,12 @@ state = "{state}"
   disable = true
 
 [plugins.'io.containerd.cri.v1.images']
-  snapshotter = "overlayfs"
+  snapshotter = "{snapshotter}"
+
+# the transfer service unpacks for one snapshotter: the same as the CRI's
+[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "{snapshotter}"
 
 [plugins.'io.containerd.cri.v1.images'.pinned_images]
   sandbox = "{sandbox_image}"
@@ -155,35 +190,46 @@ def umount_below(directory: Path) -> None:
 class Node:
     """One containerd 2.1: started by `start`, driven through `kubelet`, gone after `stop`."""
 
-    def __init__(self, name: str, work: Path, sandbox_image: str) -> None:
+    def __init__(self, name: str, work: Path, sandbox_image: str, *, gpuckpt: str, runtime: str,
+                 containerd: Path = CONTAINERD, snapshotter: str = "overlayfs", gpuckpt_config: str | None = None,
+                 path_first: tuple[str, ...] = ()) -> None:
         self.name = name
         self.root = Path("/var/lib/gpuckpt-cri") / f"{name}-{os.getpid()}"
         self.state = Path("/run/gpuckpt-cri") / f"{name}-{os.getpid()}"
         self.socket = self.state / "containerd.sock"
         self.config = work / f"{name}-config.toml"
         self.log = work / f"{name}-containerd.log"
-        self.config.write_text(base_config(self.root, self.state, self.socket, sandbox_image))
-        # gpuckpt-runtime's own config for this node's containers (containerd's environment reaches the shim and
-        # the runtime it runs), apart from /etc/gpuckpt/config.toml, which other tests rewrite as they run.
-        self.gpuckpt_config = work / f"{name}-gpuckpt.toml"
-        self.gpuckpt_config.write_text('delegate = "runc"\n')
+        self.config.write_text(base_config(self.root, self.state, self.socket, sandbox_image, snapshotter))
+        self.gpuckpt, self.runtime, self.containerd, self.path_first = gpuckpt, runtime, containerd, path_first
+        # gpuckpt-runtime's own config for this node's containers, when given (containerd's environment reaches the
+        # shim and the runtime it runs): on the CI machine other tests rewrite /etc/gpuckpt/config.toml as they run.
+        self.gpuckpt_config: Path | None = None
+        if gpuckpt_config is not None:
+            self.gpuckpt_config = work / f"{name}-gpuckpt.toml"
+            self.gpuckpt_config.write_text(gpuckpt_config)
         self.cgroup_parent = f"/gpuckpt-cri-{name}-{os.getpid()}"  # the pods' cgroup_parent
         self.process: subprocess.Popen | None = None
         self.kubelet: Kubelet | None = None
 
-    def install_handler(self) -> subprocess.CompletedProcess:
-        return sh(GPUCKPT, "install", "--engine", "containerd", "--config", str(self.config),
-                  "--runtime-path", RUNTIME, "--no-hook")
+    def install_handler(self) -> str:
+        """`gpuckpt install --engine containerd --config` on this node's config; what it printed."""
+        done = subprocess.run([self.gpuckpt, "install", "--engine", "containerd", "--config", str(self.config),
+                               "--runtime-path", self.runtime], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, f"gpuckpt install exited {done.returncode}: {done.stderr}"
+        return done.stdout
 
     def start(self) -> Kubelet:
         for directory in (self.root / "cni-bin", self.root / "cni-conf", self.state):
             directory.mkdir(parents=True, exist_ok=True)
-        # containerd looks its shim up on PATH first: forky's shim, not bookworm's 1.6 one in /usr/bin;
-        # CRIU (go-criu's version check, runc's swrk) is the test bed's wrapper in /usr/local/sbin.
-        env = {"PATH": f"{PREFIX}/usr/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/root", "LANG": "C.UTF-8", "GPUCKPT_CONFIG": str(self.gpuckpt_config)}
+        # containerd looks its shim up on PATH first: forky's shim beside it, not bookworm's 1.6 one in /usr/bin;
+        # CRIU (go-criu's version check, runc's swrk) is the test bed's wrapper in /usr/local/sbin (or path_first).
+        path = [str(self.containerd.parent), *self.path_first, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
+                "/usr/bin", "/sbin", "/bin"]
+        env = {"PATH": ":".join(path), "HOME": "/root", "LANG": "C.UTF-8"}
+        if self.gpuckpt_config is not None:
+            env["GPUCKPT_CONFIG"] = str(self.gpuckpt_config)
         with open(self.log, "ab") as log, open(os.devnull, "rb") as null:
-            self.process = subprocess.Popen([str(CONTAINERD), "--config", str(self.config)], stdin=null,
+            self.process = subprocess.Popen([str(self.containerd), "--config", str(self.config)], stdin=null,
                                             stdout=log, stderr=log, env=env, start_new_session=True)
         self.kubelet = Kubelet(self.socket)
         try:

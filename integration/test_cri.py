@@ -10,20 +10,61 @@ and on the second node. The restored workload goes on from its state (token, cou
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
 import tarfile
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, GPUCKPT, RUNTIME, Counter, assert_continues, sh, wait_counter
-from cri_node import CONTAINERD, HANDLER, Node, loopback_registry, push_base_image
+from bed import COUNTER_SOURCE, GPUCKPT, ROOTFS_TAR, RUNTIME, Counter, assert_continues, free_port, sh, wait_counter
+from cri_node import CONTAINERD, HANDLER, Node, write_layout
 
 _names = itertools.count()
+IMAGE_NAME = "gpuckpt-cri"
+
+
+@contextlib.contextmanager
+def loopback_registry(work: Path) -> Iterator[str]:
+    """Debian's docker-registry on 127.0.0.1, named `localhost:PORT`: containerd pulls from a localhost registry
+    over plain HTTP, the CRI's pulls and the restore's pull of the checkpoint's base image alike."""
+    port = free_port()
+    (work / "registry").mkdir()
+    config = work / "registry.yml"
+    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {work / 'registry'}\n"
+                      f"http:\n  addr: 127.0.0.1:{port}\n")
+    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield f"localhost:{port}"
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=10)
+
+
+def push_base_image(registry: str, work: Path) -> str:
+    """The test bed's rootfs (python3 for the counter) as a one-layer image in `registry`, pushed by skopeo; as the
+    pods' sandbox image it only sleeps."""
+    layout = work / "base-layout"
+    write_layout(layout, ROOTFS_TAR, ["sleep", "infinity"])
+    reference = f"{registry}/{IMAGE_NAME}:latest"
+    sh("skopeo", "copy", "--quiet", "--dest-tls-verify=false", f"oci:{layout}:latest", f"docker://{reference}")
+    shutil.rmtree(layout)
+    return reference
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +82,7 @@ def cri_image(cri_work) -> Iterator[str]:
 
 
 def _node(name: str, work: Path, image: str) -> Iterator[Node]:
-    node = Node(name, work, image)
+    node = Node(name, work, image, gpuckpt=GPUCKPT, runtime=RUNTIME, gpuckpt_config='delegate = "runc"\n')
     node.install_handler()
     node.start()
     try:
@@ -97,7 +138,7 @@ def test_containerd_21_runs_pods_under_the_gpuckpt_handler(node_a, cri_image) ->
     version = node_a.kubelet.version()
     assert version.runtime_name == "containerd" and version.runtime_version.startswith(("2.1.", "v2.1.")), version
     again = node_a.install_handler()
-    assert "already registered" in again.stdout, again.stdout
+    assert "already registered" in again, again
     assert f'Root = "{node_a.state}/runc"' in node_a.config.read_text()  # the entry's own option kept
     doctor = sh(GPUCKPT, "doctor", "--containerd-config", str(node_a.config), check=False)
     assert f"containerd: CRI runtime handler '{HANDLER}' runs {RUNTIME}" in doctor.stdout, doctor.stdout
