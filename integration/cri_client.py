@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
 
@@ -94,13 +95,21 @@ class Kubelet:
         return self.runtime.RunPodSandbox(request, timeout=self.timeout_s).pod_sandbox_id
 
     def create(self, pod_id: str, pod_config, name: str, image: str, command: list[str] | None = None,
-               envs: dict[str, str] | None = None) -> str:
+               envs: dict[str, str] | None = None, mounts: Sequence[tuple[str, str, bool]] = (),
+               devices: Sequence[str] = (), working_dir: str = "") -> str:
+        """A container; `mounts` are (host path, container path, read-only), `devices` host device nodes given at
+        the same path. A restore's CreateContainer must repeat the original's mounts and devices, as kubelet does
+        from the same pod spec: containerd builds the restored container's spec from this request."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
             image=pb.ImageSpec(image=image, user_specified_image=image),
             command=command or [],
+            working_dir=working_dir,
             envs=[pb.KeyValue(key=key, value=value) for key, value in (envs or {}).items()],
+            mounts=[pb.Mount(host_path=host, container_path=inside, readonly=readonly)
+                    for host, inside, readonly in mounts],
+            devices=[pb.Device(host_path=path, container_path=path, permissions="rwm") for path in devices],
             labels={"io.kubernetes.container.name": name},
             linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
                 namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD))))

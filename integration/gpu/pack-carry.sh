@@ -3,18 +3,20 @@
 # by the device tool: 64 MiB in all): runc and CRIU with its libraries, the wheels gpuckpt
 # needs for the machine's Python 3.12, and Debian's docker engine or podman (both do not fit
 # in one call). harness.install() unpacks it there into .carry/. Run as root after
-# integration/testbed/setup.sh.   Usage: pack-carry.sh [docker|podman|none]   (default docker;
-# none: runc and CRIU only, for the runc-level scenarios)
+# integration/testbed/setup.sh.   Usage: pack-carry.sh [docker|podman|containerd|none]   (default docker;
+# none: runc and CRIU only, for the runc-level scenarios; containerd: containerd 2.1 and the CRI client's
+# grpcio-tools, for cri_gpu.py)
 set -euo pipefail
 engine=${1:-docker}
-case $engine in docker|podman|none) ;; *) echo "usage: $0 [docker|podman|none]" >&2; exit 2;; esac
+case $engine in docker|podman|containerd|none) ;; *) echo "usage: $0 [docker|podman|containerd|none]" >&2; exit 2;; esac
 cd "$(dirname "$0")/../.."
 rm -rf .carry .carry.tar.xz
 bash integration/testbed/bundle-criu.sh .carry
 [ "$engine" = none ] || bash "integration/testbed/bundle-$engine.sh" .carry
 /opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
-    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc
+    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc \
+    $([ "$engine" = containerd ] && echo grpcio grpcio-tools)
 # python-systemd (gpuckptd) has no wheel on PyPI: built here for Python 3.12 (pyenv's, against
 # Debian's libsystemd-dev; the machine has libsystemd.so.0)
 py312=$(ls -d /root/.pyenv/versions/3.12*/bin/python3 2>/dev/null | head -1)
