@@ -42,6 +42,7 @@ from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_
 from gpuckpt.policy.network import choose, container_policy, inspect_container, missing_option_hint
 from gpuckpt.policy.undumpable import refuse_undumpable
 from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
+from gpuckpt.shim.criu_log import dump_failure
 from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
 from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, owned_call, run_delegate, verb_has_flag
 from gpuckpt.shim.freezer import Freezer, thawed
@@ -150,6 +151,12 @@ class Checkpoint:
         self.criu_config = lines
         return options
 
+    def _criu_cause(self) -> str:
+        """CRIU's reason for this dump's failure, from its log ("" when it did not get that far)."""
+        if self.journal is None:
+            return ""
+        return dump_failure(self.journal.work_dir, self.journal.dump_began)
+
     def _failure_hint(self) -> str:
         hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
         if not hint and self.config.criu.link_remap == "never" and (linked := link_remap_files(self.pids)):
@@ -230,9 +237,10 @@ class Checkpoint:
         self._begin_manifest(inventory, [], started, "the container keeps running")
         status = self._start_dump().finish()
         if status != 0:
-            hint = self._failure_hint()
-            if hint:
-                raise DelegateError(f"checkpoint of {self.container_id} failed{hint}", status)
+            cause, hint = self._criu_cause(), self._failure_hint()
+            if cause or hint:
+                raise DelegateError(f"checkpoint of {self.container_id} failed ({os.path.basename(self.delegate)} "
+                                    f"exited {status}{cause}){hint}", status)
             return status
         self._complete_manifest(inventory, [], started, dump_s=time.monotonic() - started)
         return 0
@@ -297,7 +305,8 @@ class Checkpoint:
         if dump_status != 0 and dump.interrupted_by is not None:
             raise Interrupted(dump.interrupted_by)
         if dump_status != 0:
-            raise DelegateError(f"{os.path.basename(self.delegate)} checkpoint exited {dump_status}", dump_status)
+            delegate, cause = os.path.basename(self.delegate), self._criu_cause()
+            raise DelegateError(f"{delegate} checkpoint exited {dump_status}{cause}", dump_status)
         return time.monotonic() - dump_started
 
     def _release_forked_children(self, freezer: Freezer | None) -> None:

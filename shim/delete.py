@@ -3,13 +3,16 @@
 After a checkpoint the delegate has already removed the container; containerd then deletes
 its task and ignores the failure only when the runtime says "does not exist", as runc does.
 crun says "No such file or directory" instead, and docker's restore then fails with "id
-already in use". Everything else passes through unchanged.
+already in use". Everything else passes through unchanged. A deleted container's lock file
+(node/journal.py) goes with it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
+from gpuckpt.node.paths import state_dir
 from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
 from gpuckpt.shim.delegate import container_exists, run_delegate
 from gpuckpt.shim.log import log
@@ -18,6 +21,11 @@ from gpuckpt.shim.log import log
 def run(args: RuntimeArgs, delegate: str) -> int:
     status = run_delegate(delegate, args.argv)
     container_id = parse_verb_args(args.command_args, frozenset()).container_id
+    if status == 0 and container_id and "/" not in container_id and not container_id.startswith("."):
+        try:
+            os.unlink(os.path.join(state_dir(), "locks", f"{container_id}.lock"))
+        except OSError:
+            pass  # none was taken (the usual case), or its directory is gone
     if status == 0 or container_id is None:
         return status
     if not container_exists(delegate, args.global_argv, container_id):

@@ -8,34 +8,38 @@ owns; the imports inside functions below are that dispatch, deferred on purpose.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 from gpuckpt import __version__
 from gpuckpt.errors import GpuckptError
 from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, parse_runtime_args
 from gpuckpt.shim.resolve import exec_delegate, resolve_runtime
 
+if TYPE_CHECKING:
+    from gpuckpt.cuda.node import NodeGpus
+
 OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 
-def _run_owned(args: RuntimeArgs, delegate: str, hook: str) -> int:
+def _run_owned(args: RuntimeArgs, delegate: str, hook: str, gpus: NodeGpus | None) -> int:
     if args.command == "checkpoint":
         from gpuckpt.shim import checkpoint
 
-        return checkpoint.run(args, delegate)
+        return checkpoint.run(args, delegate, gpus)
     if args.command == "restore":
         from gpuckpt.shim import restore
         from gpuckpt.shim.create import add_hook
 
         if hook:
             add_hook(args, hook, RESTORE_VALUE_FLAGS)
-        return restore.run(args, delegate)
+        return restore.run(args, delegate, gpus)
     if args.command == "delete":
         from gpuckpt.shim import delete
 
         return delete.run(args, delegate)
     from gpuckpt.shim import pause  # pause, resume: GPU suspension for containers that opted in
 
-    return pause.run(args, delegate)
+    return pause.run(args, delegate, gpus)
 
 
 def _print_version(delegate: str) -> int:
@@ -46,7 +50,9 @@ def _print_version(delegate: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, gpus: NodeGpus | None = None) -> int:
+    """`gpus`: the node's GPUs as the owned verbs reach them (the real ones unless a test's launcher
+    gives its own, integration/fake_gpu_runtime.py)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_runtime_args(argv)
     try:
@@ -55,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.wants_version and args.command is None and args.unknown_global is None:
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None:
-            return _run_owned(args, delegate, resolved.hook)
+            return _run_owned(args, delegate, resolved.hook, gpus)
         if args.command == "create" and resolved.hook and args.unknown_global is None:
             from gpuckpt.shim.create import add_hook  # only with hook.add_to_spec on
 

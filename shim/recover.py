@@ -18,9 +18,8 @@ from collections.abc import Callable
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.cuda.engine import CudaSession, one_line, query_states
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuckptError, ImageError
+from gpuckpt.errors import DelegateError, GpuckptError
 from gpuckpt.host.procfs import container_pid, container_processes
-from gpuckpt.host.safefiles import read_bounded
 from gpuckpt.node.journal import (
     BusyError,
     ContainerLock,
@@ -32,15 +31,13 @@ from gpuckpt.node.journal import (
     same_process,
 )
 from gpuckpt.oci.manifest import read_manifest, write_manifest
+from gpuckpt.shim.criu_log import dump_finished
 from gpuckpt.shim.delegate import container_pids, container_state, kill_container
 from gpuckpt.shim.freezer import Freezer
 from gpuckpt.shim.resolve import resolve_runtime
 from gpuckpt.transfer.dump_signature import sign_dump
 
 ORPHAN_WAIT_S = 60.0  # a dump or restore the killed shim's delegate still runs: waited for this long
-CRIU_DUMP_LOG = "dump.log"
-CRIU_DUMP_DONE = b"Dumping finished successfully"
-MAX_LOG_BYTES = 256 << 20
 
 Report = Callable[[str], None]
 
@@ -97,18 +94,6 @@ def recover_all(report: Report, containers: list[str] | None = None) -> int:
 # -- checkpoint ---------------------------------------------------------------------------------
 
 
-def dump_finished(journal: Journal, since: float) -> bool:
-    """CRIU's log in the work directory, written after `since`, says the dump finished."""
-    path = os.path.join(journal.work_dir or journal.image_dir, CRIU_DUMP_LOG)
-    try:
-        if os.lstat(path).st_mtime < since:
-            return False  # an earlier dump's log
-        text = read_bounded(path, MAX_LOG_BYTES, path)
-    except (OSError, ImageError):
-        return False
-    return CRIU_DUMP_DONE in text[-4096:]
-
-
 def _finish_checkpoint(journal: Journal, delegate: str, gpus: NodeGpus, this_boot: bool, done: list[str]) -> None:
     if journal.phase in ("dump", "gpu_resume") and _complete_image(journal):
         done.append(f"the dump had completed: image {journal.image_dir} marked complete")
@@ -136,7 +121,8 @@ def _finish_checkpoint(journal: Journal, delegate: str, gpus: NodeGpus, this_boo
 
 def _complete_image(journal: Journal) -> bool:
     manifest = read_manifest(journal.image_dir)
-    if manifest is None or not journal.dump_began or not dump_finished(journal, journal.dump_began):
+    if manifest is None or not journal.dump_began or not dump_finished(journal.work_dir or journal.image_dir,
+                                                                         journal.dump_began):
         return False
     if manifest.dump_completed:
         return True

@@ -117,6 +117,112 @@ def scenario_failed_dump(results: dict) -> str | None:
         bundle.destroy()
 
 
+JOURNAL_DIR = Path("/var/lib/gpuckpt/journal")
+
+
+def journal_phase(bundle: Bundle) -> dict:
+    try:
+        return json.loads((JOURNAL_DIR / f"{bundle.name}.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def kill_shim_at(bundle: Bundle, argv: list[str], phase: str, after_s: float) -> dict:
+    """Start the shim on `argv`, SIGKILL it `after_s` into the journal's `phase` (as the OOM killer or
+    kill -9 would); the journal it leaves."""
+    with open(os.devnull, "r+b") as null:
+        shim = subprocess.Popen([harness.RUNTIME, "--root", RUNTIME_ROOT, "--log", str(bundle.dir / "killed.log"),
+                                 *argv], stdin=null, stdout=null, stderr=null, cwd=bundle.dir)
+    deadline = time.monotonic() + 300
+    def reached() -> bool:
+        left = journal_phase(bundle)
+        return left.get("phase") == phase and (phase not in ("dump", "restore") or bool(left.get("delegate_pid")))
+
+    while not reached():
+        assert shim.poll() is None, f"the shim ended ({shim.returncode}) before '{phase}'"
+        assert time.monotonic() < deadline, f"never reached '{phase}'"
+        time.sleep(0.01)
+    time.sleep(after_s)
+    shim.kill()
+    shim.wait()
+    left = journal_phase(bundle)
+    assert left, "the killed shim left no journal"
+    return left
+
+
+def driver_states(pids: list[int]) -> dict:
+    """The real driver's checkpoint state of each process, asked by a fresh process."""
+    return gpuckpt_python(  # type: ignore[return-value]
+        "import json; from gpuckpt.cuda.driver import load_driver; d = load_driver(); "
+        f"print(json.dumps({{p: d.state(p).name for p in {pids!r}}}))")
+
+
+def wait_gone(pid: int, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while pid and os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def scenario_killed_shim(results: dict) -> str | None:
+    """gpuckpt-runtime SIGKILLed during the device checkpoint, the dump, the device restore of a restore and
+    --leave-running's device restore, over the real driver: the next gpuckpt (recover, or the next verb)
+    finishes its journal; the workload's GPU data is intact and it goes on."""
+    bundle = Bundle("killed", COUNTER, {"GIB": "4"})
+    images = Path("/dev/shm/gpuckpt-img-killed")
+    record: dict = {}
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3)
+        # 1. during the device checkpoint (4 GiB: seconds); then `gpuckpt recover`
+        left = kill_shim_at(bundle, ["checkpoint", "--image-path", str(images), bundle.name], "gpu_checkpoint", 1.0)
+        pids = [p["host_pid"] for p in left["processes"]]
+        left_in = driver_states(pids)
+        recovered = sh(CLI, "recover").stdout.strip()
+        assert driver_states(pids) == {str(pid): "RUNNING" for pid in pids}, recovered
+        before = assert_continues(bundle, before)
+        record["device_checkpoint"] = {"left_in": left_in, "recover": recovered}
+        log(f"killed during the device checkpoint: left {left_in}; {recovered}")
+        shutil.rmtree(images, ignore_errors=True)
+        # 2. during --leave-running's device restore; then the next checkpoint finishes it first
+        left = kill_shim_at(bundle, ["checkpoint", "--image-path", str(images), "--leave-running", bundle.name],
+                            "gpu_resume", 0.3)
+        left_in = driver_states(pids)
+        _, second = bundle.checkpoint(Path("/dev/shm/gpuckpt-img-killed-2"), "--leave-running")
+        assert driver_states(pids) == {str(pid): "RUNNING" for pid in pids}
+        assert manifest(images)["dump_completed"], "the first dump had completed"
+        before = assert_continues(bundle, before)
+        record["leave_running_device_restore"] = {"left_in": left_in, "next_checkpoint": second.stderr[-600:]}
+        log(f"killed during --leave-running's device restore: left {left_in}; the next checkpoint finished it")
+        shutil.rmtree("/dev/shm/gpuckpt-img-killed-2", ignore_errors=True)
+        shutil.rmtree(images, ignore_errors=True)
+        # 3. during the delegate's dump: it completes without the shim; the restore finishes the image first
+        left = kill_shim_at(bundle, ["checkpoint", "--image-path", str(images), bundle.name], "dump", 0.0)
+        wait_gone(left.get("delegate_pid", 0))
+        assert manifest(images)["dump_completed"] is False
+        restore_s = bundle.restore(images)
+        assert manifest(images)["dump_completed"]
+        before = assert_continues(bundle, before)
+        record["dump"] = {"restore_s": round(restore_s, 3), "restore_said": bundle.last_messages[-600:]}
+        log(f"killed during the dump: restored in {restore_s:.2f} s after the image was marked complete")
+        # 4. during a restore's device restore; then `gpuckpt recover`
+        shutil.rmtree(images)
+        bundle.checkpoint(images)
+        left = kill_shim_at(bundle, ["restore", "-d", "--bundle", str(bundle.dir), "--image-path", str(images),
+                                     bundle.name], "gpu_restore", 0.3)
+        pids = [p["host_pid"] for p in left["processes"]]
+        left_in = driver_states(pids)
+        recovered = sh(CLI, "recover").stdout.strip()
+        assert driver_states(pids) == {str(pid): "RUNNING" for pid in pids}, recovered
+        after = assert_continues(bundle, before)
+        record["device_restore"] = {"left_in": left_in, "recover": recovered, "after": after}
+        log(f"killed during a restore's device restore: left {left_in}; {recovered}")
+        results["killed_shim"] = record
+    finally:
+        results.setdefault("killed_shim", record)
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+
+
 def bit_exact_training(results: dict, key: str, script: str, env: dict[str, str], steps: int = 300,
                        gpu_minors: list[int] = [0], network: bool = False) -> None:
     """A training loop checkpointed mid-run, killed by the dump, restored and run to the end must

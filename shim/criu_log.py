@@ -1,0 +1,57 @@
+"""What CRIU's own log says about a dump: whether it finished, and why it failed, in one line.
+
+runc and crun leave CRIU's log (dump.log) in the work directory (the image directory
+unless --work-path); their own error is "criu failed: type NOTIFY errno 0" and a second
+line naming the log, which says nothing a node operator can act on. The log's text
+holds paths and names from the container: it is read with a bound and printed as data.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from gpuckpt.errors import ImageError
+from gpuckpt.host.safefiles import read_bounded
+
+DUMP_LOG = "dump.log"
+DUMP_DONE = b"Dumping finished successfully"
+MAX_LOG_BYTES = 256 << 20
+MAX_REASON_CHARS = 300
+# "(00.202653) Error (criu/files-reg.c:1790): Can't lookup mount=27 for fd=3 path=/tmp/x"
+_ERROR = re.compile(rb"^\(\s*[\d.]+\) Error \([^)]*\): (.*)$", re.MULTILINE)
+# What CRIU says after the cause: the summary lines of its failed steps
+_SUMMARY = re.compile(rb"^(Dumping FAILED\.|.* failed with -?\d+|Dumping .* failed)$")
+
+
+def dump_log_path(work_dir: str) -> str:
+    return os.path.join(work_dir, DUMP_LOG)
+
+
+def _read(work_dir: str, since: float) -> bytes | None:
+    path = dump_log_path(work_dir)
+    try:
+        if os.lstat(path).st_mtime < since:
+            return None  # an earlier dump's log
+        return read_bounded(path, MAX_LOG_BYTES, path)
+    except (OSError, ImageError):
+        return None
+
+
+def dump_finished(work_dir: str, since: float) -> bool:
+    """CRIU's log in `work_dir`, written after `since` (time.time()), says the dump finished."""
+    text = _read(work_dir, since)
+    return text is not None and DUMP_DONE in text[-4096:]
+
+
+def dump_failure(work_dir: str, since: float) -> str:
+    """CRIU's cause of a failed dump written after `since`, as "; CRIU: ..." for a one-line message ("" if none)."""
+    text = _read(work_dir, since)
+    if not text:
+        return ""
+    causes = [match.group(1).strip() for match in _ERROR.finditer(text)]
+    causes = [cause for cause in causes if not _SUMMARY.match(cause)]
+    if not causes:
+        return ""
+    reason = "".join(char if char.isprintable() else "?" for char in causes[-1].decode(errors="replace"))
+    return f"; CRIU: {reason[:MAX_REASON_CHARS]} ({dump_log_path(work_dir)})"
