@@ -4,7 +4,7 @@
 entry in order and returns a sink for each file's bytes, which cuts them into content-defined
 chunks (store.chunking). Each chunk is hashed, looked up, and if the store lacks it compressed and
 written, on a pool of threads (BLAKE3, zstd and the writes let go of the GIL) while the stream goes
-on. `commit` waits for every chunk, syncs their directories, then writes the manifest: a checkpoint
+on. `commit` waits for every chunk, syncs them to disk, then writes the manifest: a checkpoint
 exists only once all it names is on disk. The caller holds the store's shared lock throughout, so
 no collection removes a chunk this checkpoint counted on before its manifest names it.
 """
@@ -34,8 +34,8 @@ StoredChunk = tuple[str, int, int]
 
 
 def default_threads() -> int:
-    """Two per CPU (a chunk's write waits for the disk), at most 16."""
-    return min(16, 2 * len(os.sched_getaffinity(0)))
+    """Four per CPU (a chunk's write mostly waits for the disk to sync it), at most 16."""
+    return min(16, 4 * len(os.sched_getaffinity(0)))
 
 
 @dataclass
@@ -55,7 +55,6 @@ class CheckpointWriter:
         self._in_flight: deque[Future[StoredChunk]] = deque()
         self._claimed: set[str] = set()  # digests this checkpoint has stored or is storing
         self._claim_lock = threading.Lock()
-        self._fanouts: set[str] = set()
 
     def observe(self, member: tarfile.TarInfo) -> FileChunker | None:
         """copy_checked's seam: every entry in order; a file's bytes go to the chunker returned."""
@@ -87,8 +86,6 @@ class CheckpointWriter:
         if claimed or self.store.has_chunk(digest):
             return digest, len(chunk), 0
         written = self.store.put_chunk(digest, chunk)
-        with self._claim_lock:
-            self._fanouts.add(digest[:2])
         return digest, len(chunk), written
 
     def commit(self, name: str, container: str, container_id: str) -> StoredCheckpoint:
@@ -112,7 +109,7 @@ class CheckpointWriter:
                 raise ImageError(f"checkpoint {name}: entry {member.name[:80]!r} cannot be stored: "
                                  f"{error.errors()[0]['msg']}") from None
         self._pool.shutdown()
-        self.store.sync_fanouts(self._fanouts)
+        self.store.sync()
         try:
             stored = StoredCheckpoint(name=name, container=container[:256], container_id=container_id,
                                       created=utc_now(), created_ns=time.time_ns(), entries=entries,

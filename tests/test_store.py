@@ -199,3 +199,15 @@ def test_an_entry_stream_with_a_directory_and_empty_file(store) -> None:
 
 def test_chunk_digest_is_blake3_hex() -> None:
     assert chunk_digest(b"abc") == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+
+
+def test_incompressible_chunks_are_stored_as_raw_zstd_frames(store) -> None:
+    random_chunk, zero_chunk = random_bytes(300_001, 9), bytes(300_001)
+    for data in (random_chunk, zero_chunk):
+        digest = chunk_digest(data)
+        written = store.put_chunk(digest, memoryview(data))
+        on_disk = open(os.path.join(store.root, store.chunk_name(digest)), "rb").read()
+        assert len(on_disk) == written and zstandard.get_frame_parameters(on_disk).content_size == len(data)
+        assert store.read_chunk(digest, len(data)) == data
+    assert store.put_chunk(chunk_digest(random_chunk), memoryview(random_chunk)) < len(random_chunk) + 64
+    assert store.put_chunk(chunk_digest(zero_chunk), memoryview(zero_chunk)) < 1000

@@ -125,7 +125,11 @@ def test_leftovers_of_a_failed_checkpoint_are_collected(store) -> None:
         writer.discard()  # the stream failed: no manifest
     with open(os.path.join(store.root, "tmp", "x" * 64 + ".1.2"), "wb") as partial:
         partial.write(b"half a chunk")
-    os.utime(os.path.join(store.root, "tmp", "x" * 64 + ".1.2"), (1, 1))
+    partial = os.path.join(store.root, "chunks", "ab", "ab" * 32 + ".7.8.partial")  # a chunk half written
+    with open(partial, "wb") as half:
+        half.write(b"half")
+    for path in (os.path.join(store.root, "tmp", "x" * 64 + ".1.2"), partial):
+        os.utime(path, (1, 1))
     assert chunk_set(store)
     collected = collect(store, wait_s=0)
-    assert chunk_set(store) == set() and collected.temporaries == 1
+    assert chunk_set(store) == set() and collected.temporaries == 2 and not os.path.exists(partial)
