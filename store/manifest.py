@@ -60,9 +60,9 @@ class StoredCheckpoint(_Model):
 
     schema_version: Literal[1] = 1
     name: str = Field(pattern=f"^{NAME.pattern}$")
-    container: str = Field(max_length=256)  # podman's name of it, for people
+    container: str = Field(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")  # podman's name of it, for people
     container_id: str = Field(pattern=r"^[0-9a-f]{64}$")
-    created: str = Field(max_length=64)  # UTC, RFC 3339
+    created: str = Field(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$")  # UTC
     created_ns: int = Field(ge=0)  # the same, to order checkpoints
     entries: list[StoredEntry] = Field(max_length=MAX_ENTRIES)
     logical_bytes: int = Field(ge=0)  # the files' bytes

@@ -151,7 +151,8 @@ def test_a_bad_chunk_is_named_before_anything_is_given_back(store, how) -> None:
     assert missing_chunks(store, stored) == ([digest] if how in ("missing", "symlink") else [])
 
 
-@pytest.mark.hostile("a store manifest naming a path as a chunk, another checkpoint, an entry outside, or a link")
+@pytest.mark.hostile("a store manifest naming a path as a chunk, another checkpoint, an entry outside, a terminal "
+                     "escape, or a link")
 def test_store_refuses_what_it_did_not_make(store, tmp_path) -> None:
     put(store, pages_tar(random_bytes(1 << 20, 7)), "web-1")
     path = os.path.join(store.root, "checkpoints", "web-1.json")
@@ -159,7 +160,8 @@ def test_store_refuses_what_it_did_not_make(store, tmp_path) -> None:
     digest = store.read_checkpoint("web-1").entries[-1].chunks[0][0]
     for bad, why in ((text.replace(digest, "../../../../etc/passwd" + "0" * 42), "chunks"),
                      (text.replace('"name":"web-1"', '"name":"web-2"'), "names itself"),
-                     (text.replace('"name":"config.dump"', '"name":"../config.dump"'), "relative")):
+                     (text.replace('"name":"config.dump"', '"name":"../config.dump"'), "relative"),
+                     (text.replace('"container":"web"', '"container":"web\\u001b]0;owned\\u0007"'), "container")):
         open(path, "w").write(bad)
         with pytest.raises(ImageError) as error:
             store.read_checkpoint("web-1")
