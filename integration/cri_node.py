@@ -271,6 +271,8 @@ class Node:
         for directory in (self.state, self.root):
             umount_below(directory)
             shutil.rmtree(directory, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                directory.parent.rmdir()  # the last node here takes /run/gpuckpt-cri and /var/lib/gpuckpt-cri along
         if errors:
             raise AssertionError("; ".join(errors))
 

@@ -152,14 +152,23 @@ def test_containerd_21_runs_pods_under_the_gpuckpt_handler(node_a, cri_image) ->
         pod.remove()
 
 
+@pytest.fixture(scope="module", params=["runc", "crun"])
+def cri_delegate(request, node_a, node_b) -> str:
+    """The delegate gpuckpt-runtime runs for both nodes' containers (their own config files, read at each call)."""
+    for node in (node_a, node_b):
+        assert node.gpuckpt_config is not None
+        node.gpuckpt_config.write_text(f'delegate = "{request.param}"\n')
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def checkpointed(node_a, cri_image, cri_work) -> Iterator[tuple[Path, Counter]]:
+def checkpointed(node_a, cri_image, cri_work, cri_delegate) -> Iterator[tuple[Path, Counter]]:
     """kubelet's ContainerCheckpoint of a running counter pod on node A: the archive and the state before it."""
     pod = Pod(node_a, cri_image)
     try:
         pod.run_counter()
         before = wait_counter(pod.read_state, minimum=3)
-        archive = cri_work / f"checkpoint-{pod.name}-counter.tar"
+        archive = cri_work / f"checkpoint-{pod.name}-counter-{cri_delegate}.tar"
         node_a.kubelet.checkpoint(pod.container_id, archive)
         # the container keeps running, as kubelet's checkpoint leaves it
         assert node_a.kubelet.status(pod.container_id).state == node_a.kubelet.pb.CONTAINER_RUNNING
@@ -190,7 +199,7 @@ def test_the_archive_restores_on_a_second_node(node_b, cri_image, checkpointed) 
     _restore_and_check(node_b, cri_image, *checkpointed)
 
 
-def test_the_archive_is_containerds_with_gpuckpts_manifest(checkpointed) -> None:
+def test_the_archive_is_containerds_with_gpuckpts_manifest(checkpointed, cri_delegate) -> None:
     archive, _ = checkpointed
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
@@ -201,6 +210,7 @@ def test_the_archive_is_containerds_with_gpuckpts_manifest(checkpointed) -> None
     assert config_dump["runtime"] == "io.containerd.runc.v2"
     # gpuckpt-runtime took containerd's checkpoint, leaving the container running, and said so in its manifest
     assert manifest["leave_running"] is True and "--leave-running" in manifest["delegate_args"], manifest
+    assert os.path.basename(manifest["delegate"]) == cri_delegate, manifest["delegate"]
     inspected = json.loads(sh(GPUCKPT, "inspect", "--json", str(archive)).stdout)
     assert inspected["container"]["id"] == config_dump["id"]
     assert inspected["manifest"]["delegate_args"] == manifest["delegate_args"]
