@@ -21,6 +21,7 @@ from gpuckpt.node.config import load_config
 from gpuckpt.node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
 from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
 from gpuckpt.node.inventory import inventory_dir, read_records
+from gpuckpt.node.journal import left_journals
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust, node_key_path, policy_path
 from gpuckpt.oci.criu_images import criu_messages
@@ -270,9 +271,18 @@ def check_cgroup_hierarchies() -> str | None:
     return "cgroup v1: crun's restore finds its own cgroup (no hierarchy is mounted only elsewhere)"
 
 
+def check_journals() -> str:
+    """A journal no live gpuckpt holds was left by a killed gpuckpt-runtime (node/journal.py)."""
+    if left := left_journals():
+        raise CheckFailed(f"{len(left)} checkpoint(s) or restore(s) a killed gpuckpt-runtime left unfinished "
+                          f"({', '.join(name[:12] for name in left[:5])}): their CUDA processes may be locked",
+                          "gpuckpt recover")
+    return "no checkpoint or restore left unfinished by a killed gpuckpt-runtime"
+
+
 CHECKS: list[Callable[[], str | None]] = [
     check_kernel, check_cgroup_hierarchies, check_criu, check_criu_image_definitions, check_config_and_delegate,
-    check_trust, check_network_lock,
+    check_trust, check_network_lock, check_journals,
     check_podman, check_docker, check_containerd, check_hook, check_service,
     check_driver,
 ]

@@ -145,6 +145,20 @@ def pending_journals() -> list[str]:
                   if name.endswith(".json") and not name.startswith("."))
 
 
+def left_journals() -> list[str]:
+    """The containers whose journal no live gpuckpt holds: left by a killed shim, to be finished."""
+    left = []
+    for container in pending_journals():
+        try:
+            with ContainerLock(container, "check"):
+                left.append(container)
+        except BusyError:
+            continue  # in progress
+        except (ImageError, OSError):
+            left.append(container)
+    return left
+
+
 class ContainerLock:
     """The one gpuckpt operation on a container at a time: an flock the kernel drops if we die."""
 

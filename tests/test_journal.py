@@ -196,3 +196,17 @@ def test_a_checkpoint_removes_its_journal_whichever_way_it_ends(make_node) -> No
     with pytest.raises(Exception):
         node.checkpoint()
     assert read_journal("ctr") is None and node.all_running()
+
+
+def test_doctor_names_journals_no_live_gpuckpt_holds(make_node) -> None:
+    from gpuckpt.cli.doctor import CheckFailed, check_journals
+
+    node = make_node(1)
+    assert "no checkpoint or restore left unfinished" in check_journals()
+    left_journal(node, "gpu_checkpoint")
+    with ContainerLock("ctr", "checkpoint"):  # a live shim's work in progress
+        assert journal.left_journals() == []
+    with pytest.raises(CheckFailed) as failed:
+        check_journals()
+    assert "1 checkpoint(s) or restore(s) a killed gpuckpt-runtime left unfinished (ctr)" in str(failed.value)
+    assert failed.value.fix == "gpuckpt recover"
