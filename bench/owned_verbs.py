@@ -1,0 +1,88 @@
+"""What gpuckpt-runtime adds to podman's checkpoint and restore of a CPU-only container, and to `state`.
+
+Two containers of the test bed's image running `sleep`, one with runc and one with
+gpuckpt-runtime (delegating to runc), checkpointed and restored in turns, the same number
+of cycles each, so load on the machine falls on both. Prints medians and p90 side by side
+and the shim's added milliseconds; writes bench/results/owned_verbs.json. The pass-through's
+cost is timed the same way on `state` of the shim's container (runc's root, as podman calls it).
+Run as root after integration/testbed/setup.sh and gpuckpt install --engine podman.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from passthrough import machine, time_once  # noqa: E402
+
+IMAGE = "localhost/gpuckpt-test:latest"
+RESULTS = Path(__file__).parent / "results" / "owned_verbs.json"
+PODMAN_RUNC_ROOT = "/run/runc"
+GOAL_ADDED_MS = 50.0
+GOAL_PASSTHROUGH_MS = 5.0
+
+
+def figures(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {"median_ms": round(statistics.median(ordered), 1),
+            "p90_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))], 1), "runs": len(ordered)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--state-runs", type=int, default=100)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    options = parser.parse_args()
+    podman, runc = shutil.which("podman"), shutil.which("runc")
+    shim = shutil.which("gpuckpt-runtime")
+    assert podman and runc and shim, "podman, runc and gpuckpt-runtime must be installed"
+    names = {"runc": "bench-owned-runc", "gpuckpt-runtime": "bench-owned-shim"}
+    times: dict[str, dict[str, list[float]]] = {rt: {"checkpoint": [], "restore": []} for rt in names}
+    try:
+        for runtime, name in names.items():
+            subprocess.run([podman, "rm", "-f", name], capture_output=True)
+            subprocess.run([podman, "run", "-d", "--runtime", runtime, "--name", name, IMAGE, "sleep", "1000000"],
+                           check=True, capture_output=True)
+        for _ in range(options.cycles):
+            for runtime, name in names.items():
+                times[runtime]["checkpoint"].append(time_once([podman, "container", "checkpoint", name]))
+                times[runtime]["restore"].append(time_once([podman, "container", "restore", name]))
+        shim_id = subprocess.run([podman, "inspect", "-f", "{{.Id}}", names["gpuckpt-runtime"]], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        state: dict[str, list[float]] = {"runc": [], "gpuckpt-runtime": []}
+        for _ in range(options.state_runs):
+            for runtime, program in (("runc", runc), ("gpuckpt-runtime", shim)):
+                state[runtime].append(time_once([program, "--root", PODMAN_RUNC_ROOT, "state", shim_id]))
+    finally:
+        for name in names.values():
+            subprocess.run([podman, "rm", "-f", name], capture_output=True)
+    result: dict = {"machine": machine(), "cycles": options.cycles, "image": IMAGE, "workload": "sleep"}
+    for verb in ("checkpoint", "restore"):
+        result[verb] = {runtime: figures(times[runtime][verb]) for runtime in names}
+        result[f"{verb}_added_ms"] = round(result[verb]["gpuckpt-runtime"]["median_ms"]
+                                           - result[verb]["runc"]["median_ms"], 1)
+    result["state"] = {runtime: figures(samples) for runtime, samples in state.items()}
+    result["passthrough_added_ms"] = round(result["state"]["gpuckpt-runtime"]["median_ms"]
+                                           - result["state"]["runc"]["median_ms"], 1)
+    result["goals"] = {"checkpoint_added_ms": GOAL_ADDED_MS, "restore_added_ms": GOAL_ADDED_MS,
+                       "passthrough_added_ms": GOAL_PASSTHROUGH_MS}
+    for key in ("checkpoint", "restore", "state"):
+        runc_f, shim_f = result[key]["runc"], result[key]["gpuckpt-runtime"]
+        print(f"{key:<10} runc median {runc_f['median_ms']:7.1f} ms p90 {runc_f['p90_ms']:7.1f}   "
+              f"shim median {shim_f['median_ms']:7.1f} ms p90 {shim_f['p90_ms']:7.1f}")
+    print(f"added: checkpoint {result['checkpoint_added_ms']} ms, restore {result['restore_added_ms']} ms, "
+          f"pass-through {result['passthrough_added_ms']} ms (goals {GOAL_ADDED_MS:g}, {GOAL_ADDED_MS:g}, "
+          f"{GOAL_PASSTHROUGH_MS:g})")
+    options.out.parent.mkdir(exist_ok=True)
+    options.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
