@@ -148,18 +148,19 @@ def restore_from(store: Store, name: str, flags: list[str], trust_config: bool =
     near = os.path.dirname(graph_root)  # beside podman's storage, on its filesystem: the shim renames the pages in
     if os.stat(near).st_dev != os.stat(graph_root).st_dev:
         near = graph_root
-    with store.locked():
-        stored, what = _readable(store, name)
-        small = {entry: entry_bytes(store, stored, entry, MAX_DUMP_BYTES) for entry in (CONFIG_DUMP, SPEC_DUMP)}
-        if None in small.values():
-            raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
-        dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
-        if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root)):
-            raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "
-                             "(give --trust-config if you trust it)")
-        staging = Staging(near, StagingBudget(what, near, limits))
-        through_shim = os.path.basename(dumps.config.runtime) == SHIM
-        try:
+    staging: Staging | None = None
+    try:
+        with store.locked():  # held while chunks are read: not through podman's restore
+            stored, what = _readable(store, name)
+            small = {entry: entry_bytes(store, stored, entry, MAX_DUMP_BYTES) for entry in (CONFIG_DUMP, SPEC_DUMP)}
+            if None in small.values():
+                raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
+            dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
+            if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root)):
+                raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "
+                                 "(give --trust-config if you trust it)")
+            staging = Staging(near, StagingBudget(what, near, limits))
+            through_shim = os.path.basename(dumps.config.runtime) == SHIM
             if through_shim:
                 staging.start()  # the pages go beside podman's storage for the shim; podman imports the rest
             kept: dict[str, bytes] = {}
@@ -167,17 +168,17 @@ def restore_from(store: Store, name: str, flags: list[str], trust_config: bool =
                 copied = copy_checked(StoredStream(store, stored, threads), staging.light(), what,
                                       moved, kept, divert=staging.divert if through_shim else None,
                                       trailer=(staging.placeholder(),) if through_shim else ())
-            staging.close_light()
-            checked = described(what, kept, copied.names, copied.files, copied.bytes)
-            check_archive(staging.light_path, checked.spec_bytes, what)  # CRIU's images against spec.dump
-            phases = [f"{stored.logical_bytes / 2**20:.0f} MiB read and verified in {time.monotonic() - started:.1f} s"]
-            if through_shim:
-                staging.record()  # from here the shim may take the pages
-            podman_started = time.monotonic()
-            finished = run([program, "container", "restore", "--import", staging.light_path, *flags],
-                           timeout_s=3600)
-            phases.append(f"podman's restore {time.monotonic() - podman_started:.1f} s")
-        finally:
+        staging.close_light()
+        checked = described(what, kept, copied.names, copied.files, copied.bytes)
+        check_archive(staging.light_path, checked.spec_bytes, what)  # CRIU's images against spec.dump
+        phases = [f"{stored.logical_bytes / 2**20:.0f} MiB read and verified in {time.monotonic() - started:.1f} s"]
+        if through_shim:
+            staging.record()  # from here the shim may take the pages
+        podman_started = time.monotonic()
+        finished = run([program, "container", "restore", "--import", staging.light_path, *flags], timeout_s=3600)
+        phases.append(f"podman's restore {time.monotonic() - podman_started:.1f} s")
+    finally:
+        if staging is not None:
             staging.remove()
     line = (finished.stdout.strip().splitlines() or [checked.config.name])[-1]
     return Restored(checked.config.name, line, phases)
