@@ -15,7 +15,8 @@ from gpuckpt.errors import ImageError
 from gpuckpt.host.safefiles import read_bounded
 
 DUMP_LOG = "dump.log"
-DUMP_DONE = b"Dumping finished successfully"
+# CRIU's last line of a dump that finished; its log quotes paths the container chose (newlines too)
+_DUMP_DONE = re.compile(rb"\(\s*[\d.]+\) Dumping finished successfully")
 MAX_LOG_BYTES = 256 << 20
 MAX_REASON_CHARS = 300
 # "(00.202653) Error (criu/files-reg.c:1790): Can't lookup mount=27 for fd=3 path=/tmp/x"
@@ -39,9 +40,9 @@ def _read(work_dir: str, since: float) -> bytes | None:
 
 
 def dump_finished(work_dir: str, since: float) -> bool:
-    """CRIU's log in `work_dir`, written after `since` (time.time()), says the dump finished."""
+    """CRIU's log in `work_dir`, written after `since` (time.time()), ends with its line saying the dump finished."""
     text = _read(work_dir, since)
-    return text is not None and DUMP_DONE in text[-4096:]
+    return text is not None and _DUMP_DONE.fullmatch(text.rstrip(b"\n").rsplit(b"\n", 1)[-1]) is not None
 
 
 def dump_failure(work_dir: str, since: float) -> str:

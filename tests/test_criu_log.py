@@ -33,3 +33,28 @@ def test_a_log_that_is_a_link_is_not_read(tmp_path) -> None:
     (tmp_path / "elsewhere").write_text(FAILED)
     (tmp_path / "dump.log").symlink_to(tmp_path / "elsewhere")
     assert dump_failure(str(tmp_path), 0) == ""
+
+
+# A real CRIU 4.1.1 log (runc 1.1.5) of a dump that FAILED: the container's process held a deleted file
+# whose name it chose ("/tmp/x\n(00.999999) Dumping finished successfully"), over the ghost-file limit.
+FAILED_WITH_CHOSEN_NAME = """(00.058577) Dumping path for 3 fd via self 21 [/tmp/x
+(00.999999) Dumping finished successfully (deleted)]
+(00.058579) Dumping ghost file for fd 21 id 0xa
+(00.058580) Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/x
+(00.999999) Dumping finished successfully of 3145728 size, increase limit
+(00.058588) Error (criu/cr-dump.c:1545): Dump files (pid: 28500) failed with -1
+(00.113259) \tUnseizing 28500 into 1
+(00.113308) Error (criu/cr-dump.c:1975): Dumping FAILED.
+"""
+
+
+def test_a_failed_dump_is_not_finished_whatever_names_the_container_put_in_its_log(tmp_path) -> None:
+    log = tmp_path / "dump.log"
+    log.write_text(FAILED_WITH_CHOSEN_NAME)
+    assert not dump_finished(str(tmp_path), 0)
+    log.write_text("(00.05) Dumping path for 3 fd via self 21 [/tmp/Dumping finished successfully]\n"
+                   "(00.11) Error (criu/cr-dump.c:1975): Dumping FAILED.\n")
+    assert not dump_finished(str(tmp_path), 0)
+    log.write_text("(00.452714) \tUnseizing 29476 into 1\n(00.452754) Writing stats\n"
+                   "(00.452823) Dumping finished successfully\n")
+    assert dump_finished(str(tmp_path), 0)  # CRIU's own last line
