@@ -75,8 +75,10 @@ def test_spec_dump_reaches_crio_unchanged_with_the_containers_annotations(tmp_pa
 
 @pytest.mark.xfail(strict=True, reason=f"containerd {CONTAINERD_VERSION}'s restore from an image wants "
                                        "org.criu.checkpoint.container.name (checkpointctl's key) on the image's "
-                                       "target; gpuckpt writes podman's and CRI-O's keys only. Its archive "
-                                       "restores (integration/test_cri.py)")
+                                       "target; gpuckpt writes podman's and CRI-O's keys only (and an image of a "
+                                       "podman checkpoint also lacks the status.dump and config.dump rootfsImageRef "
+                                       "that restore reads). containerd's own archive restores "
+                                       "(integration/test_cri.py)")
 def test_the_image_carries_what_containerds_restore_reads(tmp_path) -> None:
     image = _image(tmp_path)
     assert CONTAINERD_RESTORE_READS <= (image.manifest.annotations or {}).keys()
