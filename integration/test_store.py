@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
+pytestmark = pytest.mark.integration
 _names = itertools.count()
 
 
