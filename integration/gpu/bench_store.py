@@ -9,7 +9,7 @@
    (the checkpoint's logical size; goal <= 0.4); restored from the store, all four going on intact.
 Writes OUT/store.json with `second_new_over_first` and `replicas_stored_over_sum`.
 Usage (root, repository root, after `bash integration/gpu/pack-carry.sh podman`):
-    python3 integration/gpu/bench_store.py OUT_DIR [GIB]
+    python3 integration/gpu/bench_store.py OUT_DIR [GIB [inference|replicas ...]]
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ def replicas(podman: harness.Podman, gib: str) -> dict:
 def main() -> int:
     out = Path(sys.argv[1])
     gib = sys.argv[2] if len(sys.argv) > 2 else "2"
+    chosen = sys.argv[3:] or ["inference", "replicas"]
     harness.OUT = out
     facts = install()
     podman = harness.Podman()
@@ -117,6 +118,8 @@ def main() -> int:
     result: dict = {"machine": facts["nvidia_smi"], "facts": facts, "store": str(STORE), "goals": GOALS}
     failed = []
     for key, run in (("inference", inference), ("replicas", replicas)):
+        if key not in chosen:
+            continue
         log(f"--- {key}")
         try:
             result[key] = run(podman, gib)
@@ -124,13 +127,13 @@ def main() -> int:
             failed.append(key)
             result[key] = {"error": f"{type(error).__name__}: {error}"[-2000:]}
         (out / "store.json").write_text(json.dumps(result, indent=2))
-    result["second_new_over_first"] = result["inference"].get("second_new_over_first")
-    result["replicas_stored_over_sum"] = result["replicas"].get("replicas_stored_over_sum")
+    result["second_new_over_first"] = result.get("inference", {}).get("second_new_over_first")
+    result["replicas_stored_over_sum"] = result.get("replicas", {}).get("replicas_stored_over_sum")
     verified = sh(CLI, "store", "verify", "--store", str(STORE), env=podman.env, check=False)
     result["verify"] = (verified.stdout + verified.stderr).strip()[-1000:]
     (out / "store.json").write_text(json.dumps(result, indent=2))
     shutil.rmtree(STORE, ignore_errors=True)
-    print(f"{2 - len(failed)} passed, {len(failed)} failed")
+    print(f"{len(chosen) - len(failed)} passed, {len(failed)} failed")
     return 1 if failed else 0
 
 
