@@ -34,7 +34,8 @@ StoredChunk = tuple[str, int, int]
 
 
 def default_threads() -> int:
-    """Four per CPU (a chunk's write mostly waits for the disk to sync it), at most 16."""
+    """Four per CPU, at most 16: besides hashing and compressing, a chunk's write waits in the kernel
+    (a new file, a rename, directory locks), which threads of their own overlap."""
     return min(16, 4 * len(os.sched_getaffinity(0)))
 
 
