@@ -167,25 +167,45 @@ class ContainerLock:
         self.fd = -1
 
     def __enter__(self) -> ContainerLock:
-        directory = os.path.join(state_dir(), "locks")
-        dir_fd = private_directory(directory)
+        name = _name(self.container).removesuffix(".json") + ".lock"
+        dir_fd = private_directory(os.path.join(state_dir(), "locks"))
         try:
-            name = _name(self.container).removesuffix(".json") + ".lock"
-            self.fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+            while not self._lock(dir_fd, name):
+                pass  # a delete removed the file we opened before we locked it: the name's file now
         finally:
             os.close(dir_fd)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()} {self.verb}\n".encode(), 0)
+        return self
+
+    def _lock(self, dir_fd: int, name: str) -> bool:
+        self.fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             holder = _read_holder(self.fd)
-            os.close(self.fd)
+            self.release()
             if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
                 raise
             raise BusyError(f"{self.verb} of {self.container} refused: another gpuckpt process{holder} is "
                             "working on it; nothing was touched (try again when it ends)") from None
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()} {self.verb}\n".encode(), 0)
-        return self
+        try:
+            current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
+        except FileNotFoundError:
+            current = -1
+        if current == os.fstat(self.fd).st_ino:
+            return True
+        self.release()
+        return False
+
+    def remove_file(self) -> None:
+        """Unlink the lock file while holding it (a deleted container's): whoever opened it before
+        finds it gone once it has the lock, and takes the name's new one."""
+        dir_fd = os.open(os.path.join(state_dir(), "locks"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.unlink(_name(self.container).removesuffix(".json") + ".lock", dir_fd=dir_fd)
+        finally:
+            os.close(dir_fd)
 
     def release(self) -> None:
         if self.fd >= 0:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from gpuckpt.errors import GpuckptError
+from gpuckpt.node.journal import ContainerLock
 from gpuckpt.node.paths import state_dir
 from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
 from gpuckpt.shim.delegate import container_exists, run_delegate
@@ -21,11 +23,12 @@ from gpuckpt.shim.log import log
 def run(args: RuntimeArgs, delegate: str) -> int:
     status = run_delegate(delegate, args.argv)
     container_id = parse_verb_args(args.command_args, frozenset()).container_id
-    if status == 0 and container_id and "/" not in container_id and not container_id.startswith("."):
+    if status == 0 and container_id and os.path.exists(os.path.join(state_dir(), "locks", f"{container_id}.lock")):
         try:
-            os.unlink(os.path.join(state_dir(), "locks", f"{container_id}.lock"))
-        except OSError:
-            pass  # none was taken (the usual case), or its directory is gone
+            with ContainerLock(container_id, "delete") as lock:
+                lock.remove_file()
+        except (GpuckptError, OSError):
+            pass  # held by a gpuckpt at work (it stays theirs), or an ID no lock file could have
     if status == 0 or container_id is None:
         return status
     if not container_exists(delegate, args.global_argv, container_id):

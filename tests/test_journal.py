@@ -210,3 +210,15 @@ def test_doctor_names_journals_no_live_gpuckpt_holds(make_node) -> None:
         check_journals()
     assert "1 checkpoint(s) or restore(s) a killed gpuckpt-runtime left unfinished (ctr)" in str(failed.value)
     assert failed.value.fix == "gpuckpt recover"
+
+
+def test_a_delete_leaves_the_lock_file_of_a_gpuckpt_at_work(node) -> None:
+    from gpuckpt.shim import delete
+    from gpuckpt.shim.argv import parse_runtime_args
+
+    with ContainerLock("ctr", "recover"):  # gpuckpt recover finishing a journal while the engine deletes
+        assert delete.run(parse_runtime_args(["delete", "ctr"]), "/bin/true") == 0
+        with pytest.raises(BusyError):
+            ContainerLock("ctr", "restore").__enter__()  # not a second holder through a new lock file
+    assert delete.run(parse_runtime_args(["delete", "ctr"]), "/bin/true") == 0
+    assert not os.listdir(node / "state" / "locks")  # nobody held it: it went
