@@ -77,6 +77,9 @@ def test_checkpointed_twice_restored_from_the_store_state_goes_on(counter, store
     archive = tmp_path / "second.tar.zst"
     store(store_dir, "export", "second", str(archive))
     assert "verified" in sh(GPUCKPT, "trust", "verify", str(archive)).stdout
+    image = f"oci:{tmp_path / 'second-image'}:v1"  # and as podman's checkpoint image, its manifest signed
+    store(store_dir, "export", "second", image)
+    assert "layer sha256:" in sh(GPUCKPT, "trust", "verify", image).stdout
     assert "all intact" in store(store_dir, "verify").stdout
     pruned = store(store_dir, "prune", "--keep", "1")
     assert "removed first" in pruned.stdout
