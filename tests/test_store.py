@@ -10,6 +10,8 @@ import tarfile
 
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from podman_tars import CONFIG, SPEC, podman_tar
 
 from gpuckpt.errors import ImageError, UsageError
@@ -18,10 +20,11 @@ from gpuckpt.store import chunking
 from gpuckpt.store.catalog import usage
 from gpuckpt.store.chunking import MAX_CHUNK_BYTES, FileChunker, chunk_digest
 from gpuckpt.store.reader import StoredStream, missing_chunks, verify_chunks
-from gpuckpt.store.repository import ChunkError, Store
+from gpuckpt.store.repository import ChunkError, Store, _advanced, raw_frame
 from gpuckpt.store.writer import CheckpointWriter
 
 CONTAINER_ID = "c0ffee" * 10 + "abcd"
+SAMPLE_DATA = random.Random(11).randbytes(20 << 20)
 
 
 def random_bytes(count: int, seed: int) -> bytes:
@@ -213,3 +216,28 @@ def test_incompressible_chunks_are_stored_as_raw_zstd_frames(store) -> None:
         assert store.read_chunk(digest, len(data)) == data
     assert store.put_chunk(chunk_digest(random_chunk), memoryview(random_chunk)) < len(random_chunk) + 64
     assert store.put_chunk(chunk_digest(zero_chunk), memoryview(zero_chunk)) < 1000
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=3 << 20), min_size=1, max_size=12))
+def test_cuts_do_not_depend_on_how_the_bytes_arrive(pieces) -> None:
+    data = SAMPLE_DATA[:sum(pieces)] if sum(pieces) < len(SAMPLE_DATA) else SAMPLE_DATA
+    whole = [bytes(piece.data) for piece in chunking.chunker().cut_buf(data)]
+    chunks: list[bytes] = []
+    chunker = FileChunker(lambda chunk: chunks.append(bytes(chunk)))
+    at = 0
+    for size in pieces:
+        chunker.write(data[at:at + size])
+        at += size
+    chunker.write(data[at:])
+    chunker.close()
+    assert chunks == whole
+
+
+@pytest.mark.parametrize("written", [0, 1, 12, 13, 14, 13 + 3 + 131072, 13 + 3 + 131072 + 3 + 5])
+def test_a_short_writev_goes_on_where_it_stopped(written) -> None:
+    data = memoryview(random_bytes(131072 + 5, 10))
+    pieces = raw_frame(data)
+    whole = b"".join(bytes(piece) for piece in pieces)
+    assert b"".join(bytes(piece) for piece in _advanced(pieces, written)) == whole[written:]
+    assert zstandard.ZstdDecompressor().decompress(whole, max_output_size=len(data)) == data
