@@ -41,6 +41,7 @@ Phase = Literal[
     "gpu_checkpoint",  # checkpoint: CUDA processes being locked and checkpointed
     "dump",           # checkpoint: the delegate dumps (delegate_pid)
     "gpu_resume",     # checkpoint --leave-running: the dump completed; CUDA processes being restored, unlocked
+    "move_staged",    # checkpoint --leave-running: the dump staged in memory being moved to the image directory
     "restore",        # restore: the delegate restores (delegate_pid)
     "gpu_restore",    # restore: the restored CUDA processes being restored and unlocked
 ]
@@ -74,6 +75,7 @@ class Journal(BaseModel):
     processes: list[JournalProcess] = []
     delegate_pid: int = 0
     delegate_start_time: int = 0
+    staging_dir: str = ""  # --leave-running: where the dump went first (shim/staging.py)
     dump_began: float = 0.0  # time.time() as the dump phase began: a CRIU log older than it is another dump's
     gpu_pairs: list[tuple[str, str]] = []  # restore: GPU UUIDs, checkpointed -> this node's
 

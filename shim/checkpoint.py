@@ -18,6 +18,7 @@ written to the container's journal on disk before it starts; a shim killed outri
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from typing import NoReturn
 
@@ -50,6 +51,7 @@ from gpuckpt.shim.interrupt import Interrupted, SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
 from gpuckpt.shim.pause import PAUSE_ENGINE
 from gpuckpt.shim.recover import finish_left_journal
+from gpuckpt.shim.staging import make_staging_dir, move_staged, staged_argv, staging_refusal
 from gpuckpt.transfer.dump_signature import sign_dump
 
 
@@ -89,6 +91,7 @@ class Checkpoint:
         self.pids: list[int] = []
         self.forked_children: list[int] = []
         self.journal: Journal | None = None
+        self.staging = ""  # --leave-running: the dump goes here first (shim/staging.py)
         freezer = Freezer.of_process(state.pid)
         try:  # as the engine left it (docker pauses before a checkpoint): how a recovery puts it back
             self.frozen_by_engine = freezer is not None and freezer.is_frozen()
@@ -108,8 +111,12 @@ class Checkpoint:
 
     def _start_dump(self) -> DelegateRun:
         """The delegate's dump, started, with the journal naming it (a dump goes on if we are killed)."""
-        self._journal("dump", dump_began=time.time())
-        dump = DelegateRun(self.delegate, self.argv)
+        self._journal("dump", dump_began=time.time(), staging_dir=self.staging)
+        argv = self.argv
+        if self.staging:
+            argv = staged_argv(self.argv, self.args.command_index or 0, self.staging, image_dir_of(self.verb),
+                               self.verb.value("work-path"))
+        dump = DelegateRun(self.delegate, argv)
         dump.start()
         if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:
             self._journal("dump", delegate_pid=child, delegate_start_time=record.start_time)
@@ -274,8 +281,10 @@ class Checkpoint:
                 signals.check()
                 session.checkpoint()
             signals.check()
+            self._choose_staging()
             dump_s = self._dump(signals)
         except BaseException as error:  # whatever it was, the journal says what to undo
+            self._drop_staging()
             self._roll_back(session, freezer, error)
         if signals.signum is not None:  # the dump had succeeded: the container's state is in the image
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived during the dump, which completed: "
@@ -288,10 +297,15 @@ class Checkpoint:
                     session.restore()
                     session.unlock()
             except BaseException as error:
+                self._drop_staging()
                 self._roll_back(session, freezer, error)
             downtime_s = time.monotonic() - first_lock
-            log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s "
-                f"({len(cuda_pids)} CUDA process(es))")
+            timed = {**session.timings, "dump_s": dump_s}
+            phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in timed.items())
+            where = "into memory" if self.staging else "into the image directory"
+            log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s ({len(cuda_pids)} CUDA "
+                f"process(es); dump {where}): {phases}")
+            self._move_staged()
         self._complete_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
                                 timings=session.timings)
         return 0
@@ -308,6 +322,36 @@ class Checkpoint:
             delegate, cause = os.path.basename(self.delegate), self._criu_cause()
             raise DelegateError(f"{delegate} checkpoint exited {dump_status}{cause}", dump_status)
         return time.monotonic() - dump_started
+
+    def _choose_staging(self) -> None:
+        """With --leave-running, the dump goes to memory first if it fits (shim/staging.py)."""
+        if not (self.leave_running and self.config.cuda.stage_leave_running):
+            return
+        if why := staging_refusal(self.pids):
+            log(self.args, "info", f"{self.container_id}: dump not staged in memory: {why}")
+            return
+        self.staging = make_staging_dir()
+
+    def _drop_staging(self) -> None:
+        if self.staging:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = ""
+
+    def _move_staged(self) -> None:
+        """The processes run again: the staged images go where the engine wants them."""
+        if not self.staging:
+            return
+        self._journal("move_staged")
+        started = time.monotonic()
+        try:
+            moved = move_staged(self.staging, image_dir_of(self.verb))
+        except OSError as error:
+            raise GpuCheckpointError(f"checkpoint of {self.container_id} failed: the dump staged in "
+                                     f"{self.staging} could not be moved to {image_dir_of(self.verb)} "
+                                     f"({one_line(error)}); the container keeps running") from None
+        log(self.args, "info", f"{self.container_id}: {moved >> 20} MiB dumped into memory, moved to "
+            f"{image_dir_of(self.verb)} in {time.monotonic() - started:.3f} s after the GPU ran again")
+        self.staging = ""
 
     def _release_forked_children(self, freezer: Freezer | None) -> None:
         """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump

@@ -12,6 +12,7 @@ remove the journal. A journal of another boot touches no process, only its image
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -35,6 +36,7 @@ from gpuckpt.shim.criu_log import dump_finished
 from gpuckpt.shim.delegate import container_pids, container_state, kill_container
 from gpuckpt.shim.freezer import Freezer
 from gpuckpt.shim.resolve import resolve_runtime
+from gpuckpt.shim.staging import move_staged
 from gpuckpt.transfer.dump_signature import sign_dump
 
 ORPHAN_WAIT_S = 60.0  # a dump or restore the killed shim's delegate still runs: waited for this long
@@ -95,7 +97,7 @@ def recover_all(report: Report, containers: list[str] | None = None) -> int:
 
 
 def _finish_checkpoint(journal: Journal, delegate: str, gpus: NodeGpus, this_boot: bool, done: list[str]) -> None:
-    if journal.phase in ("dump", "gpu_resume") and _complete_image(journal):
+    if journal.phase in ("dump", "gpu_resume", "move_staged") and _complete_image(journal):
         done.append(f"the dump had completed: image {journal.image_dir} marked complete")
     elif journal.phase != "prepared":
         done.append(f"image {journal.image_dir} stays marked incomplete (restore refuses it)")
@@ -120,9 +122,14 @@ def _finish_checkpoint(journal: Journal, delegate: str, gpus: NodeGpus, this_boo
 
 
 def _complete_image(journal: Journal) -> bool:
+    finished = bool(journal.dump_began) and dump_finished(journal.work_dir or journal.image_dir, journal.dump_began)
+    if journal.staging_dir and os.path.isdir(journal.staging_dir):
+        if not finished:
+            shutil.rmtree(journal.staging_dir, ignore_errors=True)  # a dump cut short, in memory
+            return False
+        move_staged(journal.staging_dir, journal.image_dir)
     manifest = read_manifest(journal.image_dir)
-    if manifest is None or not journal.dump_began or not dump_finished(journal.work_dir or journal.image_dir,
-                                                                         journal.dump_began):
+    if manifest is None or not finished:
         return False
     if manifest.dump_completed:
         return True

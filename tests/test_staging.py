@@ -1,0 +1,78 @@
+"""--leave-running dumps staged in memory (shim/staging.py): where the delegate dumps, and when the images move."""
+
+from __future__ import annotations
+
+import os
+
+import test_gpu_verbs
+from fake_driver import FakeDriver
+from support import write_config
+
+from gpuckpt.cuda.driver import ProcessState
+from gpuckpt.shim import staging
+from gpuckpt.shim.staging import move_staged, staged_argv
+
+make_node = test_gpu_verbs.make_node
+
+
+def test_the_image_path_the_engine_gave_is_replaced_in_each_spelling() -> None:
+    argv = ["--root", "/r", "checkpoint", "--image-path", "/img", "--work-path", "/w", "ctr"]
+    assert staged_argv(argv, 2, "/dev/shm/s", "/img", "/w") == [
+        "--root", "/r", "checkpoint", "--image-path", "/dev/shm/s", "--work-path", "/w", "ctr"]
+    assert staged_argv(["checkpoint", "-image-path=/img", "ctr"], 0, "/s", "/img", "/w") == [
+        "checkpoint", "-image-path=/s", "ctr"]
+
+
+def test_without_a_work_path_criu_logs_where_the_engine_looks(tmp_path) -> None:
+    image_dir = str(tmp_path / "img")
+    assert staged_argv(["checkpoint", "ctr"], 0, "/s", image_dir, None) == [
+        "checkpoint", "--image-path", "/s", "--work-path", image_dir, "ctr"]
+
+
+def test_a_container_that_would_leave_too_little_memory_is_not_staged(tmp_path) -> None:
+    assert staging.staging_refusal_for(1 << 20, str(tmp_path)) is None  # a MiB fits anywhere this runs
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert "would leave less than" in staging.staging_refusal_for(total, str(tmp_path))
+
+
+def test_staged_files_replace_an_earlier_dumps_and_the_staging_goes(tmp_path) -> None:
+    staged, image_dir = tmp_path / "staged", tmp_path / "img"
+    staged.mkdir()
+    image_dir.mkdir()
+    (staged / "pages-1.img").write_bytes(b"new" * 100)
+    (image_dir / "pages-1.img").write_bytes(b"old")
+    assert move_staged(str(staged), str(image_dir)) == 300
+    assert (image_dir / "pages-1.img").read_bytes() == b"new" * 100 and not staged.exists()
+
+
+class OrderDriver(FakeDriver):
+    """Records whether the images had moved when each process was unlocked."""
+
+    def __init__(self, pids, image_dir, **kwargs) -> None:
+        super().__init__(pids, **kwargs)
+        self.image_dir, self.moved_at_unlock = image_dir, []
+
+    def unlock(self, pid: int) -> None:
+        super().unlock(pid)
+        self.moved_at_unlock.append((self.image_dir / "fake-dump.img").exists())
+
+
+def test_leave_running_dumps_into_memory_and_moves_after_the_unlock(make_node) -> None:
+    node = make_node(2)
+    node.driver = OrderDriver(node.pids, node.images)
+    assert node.checkpoint("--leave-running") == 0
+    dump = next(call for call in node.calls() if "checkpoint" in call)
+    staged = dump[dump.index("--image-path") + 1]
+    assert staged.startswith("/dev/shm/gpuckpt-stage-")  # the delegate dumped into memory
+    assert node.driver.moved_at_unlock == [False, False]  # the GPU ran again before the images moved
+    assert (node.images / "fake-dump.img").exists() and not os.path.exists(staged)
+    assert all(state == ProcessState.RUNNING for state in node.driver.states.values())
+
+
+def test_the_operator_can_turn_staging_off(make_node, node) -> None:
+    fake = make_node(1)
+    write_config(node, "[cuda]\nstage_leave_running = false\n")
+    node = fake
+    assert node.checkpoint("--leave-running") == 0
+    dump = next(call for call in node.calls() if "checkpoint" in call)
+    assert dump[dump.index("--image-path") + 1] == str(node.images)
