@@ -3,7 +3,7 @@
 # what this script writes, so they cannot drift apart. Run by debian/rules and the spec's %install.
 #
 # Phases: a private venv at /usr/lib/gpuckpt/venv (python3.11, gpuckpt with every extra but
-# `test` and its wheels from PyPI, no pip, bytecode compiled ahead); a launcher in /usr/bin for
+# the tests' (`test`, `*-test`) and its wheels from PyPI, no pip, bytecode compiled ahead); a launcher in /usr/bin for
 # each of pyproject.toml's [project.scripts], started as install.sh starts them (-IS, our
 # site-packages only: engines run the runtime on every container operation); the
 # default config (every key of node/config.py commented with its default); the hooks.d files
@@ -29,13 +29,13 @@ hooks_d=/usr/share/containers/oci/hooks.d  # oci/hooks_d.py PACKAGED_HOOKS_DIR
 docdir=/usr/share/doc/gpuckpt
 
 [ -x "$python" ] || { echo "stage.sh: $python not found (apt-get install python3.11-venv)" >&2; exit 1; }
-read_pyproject() {  # extras: the runtime extras (all but `test`); scripts: NAME MODULE FUNCTION lines
+read_pyproject() {  # extras: the runtime extras (all but the tests': test, cri-test); scripts: NAME MODULE FUNCTION lines
     "$python" - "$src/pyproject.toml" "$1" <<'PY'
 import sys, tomllib
 with open(sys.argv[1], "rb") as pyproject:
     project = tomllib.load(pyproject)["project"]
 if sys.argv[2] == "extras":
-    print(",".join(sorted(set(project.get("optional-dependencies", {})) - {"test"})))
+    print(",".join(sorted(name for name in project.get("optional-dependencies", {}) if not name.endswith("test"))))
 else:
     for name, entry in project["scripts"].items():
         print(name, *entry.split(":"))
