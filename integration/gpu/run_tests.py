@@ -223,6 +223,55 @@ def scenario_killed_shim(results: dict) -> str | None:
         shutil.rmtree(images, ignore_errors=True)
 
 
+def downtime_phases(messages: str) -> dict:
+    """The shim's downtime line: total, where the dump went and each phase's seconds."""
+    line = next(text for text in messages.splitlines() if "GPU downtime" in text)
+    total = float(line.split("GPU downtime ")[1].split(" s")[0])
+    phases = dict(part.strip().rsplit(" ", 1) for part in line.split("): ", 1)[1].rstrip('"').split(","))
+    return {"downtime_s": total, "staged": "into memory" in line,
+            **{name: round(float(seconds), 3) for name, seconds in phases.items()}}
+
+
+def scenario_downtime(results: dict) -> str | None:
+    """--leave-running of a 16 GiB CUDA process to a disk directory, its dump staged in memory (the default)
+    and written to disk directly (cuda.stage_leave_running = false), in turns: the downtime beside its floor
+    measured in the same run (device checkpoint + the dump into memory + device restore)."""
+    gib = os.environ.get("DOWNTIME_GIB", "16")
+    bundle = Bundle("downtime", COUNTER, {"GIB": gib})
+    config = Path("/etc/gpuckpt/config.toml")
+    plain = config.read_text()
+    rounds: list[dict] = []
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3, timeout_s=600)
+        for staged in (True, False, True, False):
+            config.write_text(plain if staged else plain + "[cuda]\nstage_leave_running = false\n")
+            images = Path(f"/var/tmp/gpuckpt-img-downtime-{len(rounds)}")
+            checkpoint_s, result = bundle.checkpoint(images, "--leave-running")
+            phases = downtime_phases(result.stderr)
+            assert phases["staged"] == staged, phases
+            floor = phases["device_checkpoint_s"] + phases["dump_s"] + phases["device_restore_s"]
+            rounds.append({**phases, "checkpoint_s": round(checkpoint_s, 3), "floor_s": round(floor, 3),
+                           "downtime_over_floor": round(phases["downtime_s"] / floor, 3),
+                           "image_bytes": image_bytes(images)})
+            log(f"downtime ({'staged in memory' if staged else 'dump to disk'}): {phases['downtime_s']:.2f} s, "
+                f"floor {floor:.2f} s, checkpoint {checkpoint_s:.2f} s; {phases}")
+            before = assert_continues(bundle, before)
+            shutil.rmtree(images)
+        staged_rounds = [r for r in rounds if r["staged"]]
+        direct_rounds = [r for r in rounds if not r["staged"]]
+        results["downtime"] = {
+            "gib": float(gib), "rounds": rounds,
+            "downtime_over_floor": max(r["downtime_over_floor"] for r in staged_rounds),
+            "staged_downtime_s": [r["downtime_s"] for r in staged_rounds],
+            "direct_downtime_s": [r["downtime_s"] for r in direct_rounds],
+        }
+        (harness.OUT / "downtime.json").write_text(json.dumps(results["downtime"], indent=2))  # type: ignore[operator]
+    finally:
+        config.write_text(plain)
+        bundle.destroy()
+
+
 def bit_exact_training(results: dict, key: str, script: str, env: dict[str, str], steps: int = 300,
                        gpu_minors: list[int] = [0], network: bool = False) -> None:
     """A training loop checkpointed mid-run, killed by the dump, restored and run to the end must
