@@ -21,8 +21,10 @@ MAX_LOG_BYTES = 256 << 20
 MAX_REASON_CHARS = 300
 # "(00.202653) Error (criu/files-reg.c:1790): Can't lookup mount=27 for fd=3 path=/tmp/x"
 _ERROR = re.compile(rb"^\(\s*[\d.]+\) Error \([^)]*\): (.*)$", re.MULTILINE)
-# What CRIU says after the cause: the summary lines of its failed steps
-_SUMMARY = re.compile(rb"^(Dumping FAILED\.|.* failed with -?\d+|Dumping .* failed)$")
+# What CRIU says after the cause: the summary lines of its failed steps; and what it says that is never
+# the cause (a helper's exit status, the descriptor limit it could not raise as it likes)
+_SUMMARY = re.compile(rb"^(Dumping FAILED\.|.* failed with -?\d+|Dumping .* failed|exited, status=-?\d+"
+                      rb"|rlimit: Can't setup RLIMIT_NOFILE for self: .*)$")
 
 
 def dump_log_path(work_dir: str) -> str:

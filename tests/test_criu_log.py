@@ -58,3 +58,21 @@ def test_a_failed_dump_is_not_finished_whatever_names_the_container_put_in_its_l
     log.write_text("(00.452714) \tUnseizing 29476 into 1\n(00.452754) Writing stats\n"
                    "(00.452823) Dumping finished successfully\n")
     assert dump_finished(str(tmp_path), 0)  # CRIU's own last line
+
+
+NETWORK_LOCK = """(00.159192) \tRPC
+Error (criu/util.c:642): execvp("iptables-restore", ...) failed: No such file or directory
+(00.160355) Error (criu/util.c:657): exited, status=1
+(00.161048) Error (criu/net.c:3436): net: Locking network failed: iptables-restore returned -1. This may be \
+connected to disabled CONFIG_NETFILTER_XT_MARK kernel build config option.
+(00.161092) net: Unlock network
+(00.161906) Error (criu/util.c:657): exited, status=1
+(00.165419) Unfreezing tasks into 1
+(00.165542) Error (criu/cr-dump.c:1975): Dumping FAILED.
+"""
+
+
+def test_a_helpers_exit_status_after_the_cause_is_not_the_cause(tmp_path) -> None:
+    """As CRIU wrote it on the H100 for a podman container on a node without iptables."""
+    (tmp_path / "dump.log").write_text(NETWORK_LOCK)
+    assert dump_failure(str(tmp_path), 0).startswith("; CRIU: net: Locking network failed: iptables-restore returned")
