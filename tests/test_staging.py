@@ -57,7 +57,8 @@ class OrderDriver(FakeDriver):
         self.moved_at_unlock.append((self.image_dir / "fake-dump.img").exists())
 
 
-def test_leave_running_dumps_into_memory_and_moves_after_the_unlock(make_node) -> None:
+def test_leave_running_dumps_into_memory_and_moves_after_the_unlock(make_node, node) -> None:
+    write_config(node, "[cuda]\nstage_leave_running = true\n")
     node = make_node(2)
     node.driver = OrderDriver(node.pids, node.images)
     assert node.checkpoint("--leave-running") == 0
@@ -69,10 +70,8 @@ def test_leave_running_dumps_into_memory_and_moves_after_the_unlock(make_node) -
     assert all(state == ProcessState.RUNNING for state in node.driver.states.values())
 
 
-def test_the_operator_can_turn_staging_off(make_node, node) -> None:
-    fake = make_node(1)
-    write_config(node, "[cuda]\nstage_leave_running = false\n")
-    node = fake
+def test_without_the_operators_word_the_dump_goes_where_the_engine_said(make_node) -> None:
+    node = make_node(1)
     assert node.checkpoint("--leave-running") == 0
     dump = next(call for call in node.calls() if "checkpoint" in call)
     assert dump[dump.index("--image-path") + 1] == str(node.images)
