@@ -27,10 +27,11 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def spawn(argv: Sequence[str]) -> subprocess.Popen:
-    """Start a child sharing our stdio and every inherited fd (engines pass fds to runtimes)."""
+def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> subprocess.Popen:
+    """Start a child sharing our stdio and every inherited fd (engines pass fds to runtimes); with
+    `pipe_stderr`, its stderr comes to us through a pipe instead."""
     try:
-        return subprocess.Popen(list(argv), close_fds=False)
+        return subprocess.Popen(list(argv), close_fds=False, stderr=subprocess.PIPE if pipe_stderr else None)
     except OSError as error:
         raise CommandError(f"cannot run {argv[0]}: {error.strerror}") from None
 

@@ -48,7 +48,7 @@ from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_li
 from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, owned_call, run_delegate, verb_has_flag
 from gpuckpt.shim.freezer import Freezer, thawed
 from gpuckpt.shim.interrupt import Interrupted, SignalFlag, deferred_signals
-from gpuckpt.shim.log import log
+from gpuckpt.shim.log import log, release_stderr
 from gpuckpt.shim.pause import PAUSE_ENGINE
 from gpuckpt.shim.recover import finish_left_journal
 from gpuckpt.shim.staging import make_staging_dir, move_staged, staged_argv, staging_refusal
@@ -68,9 +68,11 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
         except DelegateError:
             return run_delegate(delegate, args.argv)  # no such container: runc's own error
         try:
-            return Checkpoint(args, verb, container_id, delegate, state, gpus).run()
+            status = Checkpoint(args, verb, container_id, delegate, state, gpus).run()
         finally:
             remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
+    release_stderr()  # no line of ours: the delegate's own words, as they were (an error raised: after ours)
+    return status
 
 
 class Checkpoint:
@@ -116,7 +118,7 @@ class Checkpoint:
         if self.staging:
             argv = staged_argv(self.argv, self.args.command_index or 0, self.staging, image_dir_of(self.verb),
                                self.verb.value("work-path"))
-        dump = DelegateRun(self.delegate, argv)
+        dump = DelegateRun(self.delegate, argv, hold_stderr=True)
         dump.start()
         if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:
             self._journal("dump", delegate_pid=child, delegate_start_time=record.start_time)

@@ -10,12 +10,14 @@ import json
 import os
 import signal
 import subprocess
+import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from gpuckpt.errors import DelegateError
 from gpuckpt.host import process
 from gpuckpt.shim.argv import RuntimeArgs, VerbArgs, parse_verb_args
+from gpuckpt.shim.log import hold_stderr
 
 if TYPE_CHECKING:
     from gpuckpt.oci.state import ContainerState
@@ -34,15 +36,20 @@ class DelegateRun:
     """The delegate running as the shim's child, stdio and fds inherited.
 
     Signals the shim receives go to the child; terminating ones are remembered in
-    `interrupted_by` so the caller can roll back once the child has ended.
+    `interrupted_by` so the caller can roll back once the child has ended. With `hold_stderr`,
+    what the child writes to stderr is held (shim/log.py) and written after the shim's own
+    error line, if it has one: containerd's shim passes on only the first line of a failed
+    checkpoint's stderr, and runc's is "criu failed: type NOTIFY errno 0".
     """
 
-    def __init__(self, delegate: str, argv: Sequence[str]) -> None:
+    def __init__(self, delegate: str, argv: Sequence[str], hold_stderr: bool = False) -> None:
         self.delegate = delegate
         self.argv = list(argv)
         self.interrupted_by: int | None = None
         self.returncode: int | None = None
         self._child: subprocess.Popen | None = None
+        self._hold_stderr = hold_stderr
+        self._reader: threading.Thread | None = None
 
     def _forward(self, signum: int, _frame: object) -> None:
         if signal.Signals(signum).name in TERMINATING_SIGNALS and self.interrupted_by is None:
@@ -58,10 +65,13 @@ class DelegateRun:
         self._previous = {sig: signal.signal(sig, self._forward)
                           for sig in (getattr(signal, name) for name in FORWARDED_SIGNALS)}
         try:
-            self._child = process.spawn([self.delegate, *self.argv])
+            self._child = process.spawn([self.delegate, *self.argv], pipe_stderr=self._hold_stderr)
         except process.CommandError as error:
             self._restore_handlers()
             raise DelegateError(f"delegate runtime: {error}") from None
+        if self._child.stderr is not None:  # drained as it comes, so the child never blocks on a full pipe
+            self._reader = threading.Thread(target=hold_stderr, args=(self._child.stderr,), daemon=True)
+            self._reader.start()
 
     @property
     def pid(self) -> int | None:
@@ -81,6 +91,8 @@ class DelegateRun:
             while True:
                 try:
                     self.returncode = exit_status(self._child.wait())
+                    if self._reader is not None:
+                        self._reader.join()
                     return self.returncode
                 except InterruptedError:
                     continue

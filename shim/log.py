@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import BinaryIO
 
 from gpuckpt.shim.argv import RuntimeArgs
 
@@ -43,8 +44,35 @@ def log(args: RuntimeArgs, level: str, message: str) -> None:
     sys.stderr.write(line)
 
 
+# A delegate's stderr held back (DelegateRun with hold_stderr): written after the shim's own error
+# line, or on its own once the verb ends without one. Bounded: the rest is read and dropped.
+MAX_HELD_STDERR = 1 << 20
+_held: list[bytes] = []
+
+
+def hold_stderr(stream: BinaryIO) -> None:
+    """Read `stream` to its end (a delegate's stderr pipe), holding what fits."""
+    size = 0
+    while chunk := stream.read(65536):
+        if size < MAX_HELD_STDERR:
+            _held.append(chunk[:MAX_HELD_STDERR - size])
+        size += len(chunk)
+    stream.close()
+
+
+def release_stderr() -> None:
+    """Write what delegates' stderr held, once."""
+    if _held:
+        sys.stderr.flush()
+        sys.stderr.buffer.write(b"".join(_held))
+        sys.stderr.buffer.flush()
+        _held.clear()
+
+
 def report_error(args: RuntimeArgs, message: str) -> None:
-    """An error as runc reports one: to its log, and the bare line on stderr."""
+    """An error as runc reports one: to its log, and the bare line on stderr, first (before what the
+    delegate said, which it explains)."""
     if args.log_path:
         log(args, "error", message)
     sys.stderr.write(f"{message}\n")
+    release_stderr()

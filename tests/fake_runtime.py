@@ -38,6 +38,7 @@ elif verb == "checkpoint":
     if "checkpoint_fills_disk_bytes" in setup:  # the dump fills the disk: the caller's writes fail after it
         limit = setup["checkpoint_fills_disk_bytes"]
         resource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    sys.stderr.write(setup.get("checkpoint_stderr", ""))
     sys.exit(setup.get("checkpoint_status", 0))
 elif verb == "restore":
     sys.exit(setup.get("restore_status", 0))

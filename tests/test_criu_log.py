@@ -5,7 +5,14 @@ from __future__ import annotations
 import os
 import time
 
+import test_gpu_verbs
+from support import write_config
+
+from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.shim.criu_log import dump_failure, dump_finished
+from gpuckpt.shim.main import main
+
+make_node = test_gpu_verbs.make_node
 
 FAILED = """(00.066301) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted
 (00.202653) Error (criu/files-reg.c:1790): Can't lookup mount=27 for fd=3 path=/tmp/host-only\x1b[2J
@@ -76,3 +83,24 @@ def test_a_helpers_exit_status_after_the_cause_is_not_the_cause(tmp_path) -> Non
     """As CRIU wrote it on the H100 for a podman container on a node without iptables."""
     (tmp_path / "dump.log").write_text(NETWORK_LOCK)
     assert dump_failure(str(tmp_path), 0).startswith("; CRIU: net: Locking network failed: iptables-restore returned")
+
+
+def test_the_shims_line_comes_before_the_delegates_stderr(make_node, node, capfd) -> None:
+    """containerd's runc shim passes on only the first line of a failed checkpoint's stderr to kubelet."""
+    fake = make_node(1)
+    write_config(node, f'delegate = "{fake.runtime}"\n')
+    fake.set_runtime(checkpoint_status=1, checkpoint_stderr="criu failed: type NOTIFY errno 0\nlog file: dump.log\n")
+    status = main(["--root", "/r", "checkpoint", "--image-path", str(fake.images), "ctr"],
+                  gpus=NodeGpus(**fake.gpus))
+    lines = capfd.readouterr().err.splitlines()
+    assert status == 1
+    assert lines[0].startswith("checkpoint of ctr failed (runc checkpoint exited 1)") and "keeps running" in lines[0]
+    assert lines[1:] == ["criu failed: type NOTIFY errno 0", "log file: dump.log"]
+
+
+def test_a_delegates_stderr_passes_on_when_the_shim_has_nothing_to_say(make_node, node, capfd) -> None:
+    fake = make_node(1, gpu=False)
+    write_config(node, f'delegate = "{fake.runtime}"\n')
+    fake.set_runtime(checkpoint_stderr="a warning of runc's\n")
+    assert main(["--root", "/r", "checkpoint", "--image-path", str(fake.images), "ctr"]) == 0
+    assert capfd.readouterr().err == "a warning of runc's\n"
