@@ -257,11 +257,8 @@ def test_a_failed_checkpoint_leaves_the_pod_running(refused_checkpoint) -> None:
     assert not archive.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="containerd-shim-runc-v2 v2.1.9 reports a failed checkpoint with the first "
-                                       "line of the runtime's stderr (process/init.go: criuError), which is the "
-                                       "delegate's 'criu failed: type NOTIFY errno 0'; gpuckpt-runtime's one line "
-                                       "with the fix comes after it (and last in log.json, which this path never "
-                                       "reads)")
 def test_the_reason_for_a_failed_checkpoint_reaches_kubelet(refused_checkpoint) -> None:
+    """containerd-shim-runc-v2 v2.1.9 passes on the first line of a failed checkpoint's stderr
+    (process/init.go: criuError): gpuckpt-runtime's line comes first, runc's after it."""
     _, _, details, _ = refused_checkpoint
     assert "--tcp-established" in details and "criu.tcp_established" in details, details

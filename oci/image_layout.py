@@ -34,6 +34,7 @@ from gpuckpt.host.safefiles import (
     read_bounded,
     write_private_at,
 )
+from gpuckpt.node.host_facts import checkpoint_host_annotations
 from gpuckpt.oci.archive import close_quietly, zstd_compressor
 from gpuckpt.oci.tarstream import Data
 from gpuckpt.oci.timestamps import utc_now
@@ -277,6 +278,7 @@ def checkpoint_annotations(archive: PodmanArchive) -> dict[str, str]:
     key = CHECKPOINT_ANNOTATION
     annotations |= {f"{key}.runtime.name": config.runtime, f"{key}.host.arch": go_architecture(),
                     f"{key}.host.kernel": platform.release()}
+    annotations |= checkpoint_host_annotations(config.runtime)  # as podman's --create-image writes them
     if archive.manifest is not None:
         annotations["io.gpuckpt.manifest.schema_version"] = str(archive.manifest.schema_version)
         annotations["io.gpuckpt.cuda.processes"] = str(len(archive.manifest.processes))
