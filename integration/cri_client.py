@@ -78,17 +78,20 @@ class Kubelet:
         request = self.pb.PullImageRequest(image=self.pb.ImageSpec(image=image))
         return self.images.PullImage(request, timeout=self.timeout_s).image_ref
 
-    def pod_config(self, name: str, uid: str, cgroup_parent: str, annotations: dict[str, str] | None = None):
-        """A pod on the node's network (no CNI here), its own PID namespace per container, as kubelet's defaults;
-        `annotations` are the pod's (kubelet passes a Pod's metadata.annotations)."""
+    def pod_config(self, name: str, uid: str, cgroup_parent: str, annotations: dict[str, str] | None = None,
+                   own_network: bool = False):
+        """A pod on the node's network, or in a network namespace of its own made by the node's CNI plugins
+        (`own_network`), its own PID namespace per container, as kubelet's defaults; `annotations` are the
+        pod's (kubelet passes a Pod's metadata.annotations)."""
         pb = self.pb
+        network = pb.POD if own_network else pb.NODE
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, uid=uid, namespace="gpuckpt-it", attempt=0),
             annotations=annotations or {},
             linux=pb.LinuxPodSandboxConfig(
                 cgroup_parent=cgroup_parent,
                 security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD))))
+                    namespace_options=pb.NamespaceOption(network=network, pid=pb.CONTAINER, ipc=pb.POD))))
 
     def run_pod(self, config, handler: str) -> str:
         request = self.pb.RunPodSandboxRequest(config=config, runtime_handler=handler)
@@ -112,7 +115,9 @@ class Kubelet:
             devices=[pb.Device(host_path=path, container_path=path, permissions="rwm") for path in devices],
             labels={"io.kubernetes.container.name": name},
             linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
-                namespace_options=pb.NamespaceOption(network=pb.NODE, pid=pb.CONTAINER, ipc=pb.POD))))
+                namespace_options=pb.NamespaceOption(
+                    network=pod_config.linux.security_context.namespace_options.network, pid=pb.CONTAINER,
+                    ipc=pb.POD))))
         request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config)
         return self.runtime.CreateContainer(request, timeout=self.timeout_s).container_id
 

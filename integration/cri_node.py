@@ -21,6 +21,7 @@ import socket
 import subprocess
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -30,6 +31,7 @@ from cri_client import Kubelet
 PREFIX = Path(os.environ.get("GPUCKPT_CONTAINERD_PREFIX", "/opt/gpuckpt/containerd"))
 CONTAINERD = PREFIX / "usr" / "bin" / "containerd"
 HANDLER = "gpuckpt"  # the runtime handler `gpuckpt install --engine containerd` registers (a RuntimeClass's handler)
+CNI_PLUGINS = "/usr/lib/cni"
 IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 
@@ -192,8 +194,10 @@ class Node:
 
     def __init__(self, name: str, work: Path, sandbox_image: str, *, gpuckpt: str, runtime: str,
                  containerd: Path = CONTAINERD, snapshotter: str = "overlayfs", gpuckpt_config: str | None = None,
-                 path_first: tuple[str, ...] = ()) -> None:
+                 path_first: tuple[str, ...] = (), pod_networks: bool = False) -> None:
         self.name = name
+        self.pod_networks = pod_networks  # pods may have a network namespace of their own (CNI: a bridge of this node)
+        self.bridge = f"gck{os.getpid() % 100000}{zlib.crc32(name.encode()) % 100}"[:15]
         self.root = Path("/var/lib/gpuckpt-cri") / f"{name}-{os.getpid()}"
         self.state = Path("/run/gpuckpt-cri") / f"{name}-{os.getpid()}"
         self.socket = self.state / "containerd.sock"
@@ -221,6 +225,15 @@ class Node:
     def start(self) -> Kubelet:
         for directory in (self.root / "cni-bin", self.root / "cni-conf", self.state):
             directory.mkdir(parents=True, exist_ok=True)
+        if self.pod_networks:  # Debian's containernetworking-plugins: a pod's own namespace on a bridge of this node's
+            for plugin in ("loopback", "bridge", "host-local"):
+                shutil.copy(os.path.join(CNI_PLUGINS, plugin), self.root / "cni-bin" / plugin)
+            subnet = f"10.233.{zlib.crc32(self.bridge.encode()) % 250}.0/24"  # nothing leaves it: no route, no NAT
+            (self.root / "cni-conf" / "10-gpuckpt.conflist").write_text(json.dumps({
+                "cniVersion": "1.0.0", "name": f"gpuckpt-{self.name}", "plugins": [{
+                    "type": "bridge", "bridge": self.bridge, "isGateway": False, "ipMasq": False,
+                    "ipam": {"type": "host-local", "ranges": [[{"subnet": subnet}]],
+                             "dataDir": str(self.root / "cni-ipam")}}]}))
         # containerd looks its shim up on PATH first: forky's shim beside it, not bookworm's 1.6 one in /usr/bin;
         # CRIU (go-criu's version check, runc's swrk) is the test bed's wrapper in /usr/local/sbin (or path_first).
         path = [str(self.containerd.parent), *self.path_first, "/usr/local/sbin", "/usr/local/bin", "/usr/sbin",
@@ -268,6 +281,8 @@ class Node:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         kill_and_remove_cgroups(self.cgroup_parent)
+        if self.pod_networks:
+            subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
         for directory in (self.state, self.root):
             umount_below(directory)
             shutil.rmtree(directory, ignore_errors=True)

@@ -119,11 +119,13 @@ def node_b(cri_work, cri_image) -> Iterator[Node]:
 class Pod:
     """A pod with one container running the counter, made as kubelet makes it."""
 
-    def __init__(self, node: Node, image: str, annotations: dict[str, str] | None = None) -> None:
+    def __init__(self, node: Node, image: str, annotations: dict[str, str] | None = None,
+                 own_network: bool = False) -> None:
         assert node.kubelet is not None
         self.kubelet, self.image = node.kubelet, image
         self.name = f"gpuckpt-cri-{os.getpid()}-{next(_names)}"
-        self.config = self.kubelet.pod_config(self.name, str(uuid.uuid4()), node.cgroup_parent, annotations)
+        self.config = self.kubelet.pod_config(self.name, str(uuid.uuid4()), node.cgroup_parent, annotations,
+                                              own_network)
         self.pod_id = self.kubelet.run_pod(self.config, HANDLER)
         self.container_id = ""
 
@@ -262,3 +264,92 @@ def test_the_reason_for_a_failed_checkpoint_reaches_kubelet(refused_checkpoint) 
     (process/init.go: criuError): gpuckpt-runtime's line comes first, runc's after it."""
     _, _, details, _ = refused_checkpoint
     assert "--tcp-established" in details and "criu.tcp_established" in details, details
+
+
+# A TCP connection on the pod's own loopback, used every tick: each ping goes out on one end and must
+# come back on the other; /tmp/tcp counts the round trips (or says BROKEN). Then the counter.
+TCP_PING_SOURCE = """import os, socket, threading, time
+server = socket.socket(); server.bind(('127.0.0.1', 0)); server.listen()
+client = socket.create_connection(server.getsockname()); peer, _ = server.accept()
+def ping():
+    trips = 0
+    while True:
+        try:
+            client.sendall(b'x')
+            ok = peer.recv(1) == b'x'
+        except OSError:
+            ok = False
+        if not ok:
+            open('/tmp/tcp', 'w').write('BROKEN')
+            return
+        trips += 1
+        with open('/tmp/tcp.new', 'w') as out:
+            out.write(str(trips))
+        os.replace('/tmp/tcp.new', '/tmp/tcp')
+        time.sleep(0.1)
+threading.Thread(target=ping, daemon=True).start()
+"""
+
+
+def _net_node(name: str, work: Path, image: str) -> Iterator[Node]:
+    node = Node(name, work, image, gpuckpt=GPUCKPT, runtime=RUNTIME, pod_networks=True,
+                gpuckpt_config='delegate = "runc"\n[criu]\ntcp_established = "always"\n')
+    node.install_handler()
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+@pytest.fixture(scope="module")
+def net_a(cri_work, cri_image) -> Iterator[Node]:
+    yield from _net_node("net-a", cri_work, cri_image)
+
+
+@pytest.fixture(scope="module")
+def net_b(cri_work, cri_image) -> Iterator[Node]:
+    yield from _net_node("net-b", cri_work, cri_image)
+
+
+def tcp_trips(pod: Pod) -> int:
+    code, out, err = pod.kubelet.exec_sync(pod.container_id, ["cat", "/tmp/tcp"])
+    assert code == 0 and out != "BROKEN", f"the connection broke: {out!r} {err!r}"
+    return int(out)
+
+
+def wait_trips(pod: Pod, more_than: int, timeout_s: float = 30) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (trips := tcp_trips(pod)) <= more_than:
+        assert time.monotonic() < deadline, f"no round trip past {more_than} in {timeout_s:g} s"
+        time.sleep(0.2)
+    return trips
+
+
+def test_an_established_connection_survives_a_cri_restore_when_the_policy_says_so(net_a, net_b, cri_image,
+                                                                                  cri_work) -> None:
+    """Pods in network namespaces of their own (CNI: loopback only), criu.tcp_established = "always": the
+    connection on the pod's loopback is checkpointed, and used again after restores in new pods on the same
+    node and on the second one (the original keeps running, as kubelet's checkpoint leaves it)."""
+    pod = Pod(net_a, cri_image, own_network=True)
+    try:
+        pod.run_counter(TCP_PING_SOURCE + COUNTER_SOURCE)
+        before = wait_counter(pod.read_state, minimum=3)
+        wait_trips(pod, 3)
+        archive = cri_work / f"checkpoint-{pod.name}-tcp.tar"
+        net_a.kubelet.checkpoint(pod.container_id, archive)
+        with tarfile.open(archive) as tar:
+            manifest = json.load(tar.extractfile("checkpoint/gpuckpt-manifest.json"))  # type: ignore[arg-type]
+        assert "--tcp-established" in manifest["network"]["added_options"], manifest["network"]
+        wait_trips(pod, tcp_trips(pod))  # the original goes on
+    finally:
+        pod.remove()
+    for node in (net_a, net_b):
+        restored = Pod(node, cri_image, own_network=True)
+        try:
+            restored.restore(archive)
+            assert_continues(before, restored.read_state)
+            trips = tcp_trips(restored)
+            assert wait_trips(restored, trips) > trips  # round trips on the restored connection
+        finally:
+            restored.remove()

@@ -47,7 +47,7 @@ mirror=${GPUCKPT_DEBIAN_MIRROR:-$(debian_mirror)}
 
 # --- 1. bookworm packages ------------------------------------------------------------------
 step "apt packages (bookworm, mirror $mirror)"
-packages=(podman conmon crun runc docker.io containerd iptables skopeo buildah docker-registry
+packages=(podman conmon crun runc docker.io containerd containernetworking-plugins iptables skopeo buildah docker-registry
           zstd debootstrap python3-venv python3-pip uidmap slirp4netns iproute2 hyperfine jq
           containernetworking-plugins fuse-overlayfs catatonit tini procps psmisc
           ca-certificates debian-archive-keyring xz-utils
