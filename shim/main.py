@@ -8,13 +8,13 @@ owns; the imports inside functions below are that dispatch, deferred on purpose.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 from gpuckpt import __version__
 from gpuckpt.errors import GpuckptError
 from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, parse_runtime_args
 from gpuckpt.shim.resolve import exec_delegate, resolve_runtime
 
+TYPE_CHECKING = False  # typing's own flag costs an import on the pass-through path
 if TYPE_CHECKING:
     from gpuckpt.cuda.node import NodeGpus
 
