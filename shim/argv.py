@@ -188,3 +188,12 @@ def parse_verb_args(args: list[str], value_flags: frozenset[str]) -> VerbArgs:
             positionals.append(arg)
         i += 1
     return VerbArgs(flags=flags, positionals=positionals)
+
+
+def owned_verb_is_only_asked_about(args: RuntimeArgs) -> bool:
+    """An owned verb called for its help, or without a container: the delegate's own answer is all there
+    is. Engines ask `checkpoint --help` before each checkpoint and restore (podman, for the flags it may
+    pass): the shim must not load the verb's machinery for it."""
+    flags = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}.get(args.command or "", frozenset())
+    verb = parse_verb_args(args.command_args, flags)
+    return verb.has("help") or verb.has("h") or verb.container_id is None

@@ -11,7 +11,7 @@ import sys
 
 from gpuckpt import __version__
 from gpuckpt.errors import GpuckptError
-from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, parse_runtime_args
+from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, owned_verb_is_only_asked_about, parse_runtime_args
 from gpuckpt.shim.resolve import exec_delegate, resolve_runtime
 
 TYPE_CHECKING = False  # typing's own flag costs an import on the pass-through path
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None) -> int:
         delegate = resolved.delegate
         if args.wants_version and args.command is None and args.unknown_global is None:
             return _print_version(delegate)
-        if args.command in OWNED_VERBS and args.unknown_global is None:
+        if args.command in OWNED_VERBS and args.unknown_global is None and not owned_verb_is_only_asked_about(args):
             return _run_owned(args, delegate, resolved.hook, gpus)
         if args.command == "create" and resolved.hook and args.unknown_global is None:
             from gpuckpt.shim.create import add_hook  # only with hook.add_to_spec on

@@ -100,3 +100,18 @@ def test_delete_passes_the_delegates_success_through(node, recording_runtime) ->
     result = run_shim(["delete", "--force", "c1"])
     assert result.returncode == 0 and result.stderr == ""
     assert recorded(recording_runtime) == ["delete", "--force", "c1"]
+
+
+@pytest.mark.parametrize("argv", [["checkpoint", "--help"], ["restore", "-h"], ["--root", "/r", "checkpoint"],
+                                  ["delete", "--help"]])
+def test_an_owned_verbs_help_is_the_delegates_without_the_verbs_machinery(node, recording_runtime, argv) -> None:
+    """podman asks `checkpoint --help` before each checkpoint and restore: it cost 660 ms when the shim loaded
+    the checkpoint verb for it."""
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpuckpt.shim.main", *argv],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    assert recorded(recording_runtime) == argv
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "import time:" in line]
+    assert "gpuckpt.shim.argv" in imported  # the table is the shim's (-X importtime)
+    assert not {"gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete"} & set(imported)
