@@ -39,9 +39,9 @@ def run_suspend(options: argparse.Namespace) -> int:
     container = find_container(options.container, options.engine, options.root)
     if read_suspension(container.container_id):
         raise UsageError(f"container {options.container} is already suspended (gpuckpt resume {options.container})")
-    gpus = NodeGpus()
+    gpus, cuda = NodeGpus(), load_config().cuda
     record = suspend(gpus.load_driver(), container.container_id, container.engine, container.init_pid,
-                     load_config().cuda.lock_timeout_ms, gpus=gpus)
+                     cuda.lock_timeout_ms, gpus=gpus, hugepages=cuda.host_hugepages == "always")
     write_suspension(record)
     freed = sum(p.device_bytes for p in record.processes)
     print(f"suspended {options.container}: {len(record.processes)} CUDA process(es), "
@@ -65,7 +65,8 @@ def run_resume(options: argparse.Namespace) -> int:
     if record is None:
         raise UsageError(f"container {options.container} is not suspended")
     gpus = NodeGpus()
-    seconds = resume(gpus.load_driver(), record, _pairs(record, options.gpu, gpus), gpus=gpus)
+    seconds = resume(gpus.load_driver(), record, _pairs(record, options.gpu, gpus), gpus=gpus,
+                     hugepages=load_config().cuda.host_hugepages == "always")
     remove_suspension(container.container_id)
     print(f"resumed {options.container}: {len(record.processes)} CUDA process(es) in {seconds:.2f} s")
     return 0

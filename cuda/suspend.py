@@ -16,6 +16,7 @@ from gpuckpt.cuda.compat import memory_needed
 from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.cuda.engine import CudaSession, one_line, query_states, refuse_stopped
 from gpuckpt.cuda.forked import split_forked_children
+from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
 from gpuckpt.node.suspension import SuspendedProcess, Suspension, write_suspension
@@ -36,7 +37,8 @@ def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:
 
 
 def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock_timeout_ms: int, *,
-            gpus: NodeGpus) -> Suspension:
+            gpus: NodeGpus, hugepages: bool = False) -> Suspension:
+    """`hugepages`: THP `always` while the device memory moves (cuda.host_hugepages, cuda/hugepages.py)."""
     # forked children (DataLoader workers) hold the driver but have no CUDA state to move
     cuda_pids, _ = split_forked_children(driver, gpus.find_cuda_pids(gpus.descendants(init_pid)))
     if not cuda_pids:
@@ -47,8 +49,9 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
     session.require_running()
     started = time.monotonic()
     try:
-        session.lock(lock_timeout_ms)
-        session.checkpoint()
+        with hugepages_always(hugepages):
+            session.lock(lock_timeout_ms)
+            session.checkpoint()
         record = Suspension(
             container=container, engine=engine, init_pid=init_pid,
             since=utc_now(),
@@ -74,8 +77,9 @@ def _check_memory(record: Suspension, pairs: Sequence[GpuPair], gpus: NodeGpus) 
         raise GpuCheckpointError(f"resume of {record.container} refused, it stays suspended: " + "; ".join(short))
 
 
-def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = (), *, gpus: NodeGpus) -> float:
-    """Bring the suspended processes back; the seconds it took."""
+def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = (), *, gpus: NodeGpus,
+           hugepages: bool = False) -> float:
+    """Bring the suspended processes back; the seconds it took. `hugepages` as for suspend."""
     _check_memory(record, pairs, gpus)
     pids = checkpointed_pids(driver, gpus.descendants(record.init_pid))
     if not pids:
@@ -83,7 +87,8 @@ def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = ()
     session = CudaSession(driver, pids)
     started = time.monotonic()
     try:
-        session.restore(pairs)
+        with hugepages_always(hugepages):
+            session.restore(pairs)
     except GpuckptError as error:
         # Cleanly suspended again: whatever came back goes back to host memory.
         answers = query_states(driver, pids)

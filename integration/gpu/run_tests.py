@@ -391,8 +391,29 @@ def scenario_suspend(results: dict) -> str | None:
     """A 16 GiB workload suspended: its GPU memory is freed, another process allocates and computes
     in it; resume is refused while that memory is taken (the workload stays suspended), then resumes
     and the workload verifies its device data. The same container's full checkpoint/restore for scale."""
-    bundle = Bundle("suspend", COUNTER, {"GIB": "16"})
-    images = Path("/dev/shm/gpuckpt-img-suspend")
+    return suspend_and_full_checkpoint(results, "suspend")
+
+
+def scenario_suspend_hugepages(results: dict) -> str | None:
+    """The same with cuda.host_hugepages = "always" (suspend and resume take it too): each beside the full
+    checkpoint and restore under the same setting, and the node's THP setting as it was after."""
+    config = Path("/etc/gpuckpt/config.toml")
+    plain = config.read_text()
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    before = thp.read_text().strip()
+    config.write_text(plain + '[cuda]\nhost_hugepages = "always"\n')
+    try:
+        suspend_and_full_checkpoint(results, "suspend_hugepages")
+    finally:
+        config.write_text(plain)
+    results["suspend_hugepages"].update(thp_before=before, thp_after=thp.read_text().strip())
+    assert thp.read_text().strip() == before, "the node's THP setting was not put back"
+    return None
+
+
+def suspend_and_full_checkpoint(results: dict, key: str) -> str | None:
+    bundle = Bundle(key.replace("_", ""), COUNTER, {"GIB": "16"})
+    images = Path(f"/dev/shm/gpuckpt-img-{key}")
     record: dict = {}
     try:
         bundle.start()
@@ -427,18 +448,20 @@ def scenario_suspend(results: dict) -> str | None:
             refused_message=refused.stderr.strip()[-300:],
             suspend_output=out,
         )
-        log(f"suspend: {record}")
+        log(f"{key}: {record}")
         current = wait_counters(bundle, 1, 1)
         record["full_checkpoint_s"], _ = bundle.checkpoint(images)
         record["full_restore_s"] = bundle.restore(images)
         assert_continues(bundle, current)
         record["full_checkpoint_s"] = round(record["full_checkpoint_s"], 3)
         record["full_restore_s"] = round(record["full_restore_s"], 3)
-        log(f"full checkpoint {record['full_checkpoint_s']} s, restore {record['full_restore_s']} s")
+        record["suspend_over_full_checkpoint"] = round(record["suspend_s"] / record["full_checkpoint_s"], 3)
+        log(f"{key}: full checkpoint {record['full_checkpoint_s']} s, restore {record['full_restore_s']} s; suspend "
+            f"over full checkpoint {record['suspend_over_full_checkpoint']}")
     finally:
         bundle.destroy()
         shutil.rmtree(images, ignore_errors=True)
-    results["suspend"] = record
+    results[key] = record
     return None
 
 
