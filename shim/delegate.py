@@ -50,6 +50,7 @@ class DelegateRun:
         self._child: subprocess.Popen | None = None
         self._hold_stderr = hold_stderr
         self._reader: threading.Thread | None = None
+        self._ended = threading.Event()
 
     def _forward(self, signum: int, _frame: object) -> None:
         if signal.Signals(signum).name in TERMINATING_SIGNALS and self.interrupted_by is None:
@@ -70,7 +71,8 @@ class DelegateRun:
             self._restore_handlers()
             raise DelegateError(f"delegate runtime: {error}") from None
         if self._child.stderr is not None:  # drained as it comes, so the child never blocks on a full pipe
-            self._reader = threading.Thread(target=hold_stderr, args=(self._child.stderr,), daemon=True)
+            self._reader = threading.Thread(target=hold_stderr, args=(self._child.stderr, self._ended),
+                                            daemon=True)
             self._reader.start()
 
     @property
@@ -91,6 +93,7 @@ class DelegateRun:
             while True:
                 try:
                     self.returncode = exit_status(self._child.wait())
+                    self._ended.set()  # the reader stops at what is in the pipe, not at a helper's EOF
                     if self._reader is not None:
                         self._reader.join()
                     return self.returncode

@@ -7,11 +7,16 @@ time) that podman and containerd show to the user; errors also go to stderr.
 from __future__ import annotations
 
 import json
+import os
+import select
 import sys
 import time
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from gpuckpt.shim.argv import RuntimeArgs
+
+if TYPE_CHECKING:
+    import threading
 
 
 def _timestamp() -> str:
@@ -50,10 +55,22 @@ MAX_HELD_STDERR = 1 << 20
 _held: list[bytes] = []
 
 
-def hold_stderr(stream: BinaryIO) -> None:
-    """Read `stream` to its end (a delegate's stderr pipe), holding what fits."""
-    size = 0
-    while chunk := stream.read(65536):
+def hold_stderr(stream: BinaryIO, ended: threading.Event) -> None:
+    """Read `stream` (a delegate's stderr pipe) as it comes, holding what fits, to its end or, once
+    `ended` (the delegate has exited), to what is in the pipe: a helper the delegate left running
+    (CRIU's action scripts, a lazy-pages server) may hold it open long after."""
+    fd, size = stream.fileno(), 0
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while True:
+        ending = ended.is_set()
+        if not poller.poll(0 if ending else 50):
+            if ending:
+                break  # the delegate's words are all read: what is left is a helper's
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk or size >= MAX_HELD_STDERR and ending:
+            break
         if size < MAX_HELD_STDERR:
             _held.append(chunk[:MAX_HELD_STDERR - size])
         size += len(chunk)

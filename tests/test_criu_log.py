@@ -104,3 +104,18 @@ def test_a_delegates_stderr_passes_on_when_the_shim_has_nothing_to_say(make_node
     fake.set_runtime(checkpoint_stderr="a warning of runc's\n")
     assert main(["--root", "/r", "checkpoint", "--image-path", str(fake.images), "ctr"]) == 0
     assert capfd.readouterr().err == "a warning of runc's\n"
+
+
+def test_a_helper_holding_the_delegates_stderr_does_not_hold_the_shim(make_node, node, capfd) -> None:
+    """A child the delegate leaves running (an action script's daemon) keeps the stderr pipe open: the
+    shim ends with the delegate, its processes unlocked, the delegate's words passed on."""
+    fake = make_node(1)
+    write_config(node, f'delegate = "{fake.runtime}"\n')
+    fake.set_runtime(checkpoint_status=1, checkpoint_stderr="criu failed\n", checkpoint_leaves_helper_s=20)
+    status = main(["--root", "/r", "checkpoint", "--leave-running", "--image-path", str(fake.images), "ctr"],
+                  gpus=NodeGpus(**fake.gpus))
+    assert not (fake.runtime.parent / "helper.done").exists()  # still running: the shim did not wait for it
+    os.kill(int((fake.runtime.parent / "helper.pid").read_text()), 9)
+    lines = capfd.readouterr().err.splitlines()
+    assert status == 1
+    assert lines[0].startswith("checkpoint of ctr failed") and lines[1:] == ["criu failed"]
