@@ -29,6 +29,9 @@ RESTORE_VALUE_FLAGS = frozenset(
      "pid-file", "empty-ns", "lsm-profile", "lsm-mount-context"}
 )
 
+# What Go's strconv.ParseBool reads as false (runc's boolean flags, `--leave-running=F`).
+GO_FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
+
 
 def _split_flag(arg: str) -> tuple[str, str | None]:
     """'--root=/x' -> ('root', '/x'); '-debug' -> ('debug', None) (urfave/cli takes both dashes)."""
@@ -72,7 +75,7 @@ class RuntimeArgs:
 
     @property
     def debug(self) -> bool:
-        return self.globals_.get("debug", "false") not in ("false", "0")
+        return self.globals_.get("debug", "false") not in GO_FALSE
 
     @property
     def wants_version(self) -> bool:
@@ -121,7 +124,7 @@ class VerbArgs:
 
     def has(self, name: str) -> bool:
         values = self.flags.get(name)
-        return values is not None and len(values) > 0 and values[-1] not in ("false", "0")
+        return values is not None and len(values) > 0 and values[-1] not in GO_FALSE
 
     @property
     def container_id(self) -> str | None:
@@ -194,6 +197,8 @@ def owned_verb_is_only_asked_about(args: RuntimeArgs) -> bool:
     """An owned verb called for its help, or without a container: the delegate's own answer is all there
     is. Engines ask `checkpoint --help` before each checkpoint and restore (podman, for the flags it may
     pass): the shim must not load the verb's machinery for it."""
+    if any(args.globals_.get(name, "false") not in GO_FALSE for name in ("help", "h", "version", "v")):
+        return True  # runc answers `runc --help checkpoint ID` with its help and checkpoints nothing
     flags = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}.get(args.command or "", frozenset())
     verb = parse_verb_args(args.command_args, flags)
     return verb.has("help") or verb.has("h") or verb.container_id is None

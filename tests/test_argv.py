@@ -4,6 +4,7 @@ from gpuckpt.shim.argv import (
     CHECKPOINT_VALUE_FLAGS,
     RESTORE_VALUE_FLAGS,
     for_delegate,
+    owned_verb_is_only_asked_about,
     parse_runtime_args,
     parse_verb_args,
 )
@@ -39,6 +40,20 @@ def test_restore_flags_with_values_are_not_taken_for_the_id() -> None:
 def test_bool_flag_false_is_not_set() -> None:
     verb = parse_verb_args(["--leave-running=false", "c"], CHECKPOINT_VALUE_FLAGS)
     assert not verb.has("leave-running")
+
+
+def test_bool_flags_read_as_go_reads_them() -> None:
+    """runc reads `--help=F` as false and checkpoints: the shim must not take it for a help request."""
+    assert not parse_verb_args(["--leave-running=F", "c"], CHECKPOINT_VALUE_FLAGS).has("leave-running")
+    assert not owned_verb_is_only_asked_about(parse_runtime_args(["checkpoint", "--help=False", "c"]))
+    assert not parse_runtime_args(["--debug=FALSE", "state", "c"]).debug
+
+
+def test_a_global_help_or_version_is_the_delegates_answer() -> None:
+    """runc answers `runc --help checkpoint ID` (or --version) and checkpoints nothing: nor must the shim."""
+    assert owned_verb_is_only_asked_about(parse_runtime_args(["--help", "checkpoint", "c"]))
+    assert owned_verb_is_only_asked_about(parse_runtime_args(["-v", "delete", "c"]))
+    assert not owned_verb_is_only_asked_about(parse_runtime_args(["--debug", "checkpoint", "c"]))
 
 
 def test_version_flag() -> None:
