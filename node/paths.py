@@ -20,3 +20,12 @@ def config_path() -> str:
 def state_dir() -> str:
     """Root-only runtime state (caches, suspend records); on tmpfs, gone at reboot."""
     return os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
+
+
+THP_ENABLED_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
+THP_ENABLED_ENV = "GPUCKPT_THP_ENABLED"
+
+
+def thp_enabled_path() -> str:
+    """The node's transparent hugepage switch (cuda/hugepages.py); tests give a file of their own."""
+    return os.environ.get(THP_ENABLED_ENV) or THP_ENABLED_PATH

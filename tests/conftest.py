@@ -33,6 +33,9 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GPUCKPT_CONFIG", str(tmp_path / "config.toml"))
     monkeypatch.setenv("GPUCKPT_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("GPUCKPT_JOURNAL_DIR", str(tmp_path / "journal"))
+    thp = tmp_path / "thp-enabled"  # the node's own switch is never a unit test's to flip
+    thp.write_text("always [madvise] never\n")
+    monkeypatch.setenv("GPUCKPT_THP_ENABLED", str(thp))
     return tmp_path
 
 

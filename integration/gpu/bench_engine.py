@@ -114,6 +114,11 @@ def main() -> int:
     out = Path(sys.argv[1])
     gib = sys.argv[2] if len(sys.argv) > 2 else "16"
     facts = install()
+    config = Path("/etc/gpuckpt/config.toml")
+    plain_config = config.read_text()
+    # The shim's own rows leave the node's THP setting alone, as the plain sequence does; the hugepages
+    # row below sets it (the default since cuda.host_hugepages became "always")
+    config.write_text(plain_config + '[cuda]\nhost_hugepages = "leave"\n')
     images = Path("/dev/shm/gpuckpt-bench")
     result: dict = {"machine": facts["nvidia_smi"], "facts": facts, "gib": float(gib), "image_dir": str(images)}
 
@@ -146,8 +151,6 @@ def main() -> int:
                   four_over_one_total=round(four["checkpoint_total_s"] / one["checkpoint_total_s"], 2))
     save()
     log(f"one: {one}; four: {four}")
-    config = Path("/etc/gpuckpt/config.toml")
-    plain_config = config.read_text()
     before_mode = THP.read_text().strip()
     try:
         config.write_text(plain_config + '[cuda]\nhost_hugepages = "always"\n')
