@@ -350,7 +350,7 @@ class Checkpoint:
         except OSError as error:
             raise GpuCheckpointError(f"checkpoint of {self.container_id} failed: the dump staged in "
                                      f"{self.staging} could not be moved to {image_dir_of(self.verb)} "
-                                     f"({one_line(error)}); the container keeps running") from None
+                                     f"({one_line(error)}) and was dropped; the container keeps running") from None
         log(self.args, "info", f"{self.container_id}: {moved >> 20} MiB dumped into memory, moved to "
             f"{image_dir_of(self.verb)} in {time.monotonic() - started:.3f} s after the GPU ran again")
         self.staging = ""

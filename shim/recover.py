@@ -127,7 +127,10 @@ def _complete_image(journal: Journal) -> bool:
         if not finished:
             shutil.rmtree(journal.staging_dir, ignore_errors=True)  # a dump cut short, in memory
             return False
-        move_staged(journal.staging_dir, journal.image_dir)
+        try:
+            move_staged(journal.staging_dir, journal.image_dir)
+        except OSError:
+            return False  # dropped (the disk full?): the image stays incomplete, the processes still resume
     manifest = read_manifest(journal.image_dir)
     if manifest is None or not finished:
         return False

@@ -12,6 +12,7 @@ directory as before, and the log says why.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -95,21 +96,31 @@ def staged_argv(argv: Sequence[str], verb_index: int, staging: str, image_dir: s
 
 def move_staged(staging: str, image_dir: str) -> int:
     """Move every file of the staged dump into `image_dir` (the engine's), then remove the staging
-    directory; the bytes moved. A file of the same name there (an earlier dump's) is replaced."""
-    os.makedirs(image_dir, mode=0o700, exist_ok=True)
-    same_filesystem = os.stat(staging).st_dev == os.stat(image_dir).st_dev
-    moved = 0
-    with os.scandir(staging) as entries:
-        names = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
-    for name, status in names:
-        source, target = os.path.join(staging, name), os.path.join(image_dir, name)
-        if same_filesystem:
-            os.replace(source, target)
-        else:
-            temporary = f"{target}.gpuckpt-{os.getpid()}.tmp"
-            shutil.copy2(source, temporary, follow_symlinks=False)  # copy_file_range/sendfile: no buffer of ours
-            os.replace(temporary, target)
-            os.unlink(source)  # the memory goes back as each file lands
-        moved += status.st_size
-    os.rmdir(staging)
+    directory; the bytes moved. A file of the same name there (an earlier dump's) is replaced. A move
+    that fails (the disk full) drops the staged dump and its partial copy: memory is not left held."""
+    temporary = ""
+    try:
+        os.makedirs(image_dir, mode=0o700, exist_ok=True)
+        same_filesystem = os.stat(staging).st_dev == os.stat(image_dir).st_dev
+        moved = 0
+        with os.scandir(staging) as entries:
+            names = [(entry.name, entry.stat(follow_symlinks=False)) for entry in entries]
+        for name, status in names:
+            source, target = os.path.join(staging, name), os.path.join(image_dir, name)
+            if same_filesystem:
+                os.replace(source, target)
+            else:
+                temporary = f"{target}.gpuckpt-{os.getpid()}.tmp"
+                shutil.copy2(source, temporary, follow_symlinks=False)  # copy_file_range/sendfile: no buffer of ours
+                os.replace(temporary, target)
+                temporary = ""
+                os.unlink(source)  # the memory goes back as each file lands
+            moved += status.st_size
+        os.rmdir(staging)
+    except OSError:
+        if temporary:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return moved

@@ -99,6 +99,24 @@ def test_a_dump_that_completed_after_the_shim_was_killed_is_marked_complete(make
     assert "marked complete" in lines[0]
 
 
+def test_a_staged_dump_that_cannot_be_moved_still_lets_the_processes_resume(make_node, tmp_path) -> None:
+    node = make_node(2)
+    incomplete_image(node)
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / "pages-1.img").write_text("x")
+    (node.images / "pages-1.img").mkdir()  # where the image goes, something that cannot be replaced
+    (node.images / "pages-1.img" / "x").write_text("")
+    left_journal(node, "dump", dump_began=time.time() - 5, staging_dir=str(staged), leave_running=True)
+    write_dump_log(node, "(00.5) Dumping finished successfully\n")
+    for pid in node.pids:
+        node.driver.states[pid] = ProcessState.LOCKED
+    lines: list[str] = []
+    assert recover.finish_left_journal("ctr", str(node.runtime), NodeGpus(**node.gpus), lines.append)
+    assert node.all_running() and not staged.exists()
+    assert "stays marked incomplete" in lines[0] and "2 CUDA process(es) running again" in lines[0]
+
+
 def test_an_earlier_dumps_log_does_not_complete_an_image(make_node) -> None:
     node = make_node(2)
     incomplete_image(node)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import test_gpu_verbs
 from fake_driver import FakeDriver
 from support import write_config
@@ -43,6 +44,19 @@ def test_staged_files_replace_an_earlier_dumps_and_the_staging_goes(tmp_path) ->
     (image_dir / "pages-1.img").write_bytes(b"old")
     assert move_staged(str(staged), str(image_dir)) == 300
     assert (image_dir / "pages-1.img").read_bytes() == b"new" * 100 and not staged.exists()
+
+
+def test_a_move_that_fails_drops_the_staged_dump_and_its_partial_copy(tmp_path) -> None:
+    """The disk full halfway (here: a directory where an image goes): no memory is left held in /dev/shm."""
+    staged, image_dir = staging.make_staging_dir(), tmp_path / "img"
+    with open(os.path.join(staged, "pages-1.img"), "wb") as image:
+        image.write(b"new" * 100)
+    (image_dir / "pages-1.img").mkdir(parents=True)
+    (image_dir / "pages-1.img" / "x").write_text("")
+    with pytest.raises(OSError):
+        move_staged(staged, str(image_dir))
+    assert not os.path.exists(staged)
+    assert sorted(os.listdir(image_dir)) == ["pages-1.img"]
 
 
 class OrderDriver(FakeDriver):
