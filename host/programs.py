@@ -31,11 +31,13 @@ def exec_program(path: str, argv: Sequence[str]) -> NoReturn:
 
 
 def find_program(name: str, skip: str | None = None) -> str | None:
-    """Look `name` up on PATH like execvp, never returning the shim itself (`skip`)."""
+    """Look `name` up on PATH like execvp (its absolute entries only), never returning the shim itself (`skip`)."""
     if "/" in name:
         return name if os.access(name, os.X_OK) and not os.path.isdir(name) else None
     for directory in os.environ.get("PATH", os.defpath).split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)
+        if not os.path.isabs(directory):
+            continue  # the working directory (an empty entry, "."): not for root (Go's LookPath: ErrDot)
+        candidate = os.path.join(directory, name)
         if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
             if skip and os.path.realpath(candidate) == skip:
                 continue

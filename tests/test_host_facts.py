@@ -29,3 +29,14 @@ def test_criu_version_is_podmans_number(tmp_path, monkeypatch) -> None:
     criu.chmod(stat.S_IRWXU)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert checkpoint_host_annotations("runc")[f"{KEY}.criu.version"] == "40201"
+
+
+def test_a_program_in_the_working_directory_is_never_run_for_an_empty_path_entry(tmp_path, monkeypatch) -> None:
+    """Root's export run in a directory others write to: PATH's empty entry or '.' is not that directory
+    (Go's exec.LookPath, which podman and runc use, refuses it too)."""
+    criu = tmp_path / "criu"
+    criu.write_text(f"#!/bin/sh\ntouch {tmp_path}/ran\necho 'Version: 4.2.1'\n")
+    criu.chmod(stat.S_IRWXU)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", ":.:/nonexistent")
+    assert checkpoint_host_annotations("runc")[f"{KEY}.criu.version"] == "" and not (tmp_path / "ran").exists()
