@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import test_gpu_verbs
@@ -48,14 +49,18 @@ def test_staged_files_replace_an_earlier_dumps_and_the_staging_goes(tmp_path) ->
 
 def test_a_move_that_fails_drops_the_staged_dump_and_its_partial_copy(tmp_path) -> None:
     """The disk full halfway (here: a directory where an image goes): no memory is left held in /dev/shm."""
-    staged, image_dir = staging.make_staging_dir(), tmp_path / "img"
-    with open(os.path.join(staged, "pages-1.img"), "wb") as image:
-        image.write(b"new" * 100)
+    image_dir = tmp_path / "img"
     (image_dir / "pages-1.img").mkdir(parents=True)
     (image_dir / "pages-1.img" / "x").write_text("")
-    with pytest.raises(OSError):
-        move_staged(staged, str(image_dir))
-    assert not os.path.exists(staged)
+    staged = staging.make_staging_dir()
+    try:
+        with open(os.path.join(staged, "pages-1.img"), "wb") as image:
+            image.write(b"new" * 100)
+        with pytest.raises(OSError):
+            move_staged(staged, str(image_dir))
+        assert not os.path.exists(staged)
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
     assert sorted(os.listdir(image_dir)) == ["pages-1.img"]
 
 
