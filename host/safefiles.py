@@ -40,6 +40,11 @@ def read_bounded(path: str, limit: int, what: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as error:
         raise ImageError(f"{what}: cannot read: {error.strerror}") from None
+    return read_regular(fd, limit, what)
+
+
+def read_regular(fd: int, limit: int, what: str) -> bytes:
+    """The bytes of the file open at `fd` (closed after), at most `limit`, if it is a regular file."""
     with os.fdopen(fd, "rb") as source:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ImageError(f"{what}: not a regular file")

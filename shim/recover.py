@@ -36,7 +36,7 @@ from gpuckpt.shim.criu_log import dump_finished
 from gpuckpt.shim.delegate import container_pids, container_state, kill_container
 from gpuckpt.shim.freezer import Freezer
 from gpuckpt.shim.resolve import resolve_runtime
-from gpuckpt.shim.staging import move_staged
+from gpuckpt.shim.staging import is_staging_dir, move_staged
 from gpuckpt.transfer.dump_signature import sign_dump
 
 ORPHAN_WAIT_S = 60.0  # a dump or restore the killed shim's delegate still runs: waited for this long
@@ -123,7 +123,7 @@ def _finish_checkpoint(journal: Journal, delegate: str, gpus: NodeGpus, this_boo
 
 def _complete_image(journal: Journal) -> bool:
     finished = bool(journal.dump_began) and dump_finished(journal.work_dir or journal.image_dir, journal.dump_began)
-    if journal.staging_dir and os.path.isdir(journal.staging_dir):
+    if journal.staging_dir and is_staging_dir(journal.staging_dir):  # none other is removed or moved
         if not finished:
             shutil.rmtree(journal.staging_dir, ignore_errors=True)  # a dump cut short, in memory
             return False

@@ -57,9 +57,18 @@ def staging_refusal_for(needed: int, root: str = STAGING_ROOT) -> str | None:
     return None
 
 
+STAGING_PREFIX = "gpuckpt-stage-"
+
+
 def make_staging_dir(root: str = STAGING_ROOT) -> str:
     """A new root-only directory for one dump (mkdtemp: 0700, a name nobody could have taken)."""
-    return tempfile.mkdtemp(prefix="gpuckpt-stage-", dir=root)
+    return tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=root)
+
+
+def is_staging_dir(path: str, root: str = STAGING_ROOT) -> bool:
+    """Whether `path` is one make_staging_dir made: in `root`, with its prefix, a real directory (no link)."""
+    parent, name = os.path.split(os.path.normpath(path))
+    return parent == root and name.startswith(STAGING_PREFIX) and os.path.isdir(path) and not os.path.islink(path)
 
 
 def _replace_flag(argv: list[str], start: int, names: Sequence[str], value: str) -> bool:

@@ -30,7 +30,7 @@ from types import TracebackType
 import zstandard
 
 from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.host.safefiles import make_directory_at, private_directory
+from gpuckpt.host.safefiles import make_directory_at, private_directory, read_regular
 from gpuckpt.store.chunking import DIGEST, MAX_CHUNK_BYTES, chunk_digest
 from gpuckpt.store.manifest import MAX_MANIFEST_BYTES, NAME, StoredCheckpoint, check_name, parse_stored
 
@@ -295,13 +295,7 @@ class Store:
             raise UsageError(f"no checkpoint {name!r} in {self.root} (gpuckpt store list shows them)") from None
         except OSError as error:
             raise ImageError(f"{what}: cannot read: {error.strerror}") from None
-        with os.fdopen(fd, "rb") as source:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ImageError(f"{what}: not a regular file")
-            data = source.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
-            raise ImageError(f"{what}: larger than {MAX_MANIFEST_BYTES} bytes")
-        stored = parse_stored(data, what)
+        stored = parse_stored(read_regular(fd, MAX_MANIFEST_BYTES, what), what)
         if stored.name != name:
             raise ImageError(f"{what}: names itself {stored.name!r}: refused")
         return stored

@@ -8,9 +8,11 @@ driver's processes, and the next verb on the container must finish it before its
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import test_gpu_verbs
@@ -23,6 +25,7 @@ from gpuckpt.node import journal
 from gpuckpt.node.journal import BusyError, ContainerLock, Journal, process_record, read_journal, write_journal
 from gpuckpt.oci.manifest import read_manifest
 from gpuckpt.shim import recover, restore
+from gpuckpt.shim.staging import make_staging_dir
 
 make_node = test_gpu_verbs.make_node
 
@@ -99,11 +102,11 @@ def test_a_dump_that_completed_after_the_shim_was_killed_is_marked_complete(make
     assert "marked complete" in lines[0]
 
 
-def test_a_staged_dump_that_cannot_be_moved_still_lets_the_processes_resume(make_node, tmp_path) -> None:
+def test_a_staged_dump_that_cannot_be_moved_still_lets_the_processes_resume(make_node, request) -> None:
     node = make_node(2)
     incomplete_image(node)
-    staged = tmp_path / "staged"
-    staged.mkdir()
+    staged = Path(make_staging_dir())  # where the shim stages (the recovery takes no other directory for one)
+    request.addfinalizer(lambda: shutil.rmtree(staged, ignore_errors=True))
     (staged / "pages-1.img").write_text("x")
     (node.images / "pages-1.img").mkdir()  # where the image goes, something that cannot be replaced
     (node.images / "pages-1.img" / "x").write_text("")

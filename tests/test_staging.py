@@ -94,3 +94,13 @@ def test_without_the_operators_word_the_dump_goes_where_the_engine_said(make_nod
     assert node.checkpoint("--leave-running") == 0
     dump = next(call for call in node.calls() if "checkpoint" in call)
     assert dump[dump.index("--image-path") + 1] == str(node.images)
+
+
+def test_only_a_staging_directory_is_taken_for_one(tmp_path) -> None:
+    made = staging.make_staging_dir(str(tmp_path))
+    assert staging.is_staging_dir(made, str(tmp_path))
+    other = tmp_path / "gpuckpt-stage-link"
+    other.symlink_to(made)
+    assert not staging.is_staging_dir(str(other), str(tmp_path))
+    assert not staging.is_staging_dir(str(tmp_path), str(tmp_path))  # the root itself
+    assert not staging.is_staging_dir("/etc", str(tmp_path))
