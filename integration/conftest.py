@@ -6,15 +6,11 @@ here, not a skip, so a broken install cannot pass unnoticed.
 
 from __future__ import annotations
 
-import signal
-import socket
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import ROOTFS_TAR, configured_delegate, free_port, remove_stale_hierarchies, sh
+from bed import ROOTFS_TAR, configured_delegate, docker_registry, remove_stale_hierarchies, sh
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -61,19 +57,5 @@ def rootfs(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def registry(tmp_path):
-    port = free_port()
-    (tmp_path / "data").mkdir()
-    config = tmp_path / "registry.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.1)
-    yield f"127.0.0.1:{port}"
-    server.send_signal(signal.SIGTERM)
-    server.wait(timeout=10)
+    with docker_registry(tmp_path) as port:
+        yield f"127.0.0.1:{port}"

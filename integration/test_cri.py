@@ -15,9 +15,6 @@ import itertools
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import tarfile
 import time
 import uuid
@@ -34,7 +31,7 @@ from bed import (
     TCP_HOLDER_SOURCE,
     Counter,
     assert_continues,
-    free_port,
+    docker_registry,
     sh,
     wait_counter,
 )
@@ -48,24 +45,8 @@ IMAGE_NAME = "gpuckpt-cri"
 def loopback_registry(work: Path) -> Iterator[str]:
     """Debian's docker-registry on 127.0.0.1, named `localhost:PORT`: containerd pulls from a localhost registry
     over plain HTTP, the CRI's pulls and the restore's pull of the checkpoint's base image alike."""
-    port = free_port()
-    (work / "registry").mkdir()
-    config = work / "registry.yml"
-    config.write_text(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {work / 'registry'}\n"
-                      f"http:\n  addr: 127.0.0.1:{port}\n")
-    server = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+    with docker_registry(work) as port:
         yield f"localhost:{port}"
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=10)
 
 
 def push_base_image(registry: str, work: Path) -> str:
@@ -93,8 +74,10 @@ def cri_image(cri_work) -> Iterator[str]:
         yield push_base_image(registry, cri_work)
 
 
-def _node(name: str, work: Path, image: str) -> Iterator[Node]:
-    node = Node(name, work, image, gpuckpt=GPUCKPT, runtime=RUNTIME, gpuckpt_config='delegate = "runc"\n')
+def _node(name: str, work: Path, image: str, gpuckpt_config: str = 'delegate = "runc"\n',
+          pod_networks: bool = False) -> Iterator[Node]:
+    node = Node(name, work, image, gpuckpt=GPUCKPT, runtime=RUNTIME, gpuckpt_config=gpuckpt_config,
+                pod_networks=pod_networks)
     node.install_handler()
     node.start()
     try:
@@ -291,25 +274,17 @@ threading.Thread(target=ping, daemon=True).start()
 """
 
 
-def _net_node(name: str, work: Path, image: str) -> Iterator[Node]:
-    node = Node(name, work, image, gpuckpt=GPUCKPT, runtime=RUNTIME, pod_networks=True,
-                gpuckpt_config='delegate = "runc"\n[criu]\ntcp_established = "always"\n')
-    node.install_handler()
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
+NET_CONFIG = 'delegate = "runc"\n[criu]\ntcp_established = "always"\n'
 
 
 @pytest.fixture(scope="module")
 def net_a(cri_work, cri_image) -> Iterator[Node]:
-    yield from _net_node("net-a", cri_work, cri_image)
+    yield from _node("net-a", cri_work, cri_image, NET_CONFIG, pod_networks=True)
 
 
 @pytest.fixture(scope="module")
 def net_b(cri_work, cri_image) -> Iterator[Node]:
-    yield from _net_node("net-b", cri_work, cri_image)
+    yield from _node("net-b", cri_work, cri_image, NET_CONFIG, pod_networks=True)
 
 
 def tcp_trips(pod: Pod) -> int:

@@ -122,11 +122,27 @@ class Case:
             text.seek(since)
             return [json.loads(line)["msg"] for line in text.read().decode().splitlines() if line.strip()]
 
+    def finished_by(self, *args: str, said: str) -> str:
+        """The next verb on the container (`args`), which finishes the killed shim's journal first: it succeeds,
+        and its line about the journal says `said`; that line."""
+        mark = self.log_size()
+        status, line = self.call(*args)
+        assert status == 0, line
+        finished = [msg for msg in self.logged(mark) if "a killed gpuckpt-runtime" in msg]
+        assert finished and said in finished[0], self.logged(mark)
+        return finished[0]
+
+    def checkpoint_args(self, images: Path, *extra: str) -> tuple[str, ...]:
+        return ("checkpoint", "--image-path", str(images), *extra, self.id)
+
+    def restore_args(self, images: Path) -> tuple[str, ...]:
+        return ("restore", "-d", "--bundle", str(self.bundle), "--image-path", str(images), self.id)
+
     def checkpoint(self, images: Path, *extra: str) -> tuple[int, str]:
-        return self.call("checkpoint", "--image-path", str(images), *extra, self.id)
+        return self.call(*self.checkpoint_args(images, *extra))
 
     def restore(self, images: Path) -> tuple[int, str]:
-        return self.call("restore", "-d", "--bundle", str(self.bundle), "--image-path", str(images), self.id)
+        return self.call(*self.restore_args(images))
 
     # -- faults -----------------------------------------------------------------------------
 
@@ -260,19 +276,15 @@ def test_shim_killed_during_the_dump_the_next_restore_finishes_it(cpu_case: Case
     before = case.counter()
     images = case.dir / "images"
     case.slow("checkpoint", 2)
-    case.kill_at(case.start("checkpoint", "--image-path", str(images), case.id), case.in_phase("dump"),
+    case.kill_at(case.start(*case.checkpoint_args(images)), case.in_phase("dump"),
                  "the dump")
     assert case.journal() is not None  # the killed shim's
     case.wait_delegate_gone()  # the dump goes on without the shim, as it does under podman
     assert case.status() == "gone" and case.manifest_completed(images) is False
     case.clear()
-    mark = case.log_size()
-    status, line = case.restore(images)
-    assert status == 0, line
-    finished = [msg for msg in case.logged(mark) if "finished the checkpoint a killed gpuckpt-runtime" in msg]
-    assert finished and "marked complete" in finished[0]
+    finished = case.finished_by(*case.restore_args(images), said="marked complete")
     case.continues_from(before)
-    record("shim SIGKILLed while the delegate dumps (CPU container)", case.observed(images, finished[0]))
+    record("shim SIGKILLed while the delegate dumps (CPU container)", case.observed(images, finished))
 
 
 def test_shim_killed_during_the_gpu_lock_the_next_checkpoint_unlocks_first(gpu_case: Case, record) -> None:
@@ -280,17 +292,14 @@ def test_shim_killed_during_the_gpu_lock_the_next_checkpoint_unlocks_first(gpu_c
     case.run()
     case.driver(delay_s={"lock": 3})
     images = case.dir / "images"
-    case.kill_at(case.start("checkpoint", "--image-path", str(images), "--leave-running", case.id),
+    case.kill_at(case.start(*case.checkpoint_args(images, "--leave-running")),
                  case.calling("lock"), "the lock")
     assert case.driver_states() == {"1": "LOCKED"} and case.journal() is not None
     case.driver(delay_s={})
-    mark = case.log_size()
-    status, line = case.checkpoint(images, "--leave-running")
-    assert status == 0, line
+    finished = case.finished_by(*case.checkpoint_args(images, "--leave-running"),
+                                said="1 CUDA process(es) running again")
     assert case.driver_states() == {"1": "RUNNING"} and case.status() == "running"
     assert case.manifest_completed(images)
-    finished = next(msg for msg in case.logged(mark) if "finished the checkpoint" in msg)
-    assert "1 CUDA process(es) running again" in finished
     record("shim SIGKILLed during the CUDA lock; the next checkpoint", case.observed(images, finished))
 
 
@@ -300,14 +309,11 @@ def test_shim_killed_during_the_device_checkpoint_recovery_resumes(gpu_case: Cas
     before = case.counter()
     case.driver(delay_s={"checkpoint": 3})
     images = case.dir / "images"
-    case.kill_at(case.start("checkpoint", "--image-path", str(images), case.id), case.calling("checkpoint"),
+    case.kill_at(case.start(*case.checkpoint_args(images)), case.calling("checkpoint"),
                  "the device checkpoint")
     assert case.driver_states() == {"1": "CHECKPOINTED"}
     case.driver(delay_s={})
-    mark = case.log_size()
-    status, line = case.checkpoint(images)  # the next one: finishes the journal, then checkpoints
-    assert status == 0, line
-    assert any("1 CUDA process(es) running again" in msg for msg in case.logged(mark))
+    case.finished_by(*case.checkpoint_args(images), said="1 CUDA process(es) running again")  # then its own
     assert case.status() == "gone" and case.driver_states() == {"1": "CHECKPOINTED"}  # this one's own dump
     status, line = case.restore(images)
     assert status == 0, line
@@ -323,14 +329,11 @@ def test_shim_killed_during_a_gpu_dump_the_image_is_finished_and_restores(gpu_ca
     before = case.counter()
     images = case.dir / "images"
     case.slow("checkpoint", 2)
-    case.kill_at(case.start("checkpoint", "--image-path", str(images), case.id), case.in_phase("dump"), "the dump")
+    case.kill_at(case.start(*case.checkpoint_args(images)), case.in_phase("dump"), "the dump")
     case.wait_delegate_gone()
     case.clear()
     assert case.status() == "gone" and case.manifest_completed(images) is False
-    mark = case.log_size()
-    status, line = case.restore(images)
-    assert status == 0, line
-    assert any("marked complete" in msg for msg in case.logged(mark))
+    case.finished_by(*case.restore_args(images), said="marked complete")
     assert case.driver_states() == {"1": "RUNNING"}
     case.continues_from(before)
     record("shim SIGKILLed while the delegate dumps (GPU container); the next restore", case.observed(images))
@@ -342,16 +345,13 @@ def test_shim_killed_during_the_leave_running_device_restore(gpu_case: Case, rec
     before = case.counter()
     case.driver(delay_s={"restore": 3})
     images = case.dir / "images"
-    case.kill_at(case.start("checkpoint", "--image-path", str(images), "--leave-running", case.id),
+    case.kill_at(case.start(*case.checkpoint_args(images, "--leave-running")),
                  case.calling("restore"), "the device restore")
     case.driver(delay_s={})
     assert case.driver_states() == {"1": "LOCKED"}  # the restore completed in the driver; the unlock never came
-    mark = case.log_size()
-    status, line = case.checkpoint(case.dir / "second", "--leave-running")
-    assert status == 0, line
+    case.finished_by(*case.checkpoint_args(case.dir / "second", "--leave-running"), said="marked complete")
     assert case.driver_states() == {"1": "RUNNING"} and case.status() == "running"
     assert case.manifest_completed(images)  # the first dump had completed: marked so by the recovery
-    assert any("marked complete" in msg for msg in case.logged(mark))
     case.continues_from(before)
     record("shim SIGKILLed during --leave-running's device restore; the next checkpoint", case.observed(images))
 
@@ -364,16 +364,13 @@ def test_shim_killed_during_the_delegates_restore_the_next_verb_finishes_it(gpu_
     status, line = case.checkpoint(images)
     assert status == 0, line
     case.slow("restore", 2)
-    case.kill_at(case.start("restore", "-d", "--bundle", str(case.bundle), "--image-path", str(images), case.id),
+    case.kill_at(case.start(*case.restore_args(images)),
                  case.in_phase("restore"), "the delegate's restore")
     case.wait_delegate_gone()
     case.clear()
     assert case.status() == "running" and case.driver_states() == {"1": "CHECKPOINTED"}  # restored, GPU not
-    mark = case.log_size()
-    status, line = case.checkpoint(case.dir / "second", "--leave-running")
-    assert status == 0, line
-    finished = next(msg for msg in case.logged(mark) if "finished the restore" in msg)
-    assert "1 CUDA process(es) restored to the GPU and unlocked" in finished
+    finished = case.finished_by(*case.checkpoint_args(case.dir / "second", "--leave-running"),
+                                said="1 CUDA process(es) restored to the GPU and unlocked")
     assert case.driver_states() == {"1": "RUNNING"}
     case.continues_from(before)
     record("shim SIGKILLed during the delegate's restore (GPU container); the next checkpoint",
@@ -388,14 +385,12 @@ def test_shim_killed_during_the_device_restore_the_next_verb_finishes_it(gpu_cas
     status, line = case.checkpoint(images)
     assert status == 0, line
     case.driver(delay_s={"restore": 3})
-    case.kill_at(case.start("restore", "-d", "--bundle", str(case.bundle), "--image-path", str(images), case.id),
+    case.kill_at(case.start(*case.restore_args(images)),
                  case.calling("restore"), "the device restore")
     case.driver(delay_s={})
     assert case.driver_states() == {"1": "LOCKED"} and case.journal()["phase"] == "gpu_restore"
-    mark = case.log_size()
-    status, line = case.checkpoint(case.dir / "second", "--leave-running")
-    assert status == 0, line
-    assert any("restored to the GPU and unlocked" in msg for msg in case.logged(mark))
+    case.finished_by(*case.checkpoint_args(case.dir / "second", "--leave-running"),
+                     said="restored to the GPU and unlocked")
     assert case.driver_states() == {"1": "RUNNING"}
     case.continues_from(before)
     record("shim SIGKILLed during the device restore; the next checkpoint", case.observed(images))
@@ -407,7 +402,7 @@ def test_gpuckpt_recover_finishes_a_journal_nobody_touches(runc_case: Case, reco
     before = case.counter()
     images = case.dir / "images"
     case.slow("checkpoint", 2)
-    case.kill_at(case.start("checkpoint", "--image-path", str(images), case.id), case.in_phase("dump"), "the dump")
+    case.kill_at(case.start(*case.checkpoint_args(images)), case.in_phase("dump"), "the dump")
     case.wait_delegate_gone()
     case.clear()
     result = sh(GPUCKPT, "recover")
@@ -519,7 +514,7 @@ def test_a_second_checkpoint_of_the_container_at_once_is_refused(cpu_case: Case,
     case.run()
     before = case.counter()
     case.slow("checkpoint", 2)
-    first = case.start("checkpoint", "--image-path", str(case.dir / "first"), case.id)
+    first = case.start(*case.checkpoint_args(case.dir / "first"))
     deadline = time.monotonic() + 30
     while not case.in_phase("dump")() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -542,7 +537,7 @@ def test_a_checkpoint_racing_kill_or_rm_leaves_the_last_good_checkpoint(runc_cas
     assert status == 0, line
     before = case.counter()
     case.slow("checkpoint", 2)
-    racing = case.start("checkpoint", "--image-path", str(case.dir / "raced"), case.id)
+    racing = case.start(*case.checkpoint_args(case.dir / "raced"))
     deadline = time.monotonic() + 30
     while not case.in_phase("dump")() and time.monotonic() < deadline:
         time.sleep(0.02)
@@ -572,7 +567,7 @@ def test_a_reboot_mid_checkpoint(runc_case: Case, record, dump_done: bool) -> No
     before = case.counter()
     images = case.dir / "images"
     case.slow("checkpoint", 2)
-    shim = case.start("checkpoint", "--image-path", str(images), case.id)
+    shim = case.start(*case.checkpoint_args(images))
     case.kill_at(shim, case.in_phase("dump"), "the dump")
     if dump_done:
         case.wait_delegate_gone()

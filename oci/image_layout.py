@@ -53,6 +53,7 @@ LAYER_TYPES = {"application/vnd.oci.image.layer.v1.tar+zstd", "application/vnd.o
 ZSTD_LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+zstd"
 REF_NAME = "org.opencontainers.image.ref.name"
 CHECKPOINT_ANNOTATION = "io.podman.annotations.checkpoint"  # prefix of podman's keys
+IMAGE_CREATED = "org.opencontainers.image.created"
 CRIO_CHECKPOINT_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint"  # CRI-O's (Kubernetes), same suffixes
 MAX_JSON_BYTES = 4 << 20
 DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
@@ -223,10 +224,10 @@ class CheckpointImageWriter:
     def finish(self, archive: PodmanArchive) -> str:
         """Complete the layout for the checked archive that went into the layer; the manifest digest."""
         self._close_layer()
-        annotations, architecture = checkpoint_annotations(archive), go_architecture()
+        annotations, architecture, created = checkpoint_annotations(archive), go_architecture(), utc_now()
+        annotations[IMAGE_CREATED] = created  # podman 5 writes it too (the image spec's key)
         if self.sign is not None:
             annotations |= self.sign(self.layer_digest, annotations)
-        created = utc_now()
         config = ImageConfig(created=created, architecture=architecture,
                              rootfs=RootFs(diff_ids=[self.diff_id]),
                              history=[HistoryEntry(created=created, created_by="gpuckpt export")])
