@@ -30,8 +30,10 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def _podman_summary(archive: PodmanArchive, kind: str) -> dict:
+    """podman's layout; containerd's CRI checkpoint writes it too, naming its runtime io.containerd.*"""
     config = archive.config
-    return {"kind": kind, "engine": "podman",
+    engine = "containerd" if config.runtime.startswith("io.containerd.") else "podman"
+    return {"kind": kind, "engine": engine,
             "container": {"name": config.name, "id": config.id, "image": config.rootfsImageName,
                           "runtime": config.runtime, "created": config.createdTime},
             "manifest": archive.manifest.model_dump() if archive.manifest else None}

@@ -209,7 +209,7 @@ def test_the_archive_is_containerds_with_gpuckpts_manifest(checkpointed, cri_del
     assert manifest["leave_running"] is True and "--leave-running" in manifest["delegate_args"], manifest
     assert os.path.basename(manifest["delegate"]) == cri_delegate, manifest["delegate"]
     inspected = json.loads(sh(GPUCKPT, "inspect", "--json", str(archive)).stdout)
-    assert inspected["container"]["id"] == config_dump["id"]
+    assert inspected["container"]["id"] == config_dump["id"] and inspected["engine"] == "containerd"
     assert inspected["manifest"]["delegate_args"] == manifest["delegate_args"]
     checkpointctl = shutil.which("checkpointctl")
     if checkpointctl is None:
