@@ -41,7 +41,7 @@ def run_suspend(options: argparse.Namespace) -> int:
         raise UsageError(f"container {options.container} is already suspended (gpuckpt resume {options.container})")
     gpus, cuda = NodeGpus(), load_config().cuda
     record = suspend(gpus.load_driver(), container.container_id, container.engine, container.init_pid,
-                     cuda.lock_timeout_ms, gpus=gpus, hugepages=cuda.host_hugepages == "always")
+                     cuda.lock_timeout_ms, gpus=gpus, hugepages=cuda.wants_hugepages)
     write_suspension(record)
     freed = sum(p.device_bytes for p in record.processes)
     print(f"suspended {options.container}: {len(record.processes)} CUDA process(es), "
@@ -66,7 +66,7 @@ def run_resume(options: argparse.Namespace) -> int:
         raise UsageError(f"container {options.container} is not suspended")
     gpus = NodeGpus()
     seconds = resume(gpus.load_driver(), record, _pairs(record, options.gpu, gpus), gpus=gpus,
-                     hugepages=load_config().cuda.host_hugepages == "always")
+                     hugepages=load_config().cuda.wants_hugepages)
     remove_suspension(container.container_id)
     print(f"resumed {options.container}: {len(record.processes)} CUDA process(es) in {seconds:.2f} s")
     return 0

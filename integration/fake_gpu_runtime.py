@@ -56,7 +56,9 @@ class StateFile:
             return result
 
     def read(self) -> dict[str, Any]:
-        return self.update(dict)
+        with open(self.path) as file:
+            fcntl.flock(file, fcntl.LOCK_SH)  # a writer truncates then writes under LOCK_EX
+            return json.load(file)
 
 
 class FileDriver(CudaDriver):

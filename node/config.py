@@ -39,6 +39,10 @@ class CudaConfig(_Section):
     # "always": transparent hugepages node-wide while GPU state moves (H100: checkpoint 1.5x, restore
     # 1.6x, suspend 2.2x faster; README: Host memory policy); "leave": never touch the node's setting.
     host_hugepages: Literal["leave", "always"] = "always"
+
+    @property
+    def wants_hugepages(self) -> bool:
+        return self.host_hugepages == "always"
     # --leave-running: dump into /dev/shm while the CUDA processes are locked and move the images to
     # the engine's directory after they run again, when the container fits with memory to spare. Off:
     # on the H100 (128 GiB) the page cache took a 16 GiB dump as fast as /dev/shm (README: Speed).

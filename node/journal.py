@@ -80,6 +80,10 @@ class Journal(BaseModel):
     gpu_pairs: list[tuple[str, str]] = []  # restore: GPU UUIDs, checkpointed -> this node's
 
 
+def _lock_name(container: str) -> str:
+    return _name(container).removesuffix(".json") + ".lock"
+
+
 def journal_dir() -> str:
     return os.environ.get(JOURNAL_DIR_ENV) or DEFAULT_JOURNAL_DIR
 
@@ -169,7 +173,7 @@ class ContainerLock:
         self.fd = -1
 
     def __enter__(self) -> ContainerLock:
-        name = _name(self.container).removesuffix(".json") + ".lock"
+        name = _lock_name(self.container)
         dir_fd = private_directory(os.path.join(state_dir(), "locks"))
         try:
             while not self._lock(dir_fd, name):
@@ -205,7 +209,7 @@ class ContainerLock:
         finds it gone once it has the lock, and takes the name's new one."""
         dir_fd = os.open(os.path.join(state_dir(), "locks"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            os.unlink(_name(self.container).removesuffix(".json") + ".lock", dir_fd=dir_fd)
+            os.unlink(_lock_name(self.container), dir_fd=dir_fd)
         finally:
             os.close(dir_fd)
 

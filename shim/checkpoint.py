@@ -259,7 +259,7 @@ class Checkpoint:
         self._refuse_unrestorable(cuda_pids, inventory)
         self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
         session = CudaSession(driver, cuda_pids)
-        with hugepages_always(self.config.cuda.host_hugepages == "always"), deferred_signals() as signals:
+        with hugepages_always(self.config.cuda.wants_hugepages), deferred_signals() as signals:
             return self._lock_checkpoint_dump(session, freezer, signals, inventory, cuda_pids, started)
 
     def _lock_checkpoint_dump(self, session: CudaSession, freezer: Freezer | None, signals: SignalFlag,

@@ -62,7 +62,7 @@ def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, g
     if not gpus.find_cuda_pids(gpus.descendants(init_pid)):
         return run_delegate(delegate, args.argv)
     driver, cuda = gpus.load_driver(), load_config().cuda
-    hugepages = cuda.host_hugepages == "always"
+    hugepages = cuda.wants_hugepages
     record = suspend(driver, container_id, PAUSE_ENGINE, init_pid, cuda.lock_timeout_ms, gpus=gpus, hugepages=hugepages)
     write_suspension(record)
     status = run_delegate(delegate, args.argv)
@@ -83,7 +83,7 @@ def _resume(args: RuntimeArgs, delegate: str, container_id: str, gpus: NodeGpus)
     if status != 0 or record is None or record.engine != PAUSE_ENGINE:
         return status
     try:
-        seconds = resume(gpus.load_driver(), record, gpus=gpus, hugepages=load_config().cuda.host_hugepages == "always")
+        seconds = resume(gpus.load_driver(), record, gpus=gpus, hugepages=load_config().cuda.wants_hugepages)
     except GpuckptError as error:
         raise DelegateError(f"{container_id} is thawed but its GPU state is not back: {error}") from None
     remove_suspension(container_id)

@@ -101,15 +101,16 @@ def _finish_checkpoint(journal: Journal, delegate: str, gpus: NodeGpus, this_boo
         done.append(f"the dump had completed: image {journal.image_dir} marked complete")
     elif journal.phase != "prepared":
         done.append(f"image {journal.image_dir} stays marked incomplete (restore refuses it)")
+    freezer = _freezer(journal, delegate)
     if not this_boot or not journal.gpu:
-        _put_freezer_back(journal, delegate, done)
+        _put_freezer_back(journal, freezer, done)
         return
     alive = [p.host_pid for p in journal.processes if same_process(p.host_pid, p.start_time)]
     if alive:
         driver = gpus.load_driver()
         session = CudaSession(driver, alive)
         session.done = {pid: ProcessState.LOCKED for pid in alive}  # rollback asks each one's state
-        _thaw_for_driver(journal, delegate)
+        _thaw_for_driver(freezer)
         leftovers = session.rollback()
         if leftovers:
             done.append(f"could not resume {'; '.join(leftovers)}")
@@ -118,7 +119,7 @@ def _finish_checkpoint(journal: Journal, delegate: str, gpus: NodeGpus, this_boo
     gone = len(journal.processes) - len(alive)
     if gone:
         done.append(f"{gone} CUDA process(es) ended with the dump")
-    _put_freezer_back(journal, delegate, done)
+    _put_freezer_back(journal, freezer, done)
 
 
 def _complete_image(journal: Journal) -> bool:
@@ -141,10 +142,9 @@ def _complete_image(journal: Journal) -> bool:
     return True
 
 
-def _thaw_for_driver(journal: Journal, delegate: str) -> None:
+def _thaw_for_driver(freezer: Freezer | None) -> None:
     """The driver cannot resume a frozen process: thawed for the rollback (frozen again after by
     _put_freezer_back if the engine had frozen it)."""
-    freezer = _freezer(journal, delegate)
     try:
         if freezer is not None and freezer.is_frozen():
             freezer.set_frozen(False)
@@ -160,10 +160,9 @@ def _freezer(journal: Journal, delegate: str) -> Freezer | None:
     return Freezer.of_process(state.pid) if state.pid else None
 
 
-def _put_freezer_back(journal: Journal, delegate: str, done: list[str]) -> None:
+def _put_freezer_back(journal: Journal, freezer: Freezer | None, done: list[str]) -> None:
     """Frozen as the engine had it (docker pauses before a checkpoint), thawed otherwise (a dump
     cut short can leave the cgroup frozen)."""
-    freezer = _freezer(journal, delegate)
     if freezer is None:
         return
     try:

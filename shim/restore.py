@@ -151,6 +151,12 @@ class GpuRestore:
                                shim_pid=os.getpid(), global_argv=args.global_argv, image_dir=image_dir_of(verb),
                                gpu=True, processes=wanted)
 
+    def _ended(self) -> None:
+        """Nothing of the restore is left to finish: its journal goes, then its lock (the container runs, or was
+        stopped; a checkpoint of it may come while a foreground delegate still waits on it)."""
+        remove_journal(self.container_id)
+        self.lock.release()
+
     def _write_journal(self, phase: Phase, **changes: object) -> None:
         self.journal = self.journal.model_copy(update={"phase": phase, **changes})
         write_journal(self.journal)
@@ -165,7 +171,7 @@ class GpuRestore:
         return target
 
     def run(self) -> int:
-        with hugepages_always(self.config.cuda.host_hugepages == "always"), deferred_signals() as signals:
+        with hugepages_always(self.config.cuda.wants_hugepages), deferred_signals() as signals:
             return self._run(signals)
 
     def _run(self, signals: SignalFlag) -> int:
@@ -205,15 +211,13 @@ class GpuRestore:
             self._restore_gpu(driver, pairs, signals)
         except BaseException as error:  # whatever it was, the container must not stay with locked processes
             kill_container(self.delegate, self.args.global_argv, self.container_id)
-            remove_journal(self.container_id)
-            self.lock.release()
+            self._ended()
             if not self.detach:
                 delegate_run.finish()
             raise GpuCheckpointError(
                 f"restore of {self.container_id} failed: {one_line(error)}; the container was stopped"
             ) from None
-        remove_journal(self.container_id)
-        self.lock.release()  # the container runs: a checkpoint of it may come while the delegate waits on it
+        self._ended()
         if signals.signum is not None:
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived while the driver restored the "
                 "CUDA processes: the restore completed")
