@@ -15,8 +15,8 @@ TYPE_CHECKING = False  # typing costs start-up time on every container operation
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-# runc's global flags (main.go) that take a value; the others are booleans.
-GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless"})
+# runc's global flags (main.go) that take a value, and crun's two more; the others are booleans.
+GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level"})
 GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
 
 # Value-taking flags of the verbs the shim owns (runc checkpoint.go, restore.go).
@@ -191,6 +191,17 @@ def parse_verb_args(args: list[str], value_flags: frozenset[str]) -> VerbArgs:
             positionals.append(arg)
         i += 1
     return VerbArgs(flags=flags, positionals=positionals)
+
+
+def hidden_checkpoint_or_restore(args: RuntimeArgs) -> str | None:
+    """A command line with a global flag the shim does not know (crun also takes abbreviations: --roo)
+    that may be a checkpoint or restore: it would reach the delegate past the shim's checks. The line
+    refusing it, or None."""
+    if args.unknown_global is None or not {"checkpoint", "restore"} & set(args.argv):
+        return None
+    known = ", ".join(f"--{name}" for name in sorted(GLOBAL_VALUE_FLAGS | GLOBAL_BOOL_FLAGS) if len(name) > 1)
+    return (f"gpuckpt-runtime: global option {args.unknown_global[:64]!r} is not one it knows (allowed, in full: "
+            f"{known}): a checkpoint or restore is not passed to the delegate unchecked")
 
 
 def owned_verb_is_only_asked_about(args: RuntimeArgs) -> bool:

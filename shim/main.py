@@ -11,7 +11,13 @@ import sys
 
 from gpuckpt import __version__
 from gpuckpt.errors import GpuckptError
-from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, owned_verb_is_only_asked_about, parse_runtime_args
+from gpuckpt.shim.argv import (
+    RESTORE_VALUE_FLAGS,
+    RuntimeArgs,
+    hidden_checkpoint_or_restore,
+    owned_verb_is_only_asked_about,
+    parse_runtime_args,
+)
 from gpuckpt.shim.resolve import exec_delegate, resolve_runtime
 
 TYPE_CHECKING = False  # typing's own flag costs an import on the pass-through path
@@ -58,6 +64,9 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None) -> int:
     try:
         resolved = resolve_runtime()
         delegate = resolved.delegate
+        refused = hidden_checkpoint_or_restore(args)
+        if refused:
+            raise GpuckptError(refused)
         if args.wants_version and args.command is None and args.unknown_global is None:
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None and not owned_verb_is_only_asked_about(args):

@@ -4,6 +4,7 @@ from gpuckpt.shim.argv import (
     CHECKPOINT_VALUE_FLAGS,
     RESTORE_VALUE_FLAGS,
     for_delegate,
+    hidden_checkpoint_or_restore,
     owned_verb_is_only_asked_about,
     parse_runtime_args,
     parse_verb_args,
@@ -69,3 +70,13 @@ def test_crun_dialect_for_owned_verbs() -> None:
     assert for_delegate("/usr/sbin/runc", args, argv) == argv  # runc takes them as they are
     single = ["checkpoint", "-image-path", "/i", "c1"]
     assert for_delegate("crun", parse_runtime_args(single), single) == ["checkpoint", "--image-path", "/i", "c1"]
+
+
+def test_crun_globals_are_known_and_an_unknown_one_hides_no_checkpoint() -> None:
+    """crun takes --cgroup-manager and --log-level, and any abbreviation (--roo): the shim passed
+    `--cgroup-manager=systemd checkpoint ID` to crun as it came, without its checks."""
+    args = parse_runtime_args(["--cgroup-manager", "systemd", "--log-level=debug", "checkpoint", "c"])
+    assert args.command == "checkpoint" and args.unknown_global is None
+    refused = hidden_checkpoint_or_restore(parse_runtime_args(["--roo", "/run/x", "restore", "c"]))
+    assert refused is not None and "'--roo'" in refused and "--cgroup-manager" in refused
+    assert hidden_checkpoint_or_restore(parse_runtime_args(["--roo", "/run/x", "state", "c"])) is None

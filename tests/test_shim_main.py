@@ -115,3 +115,10 @@ def test_an_owned_verbs_help_is_the_delegates_without_the_verbs_machinery(node, 
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "import time:" in line]
     assert "gpuckpt.shim.argv" in imported  # the table is the shim's (-X importtime)
     assert not {"gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete"} & set(imported)
+
+
+def test_a_checkpoint_behind_a_global_option_the_shim_does_not_know_is_refused(node, recording_runtime) -> None:
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    result = run_shim(["--cgroup-m=systemd", "checkpoint", "--image-path", "/i", "c1"])
+    assert result.returncode != 0 and "'--cgroup-m=systemd' is not one it knows" in result.stderr
+    assert not (recording_runtime.parent / "argv").exists()
