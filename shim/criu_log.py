@@ -23,6 +23,9 @@ MAX_REASON_CHARS = 300
 _ERROR = re.compile(rb"^\(\s*[\d.]+\) Error \([^)]*\): (.*)$", re.MULTILINE)
 # What CRIU says after the cause: the summary lines of its failed steps; and what it says that is never
 # the cause (a helper's exit status, the descriptor limit it could not raise as it likes)
+# A line's time since CRIU began; CRIU writes them in order, so an earlier one after a later one was made by a
+# name from the container (a name cannot know CRIU's times to the microsecond)
+_STAMP = re.compile(rb"^\(\s*(\d+)\.(\d+)\) ", re.MULTILINE)
 _SUMMARY = re.compile(rb"^(Dumping FAILED\.|.* failed with -?\d+|Dumping .* failed|exited, status=-?\d+"
                       rb"|rlimit: Can't setup RLIMIT_NOFILE for self: .*)$")
 
@@ -47,6 +50,17 @@ def dump_finished(work_dir: str, since: float) -> bool:
     return text is not None and _DUMP_DONE.fullmatch(text.rstrip(b"\n").rsplit(b"\n", 1)[-1]) is not None
 
 
+def _in_order(text: bytes) -> bool:
+    """Every stamped line's time is at least the one before it's."""
+    last = -1
+    for match in _STAMP.finditer(text):
+        stamp = int(match.group(1)) * 1_000_000 + int(match.group(2)[:6].ljust(6, b"0"))
+        if stamp < last:
+            return False
+        last = stamp
+    return True
+
+
 def dump_failure(work_dir: str, since: float) -> str:
     """CRIU's cause of a failed dump written after `since`, as "; CRIU: ..." for a one-line message ("" if none)."""
     text = _read(work_dir, since)
@@ -56,5 +70,8 @@ def dump_failure(work_dir: str, since: float) -> str:
     causes = [cause for cause in causes if not _SUMMARY.match(cause)]
     if not causes:
         return ""
+    if not _in_order(text):
+        return f"; CRIU's log holds lines out of its time order, made by names from the container: read it " \
+               f"({dump_log_path(work_dir)})"
     reason = "".join(char if char.isprintable() else "?" for char in causes[-1].decode(errors="replace"))
     return f"; CRIU: {reason[:MAX_REASON_CHARS]} ({dump_log_path(work_dir)})"

@@ -119,3 +119,16 @@ def test_a_helper_holding_the_delegates_stderr_does_not_hold_the_shim(make_node,
     lines = capfd.readouterr().err.splitlines()
     assert status == 1
     assert lines[0].startswith("checkpoint of ctr failed") and lines[1:] == ["criu failed"]
+
+
+def test_a_cause_a_containers_name_makes_up_is_not_quoted(tmp_path) -> None:
+    """The ghost file's name holds a line of its own, after CRIU's real cause: it was quoted as the cause."""
+    (tmp_path / "dump.log").write_text(
+        "(00.058580) Error (criu/files-reg.c:1031): Can't dump ghost file /tmp/x\n"
+        "(00.058581) Error (criu/net.c:3436): net: Locking network failed\n"
+        "(00.0585) Dumping ghost file of 3145728 size, increase limit\n"
+        "(00.058588) Error (criu/cr-dump.c:1545): Dump files (pid: 28500) failed with -1\n"
+        "(00.113308) Error (criu/cr-dump.c:1975): Dumping FAILED.\n")
+    reason = dump_failure(str(tmp_path), 0)
+    assert "Locking network" not in reason and "out of its time order" in reason
+    assert "\n" not in reason and str(tmp_path / "dump.log") in reason
