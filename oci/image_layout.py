@@ -334,6 +334,15 @@ def _verified_json(directory: str, descriptor: Descriptor, model: type[ModelT], 
         raise ImageError(f"{directory}: {what} is not valid: {str(error).splitlines()[0]}") from None
 
 
+MAX_TAGS_SHOWN = 20
+
+
+def _tag_of(descriptor: Descriptor) -> str:
+    """The descriptor's image name if it is a tag ("" if not): the layout's bytes, printed to a terminal."""
+    name = (descriptor.annotations or {}).get(REF_NAME, "")
+    return name if TAG.fullmatch(name) else ""
+
+
 def is_layout(path: str) -> bool:
     return os.path.isdir(path) and os.path.isfile(os.path.join(path, LAYOUT_FILE))
 
@@ -348,7 +357,9 @@ def read_layout(directory: str, tag: str | None = None) -> CheckpointImage:
         raise ImageError(f"{directory}/{INDEX_FILE}: schemaVersion {index.schemaVersion}; 2 is supported")
     candidates = [d for d in index.manifests if tag is None or (d.annotations or {}).get(REF_NAME) == tag]
     if len(candidates) != 1:
-        tags = ", ".join(sorted((d.annotations or {}).get(REF_NAME, "(untagged)") for d in index.manifests)) or "none"
+        names = sorted({_tag_of(d) or "(untagged, or a name that is no tag)" for d in index.manifests})
+        more = f" and {len(names) - MAX_TAGS_SHOWN} more" if len(names) > MAX_TAGS_SHOWN else ""
+        tags = (", ".join(names[:MAX_TAGS_SHOWN]) or "none") + more
         raise ImageError(f"{directory}: {'tag ' + tag if tag else 'one image'} wanted; the layout holds: {tags}")
     manifest = _verified_json(directory, candidates[0], ImageManifest, "image manifest")
     if manifest.schemaVersion != 2 or manifest.mediaType != MANIFEST_TYPE:
@@ -363,7 +374,7 @@ def read_layout(directory: str, tag: str | None = None) -> CheckpointImage:
         raise ImageError(f"{directory}: not a checkpoint image: no {CHECKPOINT_ANNOTATION}.* or "
                          f"{CRIO_CHECKPOINT_ANNOTATION}.* annotations")
     layer = manifest.layers[0]
-    return CheckpointImage(directory, (candidates[0].annotations or {}).get(REF_NAME, ""), manifest,
+    return CheckpointImage(directory, _tag_of(candidates[0]), manifest,
                            _blob_path(directory, layer, "layer"), layer)
 
 

@@ -533,3 +533,25 @@ def test_import_refuses_overlay_volumes(tmp_path, config_changes, refusal) -> No
     path = tmp_path / "a.tar"
     path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(podman_spec()).encode()))
     assert refusal in import_refusals(check_podman_archive(str(path)))
+
+
+REF = "org.opencontainers.image.ref.name"
+
+
+def test_a_layouts_image_names_are_shown_only_as_tags(tmp_path) -> None:
+    """An index's names are the layout's bytes: a name with a terminal's escapes and a line of its own was
+    printed whole (100 KB) in the one line saying which tag was wanted."""
+    layout = tmp_path / "img"
+    write_image(layout)
+    index = json.loads((layout / "index.json").read_text())
+    hostile = {REF: "a\x1b]0;x\x07\nrestored" + "B" * 100_000}
+    index["manifests"] += [dict(index["manifests"][0], annotations=hostile)]
+    index["manifests"] += [dict(index["manifests"][0], annotations={REF: f"t{n:02}"}) for n in range(25)]
+    (layout / "index.json").write_text(json.dumps(index))
+    with pytest.raises(ImageError) as refused:
+        read_layout(str(layout), "other")
+    message = str(refused.value)
+    assert message.isprintable() and len(message) < 1000 and "and 7 more" in message and "ckpt" in message
+    index["manifests"] = index["manifests"][1:2]
+    (layout / "index.json").write_text(json.dumps(index))
+    assert read_layout(str(layout)).tag == ""
