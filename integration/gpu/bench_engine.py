@@ -8,20 +8,50 @@
    `always` (host memory policy; the node's setting is put back after).
 Each restored workload must verify its device data. Writes OUT/engine.json.
 Usage (root, repository root): python3 integration/gpu/bench_engine.py OUT_DIR [GIB]
+
+`peer` mode: the shim against the peer users would pick instead, runc + CRIU with its CUDA
+plugin (criu_peer.py), same run: one CUDA process (3 rounds, the order alternating, each round
+two fresh containers) and four processes in one container (once each); checkpoint and restore
+to /dev/shm, each restored workload verified. Writes OUT/engine-peer.json; exits non-zero, with
+what it had and CRIU's log tails, when a step fails. Needs a pack made with GPUCKPT_CARRY_PEER=1.
+Usage: python3 integration/gpu/bench_engine.py OUT_DIR peer [GIB [always|leave]]
+(GIB of device data per process, default 2; the shim's cuda.host_hugepages, default always,
+the shim's own default)
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from harness import RUNTIME_ROOT, SITE, Bundle, assert_continues, install, log, manifest, wait_counters  # noqa: E402
+import harness  # noqa: E402
+from criu_peer import (  # noqa: E402
+    PeerContainer,
+    assert_no_plugin,
+    gpu_total_bytes,
+    log_tails,
+    plugin_phases,
+    preflight,
+)
+from harness import (  # noqa: E402
+    RUNTIME_ROOT,
+    SITE,
+    Bundle,
+    assert_continues,
+    image_bytes,
+    install,
+    log,
+    manifest,
+    wait_counters,
+)
 
 # gpuckpt is importable on the GPU machine only from harness.install()'s SITE, with its wheels
 sys.path.insert(0, str(SITE))
@@ -110,8 +140,210 @@ def rounded(values: dict) -> dict:
     return {key: round(value, 3) if isinstance(value, float) else value for key, value in values.items()}
 
 
+PEER_ROUNDS = 3
+PEER_BUDGET_S = 300  # the whole peer mode, install included, on an H100
+PEER_IMAGES = {"peer": Path("/dev/shm/gpuckpt-bench-peer"), "shim": Path("/dev/shm/gpuckpt-bench-shim")}
+PEER_GOALS = {"one_proc_checkpoint_over_peer": ("<=", 1.0), "one_proc_restore_over_peer": ("<=", 1.0),
+              "four_proc_peer_over_shim_total": (">=", 1.3)}
+
+
+def restore_phases(messages: str) -> dict[str, float]:
+    """The shim's 'restored N CUDA process(es): check_s 0.041, delegate_restore_s 9.768, ...' line."""
+    lines = [line for line in messages.splitlines() if "CUDA process(es):" in line]
+    return {name: float(value) for name, value in re.findall(r"(\w+_s) ([\d.]+)", lines[-1])} if lines else {}
+
+
+def shim_cycle(bundle: Bundle, procs: int, images: Path) -> dict:
+    """Checkpoint and restore through the shim (it handles the GPU; CRIU loads no plugin)."""
+    before = wait_counters(bundle, procs, 3, timeout_s=300)
+    checkpoint_s, _ = bundle.checkpoint(images)
+    info = manifest(images)
+    plugin_checked = assert_no_plugin(images)
+    dumped = image_bytes(images)
+    restore_s = bundle.restore(images)
+    assert_continues(bundle, before)
+    shutil.rmtree(images, ignore_errors=True)
+    phases = {f"checkpoint.{k}": v for k, v in info["timings"].items() if isinstance(v, float)}
+    phases |= {f"restore.{k}": v for k, v in restore_phases(bundle.last_messages).items()}
+    return {"checkpoint_s": round(checkpoint_s, 3), "restore_s": round(restore_s, 3), "phases": rounded(phases),
+            "device_bytes": [p["checkpointed_bytes"] for p in info["processes"]], "image_bytes": dumped,
+            "no_plugin_in_dump_log": plugin_checked}
+
+
+def peer_cycle(peer: PeerContainer, procs: int, images: Path) -> dict:
+    """Checkpoint and restore by runc alone, CRIU's CUDA plugin moving the GPU state."""
+    before = wait_counters(peer.bundle, procs, 3, timeout_s=300)
+    checkpoint_s = peer.checkpoint(images)
+    dumped = image_bytes(images)
+    restore_s = peer.restore(images)
+    assert_continues(peer.bundle, before)
+    phases = plugin_phases(images)
+    shutil.rmtree(images, ignore_errors=True)
+    return {"checkpoint_s": round(checkpoint_s, 3), "restore_s": round(restore_s, 3),
+            "phases_from_criu_log": phases, "image_bytes": dumped}
+
+
+def tmpfs_write_gbps(size: int = 2 << 30) -> float:
+    """/dev/shm's write rate into fresh pages, as CRIU writes its images there (the dump's floor)."""
+    path, block = Path("/dev/shm/gpuckpt-bench-floor"), b"\1" * (16 << 20)
+    started = time.monotonic()
+    with open(path, "wb") as sink:
+        for _ in range(size // len(block)):
+            sink.write(block)
+    elapsed = time.monotonic() - started
+    path.unlink()
+    return round(size / elapsed / 1e9, 2)
+
+
+def phase_medians(cycles: list[dict], key: str) -> dict[str, float]:
+    names = sorted({name for cycle in cycles for name in cycle[key]})
+    return {name: round(statistics.median(c[key][name] for c in cycles if name in c[key]), 3) for name in names}
+
+
+class PeerBench:
+    """The peer mode's run: its result (saved after every step), the containers still alive."""
+
+    def __init__(self, out: Path, gib: str, result: dict) -> None:
+        self.out, self.gib, self.result = out, gib, result
+        self.started = time.monotonic()
+        self.live: list[Bundle | PeerContainer] = []
+
+    def save(self) -> None:
+        self.result["elapsed_s"] = round(time.monotonic() - self.started, 1)
+        (self.out / "engine-peer.json").write_text(json.dumps(self.result, indent=2))
+
+    def start(self, *containers: Bundle | PeerContainer) -> None:
+        for container in containers:
+            self.live.append(container)
+            container.start()
+
+    def retire(self, *containers: Bundle | PeerContainer) -> None:
+        for container in containers:
+            container.destroy()
+            self.live.remove(container)
+
+    def one_process(self) -> None:
+        """Rounds of a fresh peer and a fresh shim container, started together, measured in turn."""
+        rounds: list[dict] = []
+        one: dict = {"rounds": rounds}
+        self.result["one_proc"] = one
+        for index in range(PEER_ROUNDS):
+            peer = PeerContainer(f"peer1-{index}", COUNTER, {"GIB": self.gib})
+            shim = Bundle(f"shim1-{index}", COUNTER, {"GIB": self.gib})
+            self.start(peer, shim)
+            order = ("peer", "shim") if index % 2 == 0 else ("shim", "peer")
+            record: dict = {"order": list(order), "node_thp": THP.read_text().strip()}
+            rounds.append(record)  # saved as it fills: a failure keeps the half round
+            for column in order:
+                record[column] = (peer_cycle(peer, 1, PEER_IMAGES["peer"]) if column == "peer"
+                                  else shim_cycle(shim, 1, PEER_IMAGES["shim"]))
+                log(f"one process, round {index + 1}, {column}: {record[column]}")
+                self.save()
+            self.retire(peer, shim)
+        for verb in ("checkpoint", "restore"):
+            for column in ("peer", "shim"):
+                one[f"{column}_{verb}_s"] = [r[column][f"{verb}_s"] for r in rounds]
+                one[f"{column}_{verb}_median_s"] = round(statistics.median(one[f"{column}_{verb}_s"]), 3)
+            self.result[f"one_proc_{verb}_over_peer"] = round(
+                one[f"shim_{verb}_median_s"] / one[f"peer_{verb}_median_s"], 3)
+        self.result["floor"] |= {
+            "one_proc_device_bytes": max(b for r in rounds for b in r["shim"]["device_bytes"]),
+            "one_proc_shim_phases": phase_medians([r["shim"] for r in rounds], "phases"),
+            "one_proc_peer_phases_from_criu_log": phase_medians([r["peer"] for r in rounds], "phases_from_criu_log"),
+        }
+        self.save()
+
+    def four_processes(self) -> None:
+        """One container of four CUDA processes per column, once each; both started at once where
+        eight such processes fit the GPU with room to spare."""
+        together = 8 * (self.result["floor"]["one_proc_device_bytes"] + (1 << 30)) < 0.9 * gpu_total_bytes()
+        four: dict = {"started_together": together, "node_thp": THP.read_text().strip()}
+        self.result["four_proc"] = four
+        peer = PeerContainer("peer4", COUNTER, {"GIB": self.gib, "PROCS": "4"})
+        shim = Bundle("shim4", COUNTER, {"GIB": self.gib, "PROCS": "4"})
+        self.start(*((peer, shim) if together else (peer,)))
+        four["peer"] = peer_cycle(peer, 4, PEER_IMAGES["peer"])
+        log(f"four processes, peer: {four['peer']}")
+        self.save()
+        self.retire(peer)
+        if not together:
+            self.start(shim)
+        four["shim"] = shim_cycle(shim, 4, PEER_IMAGES["shim"])
+        log(f"four processes, shim: {four['shim']}")
+        self.retire(shim)
+        totals = {column: four[column]["checkpoint_s"] + four[column]["restore_s"] for column in ("peer", "shim")}
+        four |= {f"{column}_total_s": round(total, 3) for column, total in totals.items()}
+        self.result["four_proc_peer_over_shim_total"] = round(totals["peer"] / totals["shim"], 3)
+        self.result["floor"] |= {"four_proc_shim_phases": four["shim"]["phases"],
+                                 "four_proc_peer_phases_from_criu_log": four["peer"]["phases_from_criu_log"]}
+
+    def keep_failure(self, error: Exception) -> None:
+        """What it had, the error, CRIU's log tails (and the logs themselves, runc's too) into OUT."""
+        self.result["error"] = f"{type(error).__name__}: {error}"[-4000:]
+        self.result["criu_log_tails"] = {column: log_tails(images) for column, images in PEER_IMAGES.items()}
+        for column, images in PEER_IMAGES.items():
+            for criu_log in images.glob("*.log") if images.is_dir() else []:
+                shutil.copy(criu_log, self.out / f"peer-mode-{column}-{criu_log.name}")
+        for container in self.live:
+            runtime_log = container.runc_log if isinstance(container, PeerContainer) else container.dir / "runtime.log"
+            if runtime_log.exists():
+                shutil.copy(runtime_log, self.out / f"peer-mode-{runtime_log.parent.name}-{runtime_log.name}")
+        self.save()
+
+    def clean(self) -> None:
+        for container in list(self.live):
+            self.retire(container)
+        for images in PEER_IMAGES.values():
+            shutil.rmtree(images, ignore_errors=True)
+
+
+def peer_main(out: Path, gib: str, hugepages: str) -> int:
+    harness.OUT = out  # the shim's failed steps copy CRIU's logs there
+    bench = PeerBench(out, gib, {"mode": "peer", "gib": float(gib), "shim_host_hugepages": hugepages,
+                                 "goals": {name: f"{op} {bound}" for name, (op, bound) in PEER_GOALS.items()},
+                                 "budget_s": PEER_BUDGET_S})
+    out.mkdir(parents=True, exist_ok=True)
+    bench.clean()  # a warm machine may keep an earlier run's images
+    facts = install()
+    bench.result |= {"machine": facts["nvidia_smi"], "facts": facts,
+                     "image_dirs": {column: str(images) for column, images in PEER_IMAGES.items()},
+                     "containers": "each one-process round starts a fresh peer and a fresh shim container "
+                                   "together: the other column's container idles, alive, while one is measured"}
+    config = Path("/etc/gpuckpt/config.toml")
+    plain_config = config.read_text()
+    config.write_text(plain_config + f'[cuda]\nhost_hugepages = "{hugepages}"\n')
+    try:
+        bench.result["peer_facts"] = preflight(facts["criu"])
+        bench.result["floor"] = {"tmpfs_write_gbps": tmpfs_write_gbps()}
+        bench.save()
+        log(f"--- peer mode: {json.dumps(bench.result['peer_facts'])}; "
+            f"tmpfs {bench.result['floor']['tmpfs_write_gbps']} GB/s")
+        bench.one_process()
+        bench.four_processes()
+        bench.result["goals_met"] = {name: bench.result[name] <= bound if op == "<=" else bench.result[name] >= bound
+                                     for name, (op, bound) in PEER_GOALS.items()}
+    except Exception as error:
+        bench.keep_failure(error)
+        log(f"peer mode FAILED: {bench.result['error'][-1500:]}")
+        return 1
+    finally:
+        bench.clean()
+        config.write_text(plain_config)
+    bench.save()
+    if bench.result["elapsed_s"] > PEER_BUDGET_S:
+        log(f"peer mode took {bench.result['elapsed_s']} s, over its budget of {PEER_BUDGET_S} s")
+    print(json.dumps({k: v for k, v in bench.result.items() if not isinstance(v, dict)}, indent=1))
+    print(json.dumps(bench.result["goals_met"]))
+    return 0
+
+
 def main() -> int:
     out = Path(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[2] == "peer":
+        hugepages = sys.argv[4] if len(sys.argv) > 4 else "always"
+        if hugepages not in ("always", "leave"):
+            raise SystemExit(f"bench_engine.py: cuda.host_hugepages {hugepages!r}: always or leave")
+        return peer_main(out, sys.argv[3] if len(sys.argv) > 3 else "2", hugepages)
     gib = sys.argv[2] if len(sys.argv) > 2 else "16"
     facts = install()
     config = Path("/etc/gpuckpt/config.toml")

@@ -15,7 +15,7 @@ bash integration/testbed/bundle-criu.sh .carry
 [ "$engine" = none ] || bash "integration/testbed/bundle-$engine.sh" .carry
 /opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
-    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc \
+    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc safetensors \
     $([ "$engine" = containerd ] && echo grpcio grpcio-tools)
 # python-systemd (gpuckptd) has no wheel on PyPI: built here for Python 3.12 (pyenv's, against
 # Debian's libsystemd-dev; the machine has libsystemd.so.0)
@@ -27,6 +27,19 @@ else
 fi
 # CRIU's message definitions for the shim's image checks (pure Python, from Debian's python3-pycriu)
 cp -r /opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu .carry/pycriu
+# GPUCKPT_CARRY_PEER=1: the peer of bench_engine.py's `peer` mode, CRIU's CUDA plugin (built for the
+# carried CRIU) and NVIDIA's cuda-checkpoint, which its licence lets us use but not ship: taken from a
+# fetched github:NVIDIA/cuda-checkpoint into the pack for the run only, never into the tree or a package.
+if [ "${GPUCKPT_CARRY_PEER:-0}" = 1 ]; then
+    plugin=${GPUCKPT_CUDA_PLUGIN_DIR:-/var/cache/gpuckpt-testbed/criu-cuda-plugin/out}
+    [ -f "$plugin/cuda_plugin.so" ] || bash integration/testbed/build-criu-cuda-plugin.sh "$plugin"
+    mkdir -p .carry/criu-plugins
+    cp "$plugin/cuda_plugin.so" "$plugin/BUILT-FOR" .carry/criu-plugins/
+    nvgit=${GPUCKPT_CUDA_CHECKPOINT_GIT:-/work/.mirror/NVIDIA+cuda-checkpoint/repo}
+    git --git-dir="$nvgit" show HEAD:bin/x86_64_Linux/cuda-checkpoint >.carry/bin/cuda-checkpoint ||
+        { echo "pack-carry.sh: no cuda-checkpoint in $nvgit (fetch github:NVIDIA/cuda-checkpoint)" >&2; exit 1; }
+    chmod 0755 .carry/bin/cuda-checkpoint
+fi
 tar -C .carry -cf - . | xz -T0 -6 >.carry.tar.xz
 size=$(stat -c %s .carry.tar.xz)
 echo "pack-carry.sh: .carry.tar.xz $((size >> 20)) MiB"

@@ -1,0 +1,253 @@
+"""Restore-to-ready vs cold start of an inference server in a podman container (issue 15, item 3).
+
+The server (infer_server.py: 2 GiB of bf16 weights from a safetensors file on local disk, its
+forward pass captured in a CUDA graph and warmed up) answers a fixed request over HTTP on the
+container's own loopback; the benchmark asks from the host through the container's network
+namespace. Same run, through podman and gpuckpt-runtime:
+  cold     `podman run` -> first correct answer
+  restore  `podman container restore` of a checkpoint of the warm server -> first correct answer
+  import   `gpuckpt import` of an archive (`gpuckpt export`) into a clean podman storage root
+           (a graph root of its own, the page cache dropped) -> first correct answer
+A correct answer: the output's digest is the cold server's (same GPU, same graph: the same
+bytes), and its sum is within 1% of the eager forward pass's (computed when the model was
+generated; the captured graph may pick other kernels). Writes OUT/cold_vs_restore.json.
+Usage (root, repository root, on the GPU machine): python3 integration/gpu/cold_vs_restore.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import harness  # noqa: E402
+from harness import CLI, SITE, TORCH_PYTHON, WORK, gpu_run_args, install, log, sh  # noqa: E402
+
+PORT = 8080
+MODEL_DIR = Path("/var/tmp/gpuckpt-infer-model")  # local disk, not tmpfs: the cold start reads it from there
+CLEAN_ROOT = Path("/var/lib/gpuckpt-clean-storage")
+CLEAN_RUNROOT = Path("/run/gpuckpt-clean-storage")
+SERVER = ["python3", "/work/infer_server.py"]
+
+
+def ask(pid: int, timeout_s: float = 300) -> dict:
+    """The server's first answer, asked from a thread that joined the container's network namespace."""
+    reply: dict = {}
+
+    def in_namespace() -> None:
+        with open(f"/proc/{pid}/ns/net") as namespace:
+            os.setns(namespace.fileno(), os.CLONE_NEWNET)  # this thread only
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                connection = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
+                connection.request("GET", "/infer")
+                response = connection.getresponse()
+                reply.update(json.loads(response.read()), status=response.status)
+                connection.close()
+                return
+            except OSError:
+                time.sleep(0.02)
+
+    thread = threading.Thread(target=in_namespace)
+    thread.start()
+    thread.join()
+    if not reply:
+        raise AssertionError(f"no answer from the server (pid {pid}) within {timeout_s} s")
+    return reply
+
+
+def near_eager(reply: dict, eager: dict) -> None:
+    assert reply.get("status") == 200, reply
+    assert eager["abs_sum"] > 1.0, f"the model's output is all but zero: {eager}"
+    assert abs(reply["sum"] - eager["sum"]) <= 0.01 * eager["abs_sum"], (reply, eager)
+
+
+def correct(reply: dict, reference: dict, eager: dict) -> None:
+    near_eager(reply, eager)
+    assert reply["sha256"] == reference["sha256"], (reply, reference)
+
+
+def container_pid(podman: harness.Podman, name: str) -> int:
+    return int(podman.cli("inspect", "--format", "{{.State.Pid}}", name).stdout.strip())
+
+
+def restore_phases(container_id: str) -> str:
+    """The shim's 'restored N CUDA process(es): ...' line, from the runtime log podman keeps for the container."""
+    found = ""
+    for root in ("/var/lib/containers/storage", "/run/containers/storage", str(CLEAN_ROOT), str(CLEAN_RUNROOT)):
+        userdata = Path(root) / "overlay-containers" / container_id / "userdata"
+        for path in userdata.glob("*") if userdata.is_dir() else []:
+            if path.is_file() and path.stat().st_size < 1 << 20:
+                found = next((line for line in path.read_text(errors="replace").splitlines()
+                              if "CUDA process(es):" in line and "restored" in line), found)
+    return found[-400:]
+
+
+def checkpoint_timings(container_id: str) -> dict:
+    path = Path("/var/lib/containers/storage/overlay-containers") / container_id / "userdata" / "checkpoint" / \
+        "gpuckpt-manifest.json"
+    return json.loads(path.read_text()).get("timings", {}) if path.exists() else {}
+
+
+def clean_podman(podman: harness.Podman) -> dict[str, str]:
+    """An environment whose `podman` (what gpuckpt import runs) uses a storage root of its own."""
+    wrappers = WORK / "clean-podman-bin"
+    wrappers.mkdir(parents=True, exist_ok=True)
+    (wrappers / "podman").write_text(f'#!/bin/sh\nexec {podman.podman} --root {CLEAN_ROOT} '
+                                     f'--runroot {CLEAN_RUNROOT} "$@"\n')
+    os.chmod(wrappers / "podman", 0o755)
+    return dict(podman.env, PATH=f"{wrappers}:{podman.env['PATH']}")
+
+
+def disk_floor(directory: Path, gib: int = 2) -> dict:
+    """Sequential write (flushed) and cold read of `gib` GiB where podman keeps checkpoints: the disk's floor."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / "gpuckpt-disk-probe"
+    block = os.urandom(1 << 20) * 16
+    try:
+        started = time.monotonic()
+        with open(probe, "wb") as sink:
+            for _ in range(gib * 64):
+                sink.write(block)
+            os.fsync(sink.fileno())
+        write_s = time.monotonic() - started
+        drop_caches()
+        started = time.monotonic()
+        with open(probe, "rb", buffering=0) as source:
+            while source.read(16 << 20):
+                pass
+        read_s = time.monotonic() - started
+    finally:
+        probe.unlink(missing_ok=True)
+    return {"where": str(directory), "write_gb_s": round(gib * 2**30 / write_s / 1e9, 2),
+            "cold_read_gb_s": round(gib * 2**30 / read_s / 1e9, 2)}
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def import_path(podman: harness.Podman, name: str, archive: Path, reference: dict, eager: dict,
+                result: dict) -> None:
+    """Export the running server, remove it, import the archive into a clean storage root (holding only the
+    image, loaded with its ID as a registry pull would give it) with the page cache dropped."""
+    started = time.monotonic()
+    exported = sh(CLI, "export", name, "-o", str(archive), env=podman.env)
+    export_s = time.monotonic() - started
+    podman.cli("rm", "-f", name)
+    clean_env = clean_podman(podman)
+    clean = WORK / "clean-podman-bin" / "podman"
+    shutil.rmtree(CLEAN_ROOT, ignore_errors=True)
+    image_tar = WORK / "infer-image.tar"
+    image_tar.unlink(missing_ok=True)
+    podman.cli("save", "-o", str(image_tar), podman.IMAGE)
+    sh(str(clean), "load", "-i", str(image_tar), env=clean_env)
+    drop_caches()
+    started = time.monotonic()
+    # --trust-config: the container binds host directories, which an archive may not ask for unless the
+    # operator says so
+    imported = sh(CLI, "import", "--trust-config", str(archive), env=clean_env)
+    import_returned_s = time.monotonic() - started
+    pid = int(sh(str(clean), "inspect", "--format", "{{.State.Pid}}", name, env=clean_env).stdout.strip())
+    correct(ask(pid), reference, eager)
+    import_s = time.monotonic() - started
+    container_id = sh(str(clean), "inspect", "--format", "{{.Id}}", name, env=clean_env).stdout.strip()
+    result["import"] = {"s": round(import_s, 3), "gpuckpt_import_returned_s": round(import_returned_s, 3),
+                        "export_s": round(export_s, 3), "archive_bytes": archive.stat().st_size,
+                        "export_output": exported.stdout.strip()[-300:],
+                        "import_output": imported.stdout.strip()[-300:],
+                        "restore_phases": restore_phases(container_id)}
+    log(f"import to first answer {import_s:.2f} s: {result['import']}")
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    harness.OUT = out
+    facts = install()
+    result: dict = {"machine": facts["nvidia_smi"], "facts": facts, "goal_restore_over_cold": 0.2,
+                    "disk_floor": disk_floor(Path("/var/lib/containers"))}
+
+    def save() -> None:
+        (out / "cold_vs_restore.json").write_text(json.dumps(result, indent=2))
+
+    podman = harness.Podman()
+    name = f"infer-{os.getpid()}"
+    archive = Path("/var/tmp") / f"{name}.tar.zst"
+    site = WORK / "infer-site"  # safetensors only, for the server's interpreter (the host's torch venv)
+    state = harness.StateDir(name, WORK / f"{name}-state")
+    MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(site, ignore_errors=True)
+    shutil.copytree(SITE / "safetensors", site / "safetensors")
+    model = MODEL_DIR / "model.safetensors"
+    mark = time.monotonic()
+    sh(TORCH_PYTHON, str(harness.GPU_DIR / "infer_server.py"), "--generate", str(model),
+       env=dict(os.environ, PYTHONPATH=str(site)))
+    generated = json.loads(Path(f"{model}.json").read_text())
+    result["model"] = {"bytes": generated["bytes"], "layers": generated["layers"], "dtype": "bfloat16",
+                       "generate_s": round(time.monotonic() - mark, 3), "path": str(model)}
+    eager = generated["eager"]
+    run_args = ["--mount", f"type=bind,source={MODEL_DIR},target=/models,readonly",
+                "--mount", f"type=bind,source={site},target=/site,readonly",
+                *gpu_run_args(SERVER, {"PYTHONPATH": "/site", "PORT": str(PORT)}, state.directory, podman.IMAGE)]
+    try:
+        podman.import_rootfs()
+        # cold: the model file is in the page cache (just written), the cold start's best case
+        started = time.monotonic()
+        podman.cli("run", "-d", "--name", name, *podman.RUN_FLAGS, *run_args)
+        run_returned_s = time.monotonic() - started
+        reference = ask(container_pid(podman, name))
+        cold_s = time.monotonic() - started
+        near_eager(reference, eager)
+        server_phases = json.loads(podman.cli("logs", name).stdout.strip().splitlines()[0])
+        result["cold"] = {"s": round(cold_s, 3), "podman_run_returned_s": round(run_returned_s, 3),
+                          "server_phases": server_phases, "answer": reference}
+        save()
+        log(f"cold start to first answer {cold_s:.2f} s: {server_phases}")
+        container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+
+        started = time.monotonic()
+        podman.cli("container", "checkpoint", name)
+        checkpoint_s = time.monotonic() - started
+        started = time.monotonic()
+        podman.cli("container", "restore", name)
+        restore_returned_s = time.monotonic() - started
+        correct(ask(container_pid(podman, name)), reference, eager)
+        restore_s = time.monotonic() - started
+        result["restore"] = {"s": round(restore_s, 3), "podman_restore_returned_s": round(restore_returned_s, 3),
+                             "checkpoint_s": round(checkpoint_s, 3),
+                             "checkpoint_phases": checkpoint_timings(container_id),
+                             "restore_phases": restore_phases(container_id)}
+        save()
+        log(f"checkpoint {checkpoint_s:.2f} s; restore to first answer {restore_s:.2f} s: {result['restore']}")
+
+        try:
+            import_path(podman, name, archive, reference, eager, result)
+        except Exception as error:  # the cold and restore figures stand; say why this one is missing
+            result["import"] = {"error": f"{type(error).__name__}: {error}"[-2000:]}
+        paths = {path: result[path]["s"] for path in ("restore", "import") if "s" in result[path]}
+        result["restore_over_cold"] = round(min(paths.values()) / cold_s, 3)
+        result["restore_over_cold_by_path"] = {path: round(seconds / cold_s, 3) for path, seconds in paths.items()}
+        save()
+        log(f"restore_over_cold {result['restore_over_cold']} (goal <= 0.2): {result['restore_over_cold_by_path']}")
+        if "error" in result["import"]:
+            raise AssertionError(f"import path failed: {result['import']['error']}")
+        return 0
+    finally:
+        save()
+        podman.cli("rm", "-f", name, check=False)
+        clean = WORK / "clean-podman-bin" / "podman"
+        if clean.exists():
+            sh(str(clean), "rm", "-f", name, check=False, env=clean_podman(podman))
+        archive.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
