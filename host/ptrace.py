@@ -1,4 +1,4 @@
-"""System calls run inside another process through ptrace: the one ctypes binding of libc.
+"""System calls run inside another process through ptrace (libc's, host/libc.py).
 
 The caller stops one thread of the target (PTRACE_SEIZE + PTRACE_INTERRUPT), saves its
 registers, points it at a `syscall` instruction the target already has mapped (its vDSO or
@@ -11,7 +11,6 @@ gdb and CRIU's parasite rely on. x86_64 only.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 import platform
@@ -21,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from gpuckpt.errors import GpuckptError
+from gpuckpt.host import libc
 from gpuckpt.host.procfs import start_time
 
 PTRACE_SINGLESTEP, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH = 9, 12, 13, 17
@@ -45,19 +45,8 @@ class UserRegs(ctypes.Structure):
         "orig_rax", "rip", "cs", "eflags", "rsp", "ss", "fs_base", "gs_base", "ds", "es", "fs", "gs")]
 
 
-_libc = None
-
-
 def _ptrace(request: int, pid: int, address: int = 0, data: int | ctypes.c_void_p | None = 0) -> int:
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.ptrace.restype = ctypes.c_long
-        _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-    result = _libc.ptrace(request, pid, ctypes.c_void_p(address), data)
-    if result == -1 and (code := ctypes.get_errno()):
-        raise OSError(code, os.strerror(code))
-    return result
+    return libc.ptrace(request, pid, address, data)
 
 
 def _wait_stop(pid: int) -> tuple[int, int]:

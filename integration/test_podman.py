@@ -115,6 +115,44 @@ def test_keep_keeps_the_checkpoint_files(container) -> None:
     assert_continues(before, container.state)
 
 
+LOOPBACK_SERVER_SOURCE = (
+    "import socket\n"
+    "server = socket.socket(); server.bind(('127.0.0.1', 8080)); server.listen()\n"
+    "count = 0\n"
+    "while True:\n"
+    "    peer, _ = server.accept(); count += 1; peer.sendall(b'answer %d' % count); peer.close()\n"
+)
+ASK_LOOPBACK_SOURCE = (
+    "import socket\n"
+    "try:\n"
+    "    print(socket.create_connection(('127.0.0.1', 8080), timeout=10).recv(64).decode())\n"
+    "except OSError as error:\n"
+    "    print(error)\n"
+)
+
+
+def test_a_restored_server_answers_on_its_loopback(delegate) -> None:
+    """A server on the container's 127.0.0.1 answers after a restore and goes on counting: runc's restore
+    leaves the loopback of the network namespace it makes down (crun's does not), the shim sets it up."""
+    box = PodmanContainer(["--runtime", "gpuckpt-runtime"])
+    sh("podman", "run", "-d", "--name", box.name, "--network", "none", PODMAN_IMAGE, "python3", "-c",
+       LOOPBACK_SERVER_SOURCE)
+    try:
+        def ask() -> str:
+            return sh("podman", "exec", box.name, "python3", "-c", ASK_LOOPBACK_SOURCE).stdout.strip()
+
+        for _ in range(50):
+            if (first := ask()) == "answer 1":
+                break
+        assert first == "answer 1", first
+        sh("podman", "container", "checkpoint", box.name)
+        sh("podman", "container", "restore", box.name)
+        box.assert_running()
+        assert ask() == "answer 2"  # the same server, its count kept
+    finally:
+        box.remove()
+
+
 def test_failed_checkpoint_leaves_container_running(delegate) -> None:
     """CRIU refuses a connection on the container's own loopback without --tcp-established, which
     the default policy does not add for loopback (see policy/network.py): the checkpoint fails,

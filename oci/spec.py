@@ -105,6 +105,10 @@ class Spec(_Part):
         """The container's root filesystem on the host: root.path, relative to the bundle if not absolute."""
         return os.path.normpath(os.path.join(bundle, self.root.path)) if self.root.path else ""
 
+    def own_network_namespace(self) -> bool:
+        """Whether the runtime makes the container a network namespace of its own (one without a path)."""
+        return any(namespace.type == "network" and not namespace.path for namespace in self.linux.namespaces)
+
     def wants_gpu(self) -> bool:
         """Whether the spec gives the container an NVIDIA GPU (devices, or the toolkit's variable)."""
         visible = self.env("NVIDIA_VISIBLE_DEVICES")

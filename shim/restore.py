@@ -26,9 +26,11 @@ from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
 from gpuckpt.cuda.engine import CudaSession, one_line, query_states
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuCheckpointError, UnsafeNodeError
+from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
 from gpuckpt.host.cgroup_v1 import crun_restore_hazard
+from gpuckpt.host.netns import in_netns_of, loopback_up
 from gpuckpt.host.procfs import container_pid, container_processes
+from gpuckpt.host.safefiles import read_bounded
 from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.journal import (
     ContainerLock,
@@ -44,7 +46,7 @@ from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
 from gpuckpt.oci.criu_images import directory_source, read_cgroup_hierarchies
 from gpuckpt.oci.manifest import Manifest, read_manifest, require_completed
-from gpuckpt.oci.spec import Device, read_annotations, read_spec
+from gpuckpt.oci.spec import Device, Spec, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
 from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
@@ -109,8 +111,38 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
 
     argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
-        return run_delegate(delegate, argv)  # no GPU state to bring back
+        status = run_delegate(delegate, argv)  # no GPU state to bring back
+        if status == 0 and (verb.has("detach") or verb.has("d")):
+            loopback_as_created(args, delegate, verb, container_id, read_spec(bundle))
+        return status
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
+
+
+def loopback_as_created(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, spec: Spec) -> None:
+    """runc's create sets `lo` up in a network namespace it makes for the container; its restore leaves it down
+    (CRIU gets an empty namespace), and a server on 127.0.0.1 is then unreachable (crun's restore sets it up).
+    A namespace the container joins by path is its owner's to set up: left alone."""
+    if not spec.own_network_namespace():
+        return
+    try:
+        pid = restored_pid(args, delegate, verb, container_id)
+        if in_netns_of(pid, loopback_up):
+            log(args, "info", f"{container_id}: loopback set up in the restored network namespace, as at create")
+    except (OSError, DelegateError) as error:
+        log(args, "warning", f"{container_id}: loopback of the restored network namespace left as it is: "
+                             f"{one_line(error)}")
+
+
+def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str) -> int:
+    """The restored container's init: from the pid file the engine asked for, else the delegate's state."""
+    if pid_file := verb.value("pid-file"):
+        try:
+            text = read_bounded(pid_file, 32, pid_file).strip()
+        except ImageError:
+            text = b""
+        if text.isdigit() and int(text) > 0:
+            return int(text)
+    return container_state(delegate, args.global_argv, container_id).pid
 
 
 def refuse_crun_killing_the_node(delegate: str, container_id: str, image_dir: str) -> None:
@@ -143,6 +175,7 @@ class GpuRestore:
         self.detach = verb.has("detach") or verb.has("d")
         self.phases: dict[str, float] = {}
         self.spec_devices: list[Device] = []
+        self.spec = Spec()
         self.rootfs = ""
         # host PIDs are known once the delegate restored them (phase gpu_restore)
         wanted = [JournalProcess(host_pid=0, start_time=0, container_pid=record.container_pid)
@@ -163,7 +196,7 @@ class GpuRestore:
 
     def _target_gpus(self) -> list[GpuInfo]:
         bundle = os.path.abspath(self.verb.value("bundle", "b") or ".")
-        spec = read_spec(bundle)
+        spec = self.spec = read_spec(bundle)
         self.spec_devices, self.rootfs = spec.linux.devices, spec.rootfs(bundle)
         node_gpus = self.gpus.list_gpus()
         target = self.gpus.container_gpus(spec, [], node_gpus)
@@ -202,6 +235,7 @@ class GpuRestore:
         elif not self._wait_running(delegate_run):  # the container's own: signals go on to it as runc's do
             return delegate_run.finish()
         self.phases["delegate_restore_s"] = time.monotonic() - mark
+        loopback_as_created(self.args, self.delegate, self.verb, self.container_id, self.spec)
         try:
             signals.check()
             initialising.join()

@@ -1,0 +1,55 @@
+"""A container's network namespace, entered by one thread of ours (the others stay where they are)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+from gpuckpt.host import libc
+
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914
+IFF_UP = 0x1
+IFREQ = struct.Struct("16sH22x")  # struct ifreq: the name, then ifr_flags in its 24-byte union
+
+T = TypeVar("T")
+
+
+def in_netns_of(pid: int, action: Callable[[], T]) -> T:
+    """`action()` run in a thread joined to the network namespace of process `pid` (through a pidfd:
+    a PID reused meanwhile makes the call fail instead of reaching another process's namespace)."""
+    outcome: list[T] = []
+    failure: list[BaseException] = []
+
+    def joined() -> None:
+        try:
+            pidfd = os.pidfd_open(pid)
+            try:
+                libc.setns(pidfd, CLONE_NEWNET)
+            finally:
+                os.close(pidfd)
+            outcome.append(action())
+        except BaseException as error:  # handed to the caller's thread
+            failure.append(error)
+
+    thread = threading.Thread(target=joined, name=f"netns-{pid}")
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return outcome[0]
+
+
+def loopback_up() -> bool:
+    """In the current thread's network namespace: set `lo` up; False if it already was."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        flags = IFREQ.unpack(fcntl.ioctl(probe, SIOCGIFFLAGS, IFREQ.pack(b"lo", 0)))[1]
+        if flags & IFF_UP:
+            return False
+        fcntl.ioctl(probe, SIOCSIFFLAGS, IFREQ.pack(b"lo", flags | IFF_UP))
+        return True
