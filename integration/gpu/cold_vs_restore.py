@@ -8,7 +8,8 @@ namespace. Same run, through podman and gpuckpt-runtime:
            libraries and the weights read from disk) and again with them cached (cold's best case)
   restore  `podman container restore` of a checkpoint of the warm server -> first correct answer
   import   `gpuckpt import` of an archive (`gpuckpt export`) into a clean podman storage root
-           (a graph root of its own, the page cache dropped) -> first correct answer
+           (`podman system reset`, then only the image loaded back with its ID, as a pull would
+           give it; the page cache dropped) -> first correct answer
 A correct answer: the output's digest is the cold server's (same GPU, same graph: the same
 bytes), and its sum is within 1% of the eager forward pass's (computed when the model was
 generated; the captured graph may pick other kernels). Writes OUT/cold_vs_restore.json.
@@ -21,6 +22,7 @@ import http.client
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -33,14 +35,13 @@ from harness import CLI, SITE, TORCH_PYTHON, WORK, gpu_run_args, install, log, s
 
 PORT = 8080
 MODEL_DIR = Path("/var/tmp/gpuckpt-infer-model")  # local disk, not tmpfs: the cold start reads it from there
-CLEAN_ROOT = Path("/var/lib/gpuckpt-clean-storage")
-CLEAN_RUNROOT = Path("/run/gpuckpt-clean-storage")
 SERVER = ["python3", "/work/infer_server.py"]
 
 
 def ask(pid: int, timeout_s: float = 300) -> dict:
     """The server's first answer, asked from a thread that joined the container's network namespace."""
     reply: dict = {}
+    last_error: list[str] = []
 
     def in_namespace() -> None:
         with open(f"/proc/{pid}/ns/net") as namespace:
@@ -48,21 +49,40 @@ def ask(pid: int, timeout_s: float = 300) -> dict:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
-                connection = http.client.HTTPConnection("127.0.0.1", PORT, timeout=120)
+                connection = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
                 connection.request("GET", "/infer")
                 response = connection.getresponse()
                 reply.update(json.loads(response.read()), status=response.status)
                 connection.close()
                 return
-            except OSError:
+            except OSError as error:
+                last_error[:] = [repr(error)]
                 time.sleep(0.02)
 
     thread = threading.Thread(target=in_namespace)
     thread.start()
     thread.join()
     if not reply:
-        raise AssertionError(f"no answer from the server (pid {pid}) within {timeout_s} s")
+        raise AssertionError(f"no answer from the server (pid {pid}) within {timeout_s} s; last error "
+                             f"{last_error}; {json.dumps(diagnose(pid))}")
     return reply
+
+
+def diagnose(pid: int) -> dict:
+    """What the container's network namespace and the server's threads look like when it does not answer."""
+    found: dict = {}
+    net = f"--net=/proc/{pid}/ns/net"
+    for key, argv in {"links": ["ip", "-br", "addr"], "listening": ["ss", "-ltnp"], "nft": ["nft", "list", "ruleset"],
+                      "iptables": ["iptables-save"]}.items():
+        try:
+            done = sh("nsenter", net, *argv, check=False, timeout=20)
+            found[key] = (done.stdout + done.stderr).strip()[-1500:]
+        except (OSError, subprocess.SubprocessError) as error:
+            found[key] = repr(error)
+    threads = Path(f"/proc/{pid}/task")
+    found["threads"] = sorted({(Path(t, "stat").read_text().split(") ")[1][:1], Path(t, "wchan").read_text())
+                               for t in threads.iterdir()}) if threads.exists() else "gone"
+    return found
 
 
 def near_eager(reply: dict, eager: dict) -> None:
@@ -83,7 +103,7 @@ def container_pid(podman: harness.Podman, name: str) -> int:
 def restore_phases(container_id: str) -> str:
     """The shim's 'restored N CUDA process(es): ...' line, from the runtime log podman keeps for the container."""
     found = ""
-    for root in ("/var/lib/containers/storage", "/run/containers/storage", str(CLEAN_ROOT), str(CLEAN_RUNROOT)):
+    for root in ("/var/lib/containers/storage", "/run/containers/storage"):
         userdata = Path(root) / "overlay-containers" / container_id / "userdata"
         for path in userdata.glob("*") if userdata.is_dir() else []:
             if path.is_file() and path.stat().st_size < 1 << 20:
@@ -96,16 +116,6 @@ def checkpoint_timings(container_id: str) -> dict:
     path = Path("/var/lib/containers/storage/overlay-containers") / container_id / "userdata" / "checkpoint" / \
         "gpuckpt-manifest.json"
     return json.loads(path.read_text()).get("timings", {}) if path.exists() else {}
-
-
-def clean_podman(podman: harness.Podman) -> dict[str, str]:
-    """An environment whose `podman` (what gpuckpt import runs) uses a storage root of its own."""
-    wrappers = WORK / "clean-podman-bin"
-    wrappers.mkdir(parents=True, exist_ok=True)
-    (wrappers / "podman").write_text(f'#!/bin/sh\nexec {podman.podman} --root {CLEAN_ROOT} '
-                                     f'--runroot {CLEAN_RUNROOT} "$@"\n')
-    os.chmod(wrappers / "podman", 0o755)
-    return dict(podman.env, PATH=f"{wrappers}:{podman.env['PATH']}")
 
 
 def disk_floor(directory: Path, gib: int = 2) -> dict:
@@ -151,29 +161,25 @@ def cold_start(podman: harness.Podman, name: str, run_args: list[str]) -> dict:
 
 def import_path(podman: harness.Podman, name: str, archive: Path, reference: dict, eager: dict,
                 result: dict) -> None:
-    """Export the running server, remove it, import the archive into a clean storage root (holding only the
-    image, loaded with its ID as a registry pull would give it) with the page cache dropped."""
+    """Export the running server, then reset podman's storage (the default paths, as another node has them)
+    keeping only the image, drop the page cache, and import the archive."""
     started = time.monotonic()
     exported = sh(CLI, "export", name, "-o", str(archive), env=podman.env)
     export_s = time.monotonic() - started
-    podman.cli("rm", "-f", name)
-    clean_env = clean_podman(podman)
-    clean = WORK / "clean-podman-bin" / "podman"
-    shutil.rmtree(CLEAN_ROOT, ignore_errors=True)
     image_tar = WORK / "infer-image.tar"
     image_tar.unlink(missing_ok=True)
     podman.cli("save", "-o", str(image_tar), podman.IMAGE)
-    sh(str(clean), "load", "-i", str(image_tar), env=clean_env)
+    podman.cli("system", "reset", "--force")
+    podman.cli("load", "-i", str(image_tar))
     drop_caches()
     started = time.monotonic()
     # --trust-config: the container binds host directories, which an archive may not ask for unless the
     # operator says so
-    imported = sh(CLI, "import", "--trust-config", str(archive), env=clean_env)
+    imported = sh(CLI, "import", "--trust-config", str(archive), env=podman.env)
     import_returned_s = time.monotonic() - started
-    pid = int(sh(str(clean), "inspect", "--format", "{{.State.Pid}}", name, env=clean_env).stdout.strip())
-    correct(ask(pid), reference, eager)
+    correct(ask(container_pid(podman, name), timeout_s=90), reference, eager)
     import_s = time.monotonic() - started
-    container_id = sh(str(clean), "inspect", "--format", "{{.Id}}", name, env=clean_env).stdout.strip()
+    container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
     result["import"] = {"s": round(import_s, 3), "gpuckpt_import_returned_s": round(import_returned_s, 3),
                         "export_s": round(export_s, 3), "archive_bytes": archive.stat().st_size,
                         "export_output": exported.stdout.strip()[-300:],
@@ -217,9 +223,6 @@ def main() -> int:
     finally:
         save()
         podman.cli("rm", "-f", name, check=False)
-        clean = WORK / "clean-podman-bin" / "podman"
-        if clean.exists():
-            sh(str(clean), "rm", "-f", name, check=False, env=clean_podman(podman))
         archive.unlink(missing_ok=True)
 
 
@@ -243,14 +246,15 @@ def measure(podman: harness.Podman, name: str, archive: Path, run_args: list[str
     started = time.monotonic()
     podman.cli("container", "checkpoint", name)
     checkpoint_s = time.monotonic() - started
+    checkpoint_phases = checkpoint_timings(container_id)  # podman removes the checkpoint once restored
     started = time.monotonic()
     podman.cli("container", "restore", name)
     restore_returned_s = time.monotonic() - started
-    correct(ask(container_pid(podman, name)), reference, eager)
+    correct(ask(container_pid(podman, name), timeout_s=90), reference, eager)
     restore_s = time.monotonic() - started
     result["restore"] = {"s": round(restore_s, 3), "podman_restore_returned_s": round(restore_returned_s, 3),
                          "checkpoint_s": round(checkpoint_s, 3),
-                         "checkpoint_phases": checkpoint_timings(container_id),
+                         "checkpoint_phases": checkpoint_phases,
                          "restore_phases": restore_phases(container_id)}
     save()
     log(f"checkpoint {checkpoint_s:.2f} s; restore to first answer {restore_s:.2f} s: {result['restore']}")
