@@ -16,7 +16,7 @@ from gpuckpt.errors import UsageError
 from gpuckpt.hooks.entry import hook_beside
 from gpuckpt.host.programs import find_program
 from gpuckpt.node import engines
-from gpuckpt.node.config import turn_hook_on
+from gpuckpt.node.config_edit import turn_hook_on
 from gpuckpt.node.containerd import CONTAINERD_CONFIG, HANDLER, register_containerd
 from gpuckpt.node.paths import config_path
 

@@ -11,12 +11,13 @@ _libc: ctypes.CDLL | None = None
 
 def _loaded() -> ctypes.CDLL:
     global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-        _libc.ptrace.restype = ctypes.c_long
-        _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
-        _libc.setns.restype = ctypes.c_int
-        _libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+    if _libc is None:  # typed in full before any thread can see it
+        loaded = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        loaded.ptrace.restype = ctypes.c_long
+        loaded.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        loaded.setns.restype = ctypes.c_int
+        loaded.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+        _libc = loaded
     return _libc
 
 

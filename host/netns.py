@@ -21,8 +21,9 @@ T = TypeVar("T")
 
 
 def in_netns_of(pid: int, action: Callable[[], T]) -> T:
-    """`action()` run in a thread joined to the network namespace of process `pid` (through a pidfd:
-    a PID reused meanwhile makes the call fail instead of reaching another process's namespace)."""
+    """`action()` run in a thread joined to the network namespace of process `pid`, through a pidfd (from
+    its opening on, the process cannot be swapped for another; a PID reused before it is not caught, so
+    an action must be harmless in any namespace, as setting an `lo` up is)."""
     outcome: list[T] = []
     failure: list[BaseException] = []
 

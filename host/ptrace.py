@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import signal
 import time
 from collections.abc import Iterator, Sequence
@@ -121,8 +120,8 @@ def remote_syscalls(pid: int, started: int, calls: Sequence[tuple[int, ...]]) ->
     """Run each (number, arg1, ...) inside `pid`, in order; their raw results (-errno on error).
     `started` is the process's start time when the caller chose it: once the thread is held,
     a process that ended meanwhile and left its PID to another is refused before any call."""
-    if platform.machine() != "x86_64":
-        raise RemoteCallError(f"remote system calls are implemented for x86_64 only, not {platform.machine()}")
+    if (machine := os.uname().machine) != "x86_64":
+        raise RemoteCallError(f"remote system calls are implemented for x86_64 only, not {machine}")
     results = []
     with stopped_thread(pid) as pending:
         if start_time(pid) != started:

@@ -11,12 +11,10 @@ import tomllib
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, TypeVar, cast
 
-import tomlkit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
 from gpuckpt.errors import ConfigError
-from gpuckpt.host.safefiles import replace_file
 from gpuckpt.node.paths import config_path
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -227,28 +225,3 @@ def load_config(path: str | None = None) -> Config:
     if os.geteuid() == 0 and (status.st_uid != 0 or status.st_mode & 0o022):
         raise ConfigError(f"{path}: must be owned by root and writable by root only")
     return parse_config(text, path)
-
-
-def turn_hook_on(path: str | None = None) -> bool:
-    """Set `[hook] add_to_spec = true` in the config file, keeping its comments and other keys
-    (the file is made if missing); whether it changed. Checked as load_config checks it, first."""
-    path = path or config_path()
-    load_config(path)  # a file we could not honour stays as it is
-    try:
-        with open(path, encoding="utf-8") as config_file:
-            old_text = config_file.read()
-    except FileNotFoundError:
-        old_text = ""
-    document = tomlkit.parse(old_text)
-    section = document.setdefault("hook", tomlkit.table())
-    if not isinstance(section, dict):
-        raise ConfigError(f"{path}: hook must be a table")
-    section["add_to_spec"] = True
-    new_text = tomlkit.dumps(document)
-    if new_text == old_text:
-        return False
-    parse_config(new_text, path)
-    mode = os.stat(path).st_mode & 0o777 if old_text else 0o644  # an operator's 0600 stays 0600
-    os.makedirs(os.path.dirname(os.path.abspath(path)), mode=0o755, exist_ok=True)
-    replace_file(path, new_text, mode=mode)
-    return True

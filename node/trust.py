@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
-import tomlkit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gpuckpt.errors import ConfigError
@@ -171,6 +170,8 @@ POLICY_HEADER = """\
 
 
 def render_policy(policy: TrustPolicy) -> str:
+    import tomlkit  # deferred: the shim reads this policy at every checkpoint and restore; only `gpuckpt trust` writes
+
     document = tomlkit.document()
     document.add("schema_version", policy.schema_version)
     if policy.key:

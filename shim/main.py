@@ -7,6 +7,7 @@ owns; the imports inside functions below are that dispatch, deferred on purpose.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from gpuckpt import __version__
@@ -28,6 +29,9 @@ OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 
 def _run_owned(args: RuntimeArgs, delegate: str, hook: str, gpus: NodeGpus | None) -> int:
+    # pydantic runs the plugins any installed package declares inside every validation: none in a root
+    # process, and their discovery (the entry points of every installed distribution) cost ~20 ms a verb
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
     if args.command == "checkpoint":
         from gpuckpt.shim import checkpoint
 

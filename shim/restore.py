@@ -111,9 +111,10 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
 
     argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
+        spec = read_spec(bundle)
         status = run_delegate(delegate, argv)  # no GPU state to bring back
-        if status == 0 and (verb.has("detach") or verb.has("d")):
-            loopback_as_created(args, delegate, verb, container_id, read_spec(bundle))
+        if status == 0 and (verb.has("detach") or verb.has("d")):  # a foreground one returns once it ended
+            loopback_as_created(args, delegate, verb, container_id, spec)
         return status
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
 
@@ -128,19 +129,20 @@ def loopback_as_created(args: RuntimeArgs, delegate: str, verb: VerbArgs, contai
         pid = restored_pid(args, delegate, verb, container_id)
         if in_netns_of(pid, loopback_up):
             log(args, "info", f"{container_id}: loopback set up in the restored network namespace, as at create")
-    except (OSError, DelegateError) as error:
+    except Exception as error:  # the restore itself succeeded: this step never turns it into a failure
         log(args, "warning", f"{container_id}: loopback of the restored network namespace left as it is: "
                              f"{one_line(error)}")
 
 
 def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str) -> int:
-    """The restored container's init: from the pid file the engine asked for, else the delegate's state."""
-    if pid_file := verb.value("pid-file"):
+    """The restored container's init: from the pid file the engine asked for (runc writes it once a detached
+    restore is done; a foreground one's may be an older run's), else the delegate's state."""
+    if (verb.has("detach") or verb.has("d")) and (pid_file := verb.value("pid-file")):
         try:
             text = read_bounded(pid_file, 32, pid_file).strip()
         except ImageError:
             text = b""
-        if text.isdigit() and int(text) > 0:
+        if text.isdigit() and 0 < int(text) < 1 << 22:  # the kernel's PID_MAX_LIMIT
             return int(text)
     return container_state(delegate, args.global_argv, container_id).pid
 

@@ -19,8 +19,7 @@ import stat
 
 from gpuckpt.host.safefiles import read_bounded, replace_file
 from gpuckpt.node.trust import Trust, load_node_key, log_unsigned_use
-from gpuckpt.oci.signature import SignatureError, SignedEntry, open_envelope
-from gpuckpt.transfer.provenance import MAX_SIGNATURE_BYTES
+from gpuckpt.oci.signature import MAX_ENVELOPE_BYTES, SignatureError, SignedEntry, open_envelope
 from gpuckpt.transfer.staging import PAGES_FILE
 
 DUMP_SIGNATURE = "gpuckpt-dump.sig"
@@ -97,7 +96,7 @@ def verify_dump(image_dir: str, trust: Trust, what: str) -> tuple[str, bool]:
                                  "`gpuckpt trust allow-unsigned restore:any`)")
         log_unsigned_use(rule, f"{what} ({image_dir})", quiet=True)
         return f"{what}: unsigned checkpoint restored: the trust policy allows restore:any (logged)", False
-    envelope = read_bounded(path, MAX_SIGNATURE_BYTES, path)
+    envelope = read_bounded(path, MAX_ENVELOPE_BYTES, path)
     content, signer = open_envelope(envelope, trust.keys, f"{what}: {path}", "dump")
     signed = {entry.name: entry for entry in content.entries}
     files = _image_files(image_dir, what)
