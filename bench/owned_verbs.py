@@ -62,6 +62,11 @@ def main() -> None:
         site = next(line.split('"')[1] for line in Path(shim).read_text().splitlines() if "sys.path.insert" in line)
         floor = [time_once([*python, "-c", f"import sys; sys.path.insert(0, {site!r})\n{FLOOR_CODE}"])
                  for _ in range(options.cycles)]
+        bare = [time_once([*python, "-c", "pass"]) for _ in range(options.cycles)]
+        # What the shim loads before any work of a verb (its plugin switch as the shim sets it)
+        loads = {verb: [time_once([*python, "-c", f"import os, sys; sys.path.insert(0, {site!r}); "
+                                  f"os.environ['PYDANTIC_DISABLE_PLUGINS'] = '__all__'; import gpuckpt.shim.{verb}"])
+                        for _ in range(options.cycles)] for verb in ("checkpoint", "restore")}
         shim_id = subprocess.run([podman, "inspect", "-f", "{{.Id}}", names["gpuckpt-runtime"]], check=True,
                                  capture_output=True, text=True).stdout.strip()
         state: dict[str, list[float]] = {"runc": [], "gpuckpt-runtime": []}
@@ -79,6 +84,10 @@ def main() -> None:
     result["state"] = {runtime: figures(samples) for runtime, samples in state.items()}
     result["floor"] = {"what": "the shim's interpreter importing pydantic and cryptography and building one model",
                        **figures(floor)}
+    result["interpreter"] = {"what": "the launcher's interpreter starting and ending (-I -S), nothing imported",
+                             **figures(bare)}
+    result["imports"] = {verb: {"what": f"the interpreter importing gpuckpt.shim.{verb} (its models built)",
+                                **figures(samples)} for verb, samples in loads.items()}
     result["passthrough_added_ms"] = round(result["state"]["gpuckpt-runtime"]["median_ms"]
                                            - result["state"]["runc"]["median_ms"], 1)
     result["goals"] = {"checkpoint_added_ms": GOAL_ADDED_MS, "restore_added_ms": GOAL_ADDED_MS,
@@ -87,7 +96,9 @@ def main() -> None:
         runc_f, shim_f = result[key]["runc"], result[key]["gpuckpt-runtime"]
         print(f"{key:<10} runc median {runc_f['median_ms']:7.1f} ms p90 {runc_f['p90_ms']:7.1f}   "
               f"shim median {shim_f['median_ms']:7.1f} ms p90 {shim_f['p90_ms']:7.1f}")
-    print(f"floor (interpreter + pydantic + cryptography + one model): median {result['floor']['median_ms']} ms")
+    print(f"floor (interpreter + pydantic + cryptography + one model): median {result['floor']['median_ms']} ms; "
+          f"interpreter alone {result['interpreter']['median_ms']} ms; importing the verb's module: checkpoint "
+          f"{result['imports']['checkpoint']['median_ms']} ms, restore {result['imports']['restore']['median_ms']} ms")
     print(f"added: checkpoint {result['checkpoint_added_ms']} ms, restore {result['restore_added_ms']} ms, "
           f"pass-through {result['passthrough_added_ms']} ms (goals {GOAL_ADDED_MS:g}, {GOAL_ADDED_MS:g}, "
           f"{GOAL_PASSTHROUGH_MS:g})")

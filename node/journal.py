@@ -1,4 +1,4 @@
-"""The journal of a checkpoint or restore in progress, and the lock that makes it one at a time.
+"""The journal of a checkpoint or restore in progress (node/lock.py makes it one at a time).
 
 Before each phase that changes something (CUDA processes locked, the delegate dumping or
 restoring, the driver restoring), the shim writes what it is about to do and what it would
@@ -14,27 +14,22 @@ in the runtime state directory (/run): the kernel drops one when its holder dies
 
 from __future__ import annotations
 
-import errno
-import fcntl
 import json
 import os
-import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuckpt.errors import GpuckptError, ImageError
+from gpuckpt.errors import ImageError
 from gpuckpt.host.procfs import start_time
 from gpuckpt.host.safefiles import private_directory, read_bounded, write_private_at
-from gpuckpt.node.paths import state_dir
+from gpuckpt.node.lock import BusyError, ContainerLock, checked_container_id
 
 SCHEMA_VERSION = 1
 DEFAULT_JOURNAL_DIR = "/var/lib/gpuckpt/journal"
 JOURNAL_DIR_ENV = "GPUCKPT_JOURNAL_DIR"
 MAX_JOURNAL_BYTES = 1 << 20
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-# runc's own rule for container IDs (libcontainer's idRegex); podman and docker IDs are hex.
-_CONTAINER_ID = re.compile(r"^[\w+\-.]{1,1024}$")
 
 Phase = Literal[
     "prepared",       # checkpoint: manifest written (incomplete); nothing touched yet
@@ -45,10 +40,6 @@ Phase = Literal[
     "restore",        # restore: the delegate restores (delegate_pid)
     "gpu_restore",    # restore: the restored CUDA processes being restored and unlocked
 ]
-
-
-class BusyError(GpuckptError):
-    """Another gpuckpt process is working on the container; nothing was touched."""
 
 
 class JournalProcess(BaseModel):
@@ -80,18 +71,12 @@ class Journal(BaseModel):
     gpu_pairs: list[tuple[str, str]] = []  # restore: GPU UUIDs, checkpointed -> this node's
 
 
-def _lock_name(container: str) -> str:
-    return _name(container).removesuffix(".json") + ".lock"
-
-
 def journal_dir() -> str:
     return os.environ.get(JOURNAL_DIR_ENV) or DEFAULT_JOURNAL_DIR
 
 
 def _name(container: str) -> str:
-    if not _CONTAINER_ID.match(container) or container.startswith("."):
-        raise ImageError(f"container ID {container!r} cannot name a journal (allowed: letters, digits, _+-.)")
-    return f"{container}.json"
+    return f"{checked_container_id(container)}.json"
 
 
 def boot_id() -> str:
@@ -163,68 +148,3 @@ def left_journals() -> list[str]:
         except (ImageError, OSError):
             left.append(container)
     return left
-
-
-class ContainerLock:
-    """The one gpuckpt operation on a container at a time: an flock the kernel drops if we die."""
-
-    def __init__(self, container: str, verb: str) -> None:
-        self.container, self.verb = container, verb
-        self.fd = -1
-
-    def __enter__(self) -> ContainerLock:
-        name = _lock_name(self.container)
-        dir_fd = private_directory(os.path.join(state_dir(), "locks"))
-        try:
-            while not self._lock(dir_fd, name):
-                pass  # a delete removed the file we opened before we locked it: the name's file now
-        finally:
-            os.close(dir_fd)
-        os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()} {self.verb}\n".encode(), 0)
-        return self
-
-    def _lock(self, dir_fd: int, name: str) -> bool:
-        self.fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            holder = _read_holder(self.fd)
-            self.release()
-            if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            raise BusyError(f"{self.verb} of {self.container} refused: another gpuckpt process{holder} is "
-                            "working on it; nothing was touched (try again when it ends)") from None
-        try:
-            current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_ino
-        except FileNotFoundError:
-            current = -1
-        if current == os.fstat(self.fd).st_ino:
-            return True
-        self.release()
-        return False
-
-    def remove_file(self) -> None:
-        """Unlink the lock file while holding it (a deleted container's): whoever opened it before
-        finds it gone once it has the lock, and takes the name's new one."""
-        dir_fd = os.open(os.path.join(state_dir(), "locks"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            os.unlink(_lock_name(self.container), dir_fd=dir_fd)
-        finally:
-            os.close(dir_fd)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # the lock goes with the descriptor
-            self.fd = -1
-
-    def __exit__(self, *_exc: object) -> None:
-        self.release()
-
-
-def _read_holder(fd: int) -> str:
-    try:
-        pid, verb = os.pread(fd, 64, 0).decode().split()[:2]
-        return f" (pid {int(pid)}, {verb[:16]})"
-    except (ValueError, OSError):
-        return ""

@@ -32,7 +32,8 @@ from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_hand
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.config import load_config
-from gpuckpt.node.journal import ContainerLock, Journal, Phase, boot_id, process_record, remove_journal, write_journal
+from gpuckpt.node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
+from gpuckpt.node.lock import ContainerLock
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.suspension import Suspension, read_suspension, remove_suspension
 from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest

@@ -13,7 +13,7 @@ import os
 import sys
 
 from gpuckpt.errors import GpuckptError
-from gpuckpt.node.journal import ContainerLock
+from gpuckpt.node.lock import ContainerLock
 from gpuckpt.node.paths import state_dir
 from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
 from gpuckpt.shim.delegate import container_exists, run_delegate

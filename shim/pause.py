@@ -39,7 +39,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     # Deferred: the GPU side (the driver binding, NVML, ptrace) only for containers that opted
     # in; every other container's pause and resume is the delegate's alone (exec'd above).
     from gpuckpt.cuda.node import NodeGpus
-    from gpuckpt.node.journal import ContainerLock
+    from gpuckpt.node.lock import ContainerLock
     from gpuckpt.shim.recover import finish_left_journal
 
     gpus = gpus or NodeGpus()

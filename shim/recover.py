@@ -22,8 +22,6 @@ from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuckptError
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.node.journal import (
-    BusyError,
-    ContainerLock,
     Journal,
     boot_id,
     pending_journals,
@@ -31,6 +29,7 @@ from gpuckpt.node.journal import (
     remove_journal,
     same_process,
 )
+from gpuckpt.node.lock import BusyError, ContainerLock
 from gpuckpt.oci.manifest import read_manifest, write_manifest
 from gpuckpt.shim.criu_log import dump_finished
 from gpuckpt.shim.delegate import container_pids, container_state, kill_container

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+import zlib
 
 from gpuckpt.errors import DelegateError
 from gpuckpt.hooks.entry import hook_beside
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import NoReturn
 
-CACHE_NAME = "delegate.cache"
+CACHE_NAME = "delegate.cache"  # one file per key: ".<crc32 of the key>" added
 CACHE_VERSION = "2"
 
 
@@ -50,9 +51,15 @@ class Resolved:
         self.delegate, self.hook = delegate, hook
 
 
+def _cache_file(key: list[str]) -> str:
+    """The key's own cache file: the engines call the runtime with PATHs of their own (podman, and conmon for
+    a restore), and one file for all of them made each call undo the last one's entry (pydantic, 200 ms)."""
+    return f"{CACHE_NAME}.{zlib.crc32(chr(0).join(key).encode()):08x}"
+
+
 def _read_cache(key: list[str]) -> Resolved | None:
     try:
-        fd = os.open(os.path.join(state_dir(), CACHE_NAME), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(state_dir(), _cache_file(key)), os.O_RDONLY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:
@@ -79,7 +86,7 @@ def _write_cache(key: list[str], resolved: Resolved) -> None:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as cache_file:
             cache_file.write("\0".join([*key, resolved.delegate, resolved.hook]))
-        os.replace(temporary, os.path.join(directory, CACHE_NAME))
+        os.replace(temporary, os.path.join(directory, _cache_file(key)))
     except OSError:
         pass  # a cache we cannot write only costs start-up time
 

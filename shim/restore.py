@@ -33,7 +33,6 @@ from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.host.safefiles import read_bounded
 from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.journal import (
-    ContainerLock,
     Journal,
     JournalProcess,
     Phase,
@@ -42,6 +41,7 @@ from gpuckpt.node.journal import (
     remove_journal,
     write_journal,
 )
+from gpuckpt.node.lock import ContainerLock
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
 from gpuckpt.oci.criu_images import directory_source, read_cgroup_hierarchies
@@ -111,9 +111,12 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
 
     argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
-        spec = read_spec(bundle)
+        try:  # for the loopback after the restore; an unreadable spec is the delegate's to refuse, in its words
+            spec: Spec | None = read_spec(bundle)
+        except ImageError:
+            spec = None
         status = run_delegate(delegate, argv)  # no GPU state to bring back
-        if status == 0 and (verb.has("detach") or verb.has("d")):  # a foreground one returns once it ended
+        if spec and status == 0 and (verb.has("detach") or verb.has("d")):  # a foreground one returns at its end
             loopback_as_created(args, delegate, verb, container_id, spec)
         return status
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()

@@ -22,7 +22,8 @@ from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import ImageError
 from gpuckpt.node import journal
-from gpuckpt.node.journal import BusyError, ContainerLock, Journal, process_record, read_journal, write_journal
+from gpuckpt.node.journal import Journal, process_record, read_journal, write_journal
+from gpuckpt.node.lock import BusyError, ContainerLock
 from gpuckpt.oci.manifest import read_manifest
 from gpuckpt.shim import recover, restore
 from gpuckpt.shim.staging import make_staging_dir

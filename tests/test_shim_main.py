@@ -50,7 +50,7 @@ def test_owned_verbs_pass_the_delegates_status(node, recording_runtime, verb) ->
 def test_delegate_found_on_path_and_cached(node, recording_runtime) -> None:
     path_env = f"{recording_runtime.parent}:{os.environ['PATH']}"
     assert run_shim(["state", "c"], {"PATH": path_env}).returncode == 0
-    cache = node / "state" / "delegate.cache"
+    [cache] = (node / "state").glob("delegate.cache.*")
     assert cache.read_text().split("\0")[-2:] == [str(recording_runtime), ""]  # the delegate; no hook to add
     assert oct(cache.stat().st_mode & 0o777) == "0o600"
     # A config change invalidates the cache: the new (broken) delegate is reported.
@@ -59,6 +59,20 @@ def test_delegate_found_on_path_and_cached(node, recording_runtime) -> None:
     assert result.returncode == 1
     assert "delegate runtime /nonexistent/crun is not an executable file" in result.stderr
     assert str(node / "config.toml") in result.stderr
+
+
+def test_each_path_the_engines_call_with_keeps_its_cached_delegate(node, recording_runtime) -> None:
+    """podman and conmon call the runtime with PATHs of their own: one cache entry for both made each call
+    load and check the config again (pydantic, ~200 ms of every delete and restore)."""
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    paths = [f"{recording_runtime.parent}:{os.environ['PATH']}", f"{recording_runtime.parent}:/usr/bin:/bin"]
+    for path_env in paths:
+        assert run_shim(["state", "c"], {"PATH": path_env}).returncode == 0
+    for path_env in paths:
+        result = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpuckpt.shim.main", "state", "c"],
+                                capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": path_env})
+        assert result.returncode == 0, result.stderr
+        assert "gpuckpt.node.config" not in result.stderr  # a cache hit: the config not read again
 
 
 def test_missing_delegate_is_one_line_json_log(node) -> None:
@@ -115,6 +129,19 @@ def test_an_owned_verbs_help_is_the_delegates_without_the_verbs_machinery(node, 
     imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "import time:" in line]
     assert "gpuckpt.shim.argv" in imported  # the table is the shim's (-X importtime)
     assert not {"gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete"} & set(imported)
+
+
+def test_delete_which_ends_every_container_loads_no_model_machinery(node, recording_runtime) -> None:
+    """Every container's end goes through `delete`: it took 250 ms when its lock came with the journal's
+    pydantic models."""
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    assert run_shim(["delete", "--force", "c0"]).returncode == 0  # the config read and cached (shim/resolve.py)
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "gpuckpt.shim.main", "delete", "--force", "c1"],
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "import time:" in line]
+    assert "gpuckpt.shim.delete" in imported
+    assert not {"pydantic", "gpuckpt.node.journal", "cryptography"} & set(imported)
 
 
 def test_a_checkpoint_behind_a_global_option_the_shim_does_not_know_is_refused(node, recording_runtime) -> None:
