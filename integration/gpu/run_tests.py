@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -270,6 +271,79 @@ def scenario_downtime(results: dict) -> str | None:
     finally:
         config.write_text(plain)
         bundle.destroy()
+
+
+class LongestPause:
+    """The longest time the workload's counter stood still while the block ran: the downtime it saw (to the
+    counter's 0.1 s tick), whoever stopped it."""
+
+    def __init__(self, state: harness.StateDir) -> None:
+        self.state, self.longest_s, self._running = state, 0.0, False
+
+    def __enter__(self) -> LongestPause:
+        self._running = True
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        last, changed = None, time.monotonic()
+        while self._running:
+            now, fields = time.monotonic(), self.state.read("state.0").split()
+            counter = fields[1] if len(fields) == 3 else last
+            if counter != last:
+                last, changed = counter, now
+            self.longest_s = max(self.longest_s, now - changed)
+            time.sleep(0.01)
+
+    def __exit__(self, *_exc: object) -> None:
+        time.sleep(0.5)  # a tick after the end, so the last pause is closed by a change
+        self._running = False
+        self._thread.join()
+
+
+@harness.nftables_network_lock()
+def scenario_podman_leave_running_export(results: dict) -> str | None:
+    """The GPU downtime of `gpuckpt export --leave-running` beside podman's own `container checkpoint
+    --leave-running --export` (through the shim, uncompressed) of the same container, in turns: as the
+    workload saw it (its counter standing still) and as the shim timed it (lock to unlock)."""
+    podman = harness.Podman()
+    name = f"gpu-lr-export-{os.getpid()}"
+    gib = os.environ.get("DOWNTIME_GIB", "16")
+    rounds: list[dict] = []
+    try:
+        podman.import_rootfs()
+        state = gpu_container(podman, name, {"GIB": gib})
+        before = wait_counters(state, 1, 3, timeout_s=600)
+        for way in ("gpuckpt", "podman", "podman", "gpuckpt"):
+            archive = Path("/var/tmp") / f"{name}-{len(rounds)}.tar{'.zst' if way == 'gpuckpt' else ''}"
+            with LongestPause(state) as pause:
+                started = time.monotonic()
+                if way == "gpuckpt":
+                    sh(CLI, "export", "--leave-running", name, "-o", str(archive), env=podman.env)
+                else:
+                    podman.cli("container", "checkpoint", "--leave-running", "--export", str(archive),
+                               "--compress", "none", name)
+                total_s = time.monotonic() - started
+            inspected = sh(CLI, "inspect", "--json", str(archive), env=podman.env, check=False)
+            timings = json.loads(inspected.stdout)["manifest"]["timings"] if inspected.returncode == 0 else {
+                "inspect_error": inspected.stderr.strip()[-300:]}
+            rounds.append({"way": way, "total_s": round(total_s, 3), "workload_pause_s": round(pause.longest_s, 3),
+                           "shim_downtime_s": timings.get("downtime_s"), "timings": timings,
+                           "archive_bytes": archive.stat().st_size})
+            log(f"{way} --leave-running export: {total_s:.2f} s, workload paused {pause.longest_s:.2f} s, "
+                f"shim's downtime {timings.get('downtime_s')}")
+            before = assert_continues(state, before)
+            archive.unlink()
+            Path(f"{archive}.sig").unlink(missing_ok=True)
+        paused = {way: [r["workload_pause_s"] for r in rounds if r["way"] == way] for way in ("gpuckpt", "podman")}
+        results["podman_leave_running_export"] = {
+            "gib": float(gib), "rounds": rounds,
+            "gpuckpt_over_podman_downtime": round(sum(paused["gpuckpt"]) / sum(paused["podman"]), 3)}
+        (harness.OUT / "leave_running_export.json").write_text(  # type: ignore[operator]
+            json.dumps(results["podman_leave_running_export"], indent=2))
+    finally:
+        podman.cli("rm", "-f", name, check=False)
 
 
 def bit_exact_training(results: dict, key: str, script: str, env: dict[str, str], steps: int = 300,
