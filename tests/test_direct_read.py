@@ -109,3 +109,25 @@ def test_readinto_fills_from_the_same_stream(data_file) -> None:
         got = reader.readinto(target)
         assert bytes(target[:got]) == data[3:3 + got] and got > 0
         assert reader.tell() == 3 + got
+
+
+def test_reads_across_buffers_read_ahead_and_seeks_back_return_the_file_exactly(tmp_path) -> None:
+    """The next buffer is read on a thread while the last is consumed: every byte still comes once, in order,
+    and a seek while a read ahead is in flight lands on the right byte."""
+    data = os.urandom(3 * BUFFER_BYTES + 777)
+    path = tmp_path / "big"
+    path.write_bytes(data)
+    with DirectReader(str(path)) as reader:
+        target = bytearray(1 << 20)
+        got = bytearray()
+        while count := reader.readinto(target):
+            got += target[:count]
+        assert bytes(got) == data
+        reader.seek(BUFFER_BYTES - 5)  # a read ahead of the second buffer starts here
+        assert reader.read(10) == data[BUFFER_BYTES - 5:BUFFER_BYTES + 5]
+        reader.seek(7)
+        again = bytearray()
+        while len(again) < 2 * BUFFER_BYTES:  # a raw read may return less than asked
+            again += reader.read(2 * BUFFER_BYTES - len(again))
+        assert bytes(again) == data[7:7 + 2 * BUFFER_BYTES]
+
