@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -54,10 +55,11 @@ def outcome_table() -> Iterator[None]:
 
 @pytest.fixture
 def record(request, tmp_path) -> Callable[[str, str], None]:
-    """Keep what a test observed; the run's own names (its temporary directory, its PID in container IDs)
-    are written as TMP and PID so the table changes only when an outcome does."""
+    """Keep what a test observed; the run's own names (its temporary directory, its PID in container IDs, the
+    PIDs messages name) are written as TMP, PID and N so the table changes only when an outcome does."""
     def write(fault: str, observed: str) -> None:
         observed = observed.replace(str(tmp_path), "TMP").replace(f"-{os.getpid()}-", "-PID-")
+        observed = re.sub(r"\bpid \d+", "pid N", observed)
         OUTCOMES[request.node.nodeid] = (fault, observed)
     return write
 
