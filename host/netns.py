@@ -6,11 +6,11 @@ import fcntl
 import os
 import socket
 import struct
-import threading
 from collections.abc import Callable
 from typing import TypeVar
 
 from gpuckpt.host import libc
+from gpuckpt.host.background import OnThread
 
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914
@@ -24,26 +24,16 @@ def in_netns_of(pid: int, action: Callable[[], T]) -> T:
     """`action()` run in a thread joined to the network namespace of process `pid`, through a pidfd (from
     its opening on, the process cannot be swapped for another; a PID reused before it is not caught, so
     an action must be harmless in any namespace, as setting an `lo` up is)."""
-    outcome: list[T] = []
-    failure: list[BaseException] = []
 
-    def joined() -> None:
+    def joined() -> T:
+        pidfd = os.pidfd_open(pid)
         try:
-            pidfd = os.pidfd_open(pid)
-            try:
-                libc.setns(pidfd, CLONE_NEWNET)
-            finally:
-                os.close(pidfd)
-            outcome.append(action())
-        except BaseException as error:  # handed to the caller's thread
-            failure.append(error)
+            libc.setns(pidfd, CLONE_NEWNET)
+        finally:
+            os.close(pidfd)
+        return action()
 
-    thread = threading.Thread(target=joined, name=f"netns-{pid}")
-    thread.start()
-    thread.join()
-    if failure:
-        raise failure[0]
-    return outcome[0]
+    return OnThread(joined, f"netns-{pid}").result()
 
 
 def loopback_up() -> bool:

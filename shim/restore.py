@@ -16,9 +16,7 @@ starts; a shim killed outright leaves it, and the next owned verb on the contain
 from __future__ import annotations
 
 import os
-import threading
 import time
-from collections.abc import Callable
 
 from gpuckpt.cuda.compat import check_node, gpu_pairs
 from gpuckpt.cuda.devices import GpuInfo
@@ -27,6 +25,7 @@ from gpuckpt.cuda.engine import CudaSession, one_line, query_states
 from gpuckpt.cuda.hugepages import hugepages_always
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
+from gpuckpt.host.background import OnThread
 from gpuckpt.host.cgroup_v1 import crun_restore_hazard
 from gpuckpt.host.netns import in_netns_of, loopback_up
 from gpuckpt.host.procfs import container_pid, container_processes
@@ -116,7 +115,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
         except ImageError:
             spec = None
         status = run_delegate(delegate, argv)  # no GPU state to bring back
-        if spec and status == 0 and (verb.has("detach") or verb.has("d")):  # a foreground one returns at its end
+        if spec and status == 0 and detached(verb):  # a foreground one returns at its end
             loopback_as_created(args, delegate, verb, container_id, spec)
         return status
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
@@ -137,10 +136,14 @@ def loopback_as_created(args: RuntimeArgs, delegate: str, verb: VerbArgs, contai
                              f"{one_line(error)}")
 
 
+def detached(verb: VerbArgs) -> bool:
+    return verb.has("detach") or verb.has("d")
+
+
 def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str) -> int:
     """The restored container's init: from the pid file the engine asked for (runc writes it once a detached
     restore is done; a foreground one's may be an older run's), else the delegate's state."""
-    if (verb.has("detach") or verb.has("d")) and (pid_file := verb.value("pid-file")):
+    if detached(verb) and (pid_file := verb.value("pid-file")):
         try:
             text = read_bounded(pid_file, 32, pid_file).strip()
         except ImageError:
@@ -177,7 +180,7 @@ class GpuRestore:
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
         self.config, self.gpus, self.lock = config, gpus, lock
         self.container_id = container_id
-        self.detach = verb.has("detach") or verb.has("d")
+        self.detach = detached(verb)
         self.phases: dict[str, float] = {}
         self.spec_devices: list[Device] = []
         self.spec = Spec()
@@ -217,9 +220,7 @@ class GpuRestore:
         driver = self.gpus.load_driver()
         # The controlling process must have initialised CUDA before a restore; cuInit takes
         # a while, so it runs beside the node check and the delegate's restore.
-        init_errors: list[BaseException] = []
-        initialising = threading.Thread(target=lambda: _collect(driver.init, init_errors), daemon=True)
-        initialising.start()
+        initialising = OnThread(driver.init, "cuda-init")
         target = self._target_gpus()
         pairs = gpu_pairs(self.manifest, target)
         self.phases["check_s"] = time.monotonic() - started
@@ -243,10 +244,9 @@ class GpuRestore:
         loopback_as_created(self.args, self.delegate, self.verb, self.container_id, self.spec)
         try:
             signals.check()
-            initialising.join()
+            initialising.wait()
             signals.check()
-            if init_errors:
-                raise init_errors[0]
+            initialising.result()
             self._restore_gpu(driver, pairs, signals)
         except BaseException as error:  # whatever it was, the container must not stay with locked processes
             kill_container(self.delegate, self.args.global_argv, self.container_id)
@@ -307,10 +307,3 @@ class GpuRestore:
         session.restore(pairs)
         session.unlock()
         self.phases.update(session.timings)
-
-
-def _collect(action: Callable[[], None], errors: list[BaseException]) -> None:
-    try:
-        action()
-    except BaseException as error:  # handed to the main thread, which reports it
-        errors.append(error)

@@ -16,12 +16,11 @@ import fcntl
 import io
 import mmap
 import os
-import threading
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from gpuckpt.host.background import OnThread
 
+if TYPE_CHECKING:
     from typing_extensions import Buffer
 
 BUFFER_BYTES = 8 << 20  # a multiple of every logical block size; large reads keep the disk busy
@@ -38,7 +37,7 @@ class DirectReader(io.RawIOBase):
         self._buffers = [mmap.mmap(-1, BUFFER_BYTES), mmap.mmap(-1, BUFFER_BYTES)]
         self._views: list[memoryview] | None = [memoryview(buffer) for buffer in self._buffers]
         self._current = 0
-        self._ahead: _ReadAhead | None = None  # the other buffer's read of the bytes at _offset
+        self._ahead: OnThread[int] | None = None  # the other buffer's read of the bytes at _offset
         self.name, self.fd, self.direct = path, -1, False
         flags = os.O_RDONLY | os.O_CLOEXEC  # the operator names the archive: a link to it is fine
         try:
@@ -79,7 +78,8 @@ class DirectReader(io.RawIOBase):
         self._start, self._end = 0, got
         self._offset += got
         if got == BUFFER_BYTES:  # more may follow: read it into the other buffer meanwhile
-            self._ahead = _ReadAhead(self._read_at, self._current ^ 1, self._offset)
+            index, offset = self._current ^ 1, self._offset
+            self._ahead = OnThread(lambda: self._read_at(index, offset), "gpuckpt-read-ahead")
         return got
 
     def _drop_ahead(self) -> None:
@@ -154,25 +154,3 @@ class DirectReader(io.RawIOBase):
                 self._views = None
             super().close()
 
-
-class _ReadAhead:
-    """One read on a thread of its own; `result` waits for it and returns what it read, or raises what it raised."""
-
-    def __init__(self, read: Callable[[int, int], int], index: int, offset: int) -> None:
-        self._got = 0
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(read, index, offset), name="gpuckpt-read-ahead",
-                                        daemon=True)
-        self._thread.start()
-
-    def _run(self, read: Callable[[int, int], int], index: int, offset: int) -> None:
-        try:
-            self._got = read(index, offset)
-        except BaseException as error:  # handed to the reader's thread
-            self._error = error
-
-    def result(self) -> int:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._got

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING
 
 from gpuckpt.host.safefiles import create_new, read_bounded
 from gpuckpt.node.trust import Trust, log_unsigned_use
-from gpuckpt.oci.signature import SignatureError, SignedContent, SignedEntry, Signer, open_envelope
+from gpuckpt.oci.signature import (
+    MAX_ENVELOPE_BYTES,
+    SignatureError,
+    SignedContent,
+    SignedEntry,
+    Signer,
+    open_envelope,
+)
 
 if TYPE_CHECKING:
     import tarfile
@@ -34,7 +41,6 @@ if TYPE_CHECKING:
 
 SIGNATURE_SUFFIX = ".sig"
 SIGNATURE_ANNOTATION = "io.gpuckpt.signature"
-MAX_SIGNATURE_BYTES = 32 << 20
 
 
 def signature_path(archive: str) -> str:
@@ -273,7 +279,7 @@ def verify_archive_signature(archive: str, trust: Trust,
             raise unsigned_refusal(archive, source, f"no signature ({sig_path})")
         log_unsigned_use(rule, archive)
         return Unsigned()
-    data = read_bounded(sig_path, MAX_SIGNATURE_BYTES, sig_path)
+    data = read_bounded(sig_path, MAX_ENVELOPE_BYTES, sig_path)
     content, signer = open_envelope(data, trust.keys, sig_path, "archive")
     if content.archive_sha256 is None:
         raise SignatureError(f"{sig_path}: an archive signature without the archive's sha256: refused")
