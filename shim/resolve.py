@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import NoReturn
 
-CACHE_NAME = "delegate.cache"  # one file per key: ".<crc32 of the key>" added
+CACHE_NAME = "delegate.cache"  # one file per config path, PATH and launcher (".<crc32>" added by _cache_file)
 CACHE_VERSION = "2"
+KEY_CONFIG_IDENTITY = 2  # where _cache_key puts the config file's identity
 
 
 def _own_path() -> str:
@@ -52,9 +53,12 @@ class Resolved:
 
 
 def _cache_file(key: list[str]) -> str:
-    """The key's own cache file: the engines call the runtime with PATHs of their own (podman, and conmon for
-    a restore), and one file for all of them made each call undo the last one's entry (pydantic, 200 ms)."""
-    return f"{CACHE_NAME}.{zlib.crc32(chr(0).join(key).encode()):08x}"
+    """The cache file of a config path, PATH and launcher: the engines call the runtime with PATHs of their own
+    (podman, and conmon for a restore), and one file for all of them made each call undo the last one's entry
+    (pydantic, 200 ms). The config file's identity is not in the name (it is in the file): a changed config
+    replaces its entry instead of adding one."""
+    lasting = [part for index, part in enumerate(key) if index != KEY_CONFIG_IDENTITY]
+    return f"{CACHE_NAME}.{zlib.crc32(chr(0).join(lasting).encode()):08x}"
 
 
 def _read_cache(key: list[str]) -> Resolved | None:

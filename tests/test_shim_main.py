@@ -73,6 +73,10 @@ def test_each_path_the_engines_call_with_keeps_its_cached_delegate(node, recordi
                                 capture_output=True, text=True, timeout=30, env={**os.environ, "PATH": path_env})
         assert result.returncode == 0, result.stderr
         assert "gpuckpt.node.config" not in result.stderr  # a cache hit: the config not read again
+    write_config(node, f'delegate = "{recording_runtime}"\n# changed\n')
+    for path_env in paths:
+        assert run_shim(["state", "c"], {"PATH": path_env}).returncode == 0
+    assert len(list((node / "state").glob("delegate.cache.*"))) == 2  # a changed config replaced, added nothing
 
 
 def test_missing_delegate_is_one_line_json_log(node) -> None:
