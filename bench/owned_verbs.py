@@ -1,8 +1,10 @@
 """What gpuckpt-runtime adds to podman's checkpoint and restore of a CPU-only container, and to `state`.
 
-Two containers of the test bed's image running `sleep`, one with runc and one with
-gpuckpt-runtime (delegating to runc), checkpointed and restored in turns, the same number
-of cycles each, so load on the machine falls on both. Prints medians and p90 side by side
+Three containers of the test bed's image running `sleep`: one with runc, one with gpuckpt-runtime
+(delegating to runc) handing its verbs to gpuckpt-runtimed (started by this bench unless systemd's
+socket listens), one with a copy of the shim's launcher that works them in its own process
+(GPUCKPT_RESIDENT=0), checkpointed and restored in turns, the same number of cycles each, so load
+on the machine falls on all. Prints medians and p90 side by side
 and the shim's added milliseconds; writes bench/results/owned_verbs.json. The pass-through's
 cost is timed the same way on `state` of the shim's container (runc's root, as podman calls it).
 Run as root after integration/testbed/setup.sh and gpuckpt install --engine podman.
@@ -13,9 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -30,12 +35,48 @@ GOAL_ADDED_MS = 50.0
 FLOOR_CODE = ("import pydantic, cryptography.hazmat.primitives.serialization\n"
               "class Floor(pydantic.BaseModel):\n    x: int\nFloor(x=1)\n")
 GOAL_PASSTHROUGH_MS = 5.0
+IN_PROCESS = "gpuckpt-runtime in-process"
+RESIDENT_ENV = "GPUCKPT_RESIDENT"  # shim/resident_call.py's switch
+RESIDENT_SOCKET = "/run/gpuckpt/runtime.sock"
 
 
 def figures(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {"median_ms": round(statistics.median(ordered), 1),
             "p90_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))], 1), "runs": len(ordered)}
+
+
+def in_process_launcher(shim: str, directory: Path) -> str:
+    """A copy of the shim's launcher that works its verbs in its own process (GPUCKPT_RESIDENT=0), as every
+    call did before gpuckpt-runtimed: the same code, the other path."""
+    lines = Path(shim).read_text().splitlines()
+    copy = directory / "gpuckpt-runtime-in-process"
+    copy.write_text("\n".join([lines[0], "import os", f"os.environ[{RESIDENT_ENV!r}] = '0'", *lines[1:]]) + "\n")
+    copy.chmod(0o755)
+    return str(copy)
+
+
+def helper_listens() -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(RESIDENT_SOCKET)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def start_helper(shim: str) -> subprocess.Popen | None:
+    """gpuckpt-runtimed beside the shim, unless one listens already (systemd's socket); None then."""
+    if helper_listens():
+        return None
+    helper = subprocess.Popen([str(Path(shim).with_name("gpuckpt-runtimed"))])
+    deadline = time.monotonic() + 30
+    while not helper_listens():
+        assert helper.poll() is None and time.monotonic() < deadline, "gpuckpt-runtimed did not start listening"
+        time.sleep(0.1)
+    return helper
 
 
 def main() -> None:
@@ -47,13 +88,16 @@ def main() -> None:
     podman, runc = shutil.which("podman"), shutil.which("runc")
     shim = shutil.which("gpuckpt-runtime")
     assert podman and runc and shim, "podman, runc and gpuckpt-runtime must be installed"
-    names = {"runc": "bench-owned-runc", "gpuckpt-runtime": "bench-owned-shim"}
+    scratch = Path(tempfile.mkdtemp(prefix="owned-verbs-"))
+    runtimes = {"runc": "runc", "gpuckpt-runtime": shim, IN_PROCESS: in_process_launcher(shim, scratch)}
+    names = {"runc": "bench-owned-runc", "gpuckpt-runtime": "bench-owned-shim", IN_PROCESS: "bench-owned-shim-local"}
     times: dict[str, dict[str, list[float]]] = {rt: {"checkpoint": [], "restore": []} for rt in names}
+    helper = start_helper(shim)
     try:
         for runtime, name in names.items():
             subprocess.run([podman, "rm", "-f", name], capture_output=True)
-            subprocess.run([podman, "run", "-d", "--runtime", runtime, "--name", name, IMAGE, "sleep", "1000000"],
-                           check=True, capture_output=True)
+            subprocess.run([podman, "run", "-d", "--runtime", runtimes[runtime], "--name", name, IMAGE, "sleep",
+                            "1000000"], check=True, capture_output=True)
         for _ in range(options.cycles):
             for runtime, name in names.items():
                 times[runtime]["checkpoint"].append(time_once([podman, "container", "checkpoint", name]))
@@ -76,11 +120,19 @@ def main() -> None:
     finally:
         for name in names.values():
             subprocess.run([podman, "rm", "-f", name], capture_output=True)
+        if helper is not None:
+            helper.terminate()
+            helper.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
     result: dict = {"machine": machine(), "cycles": options.cycles, "image": IMAGE, "workload": "sleep"}
     for verb in ("checkpoint", "restore"):
         result[verb] = {runtime: figures(times[runtime][verb]) for runtime in names}
         result[f"{verb}_added_ms"] = round(result[verb]["gpuckpt-runtime"]["median_ms"]
                                            - result[verb]["runc"]["median_ms"], 1)
+        result[f"{verb}_added_in_process_ms"] = round(result[verb][IN_PROCESS]["median_ms"]
+                                                      - result[verb]["runc"]["median_ms"], 1)
+    result["helper"] = ("gpuckpt-runtimed started by this bench" if helper is not None
+                        else "gpuckpt-runtimed already listening (systemd's socket)")
     result["state"] = {runtime: figures(samples) for runtime, samples in state.items()}
     result["floor"] = {"what": "the shim's interpreter importing pydantic and cryptography and building one model",
                        **figures(floor)}
@@ -94,11 +146,15 @@ def main() -> None:
                        "passthrough_added_ms": GOAL_PASSTHROUGH_MS}
     for key in ("checkpoint", "restore", "state"):
         runc_f, shim_f = result[key]["runc"], result[key]["gpuckpt-runtime"]
+        local = (f"   shim in-process median {result[key][IN_PROCESS]['median_ms']:7.1f} ms"
+                 if IN_PROCESS in result[key] else "")
         print(f"{key:<10} runc median {runc_f['median_ms']:7.1f} ms p90 {runc_f['p90_ms']:7.1f}   "
-              f"shim median {shim_f['median_ms']:7.1f} ms p90 {shim_f['p90_ms']:7.1f}")
+              f"shim median {shim_f['median_ms']:7.1f} ms p90 {shim_f['p90_ms']:7.1f}{local}")
     print(f"floor (interpreter + pydantic + cryptography + one model): median {result['floor']['median_ms']} ms; "
           f"interpreter alone {result['interpreter']['median_ms']} ms; importing the verb's module: checkpoint "
           f"{result['imports']['checkpoint']['median_ms']} ms, restore {result['imports']['restore']['median_ms']} ms")
+    print(f"added in-process (no gpuckpt-runtimed): checkpoint {result['checkpoint_added_in_process_ms']} ms, "
+          f"restore {result['restore_added_in_process_ms']} ms")
     print(f"added: checkpoint {result['checkpoint_added_ms']} ms, restore {result['restore_added_ms']} ms, "
           f"pass-through {result['passthrough_added_ms']} ms (goals {GOAL_ADDED_MS:g}, {GOAL_ADDED_MS:g}, "
           f"{GOAL_PASSTHROUGH_MS:g})")

@@ -13,6 +13,7 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 
+from gpuckpt.host import caller
 from gpuckpt.host.programs import CommandError
 
 __all__ = ["Background", "CommandError", "Finished", "run", "spawn"]  # CommandError: raised by both
@@ -27,9 +28,19 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> subprocess.Popen:
+Child = subprocess.Popen | caller.CallerChild  # what spawn() hands back: ours, or the caller's (host/caller.py)
+
+
+def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> Child:
     """Start a child sharing our stdio and every inherited fd (engines pass fds to runtimes); with
-    `pipe_stderr`, its stderr comes to us through a pipe instead."""
+    `pipe_stderr`, its stderr comes to us through a pipe instead. In a resident worker the child is
+    the calling gpuckpt-runtime's (host/caller.py), its stdio and fds."""
+    starter = caller.current()
+    if starter is not None:
+        try:
+            return _spawn_by(starter, argv, None, stdin=False, capture=False, pipe_stderr=pipe_stderr)
+        except OSError as error:
+            raise CommandError(f"cannot run {argv[0]}: {error.strerror}") from None
     try:
         return subprocess.Popen(list(argv), close_fds=False, stderr=subprocess.PIPE if pipe_stderr else None)
     except OSError as error:
@@ -40,6 +51,12 @@ def run(argv: Sequence[str], *, timeout_s: float = 120, check: bool = True,
         env: Mapping[str, str] | None = None, input_text: str | None = None) -> Finished:
     """Run to the end with output captured; with `check`, a non-zero exit is a CommandError."""
     name = os.path.basename(argv[0])
+    starter = caller.current()
+    if starter is not None:
+        finished = _run_by(starter, name, argv, timeout_s, env, input_text)
+        if check:
+            _raise_if_failed(name, argv, finished)
+        return finished
     try:
         completed = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
                                    env=dict(env) if env is not None else None, input=input_text,
@@ -54,6 +71,52 @@ def run(argv: Sequence[str], *, timeout_s: float = 120, check: bool = True,
     if check:
         _raise_if_failed(name, argv, finished)
     return finished
+
+
+def _spawn_by(starter: caller.Caller, argv: Sequence[str], env: Mapping[str, str] | None, *, stdin: bool,
+              capture: bool, pipe_stderr: bool) -> caller.CallerChild:
+    """`argv` started by the caller, with pipes to us where asked (stdin: /dev/null unless `stdin`)."""
+    ours: list[tuple[str, int, str]] = []  # (attribute, our end, mode)
+    theirs: dict[str, int] = {}
+    try:
+        if stdin:
+            read_end, write_end = os.pipe()
+            ours.append(("stdin", write_end, "wb"))
+            theirs["stdin"] = read_end
+        elif capture:
+            theirs["stdin"] = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        for attribute, wanted in (("stdout", capture), ("stderr", capture or pipe_stderr)):
+            if wanted:
+                read_end, write_end = os.pipe()
+                ours.append((attribute, read_end, "rb"))
+                theirs[attribute] = write_end
+        child = starter.spawn(argv, env=env, **theirs)
+    except BaseException:
+        for _, fd, _ in ours:
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs.values():
+            os.close(fd)
+    for attribute, fd, mode in ours:
+        setattr(child, attribute, os.fdopen(fd, mode, buffering=0))
+    return child
+
+
+def _run_by(starter: caller.Caller, name: str, argv: Sequence[str], timeout_s: float,
+            env: Mapping[str, str] | None, input_text: str | None) -> Finished:
+    """run() in a resident worker: the caller starts the program, we hold its pipes."""
+    try:
+        child = _spawn_by(starter, argv, env, stdin=input_text is not None, capture=True, pipe_stderr=False)
+    except FileNotFoundError:
+        raise CommandError(f"{name}: not found (is it installed and on PATH?)", 127) from None
+    except OSError as error:
+        raise CommandError(f"cannot run {name}: {error.strerror}") from None
+    outputs = child.communicate(input_text.encode() if input_text is not None else None, timeout_s)
+    if outputs is None:
+        raise CommandError(f"{name} {' '.join(argv[1:3])}: no answer within {timeout_s:g} s")
+    assert child.returncode is not None
+    return Finished(child.returncode, outputs[0].decode(errors="replace"), outputs[1].decode(errors="replace"))
 
 
 def _raise_if_failed(name: str, argv: Sequence[str], finished: Finished) -> None:

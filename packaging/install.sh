@@ -55,6 +55,7 @@ if [ "$bindir" = none ]; then
 fi
 mkdir -p "$bindir"
 write_launcher gpuckpt-runtime gpuckpt.shim.main
+write_launcher gpuckpt-runtimed gpuckpt.shim.resident
 write_launcher gpuckpt gpuckpt.cli.main
 write_launcher gpuckpt-hook gpuckpt.hooks.main
 write_launcher gpuckptd gpuckpt.service.main

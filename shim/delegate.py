@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -47,7 +46,7 @@ class DelegateRun:
         self.argv = list(argv)
         self.interrupted_by: int | None = None
         self.returncode: int | None = None
-        self._child: subprocess.Popen | None = None
+        self._child: process.Child | None = None
         self._hold_stderr = hold_stderr
         self._reader: threading.Thread | None = None
         self._ended = threading.Event()

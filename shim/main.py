@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None) -> int:
         if args.wants_version and args.command is None and args.unknown_global is None:
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None and not owned_verb_is_only_asked_about(args):
+            if gpus is None:  # a test's launcher with GPUs of its own works its verbs itself
+                from gpuckpt.shim.resident_call import call_resident  # built-in modules only
+
+                status = call_resident(argv, delegate, resolved.hook)
+                if status is not None:
+                    return status
             return _run_owned(args, delegate, resolved.hook, gpus)
         if args.command == "create" and resolved.hook and args.unknown_global is None:
             from gpuckpt.shim.create import add_hook  # only with hook.add_to_spec on
@@ -81,20 +87,32 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None) -> int:
             add_hook(args, resolved.hook)
         exec_delegate(delegate, argv)
         return 1  # not reached: exec replaced us
-    except GpuckptError as error:
-        from gpuckpt.shim.log import report_error
+    except Exception as error:
+        return _report(args, error)
 
+
+def _report(args: RuntimeArgs, error: Exception) -> int:
+    """An error as the engine sees it: one line, and runc's exit status."""
+    from gpuckpt.shim.log import report_error
+
+    if isinstance(error, GpuckptError):
         report_error(args, str(error))
         return error.exit_status
-    except Exception as error:  # a bug: still one line for the engine, the trace only on --debug
-        if args.debug:
-            import traceback
+    if args.debug:  # a bug: still one line for the engine, the trace only on --debug
+        import traceback
 
-            traceback.print_exc()
-        from gpuckpt.shim.log import report_error
+        traceback.print_exc()
+    report_error(args, f"gpuckpt-runtime internal error: {type(error).__name__}: {error}")
+    return 1
 
-        report_error(args, f"gpuckpt-runtime internal error: {type(error).__name__}: {error}")
-        return 1
+
+def work_owned(argv: list[str], delegate: str, hook: str) -> int:
+    """An owned verb a caller handed to the resident helper (shim/resident.py), worked as main() would."""
+    args = parse_runtime_args(argv)
+    try:
+        return _run_owned(args, delegate, hook, None)
+    except Exception as error:
+        return _report(args, error)
 
 
 if __name__ == "__main__":

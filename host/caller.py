@@ -1,0 +1,195 @@
+"""Programs a verb starts while the resident helper works it: started by the caller, not by us.
+
+gpuckpt-runtimed (shim/resident.py) works an owned verb in a process forked from itself, but
+the programs the verb runs (the delegate runtime above all) must be children of the
+gpuckpt-runtime process the engine started: a restored container's init is reparented to that
+process's subreaper (conmon) when the delegate exits, and the delegate must run in that process's
+cgroup, with its fds and limits. So the worker asks the caller (shim/resident_call.py) to start
+each one, over the connection the verb came on, and gets a pidfd back: waiting for the exit
+status is the caller's (only a parent can reap), signals and exit are seen through the pidfd.
+
+Messages are marshal'd tuples on a SOCK_SEQPACKET socket, both ends root and the same interpreter:
+("spawn", argv, env, targets) with one fd per target fd number (the child's stdin/stdout/stderr
+where the verb wants them elsewhere than the caller's), answered ("spawned", pid) with the pidfd,
+or ("failed", errno, text); ("wait", pid) answered ("waited", returncode as subprocess gives it).
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import select
+import signal
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import BinaryIO
+
+from gpuckpt.host.programs import CommandError
+
+MAX_MESSAGE = 1 << 20  # a message's bound either way: argv and environment
+FD_BYTES = 4
+
+
+def pack_fds(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
+    """SCM_RIGHTS ancillary data carrying `fds` (none: no ancillary data)."""
+    if not fds:
+        return []
+    data = b"".join(fd.to_bytes(FD_BYTES, sys.byteorder, signed=True) for fd in fds)
+    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, data)]
+
+
+def unpack_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The fds an SCM_RIGHTS message carried (a truncated last one dropped)."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % FD_BYTES
+            fds += [int.from_bytes(data[at:at + FD_BYTES], sys.byteorder, signed=True)
+                    for at in range(0, usable, FD_BYTES)]
+    return fds
+
+
+class CallerGone(CommandError):
+    """The gpuckpt-runtime process that brought the verb has ended (killed by its engine)."""
+
+    def __init__(self) -> None:
+        super().__init__("gpuckpt-runtime's calling process has ended")
+
+
+class Caller:
+    """The connection to the gpuckpt-runtime process whose verb this worker runs."""
+
+    def __init__(self, connection: socket.socket) -> None:
+        self.connection = connection
+
+    def ask(self, message: tuple, fds: Sequence[int] = ()) -> tuple[tuple, list[int]]:
+        try:
+            self.connection.sendmsg([marshal.dumps(message)], pack_fds(fds))
+            data, ancillary, _flags, _ = self.connection.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(FD_BYTES * 4),
+                                                                 socket.MSG_CMSG_CLOEXEC)
+        except OSError:
+            raise CallerGone() from None
+        received = unpack_fds(ancillary)
+        if not data:
+            for fd in received:
+                os.close(fd)
+            raise CallerGone()
+        return marshal.loads(data), received
+
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
+              stdout: int | None = None, stderr: int | None = None) -> CallerChild:
+        """Start `argv` as the caller's child: its stdio the caller's, except where an fd is given."""
+        targets = [(fd, target) for target, fd in ((0, stdin), (1, stdout), (2, stderr)) if fd is not None]
+        answer, fds = self.ask(("spawn", list(argv), dict(os.environ if env is None else env),
+                                [target for _, target in targets]), [fd for fd, _ in targets])
+        if answer[0] != "spawned" or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            if answer[0] == "failed":
+                raise OSError(answer[1], answer[2])
+            raise CallerGone()
+        return CallerChild(self, answer[1], fds[0])
+
+    def reap(self, pid: int) -> int:
+        answer, fds = self.ask(("wait", pid))
+        for fd in fds:
+            os.close(fd)
+        if answer[0] != "waited":
+            raise CallerGone()
+        return int(answer[1])
+
+
+class CallerChild:
+    """A program the caller started for us: what the verbs use of subprocess.Popen."""
+
+    def __init__(self, caller: Caller, pid: int, pidfd: int) -> None:
+        self.caller, self.pid, self.pidfd = caller, pid, pidfd
+        self.returncode: int | None = None
+        self.stdin: BinaryIO | None = None
+        self.stdout: BinaryIO | None = None
+        self.stderr: BinaryIO | None = None
+
+    def _ended(self, timeout_s: float | None) -> bool:
+        return bool(select.select([self.pidfd], [], [], timeout_s)[0])
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self._ended(0):
+            self.wait()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status (-N for signal N); with `timeout`, TimeoutError if it runs past it."""
+        if self.returncode is None:
+            if timeout is not None and not self._ended(timeout):
+                raise TimeoutError(self.pid)
+            self.returncode = self.caller.reap(self.pid)
+            os.close(self.pidfd)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            try:
+                signal.pidfd_send_signal(self.pidfd, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, input_bytes: bytes | None, timeout_s: float) -> tuple[bytes, bytes] | None:
+        """Write `input_bytes` to stdin, read stdout and stderr to their ends and wait, all within
+        `timeout_s`; None when it ran past it (the program killed and reaped)."""
+        deadline = time.monotonic() + timeout_s
+        pending = input_bytes or b""
+        streams = [stream for stream in (self.stdout, self.stderr) if stream is not None]
+        read_fds = [stream.fileno() if stream is not None else -1 for stream in (self.stdout, self.stderr)]
+        outputs: dict[int, list[bytes]] = {fd: [] for fd in read_fds}
+        readers = [fd for fd in read_fds if fd >= 0]
+        writers = [self.stdin.fileno()] if self.stdin is not None and pending else []
+        if self.stdin is not None and not pending:
+            self.stdin.close()
+        try:
+            while readers or writers:
+                readable, writable, _ = select.select(readers, writers, [], max(deadline - time.monotonic(), 0))
+                if not readable and not writable:
+                    raise TimeoutError(self.pid)
+                for fd in readable:
+                    chunk = os.read(fd, 65536)
+                    if chunk:
+                        outputs[fd].append(chunk)
+                    else:
+                        readers.remove(fd)
+                for fd in writable:
+                    try:
+                        pending = pending[os.write(fd, pending[:65536]):]
+                    except BrokenPipeError:
+                        pending = b""
+                    if not pending and self.stdin is not None:
+                        self.stdin.close()
+                        writers = []
+            self.wait(max(deadline - time.monotonic(), 0))
+        except TimeoutError:
+            self.kill()
+            self.wait()
+            return None
+        finally:
+            for stream in (self.stdin, *streams):
+                if stream is not None and not stream.closed:
+                    stream.close()
+        return b"".join(outputs[read_fds[0]]), b"".join(outputs[read_fds[1]])
+
+
+_current: Caller | None = None
+
+
+def work_for(caller: Caller) -> None:
+    """From now on this process's programs are started by `caller` (a resident worker, once)."""
+    global _current
+    _current = caller
+
+
+def current() -> Caller | None:
+    """The caller that starts this process's programs; None when we start them ourselves."""
+    return _current

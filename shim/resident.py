@@ -1,0 +1,252 @@
+"""`gpuckpt-runtimed`: the runtime's resident helper, which works owned verbs with their code loaded.
+
+A fresh gpuckpt-runtime spends ~300 ms importing pydantic, cryptography and the verbs' models
+before a checkpoint or a restore does anything (bench/owned_verbs.py). This process imports them
+once, then listens on a SOCK_SEQPACKET socket (systemd's, gpuckpt-runtimed.socket, or its own in
+the state directory) and forks a worker per call: the worker takes the caller's stdio, working
+directory, umask and environment, works the verb as gpuckpt-runtime would, and has the caller
+start every program (host/caller.py) so the delegate stays the engine's grandchild.
+
+A worker takes the call only from a root process in our namespaces whose capabilities are all
+ours, running the same installed gpuckpt; anything else is answered ("local", why) and the caller
+works the verb itself. An install that changed our files ends this process at its next call
+(systemd starts the new code at the one after).
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import marshal
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+
+from gpuckpt.errors import GpuckptError, UsageError
+from gpuckpt.host import caller
+from gpuckpt.node.paths import state_dir
+from gpuckpt.oci import criu_images
+from gpuckpt.shim import main as shim_main
+from gpuckpt.shim.argv import owned_verb_is_only_asked_about, parse_runtime_args
+from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity
+
+# What the owned verbs load, imported before the first fork (each worker then starts with it).
+PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete", "gpuckpt.shim.pause",
+             "gpuckpt.shim.create", "gpuckpt.shim.log", "gpuckpt.oci.state", "gpuckpt.oci.problems",
+             "gpuckpt.node.config", "json", "traceback", "tempfile")
+NAMESPACES = ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup")
+HELLO_TIMEOUT_S = 10.0
+LISTEN_BACKLOG = 128
+
+
+class Refused(Exception):
+    """Why a worker does not take a call (the caller then works it itself)."""
+
+
+def _namespace_ids(pid: int | str) -> list[tuple[int, int]]:
+    return [(status.st_dev, status.st_ino) for status in
+            (os.stat(f"/proc/{pid}/ns/{name}") for name in NAMESPACES)]
+
+
+def _effective_capabilities(pid: int | str) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return int(line.split()[1], 16)
+    raise Refused("no capabilities line")
+
+
+def check_peer(connection: socket.socket) -> None:
+    """Refused unless the peer is root, in every namespace of ours, with at least our capabilities: a
+    worker acts with ours, so a process with fewer, or in another mount or PID namespace (paths and
+    PIDs it names would mean something else here), works its verb itself."""
+    pid, uid, _gid = socket_peer(connection)
+    if uid != 0:
+        raise Refused(f"caller uid {uid}")
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError:
+        raise Refused("caller gone") from None
+    try:
+        if _namespace_ids(pid) != _namespace_ids("self"):
+            raise Refused("caller in other namespaces")
+        own = _effective_capabilities("self")
+        if _effective_capabilities(pid) & own != own:
+            raise Refused("caller has fewer capabilities")
+        signal.pidfd_send_signal(pidfd, 0)  # still the process the kernel named: it is waiting for us
+    except OSError:
+        raise Refused("caller gone") from None
+    finally:
+        os.close(pidfd)
+
+
+def socket_peer(connection: socket.socket) -> tuple[int, int, int]:
+    data = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    return tuple(int.from_bytes(data[at:at + 4], sys.byteorder) for at in (0, 4, 8))  # type: ignore[return-value]
+
+
+def _hello(connection: socket.socket) -> tuple[tuple, list[int]]:
+    connection.settimeout(HELLO_TIMEOUT_S)
+    data, ancillary, _flags, _ = connection.recvmsg(caller.MAX_MESSAGE, socket.CMSG_SPACE(caller.FD_BYTES * 4),
+                                                    socket.MSG_CMSG_CLOEXEC)
+    connection.settimeout(None)
+    fds = caller.unpack_fds(ancillary)
+    if not data and not fds:
+        raise Refused("")  # connected and closed: a probe of whether we listen
+    try:
+        message = marshal.loads(data)
+    except (ValueError, EOFError, TypeError):
+        message = None
+    if not (isinstance(message, tuple) and len(message) == 9 and message[0] == "call" and message[1] == PROTOCOL
+            and len(fds) == 4 and _strings(message[4]) and isinstance(message[5], dict)
+            and _strings([*message[5], *message[5].values(), message[2], message[3], message[7], message[8]])
+            and isinstance(message[6], int)):
+        for fd in fds:
+            os.close(fd)
+        raise Refused("not a call this helper speaks")
+    return message, fds
+
+
+def _strings(values: object) -> bool:
+    return isinstance(values, list) and all(isinstance(value, str) for value in values)
+
+
+def _take_on(message: tuple, fds: list[int]) -> tuple[list[str], str, str]:
+    """Become the caller: its stdio, working directory, umask, environment and argv[0]."""
+    _, _, _identity, argv0, argv, environment, umask, delegate, hook = message
+    for target, fd in enumerate(fds[:3]):
+        os.dup2(fd, target)  # inheritable, as the caller's own are
+        os.close(fd)
+    os.fchdir(fds[3])
+    os.close(fds[3])
+    os.umask(umask)
+    os.environ.clear()
+    os.environ.update(environment)
+    sys.argv = [argv0, *argv]
+    return argv, delegate, hook
+
+
+def _watch_caller(connection: socket.socket) -> None:
+    """The caller killed (its engine gave up): this worker is told as gpuckpt-runtime would be, by SIGTERM,
+    so a verb holding CUDA processes locked rolls them back."""
+    poller = select.poll()
+    poller.register(connection.fileno(), select.POLLRDHUP)
+    poller.poll()
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def work(connection: socket.socket, identity: str) -> int:
+    """One call, in a forked worker; its exit status is the caller's."""
+    try:
+        message, fds = _hello(connection)
+        if message[2] != identity:
+            for fd in fds:
+                os.close(fd)
+            raise Refused("another gpuckpt install")
+        check_peer(connection)
+    except (Refused, OSError) as refused:
+        if str(refused):
+            sys.stderr.write(f"gpuckpt-runtimed: a call left to its caller: {refused}\n")  # the journal's line
+        try:
+            connection.sendmsg([marshal.dumps(("local", str(refused)))])
+        except OSError:
+            pass
+        return 0
+    argv, delegate, hook = _take_on(message, fds)
+    connection.sendmsg([marshal.dumps(("worker", os.getpid()))])
+    caller.work_for(caller.Caller(connection))
+    threading.Thread(target=_watch_caller, args=(connection,), daemon=True, name="gpuckpt-caller").start()
+    args = parse_runtime_args(argv)
+    if args.command not in shim_main.OWNED_VERBS or args.unknown_global is not None or \
+            owned_verb_is_only_asked_about(args):
+        status = shim_main._report(args, UsageError(f"gpuckpt-runtimed: {args.command!r} is not a verb it works"))
+    else:
+        status = shim_main.work_owned(argv, delegate, hook)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the caller ends at our answer: no news for us
+    connection.sendmsg([marshal.dumps(("exit", status))])
+    return 0
+
+
+def _listener() -> socket.socket:
+    """systemd's socket (LISTEN_FDS), or one of our own in the state directory."""
+    if os.environ.get("LISTEN_PID") == str(os.getpid()) and os.environ.get("LISTEN_FDS") == "1":
+        for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+            os.environ.pop(name, None)
+        return socket.socket(fileno=3)
+    directory = state_dir()
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    status = os.lstat(directory)
+    if status.st_uid != os.geteuid() or status.st_mode & 0o022 or not os.path.isdir(directory) or \
+            os.path.islink(directory):
+        raise GpuckptError(f"gpuckpt-runtimed: {directory} is not root's alone; refusing to listen there")
+    path = os.path.join(directory, SOCKET_NAME)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        os.unlink(path)  # a socket left by an earlier helper: nobody listens on it any more
+    except FileNotFoundError:
+        pass
+    old_umask = os.umask(0o177)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    listener.listen(LISTEN_BACKLOG)
+    return listener
+
+
+def _preload(modules: Sequence[str]) -> None:
+    for name in modules:
+        importlib.import_module(name)
+    try:
+        criu_images.criu_messages()  # CRIU's message modules, cached: a restore's image check reads them (~40 ms)
+    except GpuckptError:
+        pass  # no python3-pycriu: each restore's check says so
+    gc.collect()
+    gc.freeze()  # the loaded code stays shared with the workers instead of copied at their first collection
+
+
+def serve(listener: socket.socket) -> int:
+    identity = package_identity()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    while True:
+        connection, _ = listener.accept()
+        if package_identity() != identity:  # reinstalled: this call is the caller's, the next the new code's
+            connection.close()
+            return 0
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                listener.close()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                status = work(connection, identity)
+            except BaseException:  # noqa: BLE001 - a worker's end is os._exit's, never the server's loop
+                status = 1
+            finally:
+                os._exit(status)
+        connection.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv:
+        sys.stderr.write("gpuckpt-runtimed: takes no arguments (started by gpuckpt-runtimed.socket)\n")
+        return 2
+    os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
+    try:
+        listener = _listener()
+    except (GpuckptError, OSError) as error:
+        sys.stderr.write(f"{error}\n")
+        return 1
+    _preload(PRELOADED)
+    return serve(listener)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
