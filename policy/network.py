@@ -62,7 +62,7 @@ def _locks_held(pids: list[int]) -> int:
     wanted = {str(pid) for pid in pids}
     try:
         with open("/proc/locks") as locks:
-            return sum(1 for line in locks if len(line.split()) > 4 and line.split()[4] in wanted)
+            return sum(1 for fields in map(str.split, locks) if len(fields) > 4 and fields[4] in wanted)
     except OSError:
         return 0
 

@@ -24,6 +24,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 from gpuckpt.errors import GpuckptError, UsageError
@@ -31,7 +32,13 @@ from gpuckpt.host import caller
 from gpuckpt.node.paths import state_dir
 from gpuckpt.oci import criu_images
 from gpuckpt.shim import main as shim_main
-from gpuckpt.shim.argv import owned_verb_is_only_asked_about, parse_runtime_args
+from gpuckpt.shim.argv import (
+    CHECKPOINT_VALUE_FLAGS,
+    RESTORE_VALUE_FLAGS,
+    owned_verb_is_only_asked_about,
+    parse_runtime_args,
+    parse_verb_args,
+)
 from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity
 
 # What the owned verbs load, imported before the first fork (each worker then starts with it).
@@ -39,7 +46,9 @@ PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.de
              "gpuckpt.shim.create", "gpuckpt.shim.log", "gpuckpt.oci.state", "gpuckpt.oci.problems",
              "gpuckpt.node.config", "json", "traceback", "tempfile")
 NAMESPACES = ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup")
+VALUE_FLAGS = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}  # to name the container
 HELLO_TIMEOUT_S = 10.0
+JOURNAL_FD = 2  # until main() keeps a copy of the helper's own stderr there: a worker's fd 2 is its caller's
 LISTEN_BACKLOG = 128
 
 
@@ -111,6 +120,11 @@ def _hello(connection: socket.socket) -> tuple[tuple, list[int]]:
     return message, fds
 
 
+def _journal_line(text: str) -> None:
+    """One line to the helper's own stderr (the journal under systemd), not the caller's."""
+    os.write(JOURNAL_FD, f"gpuckpt-runtimed: {text}\n".encode(errors="replace"))
+
+
 def _strings(values: object) -> bool:
     return isinstance(values, list) and all(isinstance(value, str) for value in values)
 
@@ -150,7 +164,7 @@ def work(connection: socket.socket, identity: str) -> int:
         check_peer(connection)
     except (Refused, OSError) as refused:
         if str(refused):
-            sys.stderr.write(f"gpuckpt-runtimed: a call left to its caller: {refused}\n")  # the journal's line
+            _journal_line(f"a call left to its caller: {refused}")
         try:
             connection.sendmsg([marshal.dumps(("local", str(refused)))])
         except OSError:
@@ -165,7 +179,12 @@ def work(connection: socket.socket, identity: str) -> int:
             owned_verb_is_only_asked_about(args):
         status = shim_main._report(args, UsageError(f"gpuckpt-runtimed: {args.command!r} is not a verb it works"))
     else:
+        started = time.monotonic()
         status = shim_main.work_owned(argv, delegate, hook)
+        value_flags = VALUE_FLAGS.get(args.command or "", frozenset())
+        container = parse_verb_args(args.command_args, value_flags).container_id or "-"
+        _journal_line(f"{args.command} {container} for pid {socket_peer(connection)[0]}: exit {status} "
+                      f"in {time.monotonic() - started:.2f} s")
     sys.stdout.flush()
     sys.stderr.flush()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the caller ends at our answer: no news for us
@@ -244,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     except (GpuckptError, OSError) as error:
         sys.stderr.write(f"{error}\n")
         return 1
+    global JOURNAL_FD
+    JOURNAL_FD = os.dup(2)  # inherited by workers (not by what they start: dup's copy is close-on-exec)
     _preload(PRELOADED)
     return serve(listener)
 

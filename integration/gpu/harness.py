@@ -26,6 +26,7 @@ RUNTIME = "/usr/local/bin/gpuckpt-runtime"
 CLI = "/usr/local/bin/gpuckpt"
 HOOK = "/usr/local/bin/gpuckpt-hook"
 GPUCKPTD = "/usr/local/bin/gpuckptd"
+RUNTIMED = "/usr/local/bin/gpuckpt-runtimed"
 RUNTIME_ROOT = "/run/gpuckpt-gpu"
 WORK = Path("/tmp/gpuckpt-gpu")
 GPU_DIR = REPO / "integration" / "gpu"
@@ -76,7 +77,7 @@ def install() -> dict:
         link.symlink_to(REPO)
     torch_site = sh(TORCH_PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     for launcher, module in ((RUNTIME, "gpuckpt.shim.main"), (CLI, "gpuckpt.cli.main"), (HOOK, "gpuckpt.hooks.main"),
-                             (GPUCKPTD, "gpuckpt.service.main")):
+                             (GPUCKPTD, "gpuckpt.service.main"), (RUNTIMED, "gpuckpt.shim.resident")):
         Path(launcher).write_text(
             f"#!{TORCH_PYTHON} -IS\nimport sys\nsys.path[:0] = [{str(SITE)!r}, {torch_site!r}]\n"
             f"from {module} import main\nsys.exit(main())\n")

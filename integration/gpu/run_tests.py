@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -804,6 +805,65 @@ def scenario_podman_archive(results: dict) -> str | None:
     finally:
         podman.cli("rm", "-f", name, check=False)
         archive.unlink(missing_ok=True)
+
+
+def _helper_listens() -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect("/run/gpuckpt/runtime.sock")
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def scenario_resident(results: dict) -> str | None:
+    """A CUDA container checkpointed and restored by podman through gpuckpt-runtimed, the resident helper: the
+    worker, forked from a process that loaded the verbs before any CUDA call, locks and checkpoints the
+    device state of a process the caller's delegate dumps, and restores it; the counter goes on. The same
+    container's verbs worked in the shim's own process (helper stopped) are timed beside them."""
+    podman = harness.Podman()
+    name = f"gpu-resident-{os.getpid()}"
+    helper_log = harness.OUT / "runtimed.log"
+    helper: subprocess.Popen | None = None
+    rounds: list[dict] = []
+    try:
+        podman.import_rootfs()
+        state = gpu_container(podman, name, {"GIB": "2"})
+        container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+        for way in ("resident", "in-process", "resident", "in-process"):
+            if way == "resident":
+                with open(helper_log, "a") as journal:
+                    helper = subprocess.Popen([harness.RUNTIMED], stderr=journal)
+                deadline = time.monotonic() + 60
+                while not _helper_listens():
+                    assert helper.poll() is None and time.monotonic() < deadline, "gpuckpt-runtimed did not listen"
+                    time.sleep(0.1)
+            before = wait_counters(state, 1, 3)
+            started = time.monotonic()
+            podman.cli("container", "checkpoint", name)
+            checkpointed = time.monotonic()
+            podman.cli("container", "restore", name)
+            restored = time.monotonic()
+            after = assert_continues(state, before)
+            rounds.append({"way": way, "checkpoint_s": round(checkpointed - started, 3),
+                           "restore_s": round(restored - checkpointed, 3), "before": before, "after": after})
+            log(f"resident: {way} checkpoint {checkpointed - started:.2f} s, restore {restored - checkpointed:.2f} s")
+            if helper is not None:
+                helper.terminate()
+                helper.wait()
+                helper = None
+        journal_lines = helper_log.read_text().splitlines()
+        worked = [line for line in journal_lines if container_id in line]
+        assert sum(f"checkpoint {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
+        assert sum(f"restore {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
+        results["resident"] = {"rounds": rounds, "helper_journal": journal_lines[-12:]}
+    finally:
+        if helper is not None:
+            helper.terminate()
+            helper.wait()
+        podman.cli("rm", "-f", name, check=False)
 
 
 def inventory_record(container_id: str) -> dict | None:
