@@ -826,8 +826,17 @@ def scenario_resident(results: dict) -> str | None:
     podman = harness.Podman()
     name = f"gpu-resident-{os.getpid()}"
     helper_log = harness.OUT / "runtimed.log"
-    helper: subprocess.Popen | None = None
     rounds: list[dict] = []
+    try:
+        with harness.nftables_network_lock():  # podman gives even --network none a netns; no iptables here
+            _resident_rounds(podman, name, helper_log, rounds)
+    finally:
+        podman.cli("rm", "-f", name, check=False)
+    results["resident"] = {"rounds": rounds, "helper_journal": helper_log.read_text().splitlines()[-12:]}
+
+
+def _resident_rounds(podman: harness.Podman, name: str, helper_log: Path, rounds: list[dict]) -> None:
+    helper: subprocess.Popen | None = None
     try:
         podman.import_rootfs()
         state = gpu_container(podman, name, {"GIB": "2"})
@@ -858,12 +867,10 @@ def scenario_resident(results: dict) -> str | None:
         worked = [line for line in journal_lines if container_id in line]
         assert sum(f"checkpoint {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
         assert sum(f"restore {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
-        results["resident"] = {"rounds": rounds, "helper_journal": journal_lines[-12:]}
     finally:
         if helper is not None:
             helper.terminate()
             helper.wait()
-        podman.cli("rm", "-f", name, check=False)
 
 
 def inventory_record(container_id: str) -> dict | None:
