@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+import socket
 import subprocess
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +28,7 @@ from bed import (
 from gpuckpt.host.cgroup_v1 import hybrid_or_legacy
 
 _names = itertools.count()
+RESIDENT_SOCKET = "/run/gpuckpt/runtime.sock"  # gpuckpt-runtimed.socket's, and the helper's own without systemd
 
 
 class PodmanContainer:
@@ -113,6 +118,71 @@ def test_keep_keeps_the_checkpoint_files(container) -> None:
     sh(*container.podman, "container", "restore", "--keep", container.name)
     assert (userdata / "checkpoint" / "inventory.img").exists()
     assert_continues(before, container.state)
+
+
+@pytest.fixture
+def resident_helper(tmp_path) -> Iterator[tuple[Path, subprocess.Popen]]:
+    """gpuckpt-runtimed, installed beside the runtime, listening on /run/gpuckpt/runtime.sock for the test (as
+    gpuckpt-runtimed.socket would start it); yields the file its journal lines go to, and the process."""
+    helper_program = Path(RUNTIME).with_name("gpuckpt-runtimed")
+    assert helper_program.exists(), f"{helper_program}: not installed beside {RUNTIME}"
+    journal = tmp_path / "runtimed.log"
+    assert not helper_listens(), "a gpuckpt-runtimed already listens: this test starts its own"
+    with open(journal, "w") as out:
+        helper = subprocess.Popen([str(helper_program)], stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while not helper_listens():
+            assert helper.poll() is None and time.monotonic() < deadline, journal.read_text()
+            time.sleep(0.05)
+        yield journal, helper
+    finally:
+        helper.terminate()
+        helper.wait(30)
+
+
+def helper_listens() -> bool:
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect(RESIDENT_SOCKET)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def test_checkpoint_restore_through_the_resident_helper(delegate, resident_helper) -> None:
+    """podman's checkpoint and restore worked by gpuckpt-runtimed's workers: the counter goes on, the helper's
+    journal names each verb, and the restored init is conmon's child (the caller ran the delegate, not the
+    helper). With the helper stopped the next cycle is worked in the runtime's own process."""
+    journal_file, helper = resident_helper
+    box = PodmanContainer(["--runtime", "gpuckpt-runtime"])
+    box.run()
+    try:
+        ident = sh("podman", "inspect", "--format", "{{.Id}}", box.name).stdout.strip()
+        before = wait_counter(box.state, minimum=3)
+        sh(*box.podman, "container", "checkpoint", box.name)
+        assert box.status() == "exited"
+        sh(*box.podman, "container", "restore", box.name)
+        box.assert_running()
+        before = assert_continues(before, box.state)
+        journal = journal_file.read_text()
+        assert re.search(rf"checkpoint {ident} for pid \d+: exit 0", journal), journal
+        assert re.search(rf"restore {ident} for pid \d+: exit 0", journal), journal
+        init, conmon = sh("podman", "inspect", "--format", "{{.State.Pid}} {{.State.ConmonPid}}", box.name
+                          ).stdout.split()
+        parent = Path(f"/proc/{init}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        assert parent == conmon, f"restored init {init}'s parent is {parent}, conmon is {conmon}"
+        helper.terminate()
+        helper.wait(30)
+        sh(*box.podman, "container", "checkpoint", box.name)
+        sh(*box.podman, "container", "restore", box.name)
+        box.assert_running()
+        assert_continues(before, box.state)
+        assert journal_file.read_text() == journal  # the helper was gone: the runtime worked them itself
+    finally:
+        box.remove()
 
 
 LOOPBACK_SERVER_SOURCE = (

@@ -15,6 +15,7 @@ works the verb itself. An install that changed our files ends this process at it
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import marshal
@@ -206,6 +207,14 @@ def _listener() -> socket.socket:
         raise GpuckptError(f"gpuckpt-runtimed: {directory} is not root's alone; refusing to listen there")
     path = os.path.join(directory, SOCKET_NAME)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+    def stop(_signum: int, _frame: object) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # our own socket goes with us: callers then find nothing to connect to
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         os.unlink(path)  # a socket left by an earlier helper: nobody listens on it any more
     except FileNotFoundError:
@@ -243,7 +252,9 @@ def serve(listener: socket.socket) -> int:
             status = 1
             try:
                 listener.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a worker's signals are a fresh gpuckpt-runtime's
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.default_int_handler)
                 status = work(connection, identity)
             except BaseException:  # noqa: BLE001 - a worker's end is os._exit's, never the server's loop
                 status = 1
