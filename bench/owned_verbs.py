@@ -1,12 +1,13 @@
 """What gpuckpt-runtime adds to podman's checkpoint and restore of a CPU-only container, and to `state`.
 
 Three containers of the test bed's image running `sleep`: one with runc, one with gpuckpt-runtime
-(delegating to runc) handing its verbs to gpuckpt-runtimed (started by this bench unless systemd's
-socket listens), one with a copy of the shim's launcher that works them in its own process
-(GPUCKPT_RESIDENT=0), checkpointed and restored in turns, the same number of cycles each, so load
-on the machine falls on all. Prints medians and p90 side by side
-and the shim's added milliseconds; writes bench/results/owned_verbs.json. The pass-through's
-cost is timed the same way on `state` of the shim's container (runc's root, as podman calls it).
+(delegating to runc, its compiled launcher) handing its verbs to gpuckpt-runtimed (started by this
+bench unless systemd's socket listens), one with a Python launcher that works them in its own process
+(GPUCKPT_RESIDENT=0: the shim as it ran before both), checkpointed and restored in turns, the same
+number of cycles each, so load on the machine falls on all. Prints medians and p90 side by side and
+the shim's added milliseconds; writes bench/results/owned_verbs.json. The pass-through's cost is
+timed the same way on `state` of the shim's container (runc's root, as podman calls it), through
+both launchers.
 Run as root after integration/testbed/setup.sh and gpuckpt install --engine podman.
 """
 
@@ -46,12 +47,21 @@ def figures(samples: list[float]) -> dict[str, float]:
             "p90_ms": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))], 1), "runs": len(ordered)}
 
 
+def python_and_site(shim: str) -> tuple[list[str], str]:
+    """The installation's interpreter (with its flags) and site-packages, read from gpuckpt-runtimed's launcher
+    beside the shim (a Python one; the shim's own is compiled where the machine could build it)."""
+    lines = Path(shim).with_name("gpuckpt-runtimed").read_text().splitlines()
+    site = next(line.split('"')[1] for line in lines if "sys.path.insert" in line)
+    return lines[0].removeprefix("#!").split(), site
+
+
 def in_process_launcher(shim: str, directory: Path) -> str:
-    """A copy of the shim's launcher that works its verbs in its own process (GPUCKPT_RESIDENT=0), as every
-    call did before gpuckpt-runtimed: the same code, the other path."""
-    lines = Path(shim).read_text().splitlines()
+    """The shim as every call ran it before gpuckpt-runtimed and the compiled launcher: a Python launcher
+    that works its verbs in its own process (GPUCKPT_RESIDENT=0)."""
+    python, site = python_and_site(shim)
     copy = directory / "gpuckpt-runtime-in-process"
-    copy.write_text("\n".join([lines[0], "import os", f"os.environ[{RESIDENT_ENV!r}] = '0'", *lines[1:]]) + "\n")
+    copy.write_text(f"#!{' '.join(python)}\nimport os, sys\nos.environ[{RESIDENT_ENV!r}] = '0'\n"
+                    f"sys.path.insert(0, {site!r})\nfrom gpuckpt.shim.main import main\nsys.exit(main())\n")
     copy.chmod(0o755)
     return str(copy)
 
@@ -102,8 +112,7 @@ def main() -> None:
             for runtime, name in names.items():
                 times[runtime]["checkpoint"].append(time_once([podman, "container", "checkpoint", name]))
                 times[runtime]["restore"].append(time_once([podman, "container", "restore", name]))
-        python = Path(shim).read_text().splitlines()[0].removeprefix("#!").split()
-        site = next(line.split('"')[1] for line in Path(shim).read_text().splitlines() if "sys.path.insert" in line)
+        python, site = python_and_site(shim)
         floor = [time_once([*python, "-c", f"import sys; sys.path.insert(0, {site!r})\n{FLOOR_CODE}"])
                  for _ in range(options.cycles)]
         bare = [time_once([*python, "-c", "pass"]) for _ in range(options.cycles)]
@@ -113,9 +122,9 @@ def main() -> None:
                         for _ in range(options.cycles)] for verb in ("checkpoint", "restore")}
         shim_id = subprocess.run([podman, "inspect", "-f", "{{.Id}}", names["gpuckpt-runtime"]], check=True,
                                  capture_output=True, text=True).stdout.strip()
-        state: dict[str, list[float]] = {"runc": [], "gpuckpt-runtime": []}
+        state: dict[str, list[float]] = {"runc": [], "gpuckpt-runtime": [], IN_PROCESS: []}
         for _ in range(options.state_runs):
-            for runtime, program in (("runc", runc), ("gpuckpt-runtime", shim)):
+            for runtime, program in (("runc", runc), ("gpuckpt-runtime", shim), (IN_PROCESS, runtimes[IN_PROCESS])):
                 state[runtime].append(time_once([program, "--root", PODMAN_RUNC_ROOT, "state", shim_id]))
     finally:
         for name in names.values():

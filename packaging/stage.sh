@@ -87,6 +87,10 @@ while read -r name module function; do
     [ "$function" = main ] || { echo "stage.sh: entry point $name calls $function, launchers call main" >&2; exit 1; }
     write_launcher "$name" "$module"
 done < <(read_pyproject scripts)
+# gpuckpt-runtime's pass-through without an interpreter (launcher/gpuckpt-runtime.c): the packages'
+# build has a compiler, so no fallback here.
+bash "$src/launcher/build.sh" "$dest$bindir/gpuckpt-runtime" "$venv/bin/python3" "$site"
+chmod 0755 "$dest$bindir/gpuckpt-runtime"
 [ -x "$dest$hook_path" ] || { echo "stage.sh: no entry point made $hook_path" >&2; exit 1; }
 
 staged_python() {  # the staged venv's interpreter with the staged gpuckpt importable

@@ -99,7 +99,7 @@ def _connect() -> _Connection | None:
         peer = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
         if int.from_bytes(peer[4:8], sys.byteorder) != 0:
             raise OSError("not root's")
-    except PermissionError:
+    except OSError:
         sock.close()
         return None
     return _Connection(sock)

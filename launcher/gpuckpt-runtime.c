@@ -1,0 +1,232 @@
+/*
+ * gpuckpt-runtime's launcher: the pass-through without an interpreter.
+ *
+ * Engines call the runtime for every container operation (`state` all the time); a Python
+ * interpreter's start alone costs ~10 ms of that. This program decides what shim/main.py would
+ * decide for a call it passes through unchanged, from the same delegate cache (shim/resolve.py
+ * writes it), and becomes the delegate. Anything else, or any doubt (no cache entry, a global
+ * option it does not know, --version, an owned verb with a container), it hands to the Python
+ * shim, with its own path as argv[0] as the shim would have seen it.
+ *
+ * Built by launcher/build.sh with the interpreter and site-packages of the installation.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#if !defined(GPUCKPT_PYTHON) || !defined(GPUCKPT_SITE)
+#error "build with -DGPUCKPT_PYTHON=\"...\" -DGPUCKPT_SITE=\"...\" (launcher/build.sh)"
+#endif
+
+/* shim/argv.py's sets, which this file must follow */
+static const char *const GLOBAL_VALUE_FLAGS[] = {"log", "log-format", "root", "criu", "rootless",
+                                                 "cgroup-manager", "log-level", NULL};
+static const char *const GLOBAL_BOOL_FLAGS[] = {"debug", "systemd-cgroup", "help", "h", "version", "v", NULL};
+static const char *const ASKING_FLAGS[] = {"help", "h", "version", "v", NULL};
+static const char *const CHECKPOINT_VALUE_FLAGS[] = {"image-path", "work-path", "parent-path", "status-fd",
+                                                     "page-server", "manage-cgroups-mode", "empty-ns", NULL};
+static const char *const RESTORE_VALUE_FLAGS[] = {"console-socket", "image-path", "work-path",
+                                                  "manage-cgroups-mode", "bundle", "b", "pid-file", "empty-ns",
+                                                  "lsm-profile", "lsm-mount-context", NULL};
+/* owned verbs the shim always works itself (checkpoint and restore pass through when only asked about) */
+static const char *const ALWAYS_OWNED[] = {"pause", "resume", "delete", NULL};
+static const char *const GO_FALSE[] = {"0", "f", "F", "false", "FALSE", "False", NULL};
+
+/* shim/resolve.py's cache */
+#define CACHE_VERSION "2"
+#define CACHE_NAME "delegate.cache"
+#define CACHE_FIELDS 7 /* version, config path, config identity, PATH, launcher, delegate, hook */
+#define CACHE_MAX 65536
+#define DEFAULT_CONFIG_PATH "/etc/gpuckpt/config.toml"
+#define DEFAULT_STATE_DIR "/run/gpuckpt"
+
+static const char SHIM_CODE[] = "import sys\n"
+                                "sys.argv[:2] = sys.argv[1:2]\n" /* -c's argv[0] gives way to ours */
+                                "sys.path.insert(0, \"" GPUCKPT_SITE "\")\n"
+                                "from gpuckpt.shim.main import main\n"
+                                "sys.exit(main())\n";
+
+static int member(const char *const *set, const char *name, size_t length)
+{
+    for (; *set; set++)
+        if (strlen(*set) == length && strncmp(*set, name, length) == 0)
+            return 1;
+    return 0;
+}
+
+/* "--root=/x" -> name "root" (length 4), value "/x"; "-debug" -> "debug", no value (urfave/cli takes both) */
+static void split_flag(const char *arg, const char **name, size_t *length, const char **value)
+{
+    const char *equals;
+    while (*arg == '-')
+        arg++;
+    equals = strchr(arg, '=');
+    *name = arg;
+    *length = equals ? (size_t)(equals - arg) : strlen(arg);
+    *value = equals ? equals + 1 : NULL;
+}
+
+static int is_false(const char *value)
+{
+    return member(GO_FALSE, value, strlen(value));
+}
+
+/* shim/argv.py's owned_verb_is_only_asked_about past the globals: --help/-h, or no container named */
+static int only_asked_about(int argc, char **argv, int verb_at, const char *const *value_flags)
+{
+    const char *help = NULL, *h = NULL;
+    int positionals = 0;
+    for (int i = verb_at + 1; i < argc; i++) {
+        const char *arg = argv[i], *name, *value;
+        size_t length;
+        if (strcmp(arg, "--") == 0) {
+            positionals += argc - i - 1;
+            break;
+        }
+        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
+            positionals++;
+            continue;
+        }
+        split_flag(arg, &name, &length, &value);
+        if (!value)
+            value = member(value_flags, name, length) ? (++i < argc ? argv[i] : "") : "true";
+        if (length == 4 && strncmp(name, "help", 4) == 0)
+            help = value;
+        else if (length == 1 && name[0] == 'h')
+            h = value;
+    }
+    return (help && !is_false(help)) || (h && !is_false(h)) || positionals == 0;
+}
+
+/* The verb's index when this call goes to the delegate unchanged, whatever the config's hook; 0 when the shim
+ * must see it. Sets *create when it passes through only if the config adds no hook. */
+static int passes_through(int argc, char **argv, int *create)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *name, *value;
+        size_t length;
+        if (strcmp(arg, "--") == 0)
+            return 0;
+        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
+            if (member(ALWAYS_OWNED, arg, strlen(arg)))
+                return 0;
+            if (strcmp(arg, "checkpoint") == 0)
+                return only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS) ? i : 0;
+            if (strcmp(arg, "restore") == 0)
+                return only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS) ? i : 0;
+            *create = strcmp(arg, "create") == 0;
+            return i;
+        }
+        split_flag(arg, &name, &length, &value);
+        if (member(ASKING_FLAGS, name, length))
+            return 0; /* --version and --help are the shim's to answer */
+        if (member(GLOBAL_VALUE_FLAGS, name, length)) {
+            if (!value)
+                i++;
+        } else if (!member(GLOBAL_BOOL_FLAGS, name, length)) {
+            return 0; /* unknown: the shim judges it (a checkpoint behind it is refused) */
+        }
+    }
+    return 0; /* no verb */
+}
+
+static const char *env_or(const char *name, const char *fallback)
+{
+    const char *value = getenv(name);
+    return value && *value ? value : fallback;
+}
+
+/* The delegate and hook shim/resolve.py cached for this config, PATH and launcher; 0 when there is none. */
+static int cached_delegate(const char *own, char *delegate, size_t delegate_size, int *has_hook)
+{
+    const char *config = env_or("GPUCKPT_CONFIG", DEFAULT_CONFIG_PATH);
+    const char *path = getenv("PATH") ? getenv("PATH") : "";
+    char identity[128], name[PATH_MAX], key[3 * PATH_MAX + 64], content[CACHE_MAX + 1];
+    const char *fields[CACHE_FIELDS + 1];
+    struct stat status;
+    size_t key_length;
+    ssize_t length = 0, got;
+    int fd, count = 0;
+
+    if (stat(config, &status) == 0)
+        snprintf(identity, sizeof identity, "%llu:%llu:%lld:%lld:%lld", (unsigned long long)status.st_dev,
+                 (unsigned long long)status.st_ino, (long long)status.st_size,
+                 (long long)status.st_mtim.tv_sec * 1000000000LL + status.st_mtim.tv_nsec,
+                 (long long)status.st_ctim.tv_sec * 1000000000LL + status.st_ctim.tv_nsec);
+    else
+        return 0; /* absent or unreadable: the shim says what is wrong */
+
+    /* the file's name: crc32 of the key without the config's identity (which is inside the file) */
+    key_length = (size_t)snprintf(key, sizeof key, "%s%c%s%c%s%c%s", CACHE_VERSION, 0, config, 0, path, 0, own);
+    if (key_length >= sizeof key)
+        return 0;
+    if ((size_t)snprintf(name, sizeof name, "%s/%s.%08lx", env_or("GPUCKPT_STATE_DIR", DEFAULT_STATE_DIR),
+                         CACHE_NAME, crc32(0L, (const Bytef *)key, (uInt)key_length)) >= sizeof name)
+        return 0;
+
+    fd = open(name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    /* only a cache written by us and writable by nobody else */
+    if (fstat(fd, &status) != 0 || status.st_uid != geteuid() || (status.st_mode & 022) || !S_ISREG(status.st_mode)) {
+        close(fd);
+        return 0;
+    }
+    while (length < CACHE_MAX && (got = read(fd, content + length, (size_t)(CACHE_MAX - length))) > 0)
+        length += got;
+    close(fd);
+    if (got < 0)
+        return 0;
+    content[length] = '\0';
+
+    for (const char *at = content; at <= content + length && count <= CACHE_FIELDS; at += strlen(at) + 1)
+        fields[count++] = at;
+    if (count != CACHE_FIELDS)
+        return 0;
+    if (strcmp(fields[0], CACHE_VERSION) || strcmp(fields[1], config) || strcmp(fields[2], identity) ||
+        strcmp(fields[3], path) || strcmp(fields[4], own))
+        return 0;
+    if (fields[5][0] != '/' || access(fields[5], X_OK) != 0 || strlen(fields[5]) >= delegate_size)
+        return 0;
+    strcpy(delegate, fields[5]);
+    *has_hook = fields[6][0] != '\0';
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    char own[PATH_MAX], delegate[PATH_MAX];
+    int create = 0, has_hook = 0;
+    char **shim_argv;
+
+    if (!realpath("/proc/self/exe", own))
+        snprintf(own, sizeof own, "%s", argc > 0 ? argv[0] : "");
+
+    if (argc > 0 && passes_through(argc, argv, &create) && cached_delegate(own, delegate, sizeof delegate, &has_hook) &&
+        !(create && has_hook)) {
+        argv[0] = delegate;
+        execv(delegate, argv);
+        /* gone or not executable since: the shim reports it */
+    }
+
+    shim_argv = calloc((size_t)(argc > 0 ? argc : 1) + 5, sizeof *shim_argv); /* and the NULL */
+    if (!shim_argv)
+        return 1;
+    shim_argv[0] = GPUCKPT_PYTHON;
+    shim_argv[1] = "-IS";
+    shim_argv[2] = "-c";
+    shim_argv[3] = (char *)SHIM_CODE;
+    shim_argv[4] = own;
+    for (int i = 1; i < argc; i++)
+        shim_argv[4 + i] = argv[i];
+    execv(GPUCKPT_PYTHON, shim_argv);
+    fprintf(stderr, "gpuckpt-runtime: cannot run %s: %s\n", GPUCKPT_PYTHON, strerror(errno));
+    return 1;
+}
