@@ -1,0 +1,145 @@
+"""gpuckpt-runtime's compiled launcher (launcher/gpuckpt-runtime.c): the calls it passes through itself, from
+the delegate cache the Python shim writes, and every other one handed to the Python shim unchanged."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from support import write_config
+
+REPO = Path(__file__).resolve().parent.parent
+SITE = str(REPO / ".typecheck")  # gpuckpt as this tree (the launcher inserts it first on sys.path)
+# The test bed installs both (integration/testbed/install-system.sh), as the packages' build needs them.
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not Path("/usr/include/zlib.h").exists(),
+                                reason="no cc or zlib.h: run integration/testbed/install-system.sh (gcc, zlib1g-dev)")
+
+
+@pytest.fixture(scope="module")
+def launcher_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The launcher built with a stand-in interpreter that notes each call, then runs the real one (its
+    site-packages on: -I without -S, for pydantic; the launcher's -c code puts this tree first)."""
+    where = tmp_path_factory.mktemp("launcher")
+    python = where / "python3"
+    python.write_text(f'#!/bin/sh\necho python >> "{where}/python.calls"\n[ "$1" = -IS ] && shift\n'
+                      f'exec {sys.executable} -I "$@"\n')
+    python.chmod(0o755)
+    built = where / "gpuckpt-runtime"
+    subprocess.run(["bash", str(REPO / "launcher" / "build.sh"), str(built), str(python), SITE], check=True)
+    return built, where / "python.calls"
+
+
+@pytest.fixture
+def launcher(launcher_build, node, recording_runtime, monkeypatch) -> Path:
+    """The launcher, a config naming the recording runtime, and no call noted yet."""
+    built, calls = launcher_build
+    calls.unlink(missing_ok=True)
+    write_config(node, f'delegate = "{recording_runtime}"\n')
+    monkeypatch.setenv("PYTHONPATH", "")  # the stand-in's -I ignores it anyway: the launcher names its site
+    return built
+
+
+def run(launcher: Path, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(launcher), *argv], capture_output=True, text=True, timeout=30)
+
+
+def python_calls(launcher_build) -> int:
+    calls = launcher_build[1]
+    return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+def recorded(runtime: Path) -> list[str]:
+    return (runtime.parent / "argv").read_text().splitlines()
+
+
+def test_a_state_call_goes_to_the_delegate_without_python_once_the_shim_cached_it(launcher, launcher_build,
+                                                                                  recording_runtime) -> None:
+    first = run(launcher, "--root", "/run/r", "state", "c1")
+    assert first.returncode == 0, first.stderr
+    assert python_calls(launcher_build) == 1  # no cache yet: the shim resolved the delegate and wrote it
+    assert recorded(recording_runtime) == ["--root", "/run/r", "state", "c1"]
+    again = run(launcher, "--root=/run/r", "--debug", "state", "c2")
+    assert again.returncode == 0, again.stderr
+    assert python_calls(launcher_build) == 1
+    assert recorded(recording_runtime) == ["--root=/run/r", "--debug", "state", "c2"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["checkpoint", "--help"],
+    ["restore", "-h"],
+    ["checkpoint", "--image-path", "/x"],  # no container: the delegate's usage error
+    ["create", "--bundle", "/b", "c1"],    # the config adds no hook
+    ["kill", "c1", "KILL"],
+])
+def test_calls_the_shim_passes_through_skip_python(launcher, launcher_build, recording_runtime, argv) -> None:
+    run(launcher, "state", "warm")  # writes the cache
+    before = python_calls(launcher_build)
+    result = run(launcher, *argv)
+    assert result.returncode == 0, result.stderr
+    assert python_calls(launcher_build) == before
+    assert recorded(recording_runtime) == argv
+
+
+@pytest.mark.parametrize("argv", [
+    ["checkpoint", "--image-path", "/x", "c1"],
+    ["restore", "--help=false", "c1"],
+    ["delete", "c1"],
+    ["pause", "c1"],
+    ["--version"],
+    ["--help", "state", "c1"],
+    ["--no-such-global", "state", "c1"],
+    ["--", "state", "c1"],
+])
+def test_owned_verbs_and_anything_in_doubt_go_to_the_shim(launcher, launcher_build, argv) -> None:
+    run(launcher, "state", "warm")
+    before = python_calls(launcher_build)
+    run(launcher, *argv)
+    assert python_calls(launcher_build) == before + 1
+
+
+def test_create_goes_to_the_shim_when_the_config_adds_the_hook(launcher, launcher_build, node,
+                                                               recording_runtime) -> None:
+    write_config(node, f'delegate = "{recording_runtime}"\n[hook]\nadd_to_spec = true\n')
+    run(launcher, "state", "warm")
+    before = python_calls(launcher_build)
+    run(launcher, "create", "--bundle", "/nonexistent", "c1")
+    assert python_calls(launcher_build) == before + 1
+
+
+def test_a_changed_config_or_path_is_resolved_by_the_shim_again(launcher, launcher_build, node,
+                                                                recording_runtime, tmp_path) -> None:
+    run(launcher, "state", "warm")
+    other = tmp_path / "other" / "runc"
+    other.parent.mkdir()
+    shutil.copy(recording_runtime, other)
+    write_config(node, f'delegate = "{other}"\n')
+    before = python_calls(launcher_build)
+    assert run(launcher, "state", "c1").returncode == 0
+    assert python_calls(launcher_build) == before + 1
+    assert recorded(other) == ["state", "c1"]
+    with_path = subprocess.run([str(launcher), "state", "c2"], capture_output=True, text=True, timeout=30,
+                               env=dict(os.environ, PATH=f"/nonexistent:{os.environ['PATH']}"))
+    assert with_path.returncode == 0
+    assert python_calls(launcher_build) == before + 2
+
+
+def test_a_cache_others_may_write_is_not_believed(launcher, launcher_build, node) -> None:
+    run(launcher, "state", "warm")
+    caches = list((node / "state").glob("delegate.cache.*"))
+    assert len(caches) == 1
+    caches[0].chmod(0o622)
+    before = python_calls(launcher_build)
+    run(launcher, "state", "c1")
+    assert python_calls(launcher_build) == before + 1
+
+
+def test_the_shim_sees_the_launchers_path_as_its_own(launcher, node) -> None:
+    """The shim finds gpuckpt-hook beside its own path and keys the cache by it: the launcher's, not -c's."""
+    result = run(launcher, "--version")
+    assert result.returncode == 0 and "gpuckpt-runtime version" in result.stdout
+    cached = (node / "state").glob("delegate.cache.*")
+    assert [str(launcher) in path.read_text().split("\0") for path in cached] == [True]
