@@ -38,6 +38,7 @@ import gpuckpt
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
 BUILD = REPO / "packaging" / "build.sh"
+HELPER_UNIT, HELPER_SOCKET = "gpuckpt-runtimed.service", "gpuckpt-runtimed.socket"  # the runtime's resident helper
 IMAGE_SCRIPT = REPO / "integration" / "testbed" / "systemd-image.sh"
 CRIU_PREFIX = "/opt/gpuckpt/criu"  # install-system.sh's; its wrapper is the image's /usr/local/sbin/criu
 UNIT = "gpuckptd.service"
@@ -199,6 +200,12 @@ def test_a_drain_puts_each_containers_fields_in_the_journal(machine: Machine) ->
     assert int(done["BYTES"]) > 16 << 20 and float(done["SECONDS"]) > 0  # the counter's 16 MiB buffer, at least
     assert re.fullmatch(r"drain: 1 of 1 checkpointed, [0-9.]+( of [0-9.]+)? GiB",
                         machine.unit(UNIT, "StatusText")["StatusText"])
+    # The runtime's checkpoint was worked by gpuckpt-runtimed, which the package's socket started
+    helper = [entry for entry in machine.journal(cursor) if entry.get("_SYSTEMD_UNIT") == HELPER_UNIT]
+    assert [entry for entry in helper if re.match(rf"gpuckpt-runtimed: checkpoint {container} for pid \d+: exit 0",
+                                                  entry.get("MESSAGE", ""))], helper
+    assert machine.unit(HELPER_SOCKET, "ActiveState", "UnitFileState") == {"ActiveState": "active",
+                                                                           "UnitFileState": "enabled"}
 
     # The next start restores it, before READY.
     cursor = machine.cursor()

@@ -14,6 +14,7 @@ import pytest
 from gpuckpt.cli import doctor
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.service_api import Status
+from gpuckpt.shim.resident_call import socket_path
 
 
 def test_missing_image_definitions_fail_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,3 +105,15 @@ def test_active_service_whose_api_hangs_fails_within_the_timeout(systemd, node, 
         doctor.check_service()
     assert "journalctl -u gpuckptd" in failed.value.fix
     assert socket.getdefaulttimeout() is None  # the process's default is left as it was
+
+
+def test_resident_helper_check_says_whether_it_listens(node) -> None:
+    assert "does not listen" in doctor.check_resident_helper()
+    Path(socket_path()).parent.mkdir(exist_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(socket_path())
+    listener.listen()
+    try:
+        assert doctor.check_resident_helper().startswith(f"gpuckpt-runtimed listens on {socket_path()}")
+    finally:
+        listener.close()
