@@ -352,6 +352,11 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
         threads_seen += len(tids)
         if threads_seen > MAX_THREADS:
             raise ImageError(f"{at('pstree.img')}: more than {MAX_THREADS} threads")
+        if _is_zombie(read, process.pid, at, messages):
+            # CRIU restores a zombie from its own core-<pid>.img alone (cr-restore.c fork_with_pid, then
+            # restore_one_zombie: no thread's core is opened), and dumps one whose thread ids it may never have
+            # read (a task that ended mid-dump): its listed threads are not looked for.
+            tids = [process.pid]
         state, comm = 0, ""
         threads: list[ThreadImage] = []
         namespaces: list[dict[str, int]] = []
@@ -389,6 +394,17 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
         images.tasks.append(TaskImage(process.pid, state, shown, tuple(threads), tuple(namespaces)))
     _read_user_namespaces(read, images, messages, at)
     return images
+
+
+def _is_zombie(read: FileSource, pid: int, at: Callable[[str], str], messages: _Messages) -> bool:
+    """Whether the task's own core says it is dead (TASK_DEAD); False when that core is missing (the caller then
+    names the file it lacks)."""
+    name = f"core-{pid}.img"
+    data = read(name, MAX_FILE_BYTES)
+    if data is None:
+        return False
+    core = _one(data, at(name), "CORE", messages.core, messages)
+    return core.HasField("tc") and core.tc.task_state == TASK_DEAD
 
 
 def read_cgroup_hierarchies(read: FileSource, where: str) -> list[str]:

@@ -198,3 +198,22 @@ def test_an_image_dir_reached_through_a_link_is_refused(tmp_path: Path) -> None:
     (tmp_path / "link").symlink_to(tmp_path / "real")
     with pytest.raises(ImageError, match="cannot open the checkpoint directory"):
         check_restore(str(tmp_path / "link"), str(bundle_with(tmp_path, BASE_SPEC)), "restore of c1")
+
+
+@pytest.mark.hostile("pstree threads of a zombie that have no core image (a task that ended mid-dump)")
+def test_a_zombie_is_read_from_its_own_core_whatever_threads_pstree_lists(tmp_path: Path) -> None:
+    """CRIU restores a zombie from core-<pid>.img alone; a fast-forking container's dump can list a thread id for
+    it that has no core (seen: runc restores it, the shim refused "core-<id>.img: missing"). A live task's
+    listed thread without a core is still refused."""
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    build.write("pstree.img", "PSTREE", build.pb.pstree(pid=1, ppid=0, pgid=1, sid=1, threads=[1]),
+                build.pb.pstree(pid=7, ppid=1, pgid=1, sid=1, threads=[2_000_000_123]))
+    build.write("core-7.img", "CORE", build.core(state=2, thread_core=False))
+    held = read_checkpoint_images(directory_source(str(tmp_path)), "images")
+    assert [(task.pid, task.state, [thread.tid for thread in task.threads]) for task in held.tasks] == [
+        (1, 1, [1]), (7, 2, [7])]
+    assert refusals(held, spec()) == []
+    build.write("core-7.img", "CORE", build.core(state=1))
+    with pytest.raises(ImageError, match="core-2000000123.img: missing"):
+        read_checkpoint_images(directory_source(str(tmp_path)), "images")
