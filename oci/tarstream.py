@@ -23,6 +23,7 @@ from gpuckpt.errors import ImageError
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE
 BUFFER_BYTES = 4 << 20
+MAX_TRAILING_ZEROS = 16 << 20  # after the end blocks: tar pads to its record (10 KiB; `-b 32768`, 16 MiB)
 MAX_EXTENSION_BYTES = 1 << 20  # PAX records, long names: a few hundred bytes in practice
 MAX_EXTENSIONS = 8  # extension headers before one entry (tarfile recurses on each)
 # A checkpoint holds about ten files per process (CRIU's images), so this is 5,000 processes.
@@ -173,9 +174,14 @@ def _end(reader: _Reader, path: str) -> None:
     except TruncatedStream:
         raise TruncatedStream(f"{path}: truncated or corrupt archive: it ends inside the end-of-archive "
                               "blocks") from None
+    trailing = 0
     while count := reader.source.readinto(reader.view):
         if any(reader.view[:count]):
             raise ImageError(f"{path}: truncated or corrupt archive: data after the end-of-archive blocks")
+        trailing += count
+        if trailing > MAX_TRAILING_ZEROS:  # a compressed stream of zeros would never end (or take hours)
+            raise ImageError(f"{path}: corrupt archive: more than {MAX_TRAILING_ZEROS >> 20} MiB of zeros after "
+                             "the end-of-archive blocks (tar pads to its record size only)")
 
 
 def copy_data(reader: _Reader, size: int, out: ByteSink | None, moved: Callable[[int], None] | None = None,

@@ -106,3 +106,33 @@ def test_bounded_reads_refuse_fifos_links_and_big_files(tmp_path) -> None:
     (tmp_path / "link").symlink_to(tmp_path / "big")
     with pytest.raises(ImageError, match="cannot read"):
         read_bounded(str(tmp_path / "link"), 100, "link")
+
+
+class ZerosForever(io.RawIOBase):
+    """`prefix`, then /dev/zero: counts what was read."""
+
+    def __init__(self, prefix: bytes) -> None:
+        self.prefix, self.read_bytes = prefix, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer
+        count = len(buffer)
+        if self.read_bytes < len(self.prefix):
+            part = self.prefix[self.read_bytes:self.read_bytes + count]
+            buffer[:len(part)] = part
+            count = len(part)
+        else:
+            buffer[:] = bytes(count)
+        self.read_bytes += count
+        return count
+
+
+@pytest.mark.hostile("endless zeros after the end-of-archive blocks (a small compressed archive of terabytes)")
+def test_zeros_after_the_end_are_bounded() -> None:
+    copy_checked(io.BytesIO(tar_of(entry("a")) + bytes(10240)), None, "a.tar")  # GNU tar's record padding
+    endless = ZerosForever(tar_of(entry("a")))
+    with pytest.raises(ImageError, match="more than 16 MiB of zeros after the end-of-archive blocks"):
+        copy_checked(endless, None, "a.tar")
+    assert endless.read_bytes < 64 << 20
