@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
@@ -42,6 +43,7 @@ from gpuckpt.oci.podman_archive import (
 )
 from gpuckpt.policy.image import check_archive
 from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
+from gpuckpt.transfer.direct_read import file_kind
 from gpuckpt.transfer.provenance import ArchiveVerification, ExportSigning, Unsigned, verify_archive_signature
 from gpuckpt.transfer.staging import HeldOutput, Staging
 
@@ -157,11 +159,23 @@ def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, 
                             lambda done: moved_to(bar, done), kept, observe=observe)
 
 
+def _require_archive_file(path: str) -> None:
+    """The archive named is a regular file (a link to one is fine), before its signature is looked for: a
+    directory or FIFO gave a bare "Is a directory" or "Illegal seek", and a FIFO nobody writes hung."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as error:
+        raise ImageError(f"{path}: cannot read: {error.strerror}") from None
+    if not stat.S_ISREG(mode):
+        raise ImageError(f"{path}: not a regular file ({file_kind(mode)}): give the archive file itself")
+
+
 def run_import(options: argparse.Namespace) -> int:
     """Staged when podman will restore through gpuckpt-runtime (the pages go beside podman's
     storage once, podman imports the rest); streamed through a FIFO otherwise. The archive's
     config is checked before anything is staged, and nothing is staged past the operator's
     bounds (transfer.bounds)."""
+    _require_archive_file(options.archive)
     podman = _podman()
     limits = load_config().import_
     verification = verify_archive_signature(options.archive, load_trust(), options.signature)  # before any staging

@@ -4,10 +4,12 @@ read sizes and after seeks, and the zstd stream check refuses streams cut inside
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import zstandard
 
+from gpuckpt.cli import transfer
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.archive import decompressed, open_archive
 from gpuckpt.transfer.direct_read import BUFFER_BYTES, DirectReader
@@ -131,3 +133,17 @@ def test_reads_across_buffers_read_ahead_and_seeks_back_return_the_file_exactly(
             again += reader.read(2 * BUFFER_BYTES - len(again))
         assert bytes(again) == data[7:7 + 2 * BUFFER_BYTES]
 
+
+
+@pytest.mark.hostile("a directory or a FIFO named as the archive (a FIFO nobody writes)")
+def test_a_fifo_or_directory_is_refused_at_once_in_one_line(tmp_path) -> None:
+    fifo = tmp_path / "archive.tar"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (tmp_path, "a directory")):
+        started = time.monotonic()
+        with pytest.raises(ImageError, match=rf"^{path}: cannot read: not a regular file \({kind}\): give the "
+                                             "archive file itself$"):
+            open_archive(str(path))
+        assert time.monotonic() - started < 5
+        with pytest.raises(ImageError, match=rf"^{path}: not a regular file \({kind}\)"):
+            transfer._require_archive_file(str(path))

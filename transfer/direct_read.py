@@ -16,6 +16,7 @@ import fcntl
 import io
 import mmap
 import os
+import stat
 from typing import TYPE_CHECKING
 
 from gpuckpt.host.background import OnThread
@@ -25,6 +26,20 @@ if TYPE_CHECKING:
 
 BUFFER_BYTES = 8 << 20  # a multiple of every logical block size; large reads keep the disk busy
 ALIGNMENT = 4096
+
+
+class NotAnArchiveFile(OSError):
+    """A path that names a directory, FIFO, device or socket: an archive is read from a regular file."""
+
+    def __init__(self, path: str, mode: int) -> None:
+        super().__init__(errno.EINVAL, f"not a regular file ({file_kind(mode)}): give the archive file itself")
+        self.filename = path
+
+
+def file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+    return next((name for test, name in kinds if test(mode)), "not a file")
 
 
 class DirectReader(io.RawIOBase):
@@ -39,13 +54,20 @@ class DirectReader(io.RawIOBase):
         self._current = 0
         self._ahead: OnThread[int] | None = None  # the other buffer's read of the bytes at _offset
         self.name, self.fd, self.direct = path, -1, False
-        flags = os.O_RDONLY | os.O_CLOEXEC  # the operator names the archive: a link to it is fine
+        # The operator names the archive: a link to it is fine. O_NONBLOCK: a FIFO with no writer must not hang
+        # the open (it is refused below; a regular file's reads ignore the flag).
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
         try:
             self.fd, self.direct = os.open(path, flags | os.O_DIRECT), True
         except OSError as error:
             if error.errno != errno.EINVAL:  # tmpfs before Linux 6.6, some FUSE filesystems
                 raise
             self.fd, self.direct = os.open(path, flags), False
+        mode = os.fstat(self.fd).st_mode
+        if not stat.S_ISREG(mode):
+            os.close(self.fd)
+            self.fd = -1
+            raise NotAnArchiveFile(path, mode)
         self._start = self._end = 0  # the buffered bytes not yet read: [_start, _end)
         self._offset = 0  # the file offset just past the buffered bytes
 
