@@ -9,8 +9,9 @@ each one, over the connection the verb came on, and gets a pidfd back: waiting f
 status is the caller's (only a parent can reap), signals and exit are seen through the pidfd.
 
 Messages are marshal'd tuples on a SOCK_SEQPACKET socket, both ends root and the same interpreter:
-("spawn", argv, env, targets) with one fd per target fd number (the child's stdin/stdout/stderr
-where the verb wants them elsewhere than the caller's), answered ("spawned", pid) with the pidfd,
+("spawn", argv, env, targets, close_fds) with one fd per target fd number (the child's stdin/stdout/
+stderr where the verb wants them elsewhere than the caller's; with close_fds, the caller's other fds
+stay out, as subprocess.run keeps ours out of a program it runs), answered ("spawned", pid) with the pidfd,
 or ("failed", errno, text); ("wait", pid) answered ("waited", returncode as subprocess gives it).
 """
 
@@ -79,11 +80,12 @@ class Caller:
         return marshal.loads(data), received
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
-              stdout: int | None = None, stderr: int | None = None) -> CallerChild:
-        """Start `argv` as the caller's child: its stdio the caller's, except where an fd is given."""
+              stdout: int | None = None, stderr: int | None = None, close_fds: bool = False) -> CallerChild:
+        """Start `argv` as the caller's child: its stdio the caller's, except where an fd is given; every
+        other fd of the caller's too, unless `close_fds`."""
         targets = [(fd, target) for target, fd in ((0, stdin), (1, stdout), (2, stderr)) if fd is not None]
         answer, fds = self.ask(("spawn", list(argv), dict(os.environ if env is None else env),
-                                [target for _, target in targets]), [fd for fd, _ in targets])
+                                [target for _, target in targets], close_fds), [fd for fd, _ in targets])
         if answer[0] != "spawned" or len(fds) != 1:
             for fd in fds:
                 os.close(fd)
@@ -122,7 +124,9 @@ class CallerChild:
     def wait(self, timeout: float | None = None) -> int:
         """The exit status (-N for signal N); with `timeout`, TimeoutError if it runs past it."""
         if self.returncode is None:
-            if timeout is not None and not self._ended(timeout):
+            # Its end seen through the pidfd first: should the caller die meanwhile, we still wait for the
+            # program (a dump in progress) before anything else, a rollback above all
+            if not self._ended(timeout):
                 raise TimeoutError(self.pid)
             self.returncode = self.caller.reap(self.pid)
             os.close(self.pidfd)

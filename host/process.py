@@ -90,7 +90,7 @@ def _spawn_by(starter: caller.Caller, argv: Sequence[str], env: Mapping[str, str
                 read_end, write_end = os.pipe()
                 ours.append((attribute, read_end, "rb"))
                 theirs[attribute] = write_end
-        child = starter.spawn(argv, env=env, **theirs)
+        child = starter.spawn(argv, env=env, close_fds=capture, **theirs)  # run()'s, as subprocess.run's
     except BaseException:
         for _, fd, _ in ours:
             os.close(fd)

@@ -40,13 +40,12 @@ from gpuckpt.shim.argv import (
     parse_runtime_args,
     parse_verb_args,
 )
-from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity
+from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity, peer_refusal
 
 # What the owned verbs load, imported before the first fork (each worker then starts with it).
 PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete", "gpuckpt.shim.pause",
              "gpuckpt.shim.create", "gpuckpt.shim.log", "gpuckpt.oci.state", "gpuckpt.oci.problems",
              "gpuckpt.node.config", "json", "traceback", "tempfile")
-NAMESPACES = ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup")
 VALUE_FLAGS = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}  # to name the container
 HELLO_TIMEOUT_S = 10.0
 JOURNAL_FD = 2  # until main() keeps a copy of the helper's own stderr there: a worker's fd 2 is its caller's
@@ -57,41 +56,13 @@ class Refused(Exception):
     """Why a worker does not take a call (the caller then works it itself)."""
 
 
-def _namespace_ids(pid: int | str) -> list[tuple[int, int]]:
-    return [(status.st_dev, status.st_ino) for status in
-            (os.stat(f"/proc/{pid}/ns/{name}") for name in NAMESPACES)]
-
-
-def _effective_capabilities(pid: int | str) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("CapEff:"):
-                return int(line.split()[1], 16)
-    raise Refused("no capabilities line")
-
-
 def check_peer(connection: socket.socket) -> None:
     """Refused unless the peer is root, in every namespace of ours, with at least our capabilities: a
     worker acts with ours, so a process with fewer, or in another mount or PID namespace (paths and
     PIDs it names would mean something else here), works its verb itself."""
-    pid, uid, _gid = socket_peer(connection)
-    if uid != 0:
-        raise Refused(f"caller uid {uid}")
-    try:
-        pidfd = os.pidfd_open(pid)
-    except OSError:
-        raise Refused("caller gone") from None
-    try:
-        if _namespace_ids(pid) != _namespace_ids("self"):
-            raise Refused("caller in other namespaces")
-        own = _effective_capabilities("self")
-        if _effective_capabilities(pid) & own != own:
-            raise Refused("caller has fewer capabilities")
-        signal.pidfd_send_signal(pidfd, 0)  # still the process the kernel named: it is waiting for us
-    except OSError:
-        raise Refused("caller gone") from None
-    finally:
-        os.close(pidfd)
+    why = peer_refusal(connection, "caller")
+    if why is not None:
+        raise Refused(why)
 
 
 def socket_peer(connection: socket.socket) -> tuple[int, int, int]:
@@ -157,12 +128,12 @@ def _watch_caller(connection: socket.socket) -> None:
 def work(connection: socket.socket, identity: str) -> int:
     """One call, in a forked worker; its exit status is the caller's."""
     try:
+        check_peer(connection)  # first: nothing a lesser peer sends is parsed, and its PID has had no time to be reused
         message, fds = _hello(connection)
         if message[2] != identity:
             for fd in fds:
                 os.close(fd)
             raise Refused("another gpuckpt install")
-        check_peer(connection)
     except (Refused, OSError) as refused:
         if str(refused):
             _journal_line(f"a call left to its caller: {refused}")
@@ -208,9 +179,13 @@ def _listener() -> socket.socket:
     path = os.path.join(directory, SOCKET_NAME)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 
+    bound: list[tuple[int, int]] = []
+
     def stop(_signum: int, _frame: object) -> None:
         with contextlib.suppress(OSError):
-            os.unlink(path)  # our own socket goes with us: callers then find nothing to connect to
+            status = os.lstat(path)
+            if [(status.st_dev, status.st_ino)] == bound:  # not a later helper's, which took the path since
+                os.unlink(path)  # our own socket goes with us: callers then find nothing to connect to
         os._exit(0)
 
     signal.signal(signal.SIGTERM, stop)
@@ -224,6 +199,8 @@ def _listener() -> socket.socket:
         listener.bind(path)
     finally:
         os.umask(old_umask)
+    status = os.lstat(path)
+    bound.append((status.st_dev, status.st_ino))
     listener.listen(LISTEN_BACKLOG)
     return listener
 
@@ -247,6 +224,15 @@ def serve(listener: socket.socket) -> int:
         if package_identity() != identity:  # reinstalled: this call is the caller's, the next the new code's
             connection.close()
             return 0
+        if (why := peer_refusal(connection, "caller")) is not None:  # no worker for a lesser root, however many
+            if why.endswith("gone"):
+                connection.close()
+                continue
+            with contextlib.suppress(OSError):
+                connection.sendmsg([marshal.dumps(("local", why))])
+            _journal_line(f"a call left to its caller: {why}")
+            connection.close()
+            continue
         pid = os.fork()
         if pid == 0:
             status = 1

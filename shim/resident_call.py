@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _signal  # type: ignore[import-not-found]  # built-in; `signal` (enum) costs ~6 ms
 import _socket
+import errno
 import marshal
 import os
 import sys
@@ -26,6 +27,13 @@ FD_BYTES = 4
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
 # Set to 0 by a caller that wants the verb worked in its own process (tests of that path, a debugger).
 RESIDENT_ENV = "GPUCKPT_RESIDENT"
+NAMESPACES = ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup")
+# The helper's worker answers within its own hello timeout (10 s) or never; past this we work the verb. A worker
+# whose answer comes after we closed sees its first request fail and does nothing more.
+FIRST_ANSWER_TIMEOUT_S = 15.0
+SO_PEERPIDFD = 77  # Linux 6.5: the peer process itself, where SO_PEERCRED's PID may since be another's
+# What subprocess's restore_signals puts back for a child: Python ignores them, a program expects them.
+DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
 
 
 def socket_path() -> str:
@@ -37,6 +45,65 @@ def package_identity() -> str:
     here = os.path.dirname(gpuckpt.__file__)
     status = os.stat(os.path.join(here, "shim", "main.py"))
     return f"{os.path.realpath(here)}:{status.st_ino}:{status.st_mtime_ns}"
+
+
+def _namespace_ids(pid: int | str) -> list[tuple[int, int]]:
+    return [(status.st_dev, status.st_ino) for status in
+            (os.stat(f"/proc/{pid}/ns/{name}") for name in NAMESPACES)]
+
+
+def _powers(pid: int | str) -> tuple[int, int, int, tuple[int, int]]:
+    """A process's effective capabilities, no_new_privs and seccomp mode (/proc/PID/status), and its root
+    directory's identity (a chroot)."""
+    fields = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name in ("CapEff", "NoNewPrivs", "Seccomp"):
+                fields[name] = value.strip()
+    root = os.stat(f"/proc/{pid}/root")
+    return (int(fields.get("CapEff", "0"), 16), int(fields.get("NoNewPrivs", "1")), int(fields.get("Seccomp", "2")),
+            (root.st_dev, root.st_ino))
+
+
+def _peer_pidfd(sock: _socket.socket, pid: int) -> int:
+    try:
+        return int(sock.getsockopt(_socket.SOL_SOCKET, SO_PEERPIDFD))
+    except OSError as error:
+        if error.errno != errno.ENOPROTOOPT:
+            raise
+    return os.pidfd_open(pid)  # an older kernel: the PID's process now, which a quick reuse could make another
+
+
+def peer_refusal(sock: _socket.socket, who: str) -> str | None:
+    """Why the process at the other end of `sock` is not root with all our powers, None when it is: root,
+    in every namespace of ours, with at least our capabilities, no seccomp filter or no_new_privs we lack,
+    the same root directory. Both ends ask it, the helper of its caller
+    (a worker acts with its capabilities) and the caller of the listener (it starts what the helper asks).
+    The checks read /proc by PID, then a pidfd of the peer itself proves the PID was still the peer's."""
+    peer = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    pid, uid = (int.from_bytes(peer[at:at + 4], sys.byteorder) for at in (0, 4))
+    if uid != 0:
+        return f"{who} uid {uid}"
+    try:
+        pidfd = _peer_pidfd(sock, pid)
+    except OSError:
+        return f"{who} gone"
+    try:
+        if _namespace_ids(pid) != _namespace_ids("self"):
+            return f"{who} in other namespaces"
+        capabilities, no_new_privs, seccomp, root = _powers(pid)
+        own_capabilities, own_no_new_privs, own_seccomp, own_root = _powers("self")
+        if capabilities & own_capabilities != own_capabilities:
+            return f"{who} has fewer capabilities"
+        if no_new_privs > own_no_new_privs or (seccomp and not own_seccomp) or root != own_root:
+            return f"{who} is confined (no_new_privs, seccomp or another root directory)"
+        _signal.pidfd_send_signal(pidfd, 0)  # still the process that connected (or listened): what we read was its
+    except OSError:
+        return f"{who} gone"
+    finally:
+        os.close(pidfd)
+    return None
 
 
 def _fds_data(fds: list[int]) -> list[tuple[int, int, bytes]]:
@@ -87,7 +154,7 @@ class _Connection:
 
 
 def _connect() -> _Connection | None:
-    """The helper's connection, or None (not listening, or not root's)."""
+    """The helper's connection, or None (not listening, or a listener with fewer powers than ours)."""
     if os.environ.get(RESIDENT_ENV) == "0":
         return None
     try:
@@ -96,21 +163,39 @@ def _connect() -> _Connection | None:
         return None
     try:
         sock.connect(socket_path())
-        peer = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
-        if int.from_bytes(peer[4:8], sys.byteorder) != 0:
-            raise OSError("not root's")
+        # The socket's directory keeps out other users, not a root with fewer capabilities: it could listen
+        # there itself and have us start what it likes
+        if peer_refusal(sock, "helper") is not None:
+            raise OSError("not the helper")
     except OSError:
         sock.close()
         return None
     return _Connection(sock)
 
 
+def _inherited_fds(keep: list[int]) -> list[int]:
+    """Our fds from 3 up that a program would inherit, less `keep`."""
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and fd not in keep and os.get_inheritable(fd):
+                fds.append(fd)
+        except OSError:
+            pass  # listdir's own, closed by now
+    return fds
+
+
 def _spawn(request: tuple, fds: list[int]) -> tuple[tuple, list[int]]:
-    """Start the program a worker asked for; ("spawned", pid) and its pidfd, or ("failed", errno, text)."""
-    _, argv, env, targets = request
+    """Start the program a worker asked for; ("spawned", pid) and its pidfd, or ("failed", errno, text).
+    A program it runs for its output gets only its stdio (subprocess's close_fds), the delegate every fd
+    of ours (the engine's for it); each its signals at their defaults, as subprocess gives them."""
+    _, argv, env, targets, close_others = request
     try:
-        actions = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
-        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions)
+        actions: list[tuple] = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
+        if close_others:
+            actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited_fds(targets)]
+        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsigdef=DEFAULT_SIGNALS)
     except (OSError, ValueError, TypeError) as error:
         number = getattr(error, "errno", None) or 22
         return ("failed", number, getattr(error, "strerror", None) or str(error)), []
@@ -126,7 +211,7 @@ def _serve(connection: _Connection) -> int:
         message, fds = connection.receive()
         if message[0] == "exit":
             return int(message[1])
-        if message[0] == "spawn" and len(message) == 4:
+        if message[0] == "spawn" and len(message) == 5:
             answer, answer_fds = _spawn(message, fds)
         elif message[0] == "wait" and len(message) == 2:
             for fd in fds:
@@ -146,6 +231,16 @@ def _serve(connection: _Connection) -> int:
                 os.close(fd)
 
 
+def _wait_for_children() -> None:
+    """The programs we started for a worker that died, run to their ends: the engine must not see us end
+    while the delegate it called us for (a restore) still works."""
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return
+
+
 def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
     """The verb's exit status as the helper's worker worked it; None when no helper takes it (the
     caller works it itself: nothing was done)."""
@@ -157,11 +252,14 @@ def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
     try:
         cwd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
+        connection.sock.close()
         return None
     try:
         connection.send(("call", PROTOCOL, package_identity(), sys.argv[0], argv, dict(os.environ), umask,
                          delegate, hook), [0, 1, 2, cwd])
+        connection.sock.settimeout(FIRST_ANSWER_TIMEOUT_S)  # a stopped or hung helper: ours to work
         message, fds = connection.receive()
+        connection.sock.settimeout(None)
     except (OSError, _Gone):
         return None  # stdio closed, a message too big, the helper stopping: ours to work
     finally:
@@ -183,6 +281,9 @@ def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
     try:
         return _serve(connection)
     except _Gone:
+        for name in FORWARDED:  # the worker's PID is nobody's, or soon another's
+            _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
+        _wait_for_children()
         from gpuckpt.shim.argv import parse_runtime_args  # deferred: only for this error
         from gpuckpt.shim.log import report_error
 
