@@ -1,0 +1,343 @@
+"""gpuckpt-runtimed, the resident helper: owned verbs worked by its worker while the delegate, and every
+program the verb runs, stays the calling gpuckpt-runtime's child."""
+
+from __future__ import annotations
+
+import json
+import marshal
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from resident_runtime import children_of
+from support import write_config
+
+import gpuckpt
+from gpuckpt.host import caller, process
+from gpuckpt.shim import resident, resident_call
+
+# Where the tests' gpuckpt is imported from: the helper and the callers must load the same files (its identity).
+IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpuckpt.__file__)))
+CALLER_UMASK = 0o027
+# Ignored by Python for itself: a program started by the caller (a Python) must get them at their defaults.
+PYTHONS_IGNORED = 1 << signal.SIGPIPE - 1 | 1 << signal.SIGXFSZ - 1
+
+
+@pytest.fixture
+def runtime(node: Path) -> Path:
+    """The stand-in delegate (tests/resident_runtime.py) in the node's config; callers run in node/cwd."""
+    script = node / "bin" / "runc"
+    script.parent.mkdir()
+    script.write_text(f"#!{sys.executable}\n" + Path(__file__).with_name("resident_runtime.py").read_text())
+    script.chmod(0o755)
+    (node / "rec").mkdir()
+    (node / "cwd").mkdir()
+    write_config(node, f'delegate = "{script}"\n')
+    return script
+
+
+def start_listener(node: Path, argv: list[str]) -> subprocess.Popen:
+    """`argv` started, and listening on the helper's socket in the node's state directory (its output in
+    node/helper.log)."""
+    with open(node / "helper.log", "w") as log:
+        started = subprocess.Popen(argv, stdout=log, stderr=log, env={**os.environ, "PYTHONPATH": IMPORT_ROOT},
+                                   start_new_session=True)
+    deadline = time.monotonic() + 10
+    while True:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as probe:
+            try:
+                probe.connect(str(node / "state" / resident_call.SOCKET_NAME))
+                break
+            except OSError:
+                assert started.poll() is None and time.monotonic() < deadline, (node / "helper.log").read_text()
+                time.sleep(0.02)
+    return started
+
+
+@pytest.fixture
+def helper(node: Path, runtime: Path) -> Iterator[subprocess.Popen]:
+    started = start_listener(node, [sys.executable, "-m", "gpuckpt.shim.resident"])
+    yield started
+    os.killpg(started.pid, signal.SIGKILL)  # the helper and any worker a broken test left
+    started.wait()
+
+
+def call(node: Path, argv: list[str], **env: str) -> subprocess.Popen:
+    """gpuckpt-runtime as an engine starts it, in node/cwd with a umask and a variable of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpuckpt.shim.main", *argv], cwd=node / "cwd", umask=CALLER_UMASK, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": IMPORT_ROOT, "REC_DIR": str(node / "rec"), "REC_MARK": "the caller's", **env})
+
+
+def cwd_of(node: Path) -> str:
+    return os.path.realpath(node / "cwd")  # as /proc shows it
+
+
+def recorded(node: Path, verb: str) -> dict:
+    return json.loads((node / "rec" / f"{verb}.json").read_text())
+
+
+def workers_for(node: Path, verb: str) -> list[dict]:
+    """The helper's children in the caller's working directory while the delegate ran: its worker, if any."""
+    return [worker for worker in recorded(node, verb)["workers"] if worker["cwd"] == cwd_of(node)]
+
+
+def wait_for(path: Path, running: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 10
+    while not path.exists():
+        assert running.poll() is None and time.monotonic() < deadline, f"no {path.name}; caller: {running.poll()}"
+        time.sleep(0.01)
+
+
+def test_an_owned_verb_is_worked_by_a_worker_that_becomes_the_caller(node, helper) -> None:
+    shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid))
+    out, err = shim.communicate(timeout=30)
+    assert shim.returncode == 0, err
+    assert (out, err) == ("delete out\n", "delete err\n")  # the delegate's stdio: the caller's
+    delegate = recorded(node, "delete")
+    assert delegate["argv"] == ["delete", "c1"] and delegate["ppid"] == shim.pid  # the engine's grandchild
+    assert (delegate["cwd"], delegate["umask"], delegate["mark"]) == (cwd_of(node), CALLER_UMASK, "the caller's")
+    [worker] = workers_for(node, "delete")  # the helper's child took the caller's working directory...
+    assert worker["umask"] == CALLER_UMASK and worker["pid"] not in (shim.pid, helper.pid)  # ... and umask
+    assert f"gpuckpt-runtimed: delete c1 for pid {shim.pid}: exit 0 in " in (node / "helper.log").read_text()
+
+
+def test_the_delegates_status_and_the_verbs_error_line_reach_the_caller(node, helper) -> None:
+    shim = call(node, ["--root", "/r", "delete", "c1"], REC_HELPER=str(helper.pid), REC_STATUS="3")
+    out, err = shim.communicate(timeout=30)
+    assert shim.returncode == 3
+    lines = err.splitlines()  # the delegate's line, then the worker's on the caller's stderr
+    assert lines[0] == "delete err" and lines[-1] == "container c1 does not exist"
+    assert out == "delete out\n"  # `state`'s output was the worker's to read, not the caller's
+    state = recorded(node, "state")  # run by the worker's process.run: started by the caller all the same
+    assert state["argv"] == ["--root", "/r", "state", "c1"] and state["ppid"] == shim.pid
+    assert len(workers_for(node, "delete")) == 1
+
+
+def test_a_caller_that_asks_for_its_own_process_works_the_verb_itself(node, helper) -> None:
+    shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid), GPUCKPT_RESIDENT="0")
+    out, err = shim.communicate(timeout=30)
+    assert shim.returncode == 0, err
+    assert out == "delete out\n" and recorded(node, "delete")["ppid"] == shim.pid
+    assert workers_for(node, "delete") == []  # the helper untouched
+
+
+def test_with_no_helper_listening_the_caller_works_the_verb_itself(node, runtime) -> None:
+    (node / "state").mkdir(mode=0o700)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as left:  # a helper's socket, nobody on it
+        left.bind(str(node / "state" / resident_call.SOCKET_NAME))
+    shim = call(node, ["delete", "c1"], REC_STATUS="2")
+    out, err = shim.communicate(timeout=30)
+    assert shim.returncode == 2
+    assert out == "delete out\n" and err.endswith("\ncontainer c1 does not exist\n")
+    assert recorded(node, "delete")["ppid"] == shim.pid
+
+
+# A listener that answers as a worker would and has its caller start a program of its choosing.
+IMPOSTOR = """import marshal, os, socket, sys
+from gpuckpt.host.caller import Caller
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+listener.bind(sys.argv[1])
+listener.listen()
+while True:
+    connection, _ = listener.accept()
+    if connection.recv(1 << 20):
+        connection.send(marshal.dumps(("worker", os.getpid())))
+        Caller(connection).spawn(["touch", sys.argv[2]]).wait()
+        connection.send(marshal.dumps(("exit", 0)))
+    connection.close()
+"""
+
+
+def test_a_listener_with_fewer_powers_than_the_caller_is_not_called(node, runtime) -> None:
+    """A root process without all of our capabilities could listen there and have callers start its programs."""
+    if not shutil.which("setpriv"):
+        pytest.skip("no setpriv to start a listener with fewer capabilities")
+    (node / "state").mkdir(mode=0o700)
+    lesser = start_listener(node, ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", sys.executable, "-c",
+                                   IMPOSTOR, str(node / "state" / resident_call.SOCKET_NAME), str(node / "took")])
+    try:
+        shim = call(node, ["delete", "c1"])
+        out, err = shim.communicate(timeout=30)
+        assert shim.returncode == 0, err
+        assert not (node / "took").exists()  # its orders were not taken...
+        assert recorded(node, "delete")["ppid"] == shim.pid  # ... and the verb was the caller's to work
+    finally:
+        os.killpg(lesser.pid, signal.SIGKILL)
+        lesser.wait()
+
+
+def hello(node: Path, data: bytes, fds: list[int]) -> tuple:
+    """The helper's answer to a call's first message."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(10)
+        sock.connect(str(node / "state" / resident_call.SOCKET_NAME))
+        sock.sendmsg([data], caller.pack_fds(fds))
+        return marshal.loads(sock.recv(resident_call.MAX_MESSAGE))
+
+
+def test_a_call_from_another_install_or_not_a_call_is_left_to_the_caller(node, runtime, helper) -> None:
+    def call_from(identity: str) -> bytes:
+        return marshal.dumps(("call", resident_call.PROTOCOL, identity, "gpuckpt-runtime", ["delete", "c1"],
+                              {"PATH": os.environ["PATH"]}, 0o22, str(runtime), ""))
+
+    cwd = os.open(node / "cwd", os.O_PATH | os.O_DIRECTORY)
+    try:
+        other = resident_call.package_identity().replace(":", ":1", 1)  # another file, same path
+        assert hello(node, call_from(other), [0, 1, 2, cwd]) == ("local", "another gpuckpt install")
+        for data, fds in ((b"garbage", [0, 1, 2, cwd]), (call_from(resident_call.package_identity()), [0, 1, 2]),
+                          (marshal.dumps(("call", resident_call.PROTOCOL + 1)), [0, 1, 2, cwd])):
+            assert hello(node, data, fds) == ("local", "not a call this helper speaks")
+    finally:
+        os.close(cwd)
+    assert not (node / "rec" / "delete.json").exists()  # none of them worked
+    assert "a call left to its caller: another gpuckpt install" in (node / "helper.log").read_text()
+    shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid))  # and the helper still serves
+    assert shim.wait(timeout=30) == 0 and len(workers_for(node, "delete")) == 1
+
+
+PEER = ("import socket, sys, time\nsock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+        "sock.connect('\\0' + sys.argv[1])\ntime.sleep(10)\n")
+
+
+@pytest.mark.parametrize(("wrapper", "user", "why"), [
+    ([], 65534, "caller uid 65534"),
+    (["setpriv", "--bounding-set", "-all", "--inh-caps", "-all"], None, "caller has fewer capabilities"),
+    (["unshare", "--mount"], None, "caller in other namespaces"),
+    (["setpriv", "--no-new-privs"], None, "caller is confined"),
+])
+def test_a_caller_without_all_of_roots_powers_is_refused(wrapper, user, why) -> None:
+    if wrapper and not shutil.which(wrapper[0]):
+        pytest.skip(f"no {wrapper[0]} to start a lesser caller with")
+    name = f"gpuckpt-test-{os.getpid()}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener:
+        listener.bind("\0" + name)  # abstract: a path nobody's permissions keep out
+        listener.listen()
+        listener.settimeout(10)
+        peer = subprocess.Popen([*wrapper, sys.executable, "-c", PEER, name], user=user)
+        try:
+            connection, _ = listener.accept()
+            with connection, pytest.raises(resident.Refused, match=f"^{why}($| )"):
+                resident.check_peer(connection)
+        finally:
+            peer.kill()
+            peer.wait()
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with ours, theirs:
+        resident.check_peer(ours)  # root, our namespaces and capabilities: taken
+
+
+def test_a_signal_to_the_caller_reaches_the_delegate(node, helper) -> None:
+    shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid), REC_SLEEP="delete")
+    wait_for(node / "rec" / "ready", shim)
+    assert len(workers_for(node, "delete")) == 1
+    shim.send_signal(signal.SIGTERM)
+    shim.communicate(timeout=10)
+    assert (node / "rec" / "signal").read_text() == "SIGTERM"
+    assert shim.returncode == 128 + signal.SIGTERM  # the delegate's status, as the shell reports it
+
+
+@pytest.mark.parametrize(("sleeping", "waited_for"), [
+    ("delete", True),  # the delegate: told by SIGTERM, and its end awaited before anything else (a rollback)
+    ("state", False),  # a program whose output the worker reads (process.run): only the caller's end tells it
+])
+def test_a_worker_whose_caller_is_killed_ends(node, helper, sleeping, waited_for) -> None:
+    shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid), REC_SLEEP=sleeping, REC_STATUS="1")
+    wait_for(node / "rec" / "ready", shim)
+    [worker] = workers_for(node, "delete")
+    delegate = os.pidfd_open(recorded(node, sleeping)["pid"])  # an orphan once the caller is gone: ours to end
+    try:
+        shim.kill()
+        shim.wait()
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{worker['pid']}") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not os.path.exists(f"/proc/{worker['pid']}"), "the worker outlived its caller"
+        if waited_for:
+            assert select.select([delegate], [], [], 0)[0], "the worker ended before its delegate"
+            assert (node / "rec" / "signal").read_text() == "SIGTERM"
+    finally:
+        signal.pidfd_send_signal(delegate, signal.SIGKILL)
+        os.close(delegate)
+
+
+SERVE = ("import os, socket, sys\nfrom gpuckpt.shim import resident_call as call\n"
+         "os.set_inheritable(int(sys.argv[1]), False)  # as gpuckpt-runtime's connection\n"
+         "sys.exit(call._serve(call._Connection(socket.socket(fileno=int(sys.argv[1])))))\n")
+
+
+@pytest.fixture
+def served() -> Iterator[subprocess.Popen]:
+    """This process as a resident worker: its programs started by a gpuckpt-runtime's serving loop, which
+    holds an fd of the engine's (server.engine_fd)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    engine_fd, engine_end = os.pipe()
+    with ours:
+        with theirs:
+            server = subprocess.Popen([sys.executable, "-c", SERVE, str(theirs.fileno())], pass_fds=[
+                theirs.fileno(), engine_fd], env={**os.environ, "PYTHONPATH": IMPORT_ROOT})
+        server.engine_fd = engine_fd  # type: ignore[attr-defined]
+        os.close(engine_fd)
+        os.close(engine_end)
+        caller.work_for(caller.Caller(ours))
+        try:
+            yield server
+        finally:
+            caller._current = None
+            ours.sendmsg([marshal.dumps(("exit", 0))])
+    assert server.wait(timeout=10) == 0
+
+
+def test_run_in_a_worker_captures_what_the_callers_child_writes(served) -> None:
+    finished = process.run(["sh", "-c", 'echo "$PPID $MARK"; echo said >&2; cat'], input_text="fed\n",
+                           env={"PATH": os.environ["PATH"], "MARK": "given"})
+    assert (finished.returncode, finished.stdout, finished.stderr) == (0, f"{served.pid} given\nfed\n", "said\n")
+    assert process.run(["sh", "-c", "cat; echo $PPID"]).stdout == f"{served.pid}\n"  # stdin: /dev/null
+    ignored = process.run(["sh", "-c", "grep ^SigIgn: /proc/$$/status"]).stdout.split()[1]
+    assert not int(ignored, 16) & PYTHONS_IGNORED  # as subprocess starts a program, not as the caller has them
+
+
+def test_run_in_a_worker_reports_a_failure_by_its_last_line(served) -> None:
+    with pytest.raises(process.CommandError) as failed:
+        process.run(["sh", "-c", "echo first >&2; echo last >&2; exit 4"])
+    assert failed.value.returncode == 4 and str(failed.value).endswith(": last")
+    assert process.run(["sh", "-c", "exit 4"], check=False).returncode == 4
+
+
+def test_run_in_a_worker_kills_a_program_that_does_not_answer_in_time(served) -> None:
+    started = time.monotonic()
+    with pytest.raises(process.CommandError, match=r"^sleep 30: no answer within 0.3 s$"):
+        process.run(["sleep", "30"], timeout_s=0.3)
+    assert time.monotonic() - started < 5
+    assert children_of(served.pid) == []  # killed, and reaped by the caller
+
+
+def test_run_in_a_worker_of_a_missing_program_is_127_not_found(served) -> None:
+    with pytest.raises(process.CommandError, match="^no-such-program: not found") as missing:
+        process.run(["no-such-program", "x"])
+    assert missing.value.returncode == 127
+
+
+def test_spawn_in_a_worker_is_the_callers_child_and_takes_our_signals(served) -> None:
+    child = process.spawn(["sleep", "30"])
+    assert children_of(served.pid) == [child.pid] and child.poll() is None
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=5) == -signal.SIGTERM and child.poll() == -signal.SIGTERM
+
+
+def test_run_in_a_worker_keeps_the_callers_fds_out_and_spawn_passes_them_on(served) -> None:
+    """As subprocess.run and process.spawn in our own process: a delegate gets the engine's fds, a query none."""
+    listing = "ls /proc/$$/fd"
+    assert process.run(["sh", "-c", listing]).stdout.split() == ["0", "1", "2"]
+    child = process.spawn(["sh", "-c", f"{listing} >&2"], pipe_stderr=True)
+    assert child.stderr is not None and str(served.engine_fd) in child.stderr.read().decode().split()
+    assert child.wait(timeout=5) == 0
