@@ -35,8 +35,9 @@ static const char *const CHECKPOINT_VALUE_FLAGS[] = {"image-path", "work-path", 
 static const char *const RESTORE_VALUE_FLAGS[] = {"console-socket", "image-path", "work-path",
                                                   "manage-cgroups-mode", "bundle", "b", "pid-file", "empty-ns",
                                                   "lsm-profile", "lsm-mount-context", NULL};
-/* owned verbs the shim always works itself (checkpoint and restore pass through when only asked about) */
-static const char *const ALWAYS_OWNED[] = {"pause", "resume", "delete", NULL};
+/* owned verbs the shim always works itself (checkpoint and restore pass through when only asked about; delete
+ * where shim/delete.py would add nothing: runc's own words, no lock file of the container) */
+static const char *const ALWAYS_OWNED[] = {"pause", "resume", NULL};
 static const char *const GO_FALSE[] = {"0", "f", "F", "false", "FALSE", "False", NULL};
 
 /* shim/resolve.py's cache */
@@ -106,8 +107,9 @@ static int only_asked_about(int argc, char **argv, int verb_at, const char *cons
 }
 
 /* The verb's index when this call goes to the delegate unchanged, whatever the config's hook; 0 when the shim
- * must see it. Sets *create when it passes through only if the config adds no hook. */
-static int passes_through(int argc, char **argv, int *create)
+ * must see it. Sets *create when it passes through only if the config adds no hook, *delete when only if
+ * delete_passes_through says so. */
+static int passes_through(int argc, char **argv, int *create, int *delete)
 {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *name, *value;
@@ -122,6 +124,7 @@ static int passes_through(int argc, char **argv, int *create)
             if (strcmp(arg, "restore") == 0)
                 return only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS) ? i : 0;
             *create = strcmp(arg, "create") == 0;
+            *delete = strcmp(arg, "delete") == 0;
             return i;
         }
         split_flag(arg, &name, &length, &value);
@@ -141,6 +144,30 @@ static const char *env_or(const char *name, const char *fallback)
 {
     const char *value = getenv(name);
     return value && *value ? value : fallback;
+}
+
+/* shim/delete.py adds two things to the delegate's delete: it removes the container's lock file (node/lock.py),
+ * and where the delegate fails for a container it does not have, it says "does not exist" as runc does
+ * (containerd reads those words; crun says "No such file or directory"). With runc and no lock file there is
+ * nothing to add: the delete is runc's alone. */
+static int delete_passes_through(int argc, char **argv, int verb_at, const char *delegate)
+{
+    const char *container = NULL, *base = strrchr(delegate, '/');
+    char lock[PATH_MAX];
+    struct stat status;
+    for (int i = verb_at + 1; i < argc && !container; i++) {
+        if (strcmp(argv[i], "--") == 0)
+            container = i + 1 < argc ? argv[i + 1] : NULL;
+        else if (argv[i][0] != '-' || strcmp(argv[i], "-") == 0)
+            container = argv[i];
+    } /* delete's flags (--force, -f) take no value */
+    if (!container || !*container || strchr(container, '/') || strcmp(container, ".") == 0 ||
+        strcmp(container, "..") == 0 || strcmp(base ? base + 1 : delegate, "runc") != 0)
+        return 0;
+    if ((size_t)snprintf(lock, sizeof lock, "%s/locks/%s.lock", env_or("GPUCKPT_STATE_DIR", DEFAULT_STATE_DIR),
+                         container) >= sizeof lock)
+        return 0;
+    return lstat(lock, &status) != 0 && errno == ENOENT;
 }
 
 /* The delegate and hook shim/resolve.py cached for this config, PATH and launcher; 0 when there is none. */
@@ -203,14 +230,15 @@ static int cached_delegate(const char *own, char *delegate, size_t delegate_size
 int main(int argc, char **argv)
 {
     char own[PATH_MAX], delegate[PATH_MAX];
-    int create = 0, has_hook = 0;
+    int create = 0, delete = 0, has_hook = 0, verb_at;
     char **shim_argv;
 
     if (!realpath("/proc/self/exe", own))
         snprintf(own, sizeof own, "%s", argc > 0 ? argv[0] : "");
 
-    if (argc > 0 && passes_through(argc, argv, &create) && cached_delegate(own, delegate, sizeof delegate, &has_hook) &&
-        !(create && has_hook)) {
+    if (argc > 0 && (verb_at = passes_through(argc, argv, &create, &delete)) &&
+        cached_delegate(own, delegate, sizeof delegate, &has_hook) && !(create && has_hook) &&
+        !(delete && !delete_passes_through(argc, argv, verb_at, delegate))) {
         argv[0] = delegate;
         execv(delegate, argv);
         /* gone or not executable since: the shim reports it */

@@ -87,7 +87,7 @@ def test_calls_the_shim_passes_through_skip_python(launcher, launcher_build, rec
 @pytest.mark.parametrize("argv", [
     ["checkpoint", "--image-path", "/x", "c1"],
     ["restore", "--help=false", "c1"],
-    ["delete", "c1"],
+    ["delete"],  # no container: the shim's (the delegate's usage, through it)
     ["pause", "c1"],
     ["--version"],
     ["--help", "state", "c1"],
@@ -143,3 +143,28 @@ def test_the_shim_sees_the_launchers_path_as_its_own(launcher, node) -> None:
     assert result.returncode == 0 and "gpuckpt-runtime version" in result.stdout
     cached = (node / "state").glob("delegate.cache.*")
     assert [str(launcher) in path.read_text().split("\0") for path in cached] == [True]
+
+
+def test_delete_passes_through_with_runc_and_no_lock_file(launcher, launcher_build, node, recording_runtime,
+                                                          tmp_path) -> None:
+    """shim/delete.py adds runc's words for a missing container (runc has them) and the removal of the container's
+    lock file: with runc and no lock file the launcher runs runc's delete itself."""
+    run(launcher, "state", "warm")
+    before = python_calls(launcher_build)
+    assert run(launcher, "delete", "--force", "c1").returncode == 0
+    assert python_calls(launcher_build) == before
+    assert recorded(recording_runtime) == ["delete", "--force", "c1"]
+    locks = node / "state" / "locks"
+    locks.mkdir(mode=0o700)
+    (locks / "c2.lock").write_text("")
+    run(launcher, "delete", "c2")
+    assert python_calls(launcher_build) == before + 1
+    assert not (locks / "c2.lock").exists()  # the shim's delete removed it
+    crun = tmp_path / "crun-bin" / "crun"
+    crun.parent.mkdir()
+    shutil.copy(recording_runtime, crun)
+    write_config(node, f'delegate = "{crun}"\n')
+    run(launcher, "state", "warm")
+    before = python_calls(launcher_build)
+    run(launcher, "delete", "c3")
+    assert python_calls(launcher_build) == before + 1
