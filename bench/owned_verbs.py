@@ -116,6 +116,14 @@ def main() -> None:
         floor = [time_once([*python, "-c", f"import sys; sys.path.insert(0, {site!r})\n{FLOOR_CODE}"])
                  for _ in range(options.cycles)]
         bare = [time_once([*python, "-c", "pass"]) for _ in range(options.cycles)]
+        # What a checkpoint through the helper cannot shed: the caller's interpreter with what it loads to hand the
+        # verb over, and the two delegate calls the verb's policy makes (state, ps) beside the dump
+        client = [time_once([*python, "-c", f"import sys; sys.path.insert(0, {site!r}); "
+                             "import gpuckpt.shim.main, gpuckpt.shim.resident_call"]) for _ in range(options.cycles)]
+        runc_id = subprocess.run([podman, "inspect", "-f", "{{.Id}}", names["runc"]], check=True,
+                                 capture_output=True, text=True).stdout.strip()
+        queries = {query: [time_once([runc, "--root", PODMAN_RUNC_ROOT, *argv, runc_id]) for _ in range(options.cycles)]
+                   for query, argv in (("state", ["state"]), ("ps", ["ps", "--format", "json"]))}
         # What the shim loads before any work of a verb (its plugin switch as the shim sets it)
         loads = {verb: [time_once([*python, "-c", f"import os, sys; sys.path.insert(0, {site!r}); "
                                   f"os.environ['PYDANTIC_DISABLE_PLUGINS'] = '__all__'; import gpuckpt.shim.{verb}"])
@@ -147,6 +155,11 @@ def main() -> None:
                        **figures(floor)}
     result["interpreter"] = {"what": "the launcher's interpreter starting and ending (-I -S), nothing imported",
                              **figures(bare)}
+    result["resident_floor"] = {
+        "what": "per podman checkpoint through the helper: the caller's interpreter handing the verb over, and the "
+                "policy's own delegate calls (runc state, runc ps) besides the dump",
+        "caller_start_ms": figures(client)["median_ms"],
+        "runc_state_ms": figures(queries["state"])["median_ms"], "runc_ps_ms": figures(queries["ps"])["median_ms"]}
     result["imports"] = {verb: {"what": f"the interpreter importing gpuckpt.shim.{verb} (its models built)",
                                 **figures(samples)} for verb, samples in loads.items()}
     result["passthrough_added_ms"] = round(result["state"]["gpuckpt-runtime"]["median_ms"]
@@ -162,6 +175,9 @@ def main() -> None:
     print(f"floor (interpreter + pydantic + cryptography + one model): median {result['floor']['median_ms']} ms; "
           f"interpreter alone {result['interpreter']['median_ms']} ms; importing the verb's module: checkpoint "
           f"{result['imports']['checkpoint']['median_ms']} ms, restore {result['imports']['restore']['median_ms']} ms")
+    floor = result["resident_floor"]
+    print(f"through the helper, per checkpoint: the caller's start {floor['caller_start_ms']} ms, runc state "
+          f"{floor['runc_state_ms']} ms, runc ps {floor['runc_ps_ms']} ms")
     print(f"added in-process (no gpuckpt-runtimed): checkpoint {result['checkpoint_added_in_process_ms']} ms, "
           f"restore {result['restore_added_in_process_ms']} ms")
     print(f"added: checkpoint {result['checkpoint_added_ms']} ms, restore {result['restore_added_ms']} ms, "

@@ -25,6 +25,26 @@ def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
                 continue  # closed meanwhile
 
 
+def file_locks_held(pids: Iterable[int]) -> int:
+    """How many file locks (POSIX, OFD, flock) `pids` hold, from the "lock:" lines of their files' fdinfo.
+    /proc/locks says it for the whole node, and its first read in a process costs milliseconds on its own."""
+    held = 0
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/"):
+                    continue  # sockets, pipes, anonymous inodes: no locks of theirs matter to CRIU
+                with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as info:
+                    held += sum(line.startswith(b"lock:") for line in info)
+            except OSError:
+                continue  # closed meanwhile
+    return held
+
+
 # Deleted files that CRIU handles by other means than copying them ("ghost files").
 _NOT_GHOSTS = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from gpuckpt.errors import ConfigError
-from gpuckpt.host.procfs import fd_targets
+from gpuckpt.host.procfs import fd_targets, file_locks_held
 from gpuckpt.oci.manifest import NetworkOption, NetworkPolicy
 from gpuckpt.policy.annotations import tightened
 
@@ -56,15 +56,6 @@ def _is_loopback(address: str) -> bool:
 def socket_inodes(pids: list[int]) -> set[int]:
     matches = (SOCKET_LINK.match(target) for _, target in fd_targets(pids))
     return {int(match.group(1)) for match in matches if match}
-
-
-def _locks_held(pids: list[int]) -> int:
-    wanted = {str(pid) for pid in pids}
-    try:
-        with open("/proc/locks") as locks:
-            return sum(1 for fields in map(str.split, locks) if len(fields) > 4 and fields[4] in wanted)
-    except OSError:
-        return 0
 
 
 def _diag(init_pid: int, inodes: set[int]) -> SocketsFound:
@@ -107,7 +98,7 @@ def inspect_container(init_pid: int, pids: list[int]) -> SocketsFound:
         found = _diag(init_pid, inodes) if inodes else SocketsFound()
     except (OSError, ImportError) as error:  # not root, no pyroute2, the process gone
         found = SocketsFound(unreadable=f"{type(error).__name__}: {error}")
-    found.file_locks = _locks_held(pids)
+    found.file_locks = file_locks_held(pids)
     return found
 
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import fcntl
 import os
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from gpuckpt.errors import ConfigError
+from gpuckpt.host.procfs import file_locks_held
 from gpuckpt.node.config import CriuConfig
 from gpuckpt.policy.network import SocketsFound, choose, container_policy, inspect_container, missing_option_hint
 
@@ -95,3 +98,22 @@ def test_a_bad_annotation_value_names_what_is_allowed() -> None:
     with pytest.raises(ConfigError, match="annotation io.gpuckpt.criu.file-locks='yes': Input should be 'auto' or "
                                           "'never'"):
         container_policy(CriuConfig(), {"io.gpuckpt.criu.file-locks": "yes"})
+
+
+def test_each_kind_of_file_lock_a_process_holds_is_counted(tmp_path) -> None:
+    """POSIX (lockf), OFD and flock locks all count; a file merely open does not (CRIU's file-locks option)."""
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"d = {str(tmp_path)!r}\n"
+        "opened = [open(os.path.join(d, name), 'w') for name in ('posix', 'flock', 'plain')]\n"
+        "fcntl.lockf(opened[0], fcntl.LOCK_EX)\n"
+        "fcntl.flock(opened[1], fcntl.LOCK_EX)\n"
+        "print('held', flush=True)\n"
+        "time.sleep(30)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert file_locks_held([holder.pid]) == 2
+        assert file_locks_held([os.getpid()]) == 0
+    finally:
+        holder.kill()
+        holder.wait()
