@@ -20,10 +20,12 @@ bash "$here/install-system.sh"
 bash "$here/containerd.sh"   # containerd 2.1 in a private prefix, for integration/test_cri.py
 if [ "$mode" = deb ]; then
     GPUCKPT_EXTRAS=${GPUCKPT_EXTRAS:-gpu,test,cri-test} GPUCKPT_BINDIR=none bash "$repo/packaging/install.sh"
-    # install.sh's launchers from an earlier tree install would come first in PATH: only ours go
-    for name in gpuckpt gpuckpt-runtime gpuckpt-hook gpuckptd; do
+    # install.sh's launchers from an earlier tree install would come first in PATH: only ours go (the
+    # scripts name the venv's interpreter in their first line, the compiled runtime launcher holds it)
+    for name in gpuckpt gpuckpt-runtime gpuckpt-runtimed gpuckpt-hook gpuckptd; do
         launcher=/usr/local/bin/$name
-        if [ -f "$launcher" ] && head -n 1 "$launcher" | grep -qx '#!/opt/gpuckpt/venv/bin/python3 -IS'; then
+        if [ -f "$launcher" ] && { head -n 1 "$launcher" | grep -qax '#!/opt/gpuckpt/venv/bin/python3 -IS' ||
+                                   grep -qaF /opt/gpuckpt/venv/bin/python3 "$launcher"; }; then
             rm -f "$launcher"
         fi
     done
