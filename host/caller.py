@@ -17,39 +17,16 @@ or ("failed", errno, text); ("wait", pid) answered ("waited", returncode as subp
 
 from __future__ import annotations
 
-import marshal
 import os
 import select
 import signal
 import socket
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
+from gpuckpt.host import messages
 from gpuckpt.host.programs import CommandError
-
-MAX_MESSAGE = 1 << 20  # a message's bound either way: argv and environment
-FD_BYTES = 4
-
-
-def pack_fds(fds: Sequence[int]) -> list[tuple[int, int, bytes]]:
-    """SCM_RIGHTS ancillary data carrying `fds` (none: no ancillary data)."""
-    if not fds:
-        return []
-    data = b"".join(fd.to_bytes(FD_BYTES, sys.byteorder, signed=True) for fd in fds)
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, data)]
-
-
-def unpack_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
-    """The fds an SCM_RIGHTS message carried (a truncated last one dropped)."""
-    fds: list[int] = []
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            usable = len(data) - len(data) % FD_BYTES
-            fds += [int.from_bytes(data[at:at + FD_BYTES], sys.byteorder, signed=True)
-                    for at in range(0, usable, FD_BYTES)]
-    return fds
 
 
 class CallerGone(CommandError):
@@ -67,17 +44,10 @@ class Caller:
 
     def ask(self, message: tuple, fds: Sequence[int] = ()) -> tuple[tuple, list[int]]:
         try:
-            self.connection.sendmsg([marshal.dumps(message)], pack_fds(fds))
-            data, ancillary, _flags, _ = self.connection.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(FD_BYTES * 4),
-                                                                 socket.MSG_CMSG_CLOEXEC)
-        except OSError:
+            messages.send(self.connection, message, fds)
+            return messages.receive(self.connection)
+        except (OSError, messages.PeerGone):
             raise CallerGone() from None
-        received = unpack_fds(ancillary)
-        if not data:
-            for fd in received:
-                os.close(fd)
-            raise CallerGone()
-        return marshal.loads(data), received
 
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
               stdout: int | None = None, stderr: int | None = None, close_fds: bool = False) -> CallerChild:

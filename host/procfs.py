@@ -11,8 +11,8 @@ import stat
 from collections.abc import Iterable, Iterator
 
 
-def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
-    """(pid, target) for every open fd of `pids`: "/dev/nvidia0", "socket:[1234]", ..."""
+def fd_entries(pids: Iterable[int]) -> Iterator[tuple[int, str, str]]:
+    """(pid, fd, target) for every open fd of `pids`: target "/dev/nvidia0", "socket:[1234]", ..."""
     for pid in pids:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
@@ -20,28 +20,28 @@ def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
             continue
         for fd in fds:
             try:
-                yield pid, os.readlink(f"/proc/{pid}/fd/{fd}")
+                yield pid, fd, os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue  # closed meanwhile
+
+
+def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
+    """(pid, target) for every open fd of `pids`."""
+    return ((pid, target) for pid, _, target in fd_entries(pids))
 
 
 def file_locks_held(pids: Iterable[int]) -> int:
     """How many file locks (POSIX, OFD, flock) `pids` hold, from the "lock:" lines of their files' fdinfo.
     /proc/locks says it for the whole node, and its first read in a process costs milliseconds on its own."""
     held = 0
-    for pid in pids:
+    for pid, fd, target in fd_entries(pids):
+        if not target.startswith("/"):
+            continue  # sockets, pipes, anonymous inodes: no locks of theirs matter to CRIU
         try:
-            fds = os.listdir(f"/proc/{pid}/fd")
+            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as info:
+                held += sum(line.startswith(b"lock:") for line in info)
         except OSError:
-            continue
-        for fd in fds:
-            try:
-                if not os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/"):
-                    continue  # sockets, pipes, anonymous inodes: no locks of theirs matter to CRIU
-                with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as info:
-                    held += sum(line.startswith(b"lock:") for line in info)
-            except OSError:
-                continue  # closed meanwhile
+            continue  # closed meanwhile
     return held
 
 

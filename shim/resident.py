@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import marshal
 import os
 import select
 import signal
@@ -29,7 +28,8 @@ import time
 from collections.abc import Sequence
 
 from gpuckpt.errors import GpuckptError, UsageError
-from gpuckpt.host import caller
+from gpuckpt.host import caller, messages
+from gpuckpt.host.messages import peer_refusal
 from gpuckpt.node.paths import state_dir
 from gpuckpt.oci import criu_images
 from gpuckpt.shim import main as shim_main
@@ -40,7 +40,7 @@ from gpuckpt.shim.argv import (
     parse_runtime_args,
     parse_verb_args,
 )
-from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity, peer_refusal
+from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity
 
 # What the owned verbs load, imported before the first fork (each worker then starts with it).
 PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete", "gpuckpt.shim.pause",
@@ -72,17 +72,14 @@ def socket_peer(connection: socket.socket) -> tuple[int, int, int]:
 
 def _hello(connection: socket.socket) -> tuple[tuple, list[int]]:
     connection.settimeout(HELLO_TIMEOUT_S)
-    data, ancillary, _flags, _ = connection.recvmsg(caller.MAX_MESSAGE, socket.CMSG_SPACE(caller.FD_BYTES * 4),
-                                                    socket.MSG_CMSG_CLOEXEC)
-    connection.settimeout(None)
-    fds = caller.unpack_fds(ancillary)
-    if not data and not fds:
-        raise Refused("")  # connected and closed: a probe of whether we listen
     try:
-        message = marshal.loads(data)
-    except (ValueError, EOFError, TypeError):
-        message = None
-    if not (isinstance(message, tuple) and len(message) == 9 and message[0] == "call" and message[1] == PROTOCOL
+        message, fds = messages.receive(connection)
+    except messages.NotAMessage:
+        raise Refused("not a call this helper speaks") from None
+    except messages.PeerGone:
+        raise Refused("") from None  # closed without a word: a probe of whether we listen
+    connection.settimeout(None)
+    if not (len(message) == 9 and message[0] == "call" and message[1] == PROTOCOL
             and len(fds) == 4 and _strings(message[4]) and isinstance(message[5], dict)
             and _strings([*message[5], *message[5].values(), message[2], message[3], message[7], message[8]])
             and isinstance(message[6], int)):
@@ -138,12 +135,12 @@ def work(connection: socket.socket, identity: str) -> int:
         if str(refused):
             _journal_line(f"a call left to its caller: {refused}")
         try:
-            connection.sendmsg([marshal.dumps(("local", str(refused)))])
+            messages.send(connection, ("local", str(refused)))
         except OSError:
             pass
         return 0
     argv, delegate, hook = _take_on(message, fds)
-    connection.sendmsg([marshal.dumps(("worker", os.getpid()))])
+    messages.send(connection, ("worker", os.getpid()))
     caller.work_for(caller.Caller(connection))
     threading.Thread(target=_watch_caller, args=(connection,), daemon=True, name="gpuckpt-caller").start()
     args = parse_runtime_args(argv)
@@ -160,7 +157,7 @@ def work(connection: socket.socket, identity: str) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the caller ends at our answer: no news for us
-    connection.sendmsg([marshal.dumps(("exit", status))])
+    messages.send(connection, ("exit", status))
     return 0
 
 
@@ -229,7 +226,7 @@ def serve(listener: socket.socket) -> int:
                 connection.close()
                 continue
             with contextlib.suppress(OSError):
-                connection.sendmsg([marshal.dumps(("local", why))])
+                messages.send(connection, ("local", why))
             _journal_line(f"a call left to its caller: {why}")
             connection.close()
             continue

@@ -21,7 +21,7 @@ from resident_runtime import children_of
 from support import write_config
 
 import gpuckpt
-from gpuckpt.host import caller, process
+from gpuckpt.host import caller, messages, process
 from gpuckpt.shim import resident, resident_call
 
 # Where the tests' gpuckpt is imported from: the helper and the callers must load the same files (its identity).
@@ -181,8 +181,8 @@ def hello(node: Path, data: bytes, fds: list[int]) -> tuple:
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
         sock.settimeout(10)
         sock.connect(str(node / "state" / resident_call.SOCKET_NAME))
-        sock.sendmsg([data], caller.pack_fds(fds))
-        return marshal.loads(sock.recv(resident_call.MAX_MESSAGE))
+        sock.sendmsg([data], messages.pack_fds(fds))
+        return marshal.loads(sock.recv(messages.MAX_MESSAGE))
 
 
 def test_a_call_from_another_install_or_not_a_call_is_left_to_the_caller(node, runtime, helper) -> None:
@@ -272,7 +272,7 @@ def test_a_worker_whose_caller_is_killed_ends(node, helper, sleeping, waited_for
 
 SERVE = ("import os, socket, sys\nfrom gpuckpt.shim import resident_call as call\n"
          "os.set_inheritable(int(sys.argv[1]), False)  # as gpuckpt-runtime's connection\n"
-         "sys.exit(call._serve(call._Connection(socket.socket(fileno=int(sys.argv[1])))))\n")
+         "sys.exit(call._serve(socket.socket(fileno=int(sys.argv[1]))))\n")
 
 
 @pytest.fixture
