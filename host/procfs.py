@@ -34,10 +34,8 @@ def file_locks_held(pids: Iterable[int]) -> int:
     """How many file locks (POSIX, OFD, flock) `pids` hold, from the "lock:" lines of their files' fdinfo.
     /proc/locks says it for the whole node, and its first read in a process costs milliseconds on its own."""
     held = 0
-    for pid, fd, target in fd_entries(pids):
-        if not target.startswith("/"):
-            continue  # sockets, pipes, anonymous inodes: no locks of theirs matter to CRIU
-        try:
+    for pid, fd, _target in fd_entries(pids):
+        try:  # every kind of file: CRIU reads the "lock:" lines of pipes', sockets' and eventfds' fdinfo too
             with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as info:
                 held += sum(line.startswith(b"lock:") for line in info)
         except OSError:

@@ -79,19 +79,28 @@ static int is_false(const char *value)
     return member(GO_FALSE, value, strlen(value));
 }
 
-/* shim/argv.py's owned_verb_is_only_asked_about past the globals: --help/-h, or no container named */
+static int asks_help(const char *help, const char *h)
+{
+    return (help && !is_false(help)) || (h && !is_false(h));
+}
+
+/* shim/argv.py's owned_verb_is_only_asked_about past the globals: --help/-h, or no container named. And a
+ * --help only before the container: crun parses a verb's options in order and stops at the container, so
+ * `crun checkpoint ID --help` checkpoints ID (runc moves the flag forward and only prints its help). */
 static int only_asked_about(int argc, char **argv, int verb_at, const char *const *value_flags)
 {
     const char *help = NULL, *h = NULL;
-    int positionals = 0;
+    int positionals = 0, asked_before_container = 0;
     for (int i = verb_at + 1; i < argc; i++) {
         const char *arg = argv[i], *name, *value;
         size_t length;
-        if (strcmp(arg, "--") == 0) {
-            positionals += argc - i - 1;
-            break;
-        }
-        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
+        if (strcmp(arg, "--") == 0 || arg[0] != '-' || strcmp(arg, "-") == 0) {
+            if (!positionals)
+                asked_before_container = asks_help(help, h);
+            if (strcmp(arg, "--") == 0) {
+                positionals += argc - i - 1;
+                break;
+            }
             positionals++;
             continue;
         }
@@ -103,7 +112,9 @@ static int only_asked_about(int argc, char **argv, int verb_at, const char *cons
         else if (length == 1 && name[0] == 'h')
             h = value;
     }
-    return (help && !is_false(help)) || (h && !is_false(h)) || positionals == 0;
+    if (positionals == 0)
+        return 1;
+    return asks_help(help, h) && asked_before_container; /* the shim's answer, and crun's */
 }
 
 /* The verb's index when this call goes to the delegate unchanged, whatever the config's hook; 0 when the shim
@@ -198,7 +209,7 @@ static int cached_delegate(const char *own, char *delegate, size_t delegate_size
                          CACHE_NAME, crc32(0L, (const Bytef *)key, (uInt)key_length)) >= sizeof name)
         return 0;
 
-    fd = open(name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    fd = open(name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK); /* a FIFO there must not hang us */
     if (fd < 0)
         return 0;
     /* only a cache written by us and writable by nobody else */
@@ -209,8 +220,8 @@ static int cached_delegate(const char *own, char *delegate, size_t delegate_size
     while (length < CACHE_MAX && (got = read(fd, content + length, (size_t)(CACHE_MAX - length))) > 0)
         length += got;
     close(fd);
-    if (got < 0)
-        return 0;
+    if (got < 0 || length == CACHE_MAX)
+        return 0; /* a file this long was cut: its last fields (the hook) may be missing */
     content[length] = '\0';
 
     for (const char *at = content; at <= content + length && count <= CACHE_FIELDS; at += strlen(at) + 1)

@@ -29,6 +29,16 @@ RESTORE_VALUE_FLAGS = frozenset(
      "pid-file", "empty-ns", "lsm-profile", "lsm-mount-context"}
 )
 
+# Their boolean flags (runc 1.1-1.3, crun): with the value flags, what a prefix is checked against (below).
+CHECKPOINT_BOOL_FLAGS = frozenset(
+    {"leave-running", "tcp-established", "tcp-skip-in-flight", "skip-in-flight", "ext-unix-sk", "shell-job",
+     "lazy-pages", "file-locks", "pre-dump", "auto-dedup", "link-remap", "help", "h"}
+)
+RESTORE_BOOL_FLAGS = frozenset(
+    {"tcp-established", "tcp-skip-in-flight", "ext-unix-sk", "shell-job", "file-locks", "detach", "d",
+     "no-subreaper", "no-pivot", "auto-dedup", "lazy-pages", "help", "h"}
+)
+
 # What Go's strconv.ParseBool reads as false (runc's boolean flags, `--leave-running=F`).
 GO_FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
 
@@ -207,9 +217,60 @@ def hidden_checkpoint_or_restore(args: RuntimeArgs) -> str | None:
 def owned_verb_is_only_asked_about(args: RuntimeArgs) -> bool:
     """An owned verb called for its help, or without a container: the delegate's own answer is all there
     is. Engines ask `checkpoint --help` before each checkpoint and restore (podman, for the flags it may
-    pass): the shim must not load the verb's machinery for it."""
+    pass): the shim must not load the verb's machinery for it. A --help counts before the container only:
+    crun reads a verb's options up to its container and checkpoints `checkpoint ID --help` (runc prints its
+    help either way)."""
     if any(args.globals_.get(name, "false") not in GO_FALSE for name in ("help", "h", "version", "v")):
         return True  # runc answers `runc --help checkpoint ID` with its help and checkpoints nothing
     flags = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}.get(args.command or "", frozenset())
     verb = parse_verb_args(args.command_args, flags)
-    return verb.has("help") or verb.has("h") or verb.container_id is None
+    if verb.container_id is None:
+        return True
+    before = parse_verb_args(args.command_args[:_container_index(args.command_args, flags)], flags)
+    return before.has("help") or before.has("h")
+
+
+def _container_index(verb_args: list[str], value_flags: frozenset[str]) -> int:
+    """Where the first positional (the container) is in a verb's arguments; len() if none."""
+    i = 0
+    while i < len(verb_args):
+        arg = verb_args[i]
+        if arg == "--":
+            return i
+        if not arg.startswith("-") or arg == "-":
+            return i
+        name, value = _split_flag(arg)
+        i += 2 if value is None and name in value_flags else 1
+    return len(verb_args)
+
+
+def ambiguous_owned_call(args: RuntimeArgs) -> str | None:
+    """Why a checkpoint or restore's arguments could mean one thing to the shim and another to the delegate, or
+    None. The shim checks the images, bundle and options it reads; the delegate must act on the same ones:
+    crun reads options up to the container only and takes prefixes of long options (`--bund=X` is its
+    --bundle), and `-b=X` is "=X" to it. No engine writes any of these."""
+    value_flags, bool_flags = {"checkpoint": (CHECKPOINT_VALUE_FLAGS, CHECKPOINT_BOOL_FLAGS),
+                               "restore": (RESTORE_VALUE_FLAGS, RESTORE_BOOL_FLAGS)}.get(args.command or "",
+                                                                                        (None, None))
+    if value_flags is None or bool_flags is None:
+        return None
+    verb_args = args.command_args
+    options_end = at = _container_index(verb_args, value_flags)
+    if verb_args[at:at + 1] == ["--"]:
+        at += 1
+    if len(verb_args) > at + 1:
+        return (f"gpuckpt-runtime {args.command}: {verb_args[at + 1][:64]!r} after the container: options go "
+                "before the container ID, which comes last")
+    known = value_flags | bool_flags
+    options = iter(verb_args[:options_end])
+    for arg in options:
+        name, value = _split_flag(arg)
+        if value is None and name in value_flags:
+            next(options, None)  # its value, whatever it looks like
+        if not arg.startswith("--") and len(name) == 1 and value is not None:
+            return (f"gpuckpt-runtime {args.command}: {arg[:64]!r}: give a one-letter option's value as its "
+                    "next argument")
+        if name not in known and any(flag.startswith(name) for flag in known):
+            return (f"gpuckpt-runtime {args.command}: option {arg[:64]!r} is a prefix of another: give options "
+                    "in full")
+    return None

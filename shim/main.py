@@ -11,10 +11,11 @@ import os
 import sys
 
 from gpuckpt import __version__
-from gpuckpt.errors import GpuckptError
+from gpuckpt.errors import GpuckptError, UsageError
 from gpuckpt.shim.argv import (
     RESTORE_VALUE_FLAGS,
     RuntimeArgs,
+    ambiguous_owned_call,
     hidden_checkpoint_or_restore,
     owned_verb_is_only_asked_about,
     parse_runtime_args,
@@ -29,6 +30,8 @@ OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 
 def _run_owned(args: RuntimeArgs, delegate: str, hook: str, gpus: NodeGpus | None) -> int:
+    if ambiguous := ambiguous_owned_call(args):
+        raise UsageError(ambiguous)
     # pydantic runs the plugins any installed package declares inside every validation: none in a root
     # process, and their discovery (the entry points of every installed distribution) cost ~20 ms a verb
     os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"

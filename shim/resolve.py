@@ -11,6 +11,7 @@ NUL-separated fields, not JSON: `json` costs ~7 ms of start-up.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import zlib
 
@@ -58,20 +59,21 @@ def _cache_file(key: list[str]) -> str:
     (pydantic, 200 ms). The config file's identity is not in the name (it is in the file): a changed config
     replaces its entry instead of adding one."""
     lasting = [part for index, part in enumerate(key) if index != KEY_CONFIG_IDENTITY]
-    return f"{CACHE_NAME}.{zlib.crc32(chr(0).join(lasting).encode()):08x}"
+    return f"{CACHE_NAME}.{zlib.crc32(os.fsencode(chr(0).join(lasting))):08x}"  # PATH's own bytes, whatever they are
 
 
 def _read_cache(key: list[str]) -> Resolved | None:
     try:
-        fd = os.open(os.path.join(state_dir(), _cache_file(key)), os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO there must not hang every container operation (refused below: not a regular file)
+        fd = os.open(os.path.join(state_dir(), _cache_file(key)), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return None
     try:
         status = os.fstat(fd)
         # Only trust a cache written by us and writable by nobody else.
-        if status.st_uid != os.geteuid() or status.st_mode & 0o022:
+        if status.st_uid != os.geteuid() or status.st_mode & 0o022 or not stat.S_ISREG(status.st_mode):
             return None
-        fields = os.read(fd, 65536).decode("utf-8", "replace").split("\0")
+        fields = os.fsdecode(os.read(fd, 65536)).split("\0")
     except OSError:
         return None
     finally:
@@ -88,8 +90,8 @@ def _write_cache(key: list[str], resolved: Resolved) -> None:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         temporary = os.path.join(directory, f".{CACHE_NAME}.{os.getpid()}")
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as cache_file:
-            cache_file.write("\0".join([*key, resolved.delegate, resolved.hook]))
+        with os.fdopen(fd, "wb") as cache_file:
+            cache_file.write(os.fsencode("\0".join([*key, resolved.delegate, resolved.hook])))
         os.replace(temporary, os.path.join(directory, _cache_file(key)))
     except OSError:
         pass  # a cache we cannot write only costs start-up time

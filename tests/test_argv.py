@@ -1,8 +1,11 @@
 """runc command-line parsing: globals, the verb, and the verb's flags."""
 
+import pytest
+
 from gpuckpt.shim.argv import (
     CHECKPOINT_VALUE_FLAGS,
     RESTORE_VALUE_FLAGS,
+    ambiguous_owned_call,
     for_delegate,
     hidden_checkpoint_or_restore,
     owned_verb_is_only_asked_about,
@@ -80,3 +83,37 @@ def test_crun_globals_are_known_and_an_unknown_one_hides_no_checkpoint() -> None
     refused = hidden_checkpoint_or_restore(parse_runtime_args(["--roo", "/run/x", "restore", "c"]))
     assert refused is not None and "'--roo'" in refused and "--cgroup-manager" in refused
     assert hidden_checkpoint_or_restore(parse_runtime_args(["--roo", "/run/x", "state", "c"])) is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["checkpoint", "--image-path", "/i", "--work-path", "/w", "--leave-running", "c1"],  # podman
+    ["restore", "--bundle", "/b", "--pid-file", "/p", "--detach", "--image-path", "/i", "--work-path", "/w", "c1"],
+    ["restore", "--image-path", "/i", "--work-path", "/w", "-no-subreaper", "--detach", "-b", "/b", "c1"],  # containerd
+    ["--root", "/r", "checkpoint", "--tcp-established", "--file-locks", "--manage-cgroups-mode", "soft", "--", "c1"],
+    ["checkpoint", "--image-path", "s", "--work-path", "-", "c1"],  # values that look like prefixes or options
+])
+def test_what_engines_write_is_not_ambiguous(argv) -> None:
+    args = parse_runtime_args(argv)
+    assert ambiguous_owned_call(args) is None and not owned_verb_is_only_asked_about(args)
+
+
+@pytest.mark.hostile("checkpoint/restore arguments crun reads otherwise than the shim (after the ID, prefixes, -b=)")
+@pytest.mark.parametrize(("argv", "said"), [
+    (["checkpoint", "c1", "--help"], "'--help' after the container"),
+    (["restore", "--image-path", "/i", "c1", "--bundle=/elsewhere"], "'--bundle=/elsewhere' after the container"),
+    (["restore", "--bund=/elsewhere", "c1"], "option '--bund=/elsewhere' is a prefix of another"),
+    (["checkpoint", "--image=/elsewhere", "c1"], "option '--image=/elsewhere' is a prefix of another"),
+    (["checkpoint", "--leave", "c1"], "option '--leave' is a prefix of another"),
+    (["restore", "-b=/elsewhere", "c1"], "'-b=/elsewhere': give a one-letter option's value as its next argument"),
+])
+def test_ambiguous_checkpoint_and_restore_arguments_are_refused(argv, said) -> None:
+    args = parse_runtime_args(argv)
+    assert not owned_verb_is_only_asked_about(args)  # never passed through as a mere question
+    refusal = ambiguous_owned_call(args)
+    assert refusal is not None and said in refusal and "\n" not in refusal
+
+
+def test_help_before_the_container_is_only_a_question() -> None:
+    assert owned_verb_is_only_asked_about(parse_runtime_args(["checkpoint", "--help", "c1"]))
+    assert owned_verb_is_only_asked_about(parse_runtime_args(["restore", "-h"]))
+    assert not owned_verb_is_only_asked_about(parse_runtime_args(["checkpoint", "--help=false", "c1"]))
