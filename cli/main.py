@@ -6,12 +6,11 @@ Errors print as one line on stderr with exit status 1; `--debug` adds the trace.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-from types import FrameType
 
 from gpuckpt import __version__
 from gpuckpt.cli import doctor, drain, inspect, install, recover, store, suspend, transfer, trust
+from gpuckpt.cli.signals import UNWOUND_AT_TERM, Terminated, unwind_at_termination
 from gpuckpt.errors import GpuckptError
 
 
@@ -25,29 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Commands that leave files behind when killed mid-way (an import's staging directory, an export's partial
-# archive): SIGTERM and SIGHUP unwind them as SIGINT does.
-UNWOUND_AT_TERM = frozenset({"import", "export"})
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, unwound as Ctrl-C is: every `finally` runs (an import's staging directory goes)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _terminated(signum: int, _frame: FrameType | None) -> None:
-    raise Terminated(signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     options = parser.parse_args(argv)
     if options.command in UNWOUND_AT_TERM:
-        for terminating in (signal.SIGTERM, signal.SIGHUP):
-            signal.signal(terminating, _terminated)
+        unwind_at_termination()
     try:
         return options.handler(options)
     except GpuckptError as error:

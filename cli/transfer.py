@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
 from gpuckpt.cli.progress import byte_bar, moved_to, watched
+from gpuckpt.cli.signals import termination_deferred
 from gpuckpt.errors import ImageError, UsageError
 from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
 from gpuckpt.host.process import Background, run
@@ -210,12 +211,14 @@ def run_import(options: argparse.Namespace) -> int:
         phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
         if staging.active:
             staging.record()  # from here the shim may take the pages
-            finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
+            with termination_deferred():  # podman killed mid-restore could leave the container half made
+                finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
         else:
             phases = [f"checked in {time.monotonic() - started:.1f} s; runtime {checked.config.runtime}"]
             copy = _stage_checked_copy(checked, checked_file, staging, verification, limits, phases)
             staging.budget.take("the archive unpacked by podman", copied.bytes)
-            finished = run([podman, "container", "restore", "--import", copy, *flags], timeout_s=3600)
+            with termination_deferred():
+                finished = run([podman, "container", "restore", "--import", copy, *flags], timeout_s=3600)
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]

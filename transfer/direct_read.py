@@ -54,20 +54,23 @@ class DirectReader(io.RawIOBase):
         self._current = 0
         self._ahead: OnThread[int] | None = None  # the other buffer's read of the bytes at _offset
         self.name, self.fd, self.direct = path, -1, False
-        # The operator names the archive: a link to it is fine. O_NONBLOCK: a FIFO with no writer must not hang
-        # the open (it is refused below; a regular file's reads ignore the flag).
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+        # The operator names the archive: a link to it is fine. What it names is looked at (O_PATH) before it is
+        # opened: opening a FIFO with no writer hangs, opening a device may act (a watchdog's starts).
+        located = os.open(path, os.O_PATH | os.O_CLOEXEC)
         try:
-            self.fd, self.direct = os.open(path, flags | os.O_DIRECT), True
-        except OSError as error:
-            if error.errno != errno.EINVAL:  # tmpfs before Linux 6.6, some FUSE filesystems
-                raise
-            self.fd, self.direct = os.open(path, flags), False
-        mode = os.fstat(self.fd).st_mode
-        if not stat.S_ISREG(mode):
-            os.close(self.fd)
-            self.fd = -1
-            raise NotAnArchiveFile(path, mode)
+            mode = os.fstat(located).st_mode
+            if not stat.S_ISREG(mode):
+                raise NotAnArchiveFile(path, mode)
+            same_file = f"/proc/self/fd/{located}"  # the file looked at, whatever the path names by now
+            flags = os.O_RDONLY | os.O_CLOEXEC
+            try:
+                self.fd, self.direct = os.open(same_file, flags | os.O_DIRECT), True
+            except OSError as error:
+                if error.errno != errno.EINVAL:  # tmpfs before Linux 6.6, some FUSE filesystems
+                    raise
+                self.fd, self.direct = os.open(same_file, flags), False
+        finally:
+            os.close(located)
         self._start = self._end = 0  # the buffered bytes not yet read: [_start, _end)
         self._offset = 0  # the file offset just past the buffered bytes
 
