@@ -35,6 +35,8 @@ class RawArchive(ByteSource, Protocol):
 
     def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int: ...
 
+    def fileno(self) -> int: ...
+
 
 # what _zstd_headers yields: (count, skip, may_end)
 HeaderStep = tuple[int, bool, bool]

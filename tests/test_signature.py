@@ -377,3 +377,25 @@ def test_root_refuses_files_others_may_write(trust_dir) -> None:
     os.chmod(trust_dir / "node.key", 0o644)
     with pytest.raises(ConfigError, match=r"node.key: must be owned by root and readable and writable by root only"):
         load_trust()
+
+
+@pytest.mark.hostile("a link swapped between the unsigned-input rule's check and the archive's read")
+def test_an_unsigned_archive_is_read_from_the_file_the_rule_allowed(tmp_path, trust_dir) -> None:
+    ensure_node_key()
+    allowed = tmp_path / "trusted" / "podmans.tar"
+    allowed.parent.mkdir()
+    allowed.write_bytes(podman_tar())
+    assert main(["trust", "allow-unsigned", f"archive:{allowed.parent}/"]) == 0
+    elsewhere = tmp_path / "elsewhere.tar"
+    elsewhere.write_bytes(podman_tar())
+    link = tmp_path / "given.tar"
+    link.symlink_to(allowed)
+    verification = verify_archive_signature(str(link), load_trust())  # decided for the trusted file
+    link.unlink()
+    link.symlink_to(elsewhere)  # then the path names another
+    with open_archive(str(link)) as raw, pytest.raises(SignatureError) as refused:
+        verification.reader(raw)
+    assert f"{link}: not the file the trust policy allowed unsigned" in one_line(refused.value)
+    link.unlink()
+    link.symlink_to(allowed)
+    import_(str(link), load_trust())  # unchanged, it goes through

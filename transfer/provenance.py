@@ -199,6 +199,9 @@ class HashingReader:
         self._saw(data)
         return data
 
+    def fileno(self) -> int:
+        return self.raw.fileno()
+
     def readinto(self, target: memoryview) -> int | None:
         count = self.raw.readinto(target)
         self._saw(bytes(memoryview(target)[:count]))  # the caller reuses its buffer
@@ -248,11 +251,20 @@ class ArchiveVerification:
 
 
 class Unsigned:
-    """An unsigned archive the trust policy accepts (logged when made): nothing to check."""
+    """An unsigned archive the trust policy accepts (logged when made) for the file at the path it names:
+    what is read must be that file (`identity`: device and inode), not one a swapped link names by then."""
 
     observe = None
 
+    def __init__(self, identity: tuple[int, int] | None = None, archive: str = "") -> None:
+        self.identity, self.archive = identity, archive
+
     def reader(self, raw: RawArchive) -> RawArchive:
+        if self.identity is not None:
+            status = os.fstat(raw.fileno())
+            if (status.st_dev, status.st_ino) != self.identity:
+                raise SignatureError(f"{self.archive}: not the file the trust policy allowed unsigned (its path "
+                                     "names another since): refused")
         return raw
 
     def finish(self) -> None:
@@ -272,13 +284,18 @@ def verify_archive_signature(archive: str, trust: Trust,
     """The archive's signature checked before anything is read or staged: its checker, or
     `Unsigned` when there is none and the trust policy allows that for this archive (logged)."""
     sig_path = signature or signature_path(archive)
-    source = f"archive:{os.path.realpath(archive)}"
+    resolved = os.path.realpath(archive)
+    source = f"archive:{resolved}"
     if not os.path.lexists(sig_path):
         rule = trust.unsigned_rule(source)
         if rule is None:
             raise unsigned_refusal(archive, source, f"no signature ({sig_path})")
+        try:
+            allowed = os.stat(resolved)  # the file the rule was decided for (no link left in `resolved`)
+        except OSError as error:
+            raise SignatureError(f"{archive}: cannot read: {error.strerror}") from None
         log_unsigned_use(rule, archive)
-        return Unsigned()
+        return Unsigned((allowed.st_dev, allowed.st_ino), archive)
     data = read_bounded(sig_path, MAX_ENVELOPE_BYTES, sig_path)
     content, signer = open_envelope(data, trust.keys, sig_path, "archive")
     if content.archive_sha256 is None:
