@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from passthrough import machine, time_once  # noqa: E402
+
+from gpuckpt.shim.resident_call import helper_listens  # noqa: E402
 
 IMAGE = "localhost/gpuckpt-test:latest"
 RESULTS = Path(__file__).parent / "results" / "owned_verbs.json"
@@ -38,7 +39,6 @@ FLOOR_CODE = ("import pydantic, cryptography.hazmat.primitives.serialization\n"
 GOAL_PASSTHROUGH_MS = 5.0
 IN_PROCESS = "gpuckpt-runtime in-process"
 RESIDENT_ENV = "GPUCKPT_RESIDENT"  # shim/resident_call.py's switch
-RESIDENT_SOCKET = "/run/gpuckpt/runtime.sock"
 
 
 def figures(samples: list[float]) -> dict[str, float]:
@@ -64,17 +64,6 @@ def in_process_launcher(shim: str, directory: Path) -> str:
                     f"sys.path.insert(0, {site!r})\nfrom gpuckpt.shim.main import main\nsys.exit(main())\n")
     copy.chmod(0o755)
     return str(copy)
-
-
-def helper_listens() -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        probe.connect(RESIDENT_SOCKET)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 def start_helper(shim: str) -> subprocess.Popen | None:

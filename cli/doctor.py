@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import socket
 from collections.abc import Callable, Iterator
 
 from gpuckpt.cuda.driver import load_driver, version_text
@@ -30,6 +29,7 @@ from gpuckpt.oci.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
 from gpuckpt.oci.service_api import Request, Status
 from gpuckpt.service.client import request
 from gpuckpt.shim.delegate import delegate_version
+from gpuckpt.shim.resident_call import helper_listens
 from gpuckpt.shim.resident_call import socket_path as resident_socket_path
 from gpuckpt.shim.resolve import resolve_delegate
 
@@ -248,15 +248,11 @@ def _service_status(socket_path: str) -> str:
 
 def check_resident_helper() -> str:
     """Whether gpuckpt-runtimed listens: the owned verbs' speed (not a failure when it does not)."""
-    probe, path = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET), resident_socket_path()
-    try:
-        probe.connect(path)
+    path = resident_socket_path()
+    if helper_listens():
         return f"gpuckpt-runtimed listens on {path}: checkpoint and restore start with their code loaded"
-    except OSError:
-        return (f"gpuckpt-runtimed does not listen on {path}: each checkpoint and restore loads "
-                "its code itself (~0.4 s more); systemctl enable --now gpuckpt-runtimed.socket where systemd runs")
-    finally:
-        probe.close()
+    return (f"gpuckpt-runtimed does not listen on {path}: each checkpoint and restore loads "
+            "its code itself (~0.4 s more); systemctl enable --now gpuckpt-runtimed.socket where systemd runs")
 
 
 def check_driver() -> str | None:

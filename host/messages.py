@@ -101,14 +101,20 @@ def _peer_pidfd(sock: _socket.socket, pid: int) -> int:
     return os.pidfd_open(pid)  # an older kernel: the PID's process now, which a quick reuse could make another
 
 
+def peer_credentials(sock: _socket.socket) -> tuple[int, int]:
+    """The peer's PID and uid as the kernel saw them at connect (listen, for a client's peer)."""
+    peer = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+    pid, uid = (int.from_bytes(peer[at:at + 4], sys.byteorder) for at in (0, 4))
+    return pid, uid
+
+
 def peer_refusal(sock: _socket.socket, who: str) -> str | None:
     """Why the process at the other end of `sock` is not root with all our powers, None when it is: root,
     in every namespace of ours, with at least our capabilities, no seccomp filter or no_new_privs we lack,
     the same root directory. Both ends ask it, the helper of its caller
     (a worker acts with its capabilities) and the caller of the listener (it starts what the helper asks).
     The checks read /proc by PID, then a pidfd of the peer itself proves the PID was still the peer's."""
-    peer = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
-    pid, uid = (int.from_bytes(peer[at:at + 4], sys.byteorder) for at in (0, 4))
+    pid, uid = peer_credentials(sock)
     if uid != 0:
         return f"{who} uid {uid}"
     try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import os
 import re
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -26,9 +25,9 @@ from bed import (
 )
 
 from gpuckpt.host.cgroup_v1 import hybrid_or_legacy
+from gpuckpt.shim.resident_call import helper_listens
 
 _names = itertools.count()
-RESIDENT_SOCKET = "/run/gpuckpt/runtime.sock"  # gpuckpt-runtimed.socket's, and the helper's own without systemd
 
 
 class PodmanContainer:
@@ -139,17 +138,6 @@ def resident_helper(tmp_path) -> Iterator[tuple[Path, subprocess.Popen]]:
     finally:
         helper.terminate()
         helper.wait(30)
-
-
-def helper_listens() -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        probe.connect(RESIDENT_SOCKET)
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
 
 
 def test_checkpoint_restore_through_the_resident_helper(delegate, resident_helper) -> None:

@@ -39,6 +39,10 @@ RESTORE_BOOL_FLAGS = frozenset(
      "no-subreaper", "no-pivot", "auto-dedup", "lazy-pages", "help", "h"}
 )
 
+# The owned verbs whose flags the shim reads, by verb
+OWNED_VALUE_FLAGS = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}
+OWNED_BOOL_FLAGS = {"checkpoint": CHECKPOINT_BOOL_FLAGS, "restore": RESTORE_BOOL_FLAGS}
+
 # What Go's strconv.ParseBool reads as false (runc's boolean flags, `--leave-running=F`).
 GO_FALSE = frozenset({"0", "f", "F", "false", "FALSE", "False"})
 
@@ -222,7 +226,7 @@ def owned_verb_is_only_asked_about(args: RuntimeArgs) -> bool:
     help either way)."""
     if any(args.globals_.get(name, "false") not in GO_FALSE for name in ("help", "h", "version", "v")):
         return True  # runc answers `runc --help checkpoint ID` with its help and checkpoints nothing
-    flags = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}.get(args.command or "", frozenset())
+    flags = OWNED_VALUE_FLAGS.get(args.command or "", frozenset())
     verb = parse_verb_args(args.command_args, flags)
     if verb.container_id is None:
         return True
@@ -249,11 +253,9 @@ def ambiguous_owned_call(args: RuntimeArgs) -> str | None:
     None. The shim checks the images, bundle and options it reads; the delegate must act on the same ones:
     crun reads options up to the container only and takes prefixes of long options (`--bund=X` is its
     --bundle), and `-b=X` is "=X" to it. No engine writes any of these."""
-    value_flags, bool_flags = {"checkpoint": (CHECKPOINT_VALUE_FLAGS, CHECKPOINT_BOOL_FLAGS),
-                               "restore": (RESTORE_VALUE_FLAGS, RESTORE_BOOL_FLAGS)}.get(args.command or "",
-                                                                                        (None, None))
-    if value_flags is None or bool_flags is None:
+    if args.command not in OWNED_VALUE_FLAGS:
         return None
+    value_flags, bool_flags = OWNED_VALUE_FLAGS[args.command], OWNED_BOOL_FLAGS[args.command]
     verb_args = args.command_args
     options_end = at = _container_index(verb_args, value_flags)
     if verb_args[at:at + 1] == ["--"]:

@@ -34,8 +34,7 @@ from gpuckpt.node.paths import state_dir
 from gpuckpt.oci import criu_images
 from gpuckpt.shim import main as shim_main
 from gpuckpt.shim.argv import (
-    CHECKPOINT_VALUE_FLAGS,
-    RESTORE_VALUE_FLAGS,
+    OWNED_VALUE_FLAGS,
     owned_verb_is_only_asked_about,
     parse_runtime_args,
     parse_verb_args,
@@ -46,7 +45,6 @@ from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity
 PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete", "gpuckpt.shim.pause",
              "gpuckpt.shim.create", "gpuckpt.shim.log", "gpuckpt.oci.state", "gpuckpt.oci.problems",
              "gpuckpt.node.config", "json", "traceback", "tempfile")
-VALUE_FLAGS = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}  # to name the container
 HELLO_TIMEOUT_S = 10.0
 JOURNAL_FD = 2  # until main() keeps a copy of the helper's own stderr there: a worker's fd 2 is its caller's
 LISTEN_BACKLOG = 128
@@ -63,11 +61,6 @@ def check_peer(connection: socket.socket) -> None:
     why = peer_refusal(connection, "caller")
     if why is not None:
         raise Refused(why)
-
-
-def socket_peer(connection: socket.socket) -> tuple[int, int, int]:
-    data = connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    return tuple(int.from_bytes(data[at:at + 4], sys.byteorder) for at in (0, 4, 8))  # type: ignore[return-value]
 
 
 def _hello(connection: socket.socket) -> tuple[tuple, list[int]]:
@@ -124,8 +117,7 @@ def _watch_caller(connection: socket.socket) -> None:
 
 def work(connection: socket.socket, identity: str) -> int:
     """One call, in a forked worker; its exit status is the caller's."""
-    try:
-        check_peer(connection)  # first: nothing a lesser peer sends is parsed, and its PID has had no time to be reused
+    try:  # the peer was checked before the fork (serve): nothing a lesser peer sends is parsed
         message, fds = _hello(connection)
         if message[2] != identity:
             for fd in fds:
@@ -150,9 +142,9 @@ def work(connection: socket.socket, identity: str) -> int:
     else:
         started = time.monotonic()
         status = shim_main.work_owned(argv, delegate, hook)
-        value_flags = VALUE_FLAGS.get(args.command or "", frozenset())
+        value_flags = OWNED_VALUE_FLAGS.get(args.command or "", frozenset())
         container = parse_verb_args(args.command_args, value_flags).container_id or "-"
-        _journal_line(f"{args.command} {container} for pid {socket_peer(connection)[0]}: exit {status} "
+        _journal_line(f"{args.command} {container} for pid {messages.peer_credentials(connection)[0]}: exit {status} "
                       f"in {time.monotonic() - started:.2f} s")
     sys.stdout.flush()
     sys.stderr.flush()
@@ -221,13 +213,13 @@ def serve(listener: socket.socket) -> int:
         if package_identity() != identity:  # reinstalled: this call is the caller's, the next the new code's
             connection.close()
             return 0
-        if (why := peer_refusal(connection, "caller")) is not None:  # no worker for a lesser root, however many
-            if why.endswith("gone"):
-                connection.close()
-                continue
-            with contextlib.suppress(OSError):
-                messages.send(connection, ("local", why))
-            _journal_line(f"a call left to its caller: {why}")
+        try:  # no worker for a lesser root, however many; its PID has had no time to be reused
+            check_peer(connection)
+        except Refused as refused:
+            if not str(refused).endswith("gone"):
+                with contextlib.suppress(OSError):
+                    messages.send(connection, ("local", str(refused)))
+                _journal_line(f"a call left to its caller: {refused}")
             connection.close()
             continue
         pid = os.fork()

@@ -36,6 +36,18 @@ def socket_path() -> str:
     return os.path.join(state_dir(), SOCKET_NAME)
 
 
+def helper_listens() -> bool:
+    """Whether a gpuckpt-runtimed listens on the socket (a probe: connected, then closed without a word)."""
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+    try:
+        probe.connect(socket_path())
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
 def package_identity() -> str:
     """Which installed gpuckpt this is: a helper running another one's code must not work our verbs."""
     here = os.path.dirname(gpuckpt.__file__)
