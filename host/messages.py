@@ -1,7 +1,8 @@
-"""The resident helper's wire (shim/resident.py, shim/resident_call.py, host/caller.py): marshal'd tuples
-with fds on a SOCK_SEQPACKET socket, and the check each end makes of the other. Both ends are root and
-run the same interpreter; a peer that is not root with all our powers is refused before anything it
-sends is parsed. Built-in modules only: the calling gpuckpt-runtime loads this before anything else.
+"""The resident helper's wire (shim/resident.py, shim/resident_call.py, host/caller.py, and in C
+launcher/resident_call.c): marshal'd tuples with fds on a SOCK_SEQPACKET socket, and the check each
+end makes of the other. Both ends are root; a peer that is not root with all our powers is refused
+before anything it sends is parsed. Built-in modules only: the calling gpuckpt-runtime loads this
+before anything else.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ TYPE_CHECKING = False  # typing costs an import on every owned verb's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+# Version 2 writes no back-references: the compiled launcher (launcher/resident_call.c) reads what we send
+MARSHAL_VERSION = 2
 MAX_MESSAGE = 1 << 20  # a message's bound either way: argv and environment
 FD_BYTES = 4
 MAX_FDS = 4  # the most one message carries: the caller's stdio and working directory
@@ -51,7 +54,7 @@ def unpack_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
 
 
 def send(sock: _socket.socket, message: tuple, fds: Sequence[int] = ()) -> None:
-    sock.sendmsg([marshal.dumps(message)], pack_fds(fds))
+    sock.sendmsg([marshal.dumps(message, MARSHAL_VERSION)], pack_fds(fds))
 
 
 def receive(sock: _socket.socket) -> tuple[tuple, list[int]]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 
 from gpuckpt.host import caller
 from gpuckpt.host.programs import CommandError
 
-__all__ = ["Background", "CommandError", "Finished", "run", "spawn"]  # CommandError: raised by both
+__all__ = ["Background", "CommandError", "Finished", "Running", "run", "spawn"]  # CommandError: raised by both
 
 
 class Finished:
@@ -50,27 +51,57 @@ def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> Child:
 def run(argv: Sequence[str], *, timeout_s: float = 120, check: bool = True,
         env: Mapping[str, str] | None = None, input_text: str | None = None) -> Finished:
     """Run to the end with output captured; with `check`, a non-zero exit is a CommandError."""
-    name = os.path.basename(argv[0])
-    starter = caller.current()
-    if starter is not None:
-        finished = _run_by(starter, name, argv, timeout_s, env, input_text)
+    return Running(argv, timeout_s=timeout_s, env=env, input_text=input_text).finish(check=check)
+
+
+class Running:
+    """run() in two steps: started here, its output read by finish(), so another can run meanwhile."""
+
+    def __init__(self, argv: Sequence[str], *, timeout_s: float = 120, env: Mapping[str, str] | None = None,
+                 input_text: str | None = None) -> None:
+        self.name, self.argv = os.path.basename(argv[0]), list(argv)
+        self.timeout_s, self.input_text = timeout_s, input_text
+        self.deadline = time.monotonic() + timeout_s
+        self.child: Child
+        starter = caller.current()
+        try:
+            if starter is not None:
+                self.child = _spawn_by(starter, argv, env, stdin=input_text is not None, capture=True,
+                                       pipe_stderr=False)
+            else:
+                self.child = subprocess.Popen(
+                    self.argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                    stdin=subprocess.PIPE if input_text is not None else subprocess.DEVNULL,
+                    env=dict(env) if env is not None else None)
+        except FileNotFoundError:
+            raise CommandError(f"{self.name}: not found (is it installed and on PATH?)", 127) from None
+        except OSError as error:
+            raise CommandError(f"cannot run {self.name}: {error.strerror}") from None
+
+    def finish(self, check: bool = True) -> Finished:
+        """Its output once it ended; with `check`, a non-zero exit is a CommandError. Past its time it is
+        killed and a CommandError says so."""
+        input_bytes = self.input_text.encode() if self.input_text is not None else None
+        left_s = max(self.deadline - time.monotonic(), 0)
+        if isinstance(self.child, subprocess.Popen):
+            try:
+                stdout, stderr = self.child.communicate(input_bytes, timeout=left_s)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.communicate()
+                outputs = None
+            else:
+                outputs = (stdout, stderr)
+        else:
+            outputs = self.child.communicate(input_bytes, left_s)
+        if outputs is None:
+            raise CommandError(f"{self.name} {' '.join(self.argv[1:3])}: no answer within {self.timeout_s:g} s")
+        assert self.child.returncode is not None
+        finished = Finished(self.child.returncode, outputs[0].decode(errors="replace"),
+                            outputs[1].decode(errors="replace"))
         if check:
-            _raise_if_failed(name, argv, finished)
+            _raise_if_failed(self.name, self.argv, finished)
         return finished
-    try:
-        completed = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s,
-                                   env=dict(env) if env is not None else None, input=input_text,
-                                   stdin=None if input_text is not None else subprocess.DEVNULL)
-    except FileNotFoundError:
-        raise CommandError(f"{name}: not found (is it installed and on PATH?)", 127) from None
-    except OSError as error:
-        raise CommandError(f"cannot run {name}: {error.strerror}") from None
-    except subprocess.TimeoutExpired:
-        raise CommandError(f"{name} {' '.join(argv[1:3])}: no answer within {timeout_s:g} s") from None
-    finished = Finished(completed.returncode, completed.stdout, completed.stderr)
-    if check:
-        _raise_if_failed(name, argv, finished)
-    return finished
 
 
 def _spawn_by(starter: caller.Caller, argv: Sequence[str], env: Mapping[str, str] | None, *, stdin: bool,
@@ -101,22 +132,6 @@ def _spawn_by(starter: caller.Caller, argv: Sequence[str], env: Mapping[str, str
     for attribute, fd, mode in ours:
         setattr(child, attribute, os.fdopen(fd, mode, buffering=0))
     return child
-
-
-def _run_by(starter: caller.Caller, name: str, argv: Sequence[str], timeout_s: float,
-            env: Mapping[str, str] | None, input_text: str | None) -> Finished:
-    """run() in a resident worker: the caller starts the program, we hold its pipes."""
-    try:
-        child = _spawn_by(starter, argv, env, stdin=input_text is not None, capture=True, pipe_stderr=False)
-    except FileNotFoundError:
-        raise CommandError(f"{name}: not found (is it installed and on PATH?)", 127) from None
-    except OSError as error:
-        raise CommandError(f"cannot run {name}: {error.strerror}") from None
-    outputs = child.communicate(input_text.encode() if input_text is not None else None, timeout_s)
-    if outputs is None:
-        raise CommandError(f"{name} {' '.join(argv[1:3])}: no answer within {timeout_s:g} s")
-    assert child.returncode is not None
-    return Finished(child.returncode, outputs[0].decode(errors="replace"), outputs[1].decode(errors="replace"))
 
 
 def _raise_if_failed(name: str, argv: Sequence[str], finished: Finished) -> None:

@@ -20,4 +20,4 @@ if command -v dpkg-buildflags >/dev/null 2>&1; then
 fi
 # shellcheck disable=SC2086  # the flags are words
 "$cc" $cflags -std=c11 -DGPUCKPT_PYTHON="\"$python\"" -DGPUCKPT_SITE="\"$site\"" \
-    -o "$out" "$here/gpuckpt-runtime.c" $ldflags -lz
+    -o "$out" "$here/gpuckpt-runtime.c" "$here/resident_call.c" $ldflags -lz

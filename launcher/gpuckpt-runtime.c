@@ -6,7 +6,8 @@
  * decide for a call it passes through unchanged, from the same delegate cache (shim/resolve.py
  * writes it), and becomes the delegate. Anything else, or any doubt (no cache entry, a global
  * option it does not know, --version, an owned verb with a container), it hands to the Python
- * shim, with its own path as argv[0] as the shim would have seen it.
+ * shim, with its own path as argv[0] as the shim would have seen it. An owned verb goes to the
+ * resident helper first where one listens (launcher/resident_call.c), as the shim would send it.
  *
  * Built by launcher/build.sh with the interpreter and site-packages of the installation.
  */
@@ -20,6 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
+
+#include "resident_call.h"
 
 #if !defined(GPUCKPT_PYTHON) || !defined(GPUCKPT_SITE)
 #error "build with -DGPUCKPT_PYTHON=\"...\" -DGPUCKPT_SITE=\"...\" (launcher/build.sh)"
@@ -48,11 +51,17 @@ static const char *const GO_FALSE[] = {"0", "f", "F", "false", "FALSE", "False",
 #define DEFAULT_CONFIG_PATH "/etc/gpuckpt/config.toml"
 #define DEFAULT_STATE_DIR "/run/gpuckpt"
 
-static const char SHIM_CODE[] = "import sys\n"
-                                "sys.argv[:2] = sys.argv[1:2]\n" /* -c's argv[0] gives way to ours */
-                                "sys.path.insert(0, \"" GPUCKPT_SITE "\")\n"
-                                "from gpuckpt.shim.main import main\n"
-                                "sys.exit(main())\n";
+#define SHIM_PRELUDE "import sys\n"                                                                         \
+                     "sys.argv[:2] = sys.argv[1:2]\n" /* -c's argv[0] gives way to ours */                  \
+                     "sys.path.insert(0, \"" GPUCKPT_SITE "\")\n"
+static const char SHIM_CODE[] = SHIM_PRELUDE "from gpuckpt.shim.main import main\n"
+                                             "sys.exit(main())\n";
+/* after the helper did not take the call: asking it again would only wait for the same answer */
+static const char SHIM_CODE_LOCAL[] = SHIM_PRELUDE "from gpuckpt.shim.main import main\n"
+                                                   "sys.exit(main(resident=False))\n";
+/* after the helper's worker ended before the verb: shim/resident_call.py's line, where the shim says its errors */
+static const char SHIM_CODE_WORKER_GONE[] = SHIM_PRELUDE "from gpuckpt.shim.resident_call import report_worker_gone\n"
+                                                         "sys.exit(report_worker_gone(sys.argv[1:]))\n";
 
 static int member(const char *const *set, const char *name, size_t length)
 {
@@ -151,6 +160,35 @@ static int passes_through(int argc, char **argv, int *create, int *delete)
     return 0; /* no verb */
 }
 
+/* Whether the shim would hand this call to the resident helper: an owned verb with a container, every global
+ * option known, none asking for help or the version (shim/main.py's test; the worker checks it again). */
+static int owned_call(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *name, *value;
+        size_t length;
+        if (strcmp(arg, "--") == 0)
+            return 0;
+        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
+            if (strcmp(arg, "checkpoint") == 0)
+                return !only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS);
+            if (strcmp(arg, "restore") == 0)
+                return !only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS);
+            return member(ALWAYS_OWNED, arg, strlen(arg)) || strcmp(arg, "delete") == 0;
+        }
+        split_flag(arg, &name, &length, &value);
+        if (member(ASKING_FLAGS, name, length))
+            return 0;
+        if (member(GLOBAL_VALUE_FLAGS, name, length)) {
+            if (!value)
+                i++;
+        } else if (!member(GLOBAL_BOOL_FLAGS, name, length)) {
+            return 0;
+        }
+    }
+    return 0;
+}
+
 static const char *env_or(const char *name, const char *fallback)
 {
     const char *value = getenv(name);
@@ -182,7 +220,7 @@ static int delete_passes_through(int argc, char **argv, int verb_at, const char 
 }
 
 /* The delegate and hook shim/resolve.py cached for this config, PATH and launcher; 0 when there is none. */
-static int cached_delegate(const char *own, char *delegate, size_t delegate_size, int *has_hook)
+static int cached_delegate(const char *own, char *delegate, size_t delegate_size, char *hook, size_t hook_size)
 {
     const char *config = env_or("GPUCKPT_CONFIG", DEFAULT_CONFIG_PATH);
     const char *path = getenv("PATH") ? getenv("PATH") : "";
@@ -231,41 +269,55 @@ static int cached_delegate(const char *own, char *delegate, size_t delegate_size
     if (strcmp(fields[0], CACHE_VERSION) || strcmp(fields[1], config) || strcmp(fields[2], identity) ||
         strcmp(fields[3], path) || strcmp(fields[4], own))
         return 0;
-    if (fields[5][0] != '/' || access(fields[5], X_OK) != 0 || strlen(fields[5]) >= delegate_size)
+    if (fields[5][0] != '/' || access(fields[5], X_OK) != 0 || strlen(fields[5]) >= delegate_size ||
+        strlen(fields[6]) >= hook_size)
         return 0;
     strcpy(delegate, fields[5]);
-    *has_hook = fields[6][0] != '\0';
+    strcpy(hook, fields[6]);
     return 1;
 }
 
-int main(int argc, char **argv)
+static void exec_shim(int argc, char **argv, const char *own, const char *code)
 {
-    char own[PATH_MAX], delegate[PATH_MAX];
-    int create = 0, delete = 0, has_hook = 0, verb_at;
-    char **shim_argv;
-
-    if (!realpath("/proc/self/exe", own))
-        snprintf(own, sizeof own, "%s", argc > 0 ? argv[0] : "");
-
-    if (argc > 0 && (verb_at = passes_through(argc, argv, &create, &delete)) &&
-        cached_delegate(own, delegate, sizeof delegate, &has_hook) && !(create && has_hook) &&
-        !(delete && !delete_passes_through(argc, argv, verb_at, delegate))) {
-        argv[0] = delegate;
-        execv(delegate, argv);
-        /* gone or not executable since: the shim reports it */
-    }
-
-    shim_argv = calloc((size_t)(argc > 0 ? argc : 1) + 5, sizeof *shim_argv); /* and the NULL */
+    char **shim_argv = calloc((size_t)(argc > 0 ? argc : 1) + 5, sizeof *shim_argv); /* and the NULL */
     if (!shim_argv)
-        return 1;
+        exit(1);
     shim_argv[0] = GPUCKPT_PYTHON;
     shim_argv[1] = "-IS";
     shim_argv[2] = "-c";
-    shim_argv[3] = (char *)SHIM_CODE;
-    shim_argv[4] = own;
+    shim_argv[3] = (char *)code;
+    shim_argv[4] = (char *)own;
     for (int i = 1; i < argc; i++)
         shim_argv[4 + i] = argv[i];
     execv(GPUCKPT_PYTHON, shim_argv);
     fprintf(stderr, "gpuckpt-runtime: cannot run %s: %s\n", GPUCKPT_PYTHON, strerror(errno));
-    return 1;
+    exit(1);
+}
+
+int main(int argc, char **argv)
+{
+    char own[PATH_MAX], delegate[PATH_MAX], hook[PATH_MAX];
+    int create = 0, delete = 0, verb_at, cached, status;
+
+    if (!realpath("/proc/self/exe", own))
+        snprintf(own, sizeof own, "%s", argc > 0 ? argv[0] : "");
+    if (argc < 1)
+        exec_shim(argc, argv, own, SHIM_CODE);
+    cached = cached_delegate(own, delegate, sizeof delegate, hook, sizeof hook);
+
+    if (cached && (verb_at = passes_through(argc, argv, &create, &delete)) && !(create && hook[0]) &&
+        !(delete && !delete_passes_through(argc, argv, verb_at, delegate))) {
+        argv[0] = delegate;
+        execv(delegate, argv);
+        /* gone or not executable since: the shim reports it */
+    } else if (cached && owned_call(argc, argv) && !(getenv("GPUCKPT_RESIDENT") &&
+                                                     strcmp(getenv("GPUCKPT_RESIDENT"), "0") == 0)) {
+        status = call_resident(GPUCKPT_SITE, own, argc, argv, delegate, hook);
+        if (status == RESIDENT_NOT_TAKEN)
+            exec_shim(argc, argv, own, SHIM_CODE_LOCAL);
+        if (status == RESIDENT_WORKER_GONE)
+            exec_shim(argc, argv, own, SHIM_CODE_WORKER_GONE);
+        return status;
+    }
+    exec_shim(argc, argv, own, SHIM_CODE);
 }

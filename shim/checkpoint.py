@@ -17,6 +17,7 @@ written to the container's journal on disk before it starts; a shim killed outri
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -46,7 +47,14 @@ from gpuckpt.policy.undumpable import refuse_undumpable
 from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
 from gpuckpt.shim.criu_log import dump_failure
 from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
-from gpuckpt.shim.delegate import DelegateRun, container_pids, container_state, owned_call, run_delegate, verb_has_flag
+from gpuckpt.shim.delegate import (
+    DelegateRun,
+    PidsQuery,
+    container_state,
+    owned_call,
+    run_delegate,
+    verb_has_flag,
+)
 from gpuckpt.shim.freezer import Freezer, thawed
 from gpuckpt.shim.interrupt import Interrupted, SignalFlag, deferred_signals
 from gpuckpt.shim.log import log, release_stderr
@@ -62,16 +70,24 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
     gpus = gpus or NodeGpus()
-    with ContainerLock(container_id, "checkpoint"):
+    with ContainerLock(container_id, "checkpoint") as lock:
         finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+        pids_query = PidsQuery(delegate, args.global_argv, container_id)  # runs beside the state query
         try:
-            state = container_state(delegate, args.global_argv, container_id)
-        except DelegateError:
-            return run_delegate(delegate, args.argv)  # no such container: runc's own error
-        try:
-            status = Checkpoint(args, verb, container_id, delegate, state, gpus).run()
+            try:
+                state = container_state(delegate, args.global_argv, container_id)
+            except DelegateError:
+                pids_query.close()
+                return run_delegate(delegate, args.argv)  # no such container: runc's own error
+            status = Checkpoint(args, verb, container_id, delegate, state, gpus, pids_query).run()
         finally:
+            pids_query.close()
             remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
+        if status == 0 and not (verb.has("leave-running") or verb.has("pre-dump")):
+            # The dump ended the container: the engine's delete that follows has nothing of ours to
+            # remove, so the compiled launcher passes it through (shim/delete.py's one addition)
+            with contextlib.suppress(OSError):
+                lock.remove_file()
     release_stderr()  # no line of ours: the delegate's own words, as they were (an error raised: after ours)
     return status
 
@@ -80,8 +96,9 @@ class Checkpoint:
     """One checkpoint through the shim, from policy to manifest."""
 
     def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, state: ContainerState,
-                 gpus: NodeGpus) -> None:
+                 gpus: NodeGpus, pids_query: PidsQuery) -> None:
         self.args, self.verb, self.delegate, self.state, self.gpus = args, verb, delegate, state, gpus
+        self.pids_query = pids_query
         self.container_id = container_id
         self.config = load_config()
         self.spec = read_spec(state.bundle)
@@ -189,8 +206,7 @@ class Checkpoint:
     def run(self) -> int:
         started = time.monotonic()
         self._refuse_container_criu_config()
-        self.pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),
-                                        self.state.pid)
+        self.pids = container_processes(self.pids_query.pids(), self.state.pid)
         refuse_undumpable(self.container_id, self.pids)
         self._choose_network_options()
         if not self.spec.wants_gpu():

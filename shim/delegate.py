@@ -166,13 +166,48 @@ def container_state(delegate: str, global_argv: Sequence[str], container_id: str
 
 def container_pids(delegate: str, global_argv: Sequence[str], container_id: str) -> list[int]:
     """Host PIDs of every process in the container (`RT ps --format json ID`)."""
-    output = _query(delegate, [*global_argv, "ps", "--format", "json", container_id])
-    try:
-        return [int(pid) for pid in json.loads(output) or []]
-    except (ValueError, TypeError):
-        raise DelegateError(
-            f"{os.path.basename(delegate)} ps {container_id}: output is not a JSON list of PIDs"
-        ) from None
+    return PidsQuery(delegate, global_argv, container_id).pids()
+
+
+class PidsQuery:
+    """container_pids() started now and read later, so that it runs beside another query (`state`)."""
+
+    def __init__(self, delegate: str, global_argv: Sequence[str], container_id: str) -> None:
+        self.delegate, self.container_id = delegate, container_id
+        self._running: process.Running | None = None
+        try:
+            self._running = process.Running([delegate, *global_argv, "ps", "--format", "json", container_id],
+                                            timeout_s=60)
+        except process.CommandError as error:
+            self._failed: DelegateError | None = DelegateError(str(error), error.returncode)
+        else:
+            self._failed = None
+
+    def _output(self) -> str:
+        running, self._running = self._running, None
+        if running is None:
+            raise self._failed or DelegateError(f"{os.path.basename(self.delegate)} ps {self.container_id}: read twice")
+        try:
+            return running.finish().stdout
+        except process.CommandError as error:
+            raise DelegateError(str(error), error.returncode) from None
+
+    def pids(self) -> list[int]:
+        output = self._output()
+        try:
+            return [int(pid) for pid in json.loads(output) or []]
+        except (ValueError, TypeError):
+            raise DelegateError(
+                f"{os.path.basename(self.delegate)} ps {self.container_id}: output is not a JSON list of PIDs"
+            ) from None
+
+    def close(self) -> None:
+        """Its end waited for, unread (the verb stopped before it needed the PIDs)."""
+        if self._running is not None:
+            try:
+                self._output()
+            except DelegateError:
+                pass
 
 
 def kill_container(delegate: str, global_argv: Sequence[str], container_id: str) -> None:

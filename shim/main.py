@@ -63,9 +63,10 @@ def _print_version(delegate: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, gpus: NodeGpus | None = None) -> int:
+def main(argv: list[str] | None = None, gpus: NodeGpus | None = None, resident: bool = True) -> int:
     """`gpus`: the node's GPUs as the owned verbs reach them (the real ones unless a test's launcher
-    gives its own, integration/fake_gpu_runtime.py)."""
+    gives its own, integration/fake_gpu_runtime.py); `resident`: whether an owned verb may go to the
+    resident helper (the compiled launcher says False when the helper did not take it)."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_runtime_args(argv)
     try:
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None) -> int:
         if args.wants_version and args.command is None and args.unknown_global is None:
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None and not owned_verb_is_only_asked_about(args):
-            if gpus is None:  # a test's launcher with GPUs of its own works its verbs itself
+            if gpus is None and resident:  # a test's launcher with GPUs of its own works its verbs itself
                 from gpuckpt.shim.resident_call import call_resident  # built-in modules only
 
                 status = call_resident(argv, delegate, resolved.hook)

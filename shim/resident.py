@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from gpuckpt.errors import GpuckptError, UsageError
+from gpuckpt.errors import GpuckptError
 from gpuckpt.host import caller, messages
 from gpuckpt.host.messages import peer_refusal
 from gpuckpt.node.paths import state_dir
@@ -35,6 +35,8 @@ from gpuckpt.oci import criu_images
 from gpuckpt.shim import main as shim_main
 from gpuckpt.shim.argv import (
     OWNED_VALUE_FLAGS,
+    RuntimeArgs,
+    hidden_checkpoint_or_restore,
     owned_verb_is_only_asked_about,
     parse_runtime_args,
     parse_verb_args,
@@ -82,6 +84,15 @@ def _hello(connection: socket.socket) -> tuple[tuple, list[int]]:
     return message, fds
 
 
+def _not_owned(args: RuntimeArgs) -> str:
+    """Why the call is not one shim/main.py works as an owned verb ("" when it is): the caller's own parse
+    decided to send it (the compiled launcher's in C), ours decides whether a worker takes it."""
+    if args.command not in shim_main.OWNED_VERBS or args.unknown_global is not None or \
+            owned_verb_is_only_asked_about(args) or hidden_checkpoint_or_restore(args):
+        return f"{args.command or 'no verb'} is not an owned verb's call"
+    return ""
+
+
 def _journal_line(text: str) -> None:
     """One line to the helper's own stderr (the journal under systemd), not the caller's."""
     os.write(JOURNAL_FD, f"gpuckpt-runtimed: {text}\n".encode(errors="replace"))
@@ -123,6 +134,10 @@ def work(connection: socket.socket, identity: str) -> int:
             for fd in fds:
                 os.close(fd)
             raise Refused("another gpuckpt install")
+        if why := _not_owned(parse_runtime_args(message[4])):
+            for fd in fds:
+                os.close(fd)
+            raise Refused(why)
     except (Refused, OSError) as refused:
         if str(refused):
             _journal_line(f"a call left to its caller: {refused}")
@@ -136,16 +151,12 @@ def work(connection: socket.socket, identity: str) -> int:
     caller.work_for(caller.Caller(connection))
     threading.Thread(target=_watch_caller, args=(connection,), daemon=True, name="gpuckpt-caller").start()
     args = parse_runtime_args(argv)
-    if args.command not in shim_main.OWNED_VERBS or args.unknown_global is not None or \
-            owned_verb_is_only_asked_about(args):
-        status = shim_main._report(args, UsageError(f"gpuckpt-runtimed: {args.command!r} is not a verb it works"))
-    else:
-        started = time.monotonic()
-        status = shim_main.work_owned(argv, delegate, hook)
-        value_flags = OWNED_VALUE_FLAGS.get(args.command or "", frozenset())
-        container = parse_verb_args(args.command_args, value_flags).container_id or "-"
-        _journal_line(f"{args.command} {container} for pid {messages.peer_credentials(connection)[0]}: exit {status} "
-                      f"in {time.monotonic() - started:.2f} s")
+    started = time.monotonic()
+    status = shim_main.work_owned(argv, delegate, hook)
+    value_flags = OWNED_VALUE_FLAGS.get(args.command or "", frozenset())
+    container = parse_verb_args(args.command_args, value_flags).container_id or "-"
+    _journal_line(f"{args.command} {container} for pid {messages.peer_credentials(connection)[0]}: exit {status} "
+                  f"in {time.monotonic() - started:.2f} s")
     sys.stdout.flush()
     sys.stderr.flush()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the caller ends at our answer: no news for us

@@ -4,7 +4,8 @@ Importing pydantic, cryptography and the verbs' models costs a fresh interpreter
 the helper has them loaded and forks a worker per verb. This side stays the process the engine
 started: it sends its argv, environment, umask, working directory and stdio, starts the programs
 the worker asks for (host/caller.py: they must be this process's children), passes on the signals
-it gets, and exits with the worker's status. Loaded on every owned verb before anything heavy, so
+it gets, and exits with the worker's status (the compiled launcher does the same in C without starting
+Python: launcher/resident_call.c). Loaded on every owned verb before anything heavy, so
 it imports only built-in modules (`socket` alone costs ~9 ms; `_socket` nothing).
 """
 
@@ -188,9 +189,15 @@ def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
         for name in FORWARDED:  # the worker's PID is nobody's, or soon another's
             _signal.signal(getattr(_signal, name), _signal.SIG_DFL)
         _wait_for_children()
-        from gpuckpt.shim.argv import parse_runtime_args  # deferred: only for this error
-        from gpuckpt.shim.log import report_error
+        return report_worker_gone(argv)
 
-        report_error(parse_runtime_args(argv), "gpuckpt-runtime: the resident helper (gpuckpt-runtimed) ended "
-                                               "before the verb did; see its journal")
-        return 1
+
+def report_worker_gone(argv: list[str]) -> int:
+    """The worker ended before the verb did (its programs have ended too): one line where the engine reads
+    our errors; exit status 1. The compiled launcher runs it after its own call (launcher/resident_call.c)."""
+    from gpuckpt.shim.argv import parse_runtime_args  # deferred: only for this error
+    from gpuckpt.shim.log import report_error
+
+    report_error(parse_runtime_args(argv), "gpuckpt-runtime: the resident helper (gpuckpt-runtimed) ended "
+                                           "before the verb did; see its journal")
+    return 1

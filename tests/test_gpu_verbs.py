@@ -133,6 +133,21 @@ def test_leave_running_restores_unlocks_and_reports_downtime(make_node) -> None:
     assert manifest.leave_running and manifest.timings.downtime_s is not None
 
 
+def test_a_checkpoint_that_ended_the_container_takes_its_lock_file_with_it(make_node, node) -> None:
+    """The engine's delete after it then has nothing of ours to do: the compiled launcher passes it through."""
+    made = make_node(1)
+    locks = node / "state" / "locks"
+    assert made.checkpoint("--leave-running") == 0
+    assert (locks / "ctr.lock").exists()  # the container still runs: its lock file stays
+    made.driver.fail_on[("lock", made.pids[0])] = "CUDA_ERROR_TIMEOUT"
+    with pytest.raises(DelegateError):
+        made.checkpoint()  # rolled back: the container keeps running, and its lock file
+    assert (locks / "ctr.lock").exists()
+    del made.driver.fail_on[("lock", made.pids[0])]
+    assert made.checkpoint() == 0
+    assert not (locks / "ctr.lock").exists()
+
+
 def test_lock_timeout_unlocks_the_others_and_never_dumps(make_node) -> None:
     node = make_node(3)
     node.driver.fail_on[("lock", node.pids[1])] = "CUDA_ERROR_TIMEOUT"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import write_config
+from support import build_launcher, write_config
+from support import python_calls as count_python_calls
 
 REPO = Path(__file__).resolve().parent.parent
 SITE = str(REPO / ".typecheck")  # gpuckpt as this tree (the launcher inserts it first on sys.path)
@@ -21,16 +21,7 @@ pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not Path("/usr/inc
 
 @pytest.fixture(scope="module")
 def launcher_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The launcher built with a stand-in interpreter that notes each call, then runs the real one (its
-    site-packages on: -I without -S, for pydantic; the launcher's -c code puts this tree first)."""
-    where = tmp_path_factory.mktemp("launcher")
-    python = where / "python3"
-    python.write_text(f'#!/bin/sh\necho python >> "{where}/python.calls"\n[ "$1" = -IS ] && shift\n'
-                      f'exec {sys.executable} -I "$@"\n')
-    python.chmod(0o755)
-    built = where / "gpuckpt-runtime"
-    subprocess.run(["bash", str(REPO / "launcher" / "build.sh"), str(built), str(python), SITE], check=True)
-    return built, where / "python.calls"
+    return build_launcher(tmp_path_factory.mktemp("launcher"), SITE)
 
 
 @pytest.fixture
@@ -48,8 +39,7 @@ def run(launcher: Path, *argv: str) -> subprocess.CompletedProcess:
 
 
 def python_calls(launcher_build) -> int:
-    calls = launcher_build[1]
-    return len(calls.read_text().splitlines()) if calls.exists() else 0
+    return count_python_calls(launcher_build[1])
 
 
 def recorded(runtime: Path) -> list[str]:

@@ -13,12 +13,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from resident_runtime import children_of
-from support import write_config
+from support import build_launcher, python_calls, write_config
 
 import gpuckpt
 from gpuckpt.host import caller, messages, process
@@ -70,12 +70,44 @@ def helper(node: Path, runtime: Path) -> Iterator[subprocess.Popen]:
     started.wait()
 
 
-def call(node: Path, argv: list[str], **env: str) -> subprocess.Popen:
-    """gpuckpt-runtime as an engine starts it, in node/cwd with a umask and a variable of its own."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "gpuckpt.shim.main", *argv], cwd=node / "cwd", umask=CALLER_UMASK, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={**os.environ, "PYTHONPATH": IMPORT_ROOT, "REC_DIR": str(node / "rec"), "REC_MARK": "the caller's", **env})
+def needs_cc() -> None:
+    if shutil.which("cc") is None or not Path("/usr/include/zlib.h").exists():
+        pytest.skip("no cc or zlib.h: run integration/testbed/install-system.sh (gcc, zlib1g-dev)")
+
+
+@pytest.fixture(scope="module")
+def launcher_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The compiled launcher of this tree (launcher/), and the file its interpreter's starts are noted in."""
+    needs_cc()
+    return build_launcher(tmp_path_factory.mktemp("launcher"), IMPORT_ROOT)
+
+
+Call = Callable[..., subprocess.Popen]
+
+
+@pytest.fixture(params=["python", "compiled"])
+def call(request: pytest.FixtureRequest, node: Path, runtime: Path) -> Call:
+    """gpuckpt-runtime as an engine starts it, in node/cwd with a umask and a variable of its own: the
+    Python shim, or the compiled launcher, which hands owned verbs over itself (launcher/resident_call.c)."""
+    command = [sys.executable, "-m", "gpuckpt.shim.main"]
+    if request.param == "compiled":
+        built, _ = request.getfixturevalue("launcher_build")
+        command = [str(built)]
+        warm = subprocess.run([*command, "state", "warm"], capture_output=True, text=True, timeout=30,
+                              env={**os.environ, "REC_DIR": str(node / "rec")})
+        assert warm.returncode == 0, warm.stderr  # the delegate cache the launcher reads, written by the shim
+        (node / "rec" / "state.json").unlink()
+    locks = node / "state" / "locks"  # c1's: without one, the compiled launcher passes a runc delete through
+    locks.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (locks / "c1.lock").touch()
+
+    def started(node: Path, argv: list[str], **env: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [*command, *argv], cwd=node / "cwd", umask=CALLER_UMASK, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={
+                **os.environ, "PYTHONPATH": IMPORT_ROOT, "REC_DIR": str(node / "rec"), "REC_MARK": "the caller's",
+                **env})
+    return started
 
 
 def cwd_of(node: Path) -> str:
@@ -98,7 +130,7 @@ def wait_for(path: Path, running: subprocess.Popen) -> None:
         time.sleep(0.01)
 
 
-def test_an_owned_verb_is_worked_by_a_worker_that_becomes_the_caller(node, helper) -> None:
+def test_an_owned_verb_is_worked_by_a_worker_that_becomes_the_caller(node, helper, call: Call) -> None:
     shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid))
     out, err = shim.communicate(timeout=30)
     assert shim.returncode == 0, err
@@ -111,7 +143,17 @@ def test_an_owned_verb_is_worked_by_a_worker_that_becomes_the_caller(node, helpe
     assert f"gpuckpt-runtimed: delete c1 for pid {shim.pid}: exit 0 in " in (node / "helper.log").read_text()
 
 
-def test_the_delegates_status_and_the_verbs_error_line_reach_the_caller(node, helper) -> None:
+def test_the_compiled_launcher_hands_an_owned_verb_over_without_starting_python(node, helper, call: Call,
+                                                                               launcher_build) -> None:
+    before = python_calls(launcher_build[1])  # the `call` fixture's compiled launcher has its delegate cache
+    shim = call(node, ["--root", "/r", "delete", "c1"], REC_HELPER=str(helper.pid))
+    out, err = shim.communicate(timeout=30)
+    assert (shim.returncode, out, err) == (0, "delete out\n", "delete err\n")
+    assert recorded(node, "delete")["ppid"] == shim.pid and len(workers_for(node, "delete")) == 1
+    assert python_calls(launcher_build[1]) == before or shim.args[0] == sys.executable  # C called the helper
+
+
+def test_the_delegates_status_and_the_verbs_error_line_reach_the_caller(node, helper, call: Call) -> None:
     shim = call(node, ["--root", "/r", "delete", "c1"], REC_HELPER=str(helper.pid), REC_STATUS="3")
     out, err = shim.communicate(timeout=30)
     assert shim.returncode == 3
@@ -123,7 +165,7 @@ def test_the_delegates_status_and_the_verbs_error_line_reach_the_caller(node, he
     assert len(workers_for(node, "delete")) == 1
 
 
-def test_a_caller_that_asks_for_its_own_process_works_the_verb_itself(node, helper) -> None:
+def test_a_caller_that_asks_for_its_own_process_works_the_verb_itself(node, helper, call: Call) -> None:
     shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid), GPUCKPT_RESIDENT="0")
     out, err = shim.communicate(timeout=30)
     assert shim.returncode == 0, err
@@ -131,8 +173,8 @@ def test_a_caller_that_asks_for_its_own_process_works_the_verb_itself(node, help
     assert workers_for(node, "delete") == []  # the helper untouched
 
 
-def test_with_no_helper_listening_the_caller_works_the_verb_itself(node, runtime) -> None:
-    (node / "state").mkdir(mode=0o700)
+def test_with_no_helper_listening_the_caller_works_the_verb_itself(node, runtime, call: Call) -> None:
+    (node / "state").mkdir(mode=0o700, exist_ok=True)
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as left:  # a helper's socket, nobody on it
         left.bind(str(node / "state" / resident_call.SOCKET_NAME))
     shim = call(node, ["delete", "c1"], REC_STATUS="2")
@@ -158,11 +200,11 @@ while True:
 """
 
 
-def test_a_listener_with_fewer_powers_than_the_caller_is_not_called(node, runtime) -> None:
+def test_a_listener_with_fewer_powers_than_the_caller_is_not_called(node, runtime, call: Call) -> None:
     """A root process without all of our capabilities could listen there and have callers start its programs."""
     if not shutil.which("setpriv"):
         pytest.skip("no setpriv to start a listener with fewer capabilities")
-    (node / "state").mkdir(mode=0o700)
+    (node / "state").mkdir(mode=0o700, exist_ok=True)
     lesser = start_listener(node, ["setpriv", "--bounding-set", "-all", "--inh-caps", "-all", sys.executable, "-c",
                                    IMPOSTOR, str(node / "state" / resident_call.SOCKET_NAME), str(node / "took")])
     try:
@@ -185,7 +227,7 @@ def hello(node: Path, data: bytes, fds: list[int]) -> tuple:
         return marshal.loads(sock.recv(messages.MAX_MESSAGE))
 
 
-def test_a_call_from_another_install_or_not_a_call_is_left_to_the_caller(node, runtime, helper) -> None:
+def test_a_call_from_another_install_or_not_a_call_is_left_to_the_caller(node, runtime, helper, call: Call) -> None:
     def call_from(identity: str) -> bytes:
         return marshal.dumps(("call", resident_call.PROTOCOL, identity, "gpuckpt-runtime", ["delete", "c1"],
                               {"PATH": os.environ["PATH"]}, 0o22, str(runtime), ""))
@@ -197,6 +239,13 @@ def test_a_call_from_another_install_or_not_a_call_is_left_to_the_caller(node, r
         for data, fds in ((b"garbage", [0, 1, 2, cwd]), (call_from(resident_call.package_identity()), [0, 1, 2]),
                           (marshal.dumps(("call", resident_call.PROTOCOL + 1)), [0, 1, 2, cwd])):
             assert hello(node, data, fds) == ("local", "not a call this helper speaks")
+    finally:
+        os.close(cwd)
+    state_call = marshal.dumps(("call", resident_call.PROTOCOL, resident_call.package_identity(), "gpuckpt-runtime",
+                                ["state", "c1"], {"PATH": os.environ["PATH"]}, 0o22, str(runtime), ""))
+    cwd = os.open(node / "cwd", os.O_PATH | os.O_DIRECTORY)
+    try:  # a verb the shim passes through is not a worker's: the caller's own parse may differ (the C launcher's)
+        assert hello(node, state_call, [0, 1, 2, cwd]) == ("local", "state is not an owned verb's call")
     finally:
         os.close(cwd)
     assert not (node / "rec" / "delete.json").exists()  # none of them worked
@@ -236,7 +285,7 @@ def test_a_caller_without_all_of_roots_powers_is_refused(wrapper, user, why) -> 
         resident.check_peer(ours)  # root, our namespaces and capabilities: taken
 
 
-def test_a_signal_to_the_caller_reaches_the_delegate(node, helper) -> None:
+def test_a_signal_to_the_caller_reaches_the_delegate(node, helper, call: Call) -> None:
     shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid), REC_SLEEP="delete")
     wait_for(node / "rec" / "ready", shim)
     assert len(workers_for(node, "delete")) == 1
@@ -250,7 +299,7 @@ def test_a_signal_to_the_caller_reaches_the_delegate(node, helper) -> None:
     ("delete", True),  # the delegate: told by SIGTERM, and its end awaited before anything else (a rollback)
     ("state", False),  # a program whose output the worker reads (process.run): only the caller's end tells it
 ])
-def test_a_worker_whose_caller_is_killed_ends(node, helper, sleeping, waited_for) -> None:
+def test_a_worker_whose_caller_is_killed_ends(node, helper, sleeping, waited_for, call: Call) -> None:
     shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid), REC_SLEEP=sleeping, REC_STATUS="1")
     wait_for(node / "rec" / "ready", shim)
     [worker] = workers_for(node, "delete")
@@ -275,15 +324,28 @@ SERVE = ("import os, socket, sys\nfrom gpuckpt.shim import resident_call as call
          "sys.exit(call._serve(socket.socket(fileno=int(sys.argv[1]))))\n")
 
 
-@pytest.fixture
-def served() -> Iterator[subprocess.Popen]:
-    """This process as a resident worker: its programs started by a gpuckpt-runtime's serving loop, which
-    holds an fd of the engine's (server.engine_fd)."""
+@pytest.fixture(scope="module")
+def c_server(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The compiled launcher's serving loop alone (tests/c/serve_fd.c)."""
+    needs_cc()
+    built = tmp_path_factory.mktemp("serve") / "serve_fd"
+    subprocess.run(["cc", "-O1", "-Wall", "-Wextra", "-Werror", "-std=c11", "-o", str(built),
+                    str(Path(__file__).parent / "c" / "serve_fd.c")], check=True)
+    return built
+
+
+@pytest.fixture(params=["python", "compiled"])
+def served(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen]:
+    """This process as a resident worker: its programs started by a gpuckpt-runtime's serving loop (the Python
+    shim's or the compiled launcher's), which holds an fd of the engine's (server.engine_fd)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     engine_fd, engine_end = os.pipe()
+    command = [sys.executable, "-c", SERVE]
+    if request.param == "compiled":
+        command = [str(request.getfixturevalue("c_server"))]
     with ours:
         with theirs:
-            server = subprocess.Popen([sys.executable, "-c", SERVE, str(theirs.fileno())], pass_fds=[
+            server = subprocess.Popen([*command, str(theirs.fileno())], pass_fds=[
                 theirs.fileno(), engine_fd], env={**os.environ, "PYTHONPATH": IMPORT_ROOT})
         server.engine_fd = engine_fd  # type: ignore[attr-defined]
         os.close(engine_fd)
@@ -293,7 +355,7 @@ def served() -> Iterator[subprocess.Popen]:
             yield server
         finally:
             caller._current = None
-            ours.sendmsg([marshal.dumps(("exit", 0))])
+            messages.send(ours, ("exit", 0))
     assert server.wait(timeout=10) == 0
 
 
