@@ -82,6 +82,9 @@ def install() -> dict:
             f"#!{TORCH_PYTHON} -IS\nimport sys\nsys.path[:0] = [{str(SITE)!r}, {torch_site!r}]\n"
             f"from {module} import main\nsys.exit(main())\n")
         os.chmod(launcher, 0o755)
+    compiled = CARRY / "bin" / "gpuckpt-runtime-compiled"  # built by pack-carry.sh for these paths
+    if compiled.exists():  # its Python fallback sees SITE alone: every module the shim loads is there
+        shutil.copy(compiled, RUNTIME)
     Path("/etc/gpuckpt").mkdir(exist_ok=True)
     runc = shutil.which("runc")
     Path("/etc/gpuckpt/config.toml").write_text(f'delegate = "{runc}"\n')
@@ -92,6 +95,7 @@ def install() -> dict:
         "criu": sh("criu", "--version").stdout.strip().splitlines()[0],
         "criu_check": sh("criu", "check", check=False).stdout.strip()[-200:] or "(see stderr)",
         "gpuckpt_runtime": sh(RUNTIME, "--version").stdout.splitlines()[0],
+        "gpuckpt_runtime_launcher": "compiled" if compiled.exists() else "python",
         "nvidia_smi": sh(
             "nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"
         ).stdout.strip(),

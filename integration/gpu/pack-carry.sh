@@ -15,7 +15,7 @@ bash integration/testbed/bundle-criu.sh .carry
 [ "$engine" = none ] || bash "integration/testbed/bundle-$engine.sh" .carry
 /opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
-    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc safetensors \
+    pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc safetensors nvidia-ml-py \
     $([ "$engine" = containerd ] && echo grpcio grpcio-tools)
 # python-systemd (gpuckptd) has no wheel on PyPI: built here for Python 3.12 (pyenv's, against
 # Debian's libsystemd-dev; the machine has libsystemd.so.0)
@@ -25,6 +25,10 @@ if [ -n "$py312" ]; then
 else
     echo "pack-carry.sh: no Python 3.12 here to build python-systemd's wheel: gpuckptd will not start there" >&2
 fi
+# gpuckpt-runtime's compiled launcher for the machine's paths (harness.py's TORCH_PYTHON and SITE; Ubuntu
+# 24.04's glibc is newer than Debian 12's): pass-through and the hand-over to gpuckpt-runtimed without an
+# interpreter, as the packages install it
+bash launcher/build.sh .carry/bin/gpuckpt-runtime-compiled /opt/torch/.venv/bin/python3 /tmp/gpuckpt-site
 # CRIU's message definitions for the shim's image checks (pure Python, from Debian's python3-pycriu)
 cp -r /opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu .carry/pycriu
 # GPUCKPT_CARRY_PEER=1: the peer of bench_engine.py's `peer` mode, CRIU's CUDA plugin (built for the
