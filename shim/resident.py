@@ -3,7 +3,8 @@
 A fresh gpuckpt-runtime spends ~300 ms importing pydantic, cryptography and the verbs' models
 before a checkpoint or a restore does anything (bench/owned_verbs.py). This process imports them
 once, then listens on a SOCK_SEQPACKET socket (systemd's, gpuckpt-runtimed.socket, or its own in
-the state directory) and forks a worker per call: the worker takes the caller's stdio, working
+the state directory) and keeps a worker forked and warmed ahead of each call (a spare, which accepts
+the call itself; the helper then forks the next): the worker takes the caller's stdio, working
 directory, umask and environment, works the verb as gpuckpt-runtime would, and has the caller
 start every program (host/caller.py) so the delegate stays the engine's grandchild.
 
@@ -17,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import importlib
+import json
 import os
 import select
 import signal
@@ -30,8 +33,12 @@ from collections.abc import Sequence
 from gpuckpt.errors import GpuckptError
 from gpuckpt.host import caller, messages
 from gpuckpt.host.messages import peer_refusal
+from gpuckpt.node.config import parse_config
 from gpuckpt.node.paths import state_dir
 from gpuckpt.oci import criu_images
+from gpuckpt.oci.signature import SignedEntry, Signer
+from gpuckpt.oci.spec import Spec
+from gpuckpt.oci.state import ContainerState
 from gpuckpt.shim import main as shim_main
 from gpuckpt.shim.argv import (
     OWNED_VALUE_FLAGS,
@@ -50,6 +57,7 @@ PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.de
 HELLO_TIMEOUT_S = 10.0
 JOURNAL_FD = 2  # until main() keeps a copy of the helper's own stderr there: a worker's fd 2 is its caller's
 LISTEN_BACKLOG = 128
+SPARE_TOOK_CALL, SPARE_REINSTALLED = b"w", b"r"  # what a spare worker tells the helper
 
 
 class Refused(Exception):
@@ -212,19 +220,93 @@ def _preload(modules: Sequence[str]) -> None:
         criu_images.criu_messages()  # CRIU's message modules, cached: a restore's image check reads them (~40 ms)
     except GpuckptError:
         pass  # no python3-pycriu: each restore's check says so
+    _warm_up()
     gc.collect()
     gc.freeze()  # the loaded code stays shared with the workers instead of copied at their first collection
 
 
+def _warm_up() -> None:
+    """The first call of a library in a process initialises it (OpenSSL's key loading ~3 ms, a model's first
+    JSON parse): made here, on scratch data and no node state, so no worker pays them (~5 ms a verb)."""
+    signer = Signer.from_pem(Signer.generate().pem(), "warm-up")
+    envelope = signer.sign(signer.content("dump", [SignedEntry(name="x", size=0, mode=0o600, sha256=None)]))
+    signer.public.verify(signer.private.sign(envelope), envelope)
+    hashlib.sha256(b"warm-up").hexdigest()
+    parse_config('[criu]\nnetwork_lock = "nftables"\n', "warm-up")
+    ContainerState.model_validate_json('{"ociVersion": "1.0.2", "id": "x", "pid": 1, "status": "running", '
+                                       '"bundle": "/"}')
+    Spec.model_validate(json.loads('{"ociVersion": "1.0.2", "process": {"args": ["x"]}}'))
+
+
 def serve(listener: socket.socket) -> int:
+    """Keep one spare worker forked and warmed ahead of the next call, which it accepts itself; a new spare
+    as each one takes a call. Returns when a spare finds the installed gpuckpt changed."""
     identity = package_identity()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
     while True:
-        connection, _ = listener.accept()
+        taken_read, taken_write = os.pipe()
+        alive_read, alive_write = os.pipe()  # its end: our end, so an idle spare never outlives us
+        pid = os.fork()
+        if pid == 0:
+            os.close(taken_read)
+            os.close(alive_write)
+            _spare(listener, identity, taken_write, alive_read)  # never returns
+        os.close(taken_write)
+        os.close(alive_read)
+        try:
+            taken = os.read(taken_read, 1)
+        except InterruptedError:
+            taken = b""
+        os.close(taken_read)
+        os.close(alive_write)
+        if taken == SPARE_REINSTALLED:
+            return 0
+        if taken != SPARE_TOOK_CALL:
+            time.sleep(0.1)  # it ended without taking a call: not a loop of forks if every spare does
+
+
+def _spare(listener: socket.socket, identity: str, taken: int, alive: int) -> None:
+    """A worker before its call: warmed (the pages a verb touches copied now, not on the caller's time),
+    it accepts the next call whose peer has our powers, tells the helper, and works it."""
+    status = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the standalone helper's handler: the socket is not ours
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        _warm_up()
+        connection = _accept_checked(listener, identity, alive)
+        if connection is None:
+            os.write(taken, SPARE_REINSTALLED)
+            os._exit(0)
+        os.write(taken, SPARE_TOOK_CALL)
+        os.close(taken)
+        os.close(alive)
+        listener.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a worker's signals are a fresh gpuckpt-runtime's
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        status = work(connection, identity)
+    except BaseException:  # noqa: BLE001 - a worker's end is os._exit's, never the server's loop
+        status = 1
+    finally:
+        os._exit(status)
+
+
+def _accept_checked(listener: socket.socket, identity: str, alive: int) -> socket.socket | None:
+    """The next call from a peer with all our powers (a lesser one is answered "local" here, no worker for it,
+    however many); None when gpuckpt was reinstalled. Ends this process when the helper has ended."""
+    poller = select.poll()
+    poller.register(listener.fileno(), select.POLLIN)
+    poller.register(alive, select.POLLIN)  # EOF: the helper is gone
+    while True:
+        if any(fd == alive for fd, _ in poller.poll()):
+            os._exit(0)
+        try:
+            connection, _ = listener.accept()
+        except BlockingIOError:
+            continue
         if package_identity() != identity:  # reinstalled: this call is the caller's, the next the new code's
             connection.close()
-            return 0
-        try:  # no worker for a lesser root, however many; its PID has had no time to be reused
+            return None
+        try:  # its PID has had no time to be reused
             check_peer(connection)
         except Refused as refused:
             if not str(refused).endswith("gone"):
@@ -233,20 +315,7 @@ def serve(listener: socket.socket) -> int:
                 _journal_line(f"a call left to its caller: {refused}")
             connection.close()
             continue
-        pid = os.fork()
-        if pid == 0:
-            status = 1
-            try:
-                listener.close()
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a worker's signals are a fresh gpuckpt-runtime's
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.default_int_handler)
-                status = work(connection, identity)
-            except BaseException:  # noqa: BLE001 - a worker's end is os._exit's, never the server's loop
-                status = 1
-            finally:
-                os._exit(status)
-        connection.close()
+        return connection
 
 
 def main(argv: list[str] | None = None) -> int:

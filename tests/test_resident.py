@@ -3,6 +3,7 @@ program the verb runs, stays the calling gpuckpt-runtime's child."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import marshal
 import os
@@ -66,7 +67,8 @@ def start_listener(node: Path, argv: list[str]) -> subprocess.Popen:
 def helper(node: Path, runtime: Path) -> Iterator[subprocess.Popen]:
     started = start_listener(node, [sys.executable, "-m", "gpuckpt.shim.resident"])
     yield started
-    os.killpg(started.pid, signal.SIGKILL)  # the helper and any worker a broken test left
+    with contextlib.suppress(ProcessLookupError):  # a test that ended the helper and its spare itself
+        os.killpg(started.pid, signal.SIGKILL)  # the helper and any worker a broken test left
     started.wait()
 
 
@@ -283,6 +285,29 @@ def test_a_caller_without_all_of_roots_powers_is_refused(wrapper, user, why) -> 
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with ours, theirs:
         resident.check_peer(ours)  # root, our namespaces and capabilities: taken
+
+
+def test_a_spare_worker_waits_warmed_for_the_next_call_and_ends_with_the_helper(node, helper, call: Call) -> None:
+    deadline = time.monotonic() + 10
+    seen: list[list[int]] = []
+    while len(seen) < 2 or len(seen[-1]) != 1 or seen[-1] != seen[-2]:  # the fixture's probe took a spare too
+        assert time.monotonic() < deadline, f"not one spare worker: {seen[-1]}"
+        seen.append(children_of(helper.pid))
+        time.sleep(0.3)
+    [spare] = seen[-1]
+    shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid))
+    assert shim.wait(timeout=30) == 0
+    [worker] = workers_for(node, "delete")
+    assert worker["pid"] == spare  # forked before the call came: the call did not wait for a fork
+    while not (spares := [pid for pid in children_of(helper.pid) if pid != spare]):
+        assert time.monotonic() < deadline, "no next spare"
+        time.sleep(0.02)
+    os.kill(helper.pid, signal.SIGKILL)  # systemd's stop with KillMode=process ends the helper alone
+    helper.wait()
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{spares[0]}") and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not os.path.exists(f"/proc/{spares[0]}"), "an idle spare outlived its helper"
 
 
 def test_a_signal_to_the_caller_reaches_the_delegate(node, helper, call: Call) -> None:
