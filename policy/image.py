@@ -55,7 +55,7 @@ from gpuckpt.oci.criu_images import (
     wanted_image,
 )
 from gpuckpt.oci.spec import Capabilities, Spec, load_exact_json
-from gpuckpt.policy.seccomp_bpf import decode, may_allow
+from gpuckpt.policy.seccomp_bpf import allowed_syscalls, decode
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
@@ -270,14 +270,10 @@ class _Filters:
 
     def allowed(self, chain: tuple[int, ...], syscalls: dict[str, int]) -> list[str]:
         programs = [self.programs[index] for index in chain]
-        found = []
-        for name, number in syscalls.items():
-            key = (chain, number)
-            if key not in self.seen:
-                self.seen[key] = may_allow(programs, number, self.where)
-            if self.seen[key]:
-                found.append(name)
-        return found
+        if unknown := {number for number in syscalls.values() if (chain, number) not in self.seen}:
+            passed = allowed_syscalls(programs, unknown, self.where)  # one walk of each filter for all of them
+            self.seen.update({(chain, number): number in passed for number in unknown})
+        return [name for name, number in syscalls.items() if self.seen[(chain, number)]]
 
 
 def _reach_words(grant: Grant) -> str:

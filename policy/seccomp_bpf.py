@@ -39,7 +39,19 @@ def decode(program: bytes, what: str) -> list[tuple[int, int, int, int]]:
     return list(struct.iter_unpack("<HBBI", program))
 
 
-MAX_STATES = 1 << 16  # paths explored for one syscall, at most
+MAX_STATES = 1 << 16  # paths explored for one syscall (or one group of them), at most
+
+
+class _Nr:
+    """A value: the syscall number, whichever of its path's candidates it is."""
+
+    def __repr__(self) -> str:
+        return "NR"
+
+
+NR = _Nr()
+Value = int | _Nr | None  # None: depends on what `data` leaves open
+State = tuple[int, Value, Value, tuple[Value, ...], frozenset[int]]
 
 
 def outcomes(program: list[tuple[int, int, int, int]], data: bytes, what: str,
@@ -47,10 +59,37 @@ def outcomes(program: list[tuple[int, int, int, int]], data: bytes, what: str,
     """Every value the program can return for `data` whose first `known_bytes` are fixed and the
     rest (the instruction pointer, the arguments) may be anything: a jump on a value that depends
     on them follows both branches, and `ret a` of such a value counts as allowing."""
-    results: set[int] = set()
-    Value = int | None  # None: depends on what `data` leaves open
-    pending: list[tuple[int, Value, Value, tuple[Value, ...]]] = [(0, 0, 0, (0,) * MEMORY_WORDS)]
-    seen: set[tuple[int, Value, Value, tuple[Value, ...]]] = set()
+    return _explore(program, data, what, known_bytes, None)[None]
+
+
+def outcomes_by_syscall(program: list[tuple[int, int, int, int]], numbers: set[int], what: str,
+                        arch: int = AUDIT_ARCH_X86_64) -> dict[int, set[int]]:
+    """outcomes() with only the number and arch known, for many syscall numbers in one exploration:
+    a path is shared until the program tells the numbers apart (a filter's chain of `jeq nr` is walked
+    once, not once per number)."""
+    if not all(0 <= number < 1 << 31 for number in numbers):
+        raise ValueError(f"syscall numbers are 0 to 2^31-1, not {sorted(numbers)}")
+    found = _explore(program, seccomp_data(0, arch), what, NR_AND_ARCH_BYTES, frozenset(numbers))
+    return {number: found[number] for number in numbers}
+
+
+def _with_number(state: State, number: int) -> State:
+    """`state` for one of its syscall numbers, NR replaced by it wherever it is held."""
+    pc, a, x, memory, _ = state
+
+    def concrete(value: Value) -> Value:
+        return number if isinstance(value, _Nr) else value
+    return pc, concrete(a), concrete(x), tuple(concrete(word) for word in memory), frozenset((number,))
+
+
+def _explore(program: list[tuple[int, int, int, int]], data: bytes, what: str, known_bytes: int,
+             numbers: frozenset[int] | None) -> dict[int | None, set[int]]:
+    """What the program returns, by syscall number (`numbers`: the first 4 bytes of `data` are each of
+    them in turn) or under None (`data` as it is)."""
+    keys: list[int | None] = list(numbers) if numbers is not None else [None]
+    results: dict[int | None, set[int]] = {key: set() for key in keys}
+    pending: list[State] = [(0, 0, 0, (0,) * MEMORY_WORDS, numbers or frozenset())]
+    seen: set[State] = set()
     while pending:
         state = pending.pop()
         if state in seen:
@@ -58,8 +97,16 @@ def outcomes(program: list[tuple[int, int, int, int]], data: bytes, what: str,
         seen.add(state)
         if len(seen) > MAX_STATES:
             raise ImageError(f"{what}: seccomp program has more than {MAX_STATES} paths to check")
-        pc, a, x, memory_words = state
+        pc, a, x, memory_words, path_numbers = state
         memory = list(memory_words)
+
+        def returns(value: int) -> None:
+            for key in (path_numbers if numbers is not None else keys):
+                results[key].add(value)
+
+        def split() -> None:
+            """An operation that needs the number itself: the path goes on once per number."""
+            pending.extend(_with_number((pc, a, x, tuple(memory), path_numbers), number) for number in path_numbers)
         while True:
             if pc >= len(program):
                 raise ImageError(f"{what}: seccomp program runs past its end")
@@ -68,7 +115,10 @@ def outcomes(program: list[tuple[int, int, int, int]], data: bytes, what: str,
             if code == 0x20:                                   # ld [k]
                 if k % 4 or k + 4 > SECCOMP_DATA_BYTES:
                     raise ImageError(f"{what}: seccomp program loads seccomp_data at byte {k}")
-                a = struct.unpack_from("<I", data, k)[0] if k + 4 <= known_bytes else None
+                if numbers is not None and k == 0:
+                    a = NR if len(path_numbers) > 1 else next(iter(path_numbers))
+                else:
+                    a = struct.unpack_from("<I", data, k)[0] if k + 4 <= known_bytes else None
             elif code == 0x80:                                 # ld len
                 a = SECCOMP_DATA_BYTES
             elif code == 0x81:                                 # ldx len
@@ -87,11 +137,14 @@ def outcomes(program: list[tuple[int, int, int, int]], data: bytes, what: str,
             elif klass == 0x04:                                # alu
                 operation = code & 0xF0
                 operand = x if code & 0x08 else k
+                if isinstance(a, _Nr) or isinstance(operand, _Nr):
+                    split()
+                    break
                 if code == 0x84:
                     a = None if a is None else -a & 0xFFFFFFFF
                 elif operation in _ALU:
                     if operation == 0x30 and operand in (0, None):
-                        results.add(0)  # division by zero ends the program with 0 (kill)
+                        returns(0)  # division by zero ends the program with 0 (kill)
                         if operand == 0:
                             break
                     result = None if a is None or operand is None else _ALU[operation](a, operand)
@@ -103,18 +156,34 @@ def outcomes(program: list[tuple[int, int, int, int]], data: bytes, what: str,
                     pc += k
                 elif code & 0xF0 in _JUMPS:
                     operand = x if code & 0x08 else k
-                    if a is None or operand is None:           # either way: both are followed
-                        pending.append((pc + 1 + jf, a, x, tuple(memory)))
+                    test = _JUMPS[code & 0xF0]
+                    if isinstance(operand, _Nr) or (isinstance(a, _Nr) and operand is None):
+                        split()
+                        break
+                    if isinstance(a, _Nr):                     # the numbers parted by the test
+                        if code & 0xF0 == 0x10:                # jeq, a filter's every other step
+                            taken = path_numbers & {operand}
+                        else:
+                            taken = frozenset(n for n in path_numbers if test(n, operand))
+                        if taken and taken != path_numbers:
+                            pending.append((pc + 1 + jf, a, x, tuple(memory), path_numbers - taken))
+                            path_numbers = taken
+                        pc += jt if taken else jf
+                    elif a is None or operand is None:         # either way: both are followed
+                        pending.append((pc + 1 + jf, a, x, tuple(memory), path_numbers))
                         pc += jt
                     else:
-                        pc += jt if _JUMPS[code & 0xF0](a, operand) else jf
+                        pc += jt if test(a, operand) else jf
                 else:
                     raise ImageError(f"{what}: seccomp program has opcode {code:#x}")
             elif code == 0x06:                                 # ret #k
-                results.add(k)
+                returns(k)
                 break
             elif code == 0x16:                                 # ret a
-                results.add(RET_ALLOW if a is None else a)
+                if isinstance(a, _Nr):
+                    split()
+                    break
+                returns(RET_ALLOW if a is None else a)
                 break
             elif code == 0x07:                                 # tax
                 x = a
@@ -136,6 +205,16 @@ def may_allow(programs: list[list[tuple[int, int, int, int]]], nr: int, what: st
               arch: int = AUDIT_ARCH_X86_64) -> bool:
     """Whether some instruction pointer and arguments let syscall `nr` through the whole chain: the
     kernel keeps the action of highest precedence, so each filter must have a path that allows it."""
-    data = seccomp_data(nr, arch)
-    return all(any(allows(action & RET_ACTION_FULL) for action in outcomes(program, data, what, NR_AND_ARCH_BYTES))
-               for program in programs)
+    return nr in allowed_syscalls(programs, {nr}, what, arch)
+
+
+def allowed_syscalls(programs: list[list[tuple[int, int, int, int]]], numbers: set[int], what: str,
+                     arch: int = AUDIT_ARCH_X86_64) -> set[int]:
+    """The syscall numbers among `numbers` that may_allow() would say go through the chain."""
+    allowed = set(numbers)
+    for program in programs:
+        if not allowed:
+            break
+        by_number = outcomes_by_syscall(program, allowed, what, arch)
+        allowed = {nr for nr in allowed if any(allows(action & RET_ACTION_FULL) for action in by_number[nr])}
+    return allowed

@@ -12,8 +12,18 @@ from hypothesis import strategies as st
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import directory_source, mapping_source, read_checkpoint_images
-from gpuckpt.policy.image import refusals
-from gpuckpt.policy.seccomp_bpf import RET_ALLOW, RET_LOG, decode, may_allow, outcomes, seccomp_data
+from gpuckpt.policy.image import GUARDED_SYSCALLS, refusals
+from gpuckpt.policy.seccomp_bpf import (
+    NR_AND_ARCH_BYTES,
+    RET_ALLOW,
+    RET_LOG,
+    allowed_syscalls,
+    decode,
+    may_allow,
+    outcomes,
+    outcomes_by_syscall,
+    seccomp_data,
+)
 
 ALL_CAPS_FILTER = Path(__file__).parent / "data" / "criu-podman-allcaps-seccomp.img"  # --cap-add=ALL's, runc
 ERRNO, KILL_PROCESS = 0x00050000, 0x80000000
@@ -46,6 +56,17 @@ def test_the_all_capabilities_filter_allows_what_the_default_denies() -> None:
     programs = real_filter(ALL_CAPS_FILTER)
     assert may_allow(programs, OPEN_BY_HANDLE_AT, "real")
     assert may_allow(programs, BPF, "real")
+
+
+@pytest.mark.parametrize("seccomp_img", [REAL_DUMP / "seccomp.img", ALL_CAPS_FILTER])
+def test_real_filters_judge_every_guarded_syscall_alike_one_by_one_or_all_at_once(seccomp_img: Path) -> None:
+    programs = real_filter(seccomp_img)
+    numbers = {*GUARDED_SYSCALLS.values(), READ}
+    one_by_one = {nr for nr in numbers if all(
+        any(action & 0xFFFF0000 in (RET_ALLOW, RET_LOG, 0x7FF00000, 0x7FC00000)
+            for action in outcomes(program, seccomp_data(nr), "real", NR_AND_ARCH_BYTES)) for program in programs)}
+    assert allowed_syscalls(programs, numbers, "real") == one_by_one
+    assert READ in one_by_one
 
 
 def test_one_filter_of_a_chain_that_denies_denies() -> None:
@@ -132,6 +153,31 @@ def test_fuzzed_programs_return_a_value_or_one_line(instructions, nr: int) -> No
         assert 0 <= result < 2**32
     except ImageError as error:
         assert "\n" not in str(error) and str(error).startswith("fuzz: ")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x0C, 0x15, 0x16, 0x1D,
+                                           0x20, 0x25, 0x35, 0x3C, 0x45, 0x60, 0x61, 0x80, 0x81, 0x84, 0x87, 0x94,
+                                           0x1C, 0x2C, 0x54]),
+                          st.integers(0, 3), st.integers(0, 3), st.integers(0, 70)), min_size=1, max_size=40),
+       st.sets(st.integers(0, 70), min_size=1, max_size=6))
+def test_many_syscalls_explored_at_once_return_what_each_returns_alone(instructions, numbers: set[int]) -> None:
+    """The shared exploration parts the numbers only where the program does (the operands reach the numbers)."""
+    program = b"".join(insn(code, k, jt, jf) for code, jt, jf, k in instructions)
+    alone: dict[int, set[int] | None] = {}
+    for nr in numbers:
+        try:
+            alone[nr] = outcomes(decode(program, "fuzz"), seccomp_data(nr), "fuzz", NR_AND_ARCH_BYTES)
+        except ImageError:
+            alone[nr] = None
+    try:
+        together: dict[int, set[int]] | None = outcomes_by_syscall(decode(program, "fuzz"), numbers, "fuzz")
+    except ImageError:
+        together = None
+    if None in alone.values():
+        assert together is None  # a program the kernel would refuse is refused, whichever number meets it
+    else:
+        assert together == alone
 
 
 @pytest.mark.hostile("a seccomp filter that allows a guarded syscall only when the instruction pointer is not 0")
