@@ -126,59 +126,20 @@ static int only_asked_about(int argc, char **argv, int verb_at, const char *cons
     return asks_help(help, h) && asked_before_container; /* the shim's answer, and crun's */
 }
 
-/* The verb's index when this call goes to the delegate unchanged, whatever the config's hook; 0 when the shim
- * must see it. Sets *create when it passes through only if the config adds no hook, *delete when only if
- * delete_passes_through says so. */
-static int passes_through(int argc, char **argv, int *create, int *delete)
+/* The verb's index past the global options this file knows; 0 for `--`, a --help or --version, an option it does not
+ * know, or no verb: the shim judges those (a checkpoint behind an unknown option is refused). */
+static int verb_index(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *name, *value;
         size_t length;
         if (strcmp(arg, "--") == 0)
             return 0;
-        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
-            if (member(ALWAYS_OWNED, arg, strlen(arg)))
-                return 0;
-            if (strcmp(arg, "checkpoint") == 0)
-                return only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS) ? i : 0;
-            if (strcmp(arg, "restore") == 0)
-                return only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS) ? i : 0;
-            *create = strcmp(arg, "create") == 0;
-            *delete = strcmp(arg, "delete") == 0;
+        if (arg[0] != '-' || strcmp(arg, "-") == 0)
             return i;
-        }
         split_flag(arg, &name, &length, &value);
         if (member(ASKING_FLAGS, name, length))
             return 0; /* --version and --help are the shim's to answer */
-        if (member(GLOBAL_VALUE_FLAGS, name, length)) {
-            if (!value)
-                i++;
-        } else if (!member(GLOBAL_BOOL_FLAGS, name, length)) {
-            return 0; /* unknown: the shim judges it (a checkpoint behind it is refused) */
-        }
-    }
-    return 0; /* no verb */
-}
-
-/* Whether the shim would hand this call to the resident helper: an owned verb with a container, every global
- * option known, none asking for help or the version (shim/main.py's test; the worker checks it again). */
-static int owned_call(int argc, char **argv)
-{
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *name, *value;
-        size_t length;
-        if (strcmp(arg, "--") == 0)
-            return 0;
-        if (arg[0] != '-' || strcmp(arg, "-") == 0) {
-            if (strcmp(arg, "checkpoint") == 0)
-                return !only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS);
-            if (strcmp(arg, "restore") == 0)
-                return !only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS);
-            return member(ALWAYS_OWNED, arg, strlen(arg)) || strcmp(arg, "delete") == 0;
-        }
-        split_flag(arg, &name, &length, &value);
-        if (member(ASKING_FLAGS, name, length))
-            return 0;
         if (member(GLOBAL_VALUE_FLAGS, name, length)) {
             if (!value)
                 i++;
@@ -187,6 +148,37 @@ static int owned_call(int argc, char **argv)
         }
     }
     return 0;
+}
+
+/* The verb's index when this call goes to the delegate unchanged, whatever the config's hook; 0 when the shim
+ * must see it. Sets *create when it passes through only if the config adds no hook, *delete when only if
+ * delete_passes_through says so. */
+static int passes_through(int argc, char **argv, int *create, int *delete)
+{
+    int i = verb_index(argc, argv);
+    if (!i || member(ALWAYS_OWNED, argv[i], strlen(argv[i])))
+        return 0;
+    if (strcmp(argv[i], "checkpoint") == 0)
+        return only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS) ? i : 0;
+    if (strcmp(argv[i], "restore") == 0)
+        return only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS) ? i : 0;
+    *create = strcmp(argv[i], "create") == 0;
+    *delete = strcmp(argv[i], "delete") == 0;
+    return i;
+}
+
+/* Whether the shim would hand this call to the resident helper: an owned verb with a container, every global
+ * option known, none asking for help or the version (shim/main.py's test; the worker checks it again). */
+static int owned_call(int argc, char **argv)
+{
+    int i = verb_index(argc, argv);
+    if (!i)
+        return 0;
+    if (strcmp(argv[i], "checkpoint") == 0)
+        return !only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS);
+    if (strcmp(argv[i], "restore") == 0)
+        return !only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS);
+    return member(ALWAYS_OWNED, argv[i], strlen(argv[i])) || strcmp(argv[i], "delete") == 0;
 }
 
 static const char *env_or(const char *name, const char *fallback)
