@@ -85,7 +85,7 @@ def _powers(pid: int | str) -> tuple[int, int, int, tuple[int, int]]:
     """A process's effective capabilities, no_new_privs and seccomp mode (/proc/PID/status), and its root
     directory's identity (a chroot)."""
     fields = {}
-    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+    with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:  # Name: is the process's own
         for line in status:
             name, _, value = line.partition(":")
             if name in ("CapEff", "NoNewPrivs", "Seccomp"):

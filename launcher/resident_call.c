@@ -210,12 +210,30 @@ static int is_text(const struct value *value, const char *text)
     return value->kind == TEXT && value->length == strlen(text) && memcmp(value->text, text, value->length) == 0;
 }
 
-/* A TEXT value as a C string; NULL if it holds a NUL (no program takes one) or memory ran out. */
+/* A TEXT value as a C string, as os.fsencode gives it to a program: a surrogate escape (U+DC80..U+DCFF, a byte
+ * that was not UTF-8, which marshal writes as ED B2 80..ED B3 BF) is that byte again. NULL if it holds a NUL (no
+ * program takes one) or another surrogate (fsencode refuses them), or memory ran out. */
 static char *c_string(const struct value *value)
 {
-    if (value->kind != TEXT || memchr(value->text, '\0', value->length))
+    const unsigned char *text = (const unsigned char *)value->text;
+    char *string, *to;
+    if (value->kind != TEXT || memchr(value->text, '\0', value->length) || !(string = malloc(value->length + 1)))
         return NULL;
-    return strndup(value->text, value->length);
+    to = string;
+    for (size_t i = 0; i < value->length; i++) {
+        if (text[i] == 0xed && i + 2 < value->length && text[i + 1] >= 0xa0) {
+            if ((text[i + 1] != 0xb2 && text[i + 1] != 0xb3) || (text[i + 2] & 0xc0) != 0x80) {
+                free(string);
+                return NULL;
+            }
+            *to++ = (char)((text[i + 1] == 0xb3 ? 0xc0 : 0x80) | (text[i + 2] & 0x3f));
+            i += 2;
+        } else {
+            *to++ = (char)text[i];
+        }
+    }
+    *to = '\0';
+    return string;
 }
 
 /* Strict UTF-8 without surrogates: what Python decodes back to the same bytes (argv and environment). */
@@ -280,6 +298,7 @@ static int receive_message(int sock, unsigned char *buffer, struct value *messag
     struct in in;
     ssize_t got;
     *count = 0;
+    memset(message, 0, sizeof *message); /* NONE until parsed: at the peer's end or a cut message nothing is */
     while ((got = recvmsg(sock, &header, MSG_CMSG_CLOEXEC)) < 0)
         if (errno != EINTR)
             return 0;
@@ -386,6 +405,48 @@ static int listener_is_our_equal(int sock)
     return equal;
 }
 
+struct name {
+    const char *entry;
+    size_t length, index;
+};
+
+static int by_name_then_place(const void *a, const void *b)
+{
+    const struct name *x = a, *y = b;
+    int order = memcmp(x->entry, y->entry, x->length < y->length ? x->length : y->length);
+    if (order == 0)
+        order = (x->length > y->length) - (x->length < y->length);
+    return order ? order : (x->index > y->index) - (x->index < y->index);
+}
+
+/* Which of environ's entries os.environ holds: those with a name, and of a name given twice its first (getenv's);
+ * NULL when memory ran out. */
+static unsigned char *environment_kept(void)
+{
+    size_t count = 0, named = 0;
+    struct name *names;
+    unsigned char *kept;
+    while (environ[count])
+        count++;
+    names = calloc(count + 1, sizeof *names);
+    kept = calloc(count + 1, 1);
+    if (!names || !kept) {
+        free(names), free(kept);
+        return NULL;
+    }
+    for (size_t i = 0; i < count; i++) {
+        const char *equals = strchr(environ[i], '=');
+        if (equals && equals != environ[i])
+            names[named++] = (struct name){environ[i], (size_t)(equals - environ[i]), i};
+    }
+    qsort(names, named, sizeof *names, by_name_then_place);
+    for (size_t i = 0; i < named; i++)
+        kept[names[i].index] = i == 0 || names[i].length != names[i - 1].length ||
+                               memcmp(names[i].entry, names[i - 1].entry, names[i].length) != 0;
+    free(names);
+    return kept;
+}
+
 static int connect_helper(void)
 {
     const char *state = getenv("GPUCKPT_STATE_DIR");
@@ -394,9 +455,11 @@ static int connect_helper(void)
     if ((size_t)snprintf(address.sun_path, sizeof address.sun_path, "%s/%s", state && *state ? state : "/run/gpuckpt",
                          SOCKET_NAME) >= sizeof address.sun_path)
         return -1;
-    if ((sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0)
+    if ((sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0)
         return -1;
-    if (connect(sock, (struct sockaddr *)&address, sizeof address) != 0 || !listener_is_our_equal(sock)) {
+    /* not blocking: a listener whose queue is full (stopped, hung) is refused at once (EAGAIN), not waited for */
+    if (connect(sock, (struct sockaddr *)&address, sizeof address) != 0 || fcntl(sock, F_SETFL, 0) != 0 ||
+        !listener_is_our_equal(sock)) {
         close(sock);
         return -1;
     }
@@ -536,8 +599,12 @@ static void spawn(const struct value *request, const int *fds, int count, struct
     }
     free_strings(argv);
     free_strings(envp);
-    if (error == 0 && (*pidfd = (int)syscall(SYS_pidfd_open, pid, 0)) < 0)
-        error = errno; /* started, but the worker cannot watch it: it fails the verb; our end reaps the child */
+    if (error == 0 && (*pidfd = (int)syscall(SYS_pidfd_open, pid, 0)) < 0) {
+        error = errno; /* started, but the worker cannot watch it: ended and reaped here, as it never ran */
+        kill(pid, SIGKILL);
+        while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+            ;
+    }
     put_header(answer, '(', error == 0 ? 2 : 3);
     if (error == 0) {
         put_string(answer, "spawned");
@@ -570,11 +637,11 @@ static int serve(int sock, unsigned char *buffer)
     for (;;) {
         struct value message;
         struct out answer = {0};
-        int fds[MAX_FDS], count, pidfd = -1, sent, status = -2;
+        int fds[MAX_FDS], count, pidfd = -1, sent, ended = 0, status = -1;
         if (!receive_message(sock, buffer, &message, fds, &count))
             return -1;
         if (is_text(&message.items[0], "exit") && message.length == 2 && message.items[1].kind == INT) {
-            status = (int)message.items[1].number;
+            status = (int)(message.items[1].number & 0xff), ended = 1; /* as sys.exit() gives it to the shell */
         } else if (is_text(&message.items[0], "spawn") && message.length == 5) {
             spawn(&message, fds, count, &answer, &pidfd);
         } else if (is_text(&message.items[0], "wait") && message.length == 2 && message.items[1].kind == INT) {
@@ -582,11 +649,11 @@ static int serve(int sock, unsigned char *buffer)
             put_string(&answer, "waited");
             put_int(&answer, reaped((pid_t)message.items[1].number));
         } else {
-            status = -1;
+            ended = 1; /* not a request of ours: as if the worker went away */
         }
         close_all(fds, count);
         free_value(&message);
-        if (status != -2) {
+        if (ended) {
             free(answer.data);
             return status;
         }
@@ -607,24 +674,33 @@ int call_resident(const char *site, const char *own, int argc, char **argv, cons
     struct timeval timeout = {.tv_sec = FIRST_ANSWER_TIMEOUT_S}, none = {0};
     unsigned char *buffer;
     mode_t mask;
+    unsigned char *kept;
     int sock, cwd, fds[MAX_FDS] = {0, 1, 2, -1}, count, taken, status;
 
     if (!package_identity(site, identity, sizeof identity) || !utf8(own))
         return RESIDENT_NOT_TAKEN;
+    for (int fd = 0; fd <= 2; fd++)
+        if (fcntl(fd, F_GETFD) < 0)
+            return RESIDENT_NOT_TAKEN; /* closed: our socket would take its number and go to the worker as our stdio */
     for (int i = 1; i < argc; i++)
         if (!utf8(argv[i]))
             return RESIDENT_NOT_TAKEN; /* Python's argv would hold what marshal cannot send as it came */
     for (char **at = environ; *at; at++)
         if (!utf8(*at))
             return RESIDENT_NOT_TAKEN;
-    if ((sock = connect_helper()) < 0)
+    if (!(kept = environment_kept()))
         return RESIDENT_NOT_TAKEN;
+    if ((sock = connect_helper()) < 0) {
+        free(kept);
+        return RESIDENT_NOT_TAKEN;
+    }
     mask = umask(022);
     umask(mask);
     if ((cwd = open(".", O_PATH | O_DIRECTORY | O_CLOEXEC)) < 0 || !(buffer = malloc(MAX_MESSAGE))) {
         if (cwd >= 0)
             close(cwd);
         close(sock);
+        free(kept);
         return RESIDENT_NOT_TAKEN;
     }
     fds[3] = cwd;
@@ -638,13 +714,14 @@ int call_resident(const char *site, const char *own, int argc, char **argv, cons
     for (int i = 1; i < argc; i++)
         put_string(&call, argv[i]);
     put(&call, "{", 1);
-    for (char **at = environ; *at; at++) {
-        const char *equals = strchr(*at, '=');
-        if (!equals || equals == *at)
+    for (size_t i = 0; environ[i]; i++) {
+        const char *equals = strchr(environ[i], '=');
+        if (!kept[i])
             continue; /* Python's os.environ holds no such entry */
-        put_text(&call, *at, (size_t)(equals - *at));
+        put_text(&call, environ[i], (size_t)(equals - environ[i]));
         put_string(&call, equals + 1);
     }
+    free(kept);
     put(&call, "0", 1);
     put_int(&call, (int32_t)mask);
     put_string(&call, delegate);
@@ -673,8 +750,8 @@ int call_resident(const char *site, const char *own, int argc, char **argv, cons
     close(sock);
     if (status >= 0)
         return status;
-    forward_signals(SIG_DFL); /* the worker's PID is nobody's, or soon another's */
-    worker_pid = 0;
+    worker_pid = 0; /* the worker's PID is nobody's, or soon another's: not one more signal to it */
+    forward_signals(SIG_DFL);
     wait_for_children();
     return RESIDENT_WORKER_GONE;
 }

@@ -65,7 +65,9 @@ def _connect() -> _socket.socket | None:
     except OSError:
         return None
     try:
+        sock.setblocking(False)  # a listener whose queue is full (stopped, hung) is refused at once, not waited for
         sock.connect(socket_path())
+        sock.setblocking(True)
         # The socket's directory keeps out other users, not a root with fewer capabilities: it could listen
         # there itself and have us start what it likes
         if peer_refusal(sock, "helper") is not None:
@@ -105,7 +107,12 @@ def _spawn(request: tuple, fds: list[int]) -> tuple[tuple, list[int]]:
     finally:
         for fd in fds:
             os.close(fd)
-    return ("spawned", pid), [os.pidfd_open(pid)]
+    try:
+        return ("spawned", pid), [os.pidfd_open(pid)]
+    except OSError as error:  # started, but the worker could not watch it: ended here, as if it never ran
+        os.kill(pid, _signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return ("failed", error.errno, error.strerror), []
 
 
 def _serve(connection: _socket.socket) -> int:
@@ -149,6 +156,11 @@ def _wait_for_children() -> None:
 def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
     """The verb's exit status as the helper's worker worked it; None when no helper takes it (the
     caller works it itself: nothing was done)."""
+    try:
+        for fd in (0, 1, 2):
+            os.fstat(fd)
+    except OSError:
+        return None  # closed: our socket would take its number and go to the worker as our stdio
     connection = _connect()
     if connection is None:
         return None

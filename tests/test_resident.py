@@ -4,9 +4,12 @@ program the verb runs, stays the calling gpuckpt-runtime's child."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import marshal
 import os
+import resource
 import select
 import shutil
 import signal
@@ -14,12 +17,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from resident_runtime import children_of
-from support import build_launcher, python_calls, write_config
+from support import REPO, build_launcher, python_calls, write_config
 
 import gpuckpt
 from gpuckpt.host import caller, messages, process
@@ -103,9 +106,10 @@ def call(request: pytest.FixtureRequest, node: Path, runtime: Path) -> Call:
     locks.mkdir(mode=0o700, parents=True, exist_ok=True)
     (locks / "c1.lock").touch()
 
-    def started(node: Path, argv: list[str], **env: str) -> subprocess.Popen:
+    def started(node: Path, argv: list[str], *, wrapper: Sequence[str] = (),
+                preexec_fn: Callable[[], object] | None = None, **env: str) -> subprocess.Popen:
         return subprocess.Popen(
-            [*command, *argv], cwd=node / "cwd", umask=CALLER_UMASK, text=True,
+            [*wrapper, *command, *argv], cwd=node / "cwd", umask=CALLER_UMASK, text=True, preexec_fn=preexec_fn,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={
                 **os.environ, "PYTHONPATH": IMPORT_ROOT, "REC_DIR": str(node / "rec"), "REC_MARK": "the caller's",
                 **env})
@@ -186,7 +190,8 @@ def test_with_no_helper_listening_the_caller_works_the_verb_itself(node, runtime
     assert recorded(node, "delete")["ppid"] == shim.pid
 
 
-# A listener that answers as a worker would and has its caller start a program of its choosing.
+# A listener that answers as a worker would and has its caller start a program of its choosing; in the wire's
+# marshal version (2), which the compiled caller reads: a caller that refuses it refuses the listener, not its words.
 IMPOSTOR = """import marshal, os, socket, sys
 from gpuckpt.host.caller import Caller
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -195,9 +200,9 @@ listener.listen()
 while True:
     connection, _ = listener.accept()
     if connection.recv(1 << 20):
-        connection.send(marshal.dumps(("worker", os.getpid())))
+        connection.send(marshal.dumps(("worker", os.getpid()), 2))
         Caller(connection).spawn(["touch", sys.argv[2]]).wait()
-        connection.send(marshal.dumps(("exit", 0)))
+        connection.send(marshal.dumps(("exit", 0), 2))
     connection.close()
 """
 
@@ -218,6 +223,57 @@ def test_a_listener_with_fewer_powers_than_the_caller_is_not_called(node, runtim
     finally:
         os.killpg(lesser.pid, signal.SIGKILL)
         lesser.wait()
+
+
+def test_a_listener_whose_queue_is_full_is_not_waited_for(node, runtime, call: Call) -> None:
+    """A helper stopped or hung, its queue of calls full: connect() would wait for it as long as it stays so, and
+    the engine with it (the first answer's 15 s only start once connected)."""
+    (node / "state").mkdir(mode=0o700, exist_ok=True)
+    path = str(node / "state" / resident_call.SOCKET_NAME)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as listener, \
+            socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as queued:
+        listener.bind(path)
+        listener.listen(0)  # this process: root with all our powers, which never accepts
+        queued.connect(path)  # the one call its queue holds
+        shim = call(node, ["delete", "c1"])
+        try:
+            out, err = shim.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            shim.kill()
+            shim.communicate()
+            pytest.fail("the caller waited for a listener that does not accept")
+    assert shim.returncode == 0, err
+    assert out == "delete out\n" and recorded(node, "delete")["ppid"] == shim.pid  # worked by the caller itself
+
+
+def test_a_caller_with_its_stdin_closed_works_the_verb_itself(node, helper, call: Call) -> None:
+    """Its connection to the helper would take fd 0 and go to the worker as the caller's stdin: the worker would
+    hold the caller's end itself, never see the caller killed, and wait for its answers forever."""
+    shim = call(node, ["delete", "c1"], preexec_fn=lambda: os.close(0), REC_HELPER=str(helper.pid))
+    out, err = shim.communicate(timeout=30)
+    assert shim.returncode == 0, err
+    assert out == "delete out\n" and recorded(node, "delete")["ppid"] == shim.pid
+    assert workers_for(node, "delete") == []
+
+
+# Runs argv[2:] with this process's environment and then the entry argv[1]: a name given twice (execve takes that)
+EXEC_WITH_LATER_ENTRY = """import ctypes, os, sys
+def strings(values):
+    return (ctypes.c_char_p * (len(values) + 1))(*values, None)
+entries = [os.fsencode(f"{name}={value}") for name, value in os.environ.items()] + [os.fsencode(sys.argv[1])]
+ctypes.CDLL(None, use_errno=True).execve(os.fsencode(sys.argv[2]), strings([os.fsencode(a) for a in sys.argv[2:]]),
+                                         strings(entries))
+sys.exit(f"execve: {os.strerror(ctypes.get_errno())}")
+"""
+
+
+def test_a_name_twice_in_the_callers_environment_is_its_first_entry_for_the_worker(node, helper, call: Call) -> None:
+    """As os.environ and getenv have it (the engine's environment is not checked for such things)."""
+    shim = call(node, ["delete", "c1"], wrapper=[sys.executable, "-c", EXEC_WITH_LATER_ENTRY, "REC_MARK=a later one"],
+                REC_HELPER=str(helper.pid))
+    out, err = shim.communicate(timeout=30)
+    assert shim.returncode == 0, err
+    assert recorded(node, "delete")["mark"] == "the caller's" and len(workers_for(node, "delete")) == 1
 
 
 def hello(node: Path, data: bytes, fds: list[int]) -> tuple:
@@ -428,3 +484,67 @@ def test_run_in_a_worker_keeps_the_callers_fds_out_and_spawn_passes_them_on(serv
     child = process.spawn(["sh", "-c", f"{listing} >&2"], pipe_stderr=True)
     assert child.stderr is not None and str(served.engine_fd) in child.stderr.read().decode().split()
     assert child.wait(timeout=5) == 0
+
+
+def test_a_program_gets_the_bytes_of_a_worker_string_that_was_not_utf8(served) -> None:
+    """A name that was not UTF-8 (os.fsdecode's escapes: read from a directory, an image, a spec) reaches the program
+    as its own bytes, as os.posix_spawn gives them; another surrogate is no program's argument."""
+    raw = os.fsdecode(b"a\xffb")
+    finished = process.run(["sh", "-c", 'printf %s "$1" | od -An -tx1; printf %s "$V" | od -An -tx1', "sh", raw],
+                           env={"PATH": os.environ["PATH"], "V": raw})
+    assert finished.stdout.split() == ["61", "ff", "62"] * 2
+    with pytest.raises(process.CommandError):
+        process.run(["sh", "-c", "exit 0", "sh", "a\ud800b"])
+
+
+def test_a_program_the_compiled_caller_cannot_watch_does_not_run_on(c_server) -> None:
+    """Started, then its pidfd not to be had (the caller's fd limit reached): the worker is told the start failed, so
+    the program must not go on unwatched and unreaped (a delegate working while the verb says it never ran)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server_end = fcntl.fcntl(theirs.fileno(), fcntl.F_DUPFD, 100)  # past the limit: fd 3 for the program's stdout
+    read_end, write_end = os.pipe()
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    with ours, theirs:
+        server = subprocess.Popen([str(c_server), str(server_end)], pass_fds=[server_end],
+                                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (4, hard)))
+        os.close(server_end)
+        try:
+            child = caller.Caller(ours).spawn(["sh", "-c", "sleep 0.5; echo ran on"], stdout=write_end)
+        except OSError as error:
+            os.close(write_end)
+            assert error.errno == errno.EMFILE
+            assert os.read(read_end, 100) == b""  # ended at once
+        else:  # a caller whose pidfd took no fd more than Python's: watched, as it should be
+            os.close(write_end)
+            assert child.wait(timeout=5) == 0 and os.read(read_end, 100) == b"ran on\n"
+        finally:
+            os.close(read_end)
+            messages.send(ours, ("exit", 0))
+    assert server.wait(timeout=10) == 0
+
+
+# receive_message() given a message slot that holds what an earlier call left on the stack (an earlier message)
+STALE_SLOT = """#include "RESIDENT_CALL"
+int main(int argc, char **argv)
+{
+    unsigned char *buffer = malloc(MAX_MESSAGE);
+    struct value stale = {.kind = SEQUENCE, .length = 1, .items = (struct value *)16};
+    int fds[MAX_FDS], count;
+    (void)argc;
+    return receive_message(atoi(argv[1]), buffer, &stale, fds, &count) ? 3 : 0;
+}
+"""
+
+
+def test_the_compiled_caller_reads_a_peers_end_without_the_message_it_holds(tmp_path: Path) -> None:
+    """At the worker's or the helper's end (recvmsg's 0) nothing was parsed: in call_resident and serve the message
+    is an uninitialised variable, freed as a message if its bytes happened to say so."""
+    needs_cc()
+    source = tmp_path / "stale.c"
+    source.write_text(STALE_SLOT.replace("RESIDENT_CALL", str(REPO / "launcher" / "resident_call.c")))
+    subprocess.run(["cc", "-O1", "-std=c11", "-o", str(tmp_path / "stale"), str(source)], check=True)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with theirs:
+        ours.close()  # the peer gone before a word
+        ended = subprocess.run([str(tmp_path / "stale"), str(theirs.fileno())], pass_fds=[theirs.fileno()], timeout=10)
+    assert ended.returncode == 0  # not a crash freeing what it never read
