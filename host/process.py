@@ -83,6 +83,8 @@ class Running:
         killed and a CommandError says so."""
         input_bytes = self.input_text.encode() if self.input_text is not None else None
         left_s = max(self.deadline - time.monotonic(), 0)
+        if left_s < 1 and self.child.poll() is not None:
+            left_s = 1  # it ended in time, its output still in the pipes: read now, not taken for a timeout
         if isinstance(self.child, subprocess.Popen):
             try:
                 stdout, stderr = self.child.communicate(input_bytes, timeout=left_s)

@@ -55,7 +55,7 @@ from gpuckpt.oci.criu_images import (
     wanted_image,
 )
 from gpuckpt.oci.spec import Capabilities, Spec, load_exact_json
-from gpuckpt.policy.seccomp_bpf import allowed_syscalls, decode
+from gpuckpt.policy.seccomp_bpf import AUDIT_ARCH_X86_64, allowed_syscalls, decode
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
@@ -86,6 +86,24 @@ GUARDED_SYSCALLS = {
     "sethostname": 170, "setdomainname": 171, "chroot": 161, "mknod": 133, "create_module": 174,
     "query_module": 178, "nfsservctl": 180, "uselib": 134, "vhangup": 153, "_sysctl": 156,
 }
+# The same syscalls through a 64-bit process's other entries, which its filters see apart: int 0x80
+# (IA32 emulation: i386 numbers, asm/unistd_32.h, seccomp_data.arch AUDIT_ARCH_I386) and, where the
+# kernel has x32, nr | 0x40000000 under AUDIT_ARCH_X86_64 (x32's own number where it has one).
+AUDIT_ARCH_I386, X32_SYSCALL_BIT = 0x40000003, 0x40000000
+I386_SYSCALLS = {
+    "kexec_load": 283, "init_module": 128, "finit_module": 350, "delete_module": 129, "open_by_handle_at": 342,
+    "name_to_handle_at": 341, "mount": 21, "umount2": 52, "pivot_root": 217, "swapon": 87, "swapoff": 115,
+    "reboot": 88, "bpf": 357, "perf_event_open": 336, "ptrace": 26, "unshare": 310, "setns": 346, "keyctl": 288,
+    "add_key": 286, "request_key": 287, "fsopen": 430, "fsconfig": 431, "fsmount": 432, "move_mount": 429,
+    "open_tree": 428, "userfaultfd": 374, "iopl": 110, "ioperm": 101, "clock_settime": 264, "settimeofday": 79,
+    "clock_adjtime": 343, "adjtimex": 124, "acct": 51, "quotactl": 131, "lookup_dcookie": 253,
+    "process_vm_writev": 348, "process_vm_readv": 347, "syslog": 103, "sethostname": 74, "setdomainname": 121,
+    "chroot": 61, "mknod": 14, "create_module": 127, "query_module": 167, "nfsservctl": 169, "uselib": 86,
+    "vhangup": 111, "_sysctl": 149,
+}
+X32_OWN_SYSCALLS = {"ptrace": 521, "kexec_load": 528, "process_vm_readv": 539, "process_vm_writev": 540}
+NOT_X32 = {"_sysctl", "create_module", "nfsservctl", "query_module", "uselib"}  # asm/unistd_x32.h has none
+MAX_CHAIN_INSNS = 32768  # the kernel's MAX_INSNS_PER_PATH (4 more per filter): it installs no longer chain
 NOT_DENYING = {"SCMP_ACT_ALLOW", "SCMP_ACT_LOG", "SCMP_ACT_TRACE", "SCMP_ACT_NOTIFY"}
 MAX_SHOWN = 4
 
@@ -266,14 +284,32 @@ class _Filters:
         self.where = f"{images.where}/seccomp.img"
         self.programs = [decode(program, f"{self.where} filter {index}")
                          for index, program in enumerate(images.seccomp_programs)] if self.checkable else []
-        self.seen: dict[tuple[tuple[int, ...], int], bool] = {}
+        self.passing: dict[tuple[int, int, int], bool] = {}  # (program, arch, nr): some path allows it
 
     def allowed(self, chain: tuple[int, ...], syscalls: dict[str, int]) -> list[str]:
-        programs = [self.programs[index] for index in chain]
-        if unknown := {number for number in syscalls.values() if (chain, number) not in self.seen}:
-            passed = allowed_syscalls(programs, unknown, self.where)  # one walk of each filter for all of them
-            self.seen.update({(chain, number): number in passed for number in unknown})
-        return [name for name, number in syscalls.items() if self.seen[(chain, number)]]
+        if sum(len(self.programs[index]) + 4 for index in chain) > MAX_CHAIN_INSNS:
+            raise ImageError(f"{self.where}: a chain of seccomp filters longer than the kernel installs "
+                             f"({MAX_CHAIN_INSNS} instructions)")
+        entries = {name: _entries(name, number) for name, number in syscalls.items()}
+        wanted = {entry for found in entries.values() for entry in found}
+        for index in dict.fromkeys(chain):
+            for arch in {arch for arch, _ in wanted}:
+                if unknown := {nr for entry_arch, nr in wanted
+                               if entry_arch == arch and (index, arch, nr) not in self.passing}:
+                    passed = allowed_syscalls([self.programs[index]], unknown, self.where, arch)  # once per program
+                    self.passing.update({(index, arch, nr): nr in passed for nr in unknown})
+        return [name for name, found in entries.items()
+                if any(all(self.passing[(index, arch, nr)] for index in chain) for arch, nr in found)]
+
+
+def _entries(name: str, number: int) -> list[tuple[int, int]]:
+    """Each (seccomp_data.arch, nr) by which a 64-bit process makes syscall `name`."""
+    found = [(AUDIT_ARCH_X86_64, number)]
+    if name not in NOT_X32:
+        found.append((AUDIT_ARCH_X86_64, X32_OWN_SYSCALLS.get(name, number) | X32_SYSCALL_BIT))
+    if name in I386_SYSCALLS:
+        found.append((AUDIT_ARCH_I386, I386_SYSCALLS[name]))
+    return found
 
 
 def _reach_words(grant: Grant) -> str:

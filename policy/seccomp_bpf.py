@@ -40,6 +40,7 @@ def decode(program: bytes, what: str) -> list[tuple[int, int, int, int]]:
 
 
 MAX_STATES = 1 << 16  # paths explored for one syscall (or one group of them), at most
+MAX_STEPS = 1 << 18   # instructions run in one walk, at most: podman's filters take ~750 for all 49 syscalls
 
 
 class _Nr:
@@ -82,6 +83,11 @@ def _with_number(state: State, number: int) -> State:
     return pc, concrete(a), concrete(x), tuple(concrete(word) for word in memory), frozenset((number,))
 
 
+def _settled(state: State) -> State:
+    """A path down to one number holds it as that number, not NR: the state the per-number walk has."""
+    return _with_number(state, next(iter(state[4]))) if len(state[4]) == 1 else state
+
+
 def _explore(program: list[tuple[int, int, int, int]], data: bytes, what: str, known_bytes: int,
              numbers: frozenset[int] | None) -> dict[int | None, set[int]]:
     """What the program returns, by syscall number (`numbers`: the first 4 bytes of `data` are each of
@@ -90,6 +96,7 @@ def _explore(program: list[tuple[int, int, int, int]], data: bytes, what: str, k
     results: dict[int | None, set[int]] = {key: set() for key in keys}
     pending: list[State] = [(0, 0, 0, (0,) * MEMORY_WORDS, numbers or frozenset())]
     seen: set[State] = set()
+    steps = 0
     while pending:
         state = pending.pop()
         if state in seen:
@@ -108,6 +115,9 @@ def _explore(program: list[tuple[int, int, int, int]], data: bytes, what: str, k
             """An operation that needs the number itself: the path goes on once per number."""
             pending.extend(_with_number((pc, a, x, tuple(memory), path_numbers), number) for number in path_numbers)
         while True:
+            steps += 1
+            if steps > MAX_STEPS:
+                raise ImageError(f"{what}: seccomp program takes more than {MAX_STEPS} steps to check")
             if pc >= len(program):
                 raise ImageError(f"{what}: seccomp program runs past its end")
             code, jt, jf, k = program[pc]
@@ -166,8 +176,9 @@ def _explore(program: list[tuple[int, int, int, int]], data: bytes, what: str, k
                         else:
                             taken = frozenset(n for n in path_numbers if test(n, operand))
                         if taken and taken != path_numbers:
-                            pending.append((pc + 1 + jf, a, x, tuple(memory), path_numbers - taken))
-                            path_numbers = taken
+                            pending.append(_settled((pc + 1 + jf, a, x, tuple(memory), path_numbers - taken)))
+                            _, a, x, memory_words, path_numbers = _settled((pc, a, x, tuple(memory), taken))
+                            memory = list(memory_words)
                         pc += jt if taken else jf
                     elif a is None or operand is None:         # either way: both are followed
                         pending.append((pc + 1 + jf, a, x, tuple(memory), path_numbers))

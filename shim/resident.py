@@ -248,6 +248,7 @@ def serve(listener: socket.socket) -> int:
     as each one takes a call. Returns when a spare finds the installed gpuckpt changed."""
     identity = package_identity()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    failures = 0  # spares in a row that ended without a call
     while True:
         taken_read, taken_write = os.pipe()
         alive_read, alive_write = os.pipe()  # its end: our end, so an idle spare never outlives us
@@ -266,8 +267,27 @@ def serve(listener: socket.socket) -> int:
         os.close(alive_write)
         if taken == SPARE_REINSTALLED:
             return 0
-        if taken != SPARE_TOOK_CALL:
-            time.sleep(0.1)  # it ended without taking a call: not a loop of forks if every spare does
+        if taken == SPARE_TOOK_CALL:
+            failures = 0
+            continue
+        # It ended without taking a call: for a while (longer as more fail in a row, not a loop of forks),
+        # the calls that come are answered here. Each holds its caller's stdio (in the message no one has
+        # read): it lets it go and works its verb at once, not after 15 s, and its engine sees its output end.
+        failures += 1
+        _leave_calls_to_callers(listener, min(0.1 * 2 ** min(failures, 6), 5.0))
+
+
+def _leave_calls_to_callers(listener: socket.socket, for_s: float) -> None:
+    poller = select.poll()
+    poller.register(listener.fileno(), select.POLLIN)
+    deadline = time.monotonic() + for_s
+    while poller.poll(max(deadline - time.monotonic(), 0) * 1000):
+        try:
+            connection, _ = listener.accept()
+        except OSError:
+            return  # none to take after all, or no fd for it: the next spare's
+        with connection, contextlib.suppress(OSError):
+            messages.send(connection, ("local", "no worker ready"))
 
 
 def _spare(listener: socket.socket, identity: str, taken: int, alive: int) -> None:
@@ -277,7 +297,10 @@ def _spare(listener: socket.socket, identity: str, taken: int, alive: int) -> No
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the standalone helper's handler: the socket is not ours
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-        _warm_up()
+        try:
+            _warm_up()
+        except Exception as error:  # noqa: BLE001 - a speed-up: a spare that could not warm up still works calls
+            _journal_line(f"a spare worker's warm-up failed: {error}")
         connection = _accept_checked(listener, identity, alive)
         if connection is None:
             os.write(taken, SPARE_REINSTALLED)

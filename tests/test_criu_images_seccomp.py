@@ -206,3 +206,52 @@ def test_an_argument_test_denying_either_way_is_not_taken_for_allowing() -> None
     assert not may_allow([program], BPF, "t")
     assert may_allow([decode(insn(0x20, 16) + insn(0x15, 1, jt=0, jf=1) + ret(ERRNO) + ret(RET_ALLOW), "t")],
                      BPF, "t")
+
+
+AUDIT_ARCH_X86_64, AUDIT_ARCH_I386 = 0xC000003E, 0x40000003
+
+
+def deny_guarded_on_x86_64_only() -> bytes:
+    """ld arch; not x86_64 -> allow; ld nr; jeq each guarded syscall -> errno; else allow."""
+    numbers = sorted(set(GUARDED_SYSCALLS.values()))
+    program = insn(0x20, 4) + insn(0x15, AUDIT_ARCH_X86_64, jt=0, jf=len(numbers) + 3) + insn(0x20, 0)
+    for left, nr in enumerate(numbers):
+        program += insn(0x15, nr, jt=len(numbers) - left, jf=0)
+    return program + ret(RET_ALLOW) + ret(ERRNO | 1) + ret(RET_ALLOW)
+
+
+@pytest.mark.hostile("a seccomp filter that denies the guarded syscalls for x86_64 and allows every other arch")
+def test_a_filter_leaving_the_i386_entry_open_is_refused(tmp_path: Path) -> None:
+    program = deny_guarded_on_x86_64_only()
+    assert allowed_syscalls([decode(program, "p")], set(GUARDED_SYSCALLS.values()), "p") == set()
+    assert allowed_syscalls([decode(program, "p")], {21}, "p", AUDIT_ARCH_I386) == {21}  # i386 mount goes through
+    build = ImageBuilder(tmp_path)
+    build.checkpoint()
+    build.write("seccomp.img", "SECCOMP", build.pb.seccomp(seccomp_filters=[build.filter(program)]))
+    held = read_checkpoint_images(directory_source(str(tmp_path)), "images")
+    assert any("which the spec's linux.seccomp denies" in line for line in refusals(held, spec()))
+
+
+def test_a_number_held_as_nr_or_as_itself_is_one_state() -> None:
+    """ld nr; st M[15]; jeq #1 (parts 1 from 2); then 16 times: an argument decides whether M[i] gets M[15] (NR)
+    or ld [0] (the number itself): one state per number alone, 2^16 in the shared walk."""
+    program = insn(0x20, 0) + insn(0x02, 15) + insn(0x15, 1)
+    for word in range(16):
+        program += (insn(0x20, 16) + insn(0x15, 0, jt=0, jf=2) + insn(0x60, 15) + insn(0x05, 1) + insn(0x20, 0)
+                    + insn(0x02, word))
+    program += ret(RET_ALLOW)
+    decoded = decode(program, "p")
+    alone = {nr: outcomes(decoded, seccomp_data(nr), "p", NR_AND_ARCH_BYTES) for nr in (1, 2)}
+    assert alone == {1: {RET_ALLOW}, 2: {RET_ALLOW}}
+    assert outcomes_by_syscall(decoded, {1, 2}, "p") == alone
+
+
+@pytest.mark.hostile("a seccomp filter whose check runs thousands of paths through a long tail (a restore's CPU)")
+def test_a_filter_that_costs_far_more_to_check_than_real_ones_is_refused() -> None:
+    """10 argument tests, each storing a different value (1,024 paths), then 4,000 instructions for each path:
+    4 million steps, where podman's filter takes ~750 for all the guarded syscalls."""
+    program = b"".join(insn(0x20, 16) + insn(0x15, 0, jt=0, jf=1) + insn(0x00, 1) + insn(0x02, word)
+                       for word in range(10))
+    program += insn(0x00, 7) * (4095 - 40) + ret(RET_ALLOW)
+    with pytest.raises(ImageError, match="to check"):
+        allowed_syscalls([decode(program, "p")], set(GUARDED_SYSCALLS.values()), "p")
