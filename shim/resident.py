@@ -144,7 +144,8 @@ def work(connection: socket.socket, identity: str) -> int:
             for fd in fds:
                 os.close(fd)
             raise Refused("another gpuckpt install")
-        if why := _not_owned(parse_runtime_args(message[4])):
+        args = parse_runtime_args(message[4])
+        if why := _not_owned(args):
             for fd in fds:
                 os.close(fd)
             raise Refused(why)
@@ -160,7 +161,6 @@ def work(connection: socket.socket, identity: str) -> int:
     messages.send(connection, ("worker", os.getpid()))
     caller.work_for(caller.Caller(connection))
     threading.Thread(target=_watch_caller, args=(connection,), daemon=True, name="gpuckpt-caller").start()
-    args = parse_runtime_args(argv)
     started = time.monotonic()
     status = shim_main.work_owned(argv, delegate, hook)
     value_flags = OWNED_VALUE_FLAGS.get(args.command or "", frozenset())
@@ -222,14 +222,13 @@ def _preload(modules: Sequence[str]) -> None:
         criu_images.criu_messages()  # CRIU's message modules, cached: a restore's image check reads them (~40 ms)
     except GpuckptError:
         pass  # no python3-pycriu: each restore's check says so
-    _warm_up()
     gc.collect()
     gc.freeze()  # the loaded code stays shared with the workers instead of copied at their first collection
 
 
 def _warm_up() -> None:
     """The first call of a library in a process initialises it (OpenSSL's key loading ~3 ms, a model's first
-    JSON parse): made here, on scratch data and no node state, so no worker pays them (~5 ms a verb)."""
+    JSON parse): a spare makes them before its call, on scratch data and no node state (~5 ms a verb)."""
     signer = Signer.from_pem(Signer.generate().pem(), "warm-up")
     envelope = signer.sign(signer.content("dump", [SignedEntry(name="x", size=0, mode=0o600, sha256=None)]))
     open_envelope(envelope, {signer.key_id: TrustedKey("warm-up", signer.public)}, "warm-up", "dump")
