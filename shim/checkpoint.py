@@ -77,8 +77,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
             try:
                 state = container_state(delegate, args.global_argv, container_id)
             except DelegateError:
-                pids_query.close()
-                return run_delegate(delegate, args.argv)  # no such container: runc's own error
+                return run_delegate(delegate, args.argv)  # no such container: runc's own error (the query closed below)
             status = Checkpoint(args, verb, container_id, delegate, state, gpus, pids_query).run()
         finally:
             pids_query.close()
