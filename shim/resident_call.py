@@ -210,6 +210,8 @@ def report_worker_gone(argv: list[str]) -> int:
     from gpuckpt.shim.argv import parse_runtime_args  # deferred: only for this error
     from gpuckpt.shim.log import report_error
 
-    report_error(parse_runtime_args(argv), "gpuckpt-runtime: the resident helper (gpuckpt-runtimed) ended "
-                                           "before the verb did; see its journal")
+    report_error(parse_runtime_args(argv), "gpuckpt-runtime: the resident helper's worker (gpuckpt-runtimed) "
+                                           "ended before the verb did; see its journal: what the delegate finished "
+                                           "is kept, and the next owned verb on the container (or gpuckpt recover) "
+                                           "completes or rolls back the rest")
     return 1
