@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from gpuckpt.host import caller
 from gpuckpt.host.programs import CommandError
 
-__all__ = ["Background", "CommandError", "Finished", "Running", "run", "spawn"]  # CommandError: raised by both
+# CommandError: raised by both
+__all__ = ["Background", "CommandError", "Finished", "Running", "run", "spawn", "start_detached"]
 
 
 class Finished:
@@ -44,6 +45,18 @@ def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> Child:
             raise CommandError(f"cannot run {argv[0]}: {error.strerror}") from None
     try:
         return subprocess.Popen(list(argv), close_fds=False, stderr=subprocess.PIPE if pipe_stderr else None)
+    except OSError as error:
+        raise CommandError(f"cannot run {argv[0]}: {error.strerror}") from None
+
+
+def start_detached(argv: Sequence[str], pass_fds: Sequence[int]) -> int:
+    """Start a program that outlives us and waits for no one: its own session, stdio on /dev/null and
+    no descriptor of ours but `pass_fds` (an engine reading our output to its end never waits on it).
+    Started by us, never by a resident worker's caller: it must outlive the call. Its PID."""
+    try:
+        quiet = subprocess.DEVNULL
+        return subprocess.Popen(list(argv), stdin=quiet, stdout=quiet, stderr=quiet, close_fds=True,
+                                pass_fds=tuple(pass_fds), start_new_session=True).pid
     except OSError as error:
         raise CommandError(f"cannot run {argv[0]}: {error.strerror}") from None
 

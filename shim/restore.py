@@ -27,7 +27,9 @@ from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
 from gpuckpt.host.background import OnThread
 from gpuckpt.host.cgroup_v1 import crun_restore_hazard
+from gpuckpt.host.deferred_free import holder_argv, open_large_files
 from gpuckpt.host.netns import in_netns_of, loopback_up
+from gpuckpt.host.process import CommandError, start_detached
 from gpuckpt.host.procfs import container_pid, container_processes
 from gpuckpt.host.safefiles import read_bounded
 from gpuckpt.node.config import Config, load_config
@@ -115,10 +117,28 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
         except ImageError:
             spec = None
         status = run_delegate(delegate, argv)  # no GPU state to bring back
+        if status == 0:
+            free_images_later(args, container_id, image_dir_of(verb))
         if spec and status == 0 and detached(verb):  # a foreground one returns at its end
             loopback_as_created(args, delegate, verb, container_id, spec)
         return status
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
+
+
+def free_images_later(args: RuntimeArgs, container_id: str, image_dir: str) -> None:
+    """The delegate has read the images: their large files kept open by a holder, so that the engine's
+    removal of the checkpoint (podman's, before its restore returns) frees them after the restore, not
+    in it (host/deferred_free.py). A restore never fails for this."""
+    fds = open_large_files(image_dir)
+    if not fds:
+        return
+    try:
+        start_detached(holder_argv(fds), fds)
+    except CommandError as error:
+        log(args, "debug", f"{container_id}: the checkpoint's files are freed when the engine removes them: {error}")
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def loopback_as_created(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, spec: Spec) -> None:
@@ -241,6 +261,7 @@ class GpuRestore:
         elif not self._wait_running(delegate_run):  # the container's own: signals go on to it as runc's do
             return delegate_run.finish()
         self.phases["delegate_restore_s"] = time.monotonic() - mark
+        free_images_later(self.args, self.container_id, image_dir_of(self.verb))
         loopback_as_created(self.args, self.delegate, self.verb, self.container_id, self.spec)
         try:
             signals.check()

@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -275,6 +276,35 @@ class StateDir:
             return (self.directory / name).read_text()
         except FileNotFoundError:
             return ""
+
+
+def helper_listens() -> bool:
+    """gpuckpt-runtimed (the resident helper) answers on its socket."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        probe.connect("/run/gpuckpt/runtime.sock")
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+@contextlib.contextmanager
+def resident_helper(journal_path: Path) -> Iterator[None]:
+    """gpuckpt-runtimed running, as systemd's socket starts it on an installed node (no systemd here), its
+    journal appended to `journal_path`."""
+    with open(journal_path, "a") as journal:
+        helper = subprocess.Popen([RUNTIMED], stderr=journal)
+    try:
+        deadline = time.monotonic() + 60
+        while not helper_listens():
+            assert helper.poll() is None and time.monotonic() < deadline, "gpuckpt-runtimed did not listen"
+            time.sleep(0.1)
+        yield
+    finally:
+        helper.terminate()
+        helper.wait()
 
 
 @contextlib.contextmanager

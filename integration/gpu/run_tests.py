@@ -7,10 +7,10 @@ Usage (root, repository root): python3 integration/gpu/run_tests.py OUT_DIR [sce
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -807,17 +807,6 @@ def scenario_podman_archive(results: dict) -> str | None:
         archive.unlink(missing_ok=True)
 
 
-def _helper_listens() -> bool:
-    probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        probe.connect("/run/gpuckpt/runtime.sock")
-        return True
-    except OSError:
-        return False
-    finally:
-        probe.close()
-
-
 def scenario_resident(results: dict) -> str | None:
     """A CUDA container checkpointed and restored by podman through gpuckpt-runtimed, the resident helper: the
     worker, forked from a process that loaded the verbs before any CUDA call, locks and checkpoints the
@@ -836,19 +825,11 @@ def scenario_resident(results: dict) -> str | None:
 
 
 def _resident_rounds(podman: harness.Podman, name: str, helper_log: Path, rounds: list[dict]) -> None:
-    helper: subprocess.Popen | None = None
-    try:
-        podman.import_rootfs()
-        state = gpu_container(podman, name, {"GIB": "2"})
-        container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
-        for way in ("resident", "in-process", "resident", "in-process"):
-            if way == "resident":
-                with open(helper_log, "a") as journal:
-                    helper = subprocess.Popen([harness.RUNTIMED], stderr=journal)
-                deadline = time.monotonic() + 60
-                while not _helper_listens():
-                    assert helper.poll() is None and time.monotonic() < deadline, "gpuckpt-runtimed did not listen"
-                    time.sleep(0.1)
+    podman.import_rootfs()
+    state = gpu_container(podman, name, {"GIB": "2"})
+    container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+    for way in ("resident", "in-process", "resident", "in-process"):
+        with harness.resident_helper(helper_log) if way == "resident" else contextlib.nullcontext():
             before = wait_counters(state, 1, 3)
             started = time.monotonic()
             podman.cli("container", "checkpoint", name)
@@ -859,18 +840,10 @@ def _resident_rounds(podman: harness.Podman, name: str, helper_log: Path, rounds
             rounds.append({"way": way, "checkpoint_s": round(checkpointed - started, 3),
                            "restore_s": round(restored - checkpointed, 3), "before": before, "after": after})
             log(f"resident: {way} checkpoint {checkpointed - started:.2f} s, restore {restored - checkpointed:.2f} s")
-            if helper is not None:
-                helper.terminate()
-                helper.wait()
-                helper = None
-        journal_lines = helper_log.read_text().splitlines()
-        worked = [line for line in journal_lines if container_id in line]
-        assert sum(f"checkpoint {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
-        assert sum(f"restore {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
-    finally:
-        if helper is not None:
-            helper.terminate()
-            helper.wait()
+    journal_lines = helper_log.read_text().splitlines()
+    worked = [line for line in journal_lines if container_id in line]
+    assert sum(f"checkpoint {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
+    assert sum(f"restore {container_id}" in line and "exit 0" in line for line in worked) == 2, journal_lines
 
 
 def inventory_record(container_id: str) -> dict | None:
