@@ -9,13 +9,18 @@ naming the program and its last line of stderr.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
 from gpuckpt.host import caller
 from gpuckpt.host.programs import CommandError
+
+MAX_CAUSE = 500  # characters of a runtime's logged error carried into the one line
+_LOGRUS_ERROR = re.compile(r'\blevel=error msg=("(?:[^"\\]|\\.)*")')
 
 # CommandError: raised by both
 __all__ = ["Background", "CommandError", "Finished", "Running", "run", "spawn", "start_detached"]
@@ -150,10 +155,32 @@ def _spawn_by(starter: caller.Caller, argv: Sequence[str], env: Mapping[str, str
 
 
 def _raise_if_failed(name: str, argv: Sequence[str], finished: Finished) -> None:
-    """A non-zero exit as a CommandError carrying the program's last line of output."""
+    """A non-zero exit as a CommandError carrying the program's last line of output, and the last error
+    a runtime logged before it (podman ends with "...runtime... failed: exit status 1", the reason above)."""
     if finished.returncode != 0:
-        detail = (finished.stderr.strip().splitlines() or finished.stdout.strip().splitlines() or ["no message"])[-1]
+        lines = finished.stderr.strip().splitlines() or finished.stdout.strip().splitlines() or ["no message"]
+        detail = lines[-1]
+        if cause := next((message for line in reversed(lines[:-1]) if (message := logged_error(line))), None):
+            detail = f"{detail} ({cause})"
         raise CommandError(f"{name} {' '.join(argv[1:3])}: {detail}", finished.returncode)
+
+
+def logged_error(line: str) -> str | None:
+    """The message of an error-level line in runc's log formats (logrus text or JSON), bounded; None for others."""
+    line = line.strip()
+    if line.startswith("{"):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return None
+        message = record.get("msg") if isinstance(record, dict) and record.get("level") == "error" else None
+        return str(message)[:MAX_CAUSE] if message else None
+    if (found := _LOGRUS_ERROR.search(line)) is None:
+        return None
+    try:
+        return str(json.loads(found.group(1)))[:MAX_CAUSE]
+    except ValueError:
+        return found.group(1)[:MAX_CAUSE]
 
 
 class Background:
