@@ -206,18 +206,7 @@ def main() -> int:
         (out / "cold_vs_restore.json").write_text(json.dumps(result, indent=2))
 
     podman = harness.Podman()
-    site = WORK / "infer-site"  # safetensors only, for the server's interpreter (the host's torch venv)
-    MODEL_DIR.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(site, ignore_errors=True)
-    shutil.copytree(SITE / "safetensors", site / "safetensors")
-    model = MODEL_DIR / "model.safetensors"
-    mark = time.monotonic()
-    sh(TORCH_PYTHON, str(harness.GPU_DIR / "infer_server.py"), "--generate", str(model),
-       env=dict(os.environ, PYTHONPATH=str(site)))
-    generated = json.loads(Path(f"{model}.json").read_text())
-    result["model"] = {"bytes": generated["bytes"], "layers": generated["layers"], "dtype": "bfloat16",
-                       "generate_s": round(time.monotonic() - mark, 3), "path": str(model)}
-    eager = generated["eager"]
+    site, eager, result["model"] = prepare_model()
     failures: list[str] = []
     with harness.resident_helper(out / "runtimed.log"):  # as systemd's socket starts it on an installed node
         for mode in modes:
@@ -234,16 +223,38 @@ def main() -> int:
     return 0
 
 
+def prepare_model() -> tuple[Path, dict, dict]:
+    """The model generated on local disk, and the server's site (safetensors only, beside the host's torch venv):
+    (site, the eager pass's answer, what the model is)."""
+    site = WORK / "infer-site"
+    MODEL_DIR.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(site, ignore_errors=True)
+    shutil.copytree(SITE / "safetensors", site / "safetensors")
+    model = MODEL_DIR / "model.safetensors"
+    mark = time.monotonic()
+    sh(TORCH_PYTHON, str(harness.GPU_DIR / "infer_server.py"), "--generate", str(model),
+       env=dict(os.environ, PYTHONPATH=str(site)))
+    generated = json.loads(Path(f"{model}.json").read_text())
+    described = {"bytes": generated["bytes"], "layers": generated["layers"], "dtype": "bfloat16",
+                 "generate_s": round(time.monotonic() - mark, 3), "path": str(model)}
+    return site, generated["eager"], described
+
+
+def server_run_args(podman: harness.Podman, mode: str, site: Path, state_dir: Path) -> list[str]:
+    """`podman run` arguments of the server in `mode`, the model and its site mounted read-only."""
+    return ["--mount", f"type=bind,source={MODEL_DIR},target=/models,readonly",
+            "--mount", f"type=bind,source={site},target=/site,readonly",
+            *gpu_run_args(SERVER, {"PYTHONPATH": "/site", "PORT": str(PORT), "SERVER_MODE": mode},
+                          state_dir, podman.IMAGE)]
+
+
 def measure_server(podman: harness.Podman, mode: str, site: Path, eager: dict, result: dict,
                    save: Callable[[], None], failures: list[str]) -> None:
     """One server's cold starts, restore and import, into result["servers"][mode]; a failure noted, not raised."""
     name = f"infer-{mode}-{os.getpid()}"
     archive = Path("/var/tmp") / f"{name}.tar.zst"
     state = harness.StateDir(name, WORK / f"{name}-state")
-    run_args = ["--mount", f"type=bind,source={MODEL_DIR},target=/models,readonly",
-                "--mount", f"type=bind,source={site},target=/site,readonly",
-                *gpu_run_args(SERVER, {"PYTHONPATH": "/site", "PORT": str(PORT), "SERVER_MODE": mode},
-                              state.directory, podman.IMAGE)]
+    run_args = server_run_args(podman, mode, site, state.directory)
     server = result["servers"][mode] = {"what": MODES[mode]}
     log(f"server {mode}: {MODES[mode]}")
     try:
@@ -252,10 +263,20 @@ def measure_server(podman: harness.Podman, mode: str, site: Path, eager: dict, r
     except Exception as error:  # the other server's figures stand; say why this one's are missing
         server["error"] = f"{type(error).__name__}: {error}"[-2000:]
         failures.append(mode)
+        keep_criu_logs(podman, name, harness.OUT)
     finally:
         save()
         podman.cli("rm", "-f", name, check=False)
         archive.unlink(missing_ok=True)
+
+
+def keep_criu_logs(podman: harness.Podman, name: str, out: Path) -> None:
+    """CRIU's logs of a failed step (podman keeps them in the container's userdata until it is removed)."""
+    found = podman.cli("inspect", "--format", "{{.Id}}", name, check=False).stdout.strip()
+    userdata = Path("/var/lib/containers/storage/overlay-containers") / found / "userdata"
+    for log_name in ("dump.log", "restore.log"):
+        if found and (userdata / log_name).is_file():
+            shutil.copy(userdata / log_name, out / f"{name}-{log_name}")
 
 
 def measure(podman: harness.Podman, name: str, archive: Path, run_args: list[str], eager: dict, result: dict,

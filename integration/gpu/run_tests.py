@@ -19,6 +19,7 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+import cold_vs_restore  # noqa: E402
 import harness  # noqa: E402
 from harness import (  # noqa: E402
     CLI,
@@ -418,6 +419,65 @@ def scenario_dataloader_spawn(results: dict) -> str | None:
 def scenario_compiled(results: dict) -> str | None:
     """The DataLoader loop with torch.compile: inductor's compile workers beside the forked data workers."""
     bit_exact_training(results, "compiled", "train_loader.py", {"WORKERS": "2", "PIN_MEMORY": "1", "COMPILE": "1"})
+
+
+def scenario_server_twice(results: dict) -> str | None:
+    """The compiled inference server (torch.compile with CUDA graphs, inductor's compile workers beside it)
+    checkpointed and restored twice by podman through gpuckpt-runtimed: after each restore it answers with
+    the bytes it answered before. What each container process holds of the driver is logged before each
+    checkpoint."""
+    podman = harness.Podman()
+    name = f"gpu-server-twice-{os.getpid()}"
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
+    site, eager, _ = cold_vs_restore.prepare_model()
+    rounds: list[dict] = []
+    results["server_twice"] = {"rounds": rounds}
+    try:
+        with harness.nftables_network_lock(), harness.resident_helper(harness.OUT / "runtimed.log"):
+            podman.import_rootfs()
+            podman.cli("run", "-d", "--name", name, *podman.RUN_FLAGS,
+                       *cold_vs_restore.server_run_args(podman, "compiled", site, state.directory))
+            reference = cold_vs_restore.ask(cold_vs_restore.container_pid(podman, name))
+            cold_vs_restore.near_eager(reference, eager)
+            for round_number in (1, 2):
+                holders = driver_holders(cold_vs_restore.container_pid(podman, name))
+                checkpointed = podman.cli("container", "checkpoint", name, check=False)
+                record = {"round": round_number, "holders": holders,
+                          "checkpoint_stderr": checkpointed.stderr.strip().splitlines()[-6:]}
+                rounds.append(record)
+                if checkpointed.returncode != 0:
+                    cold_vs_restore.keep_criu_logs(podman, name, harness.OUT)
+                    raise AssertionError(f"checkpoint {round_number} failed: {record['checkpoint_stderr']}")
+                restored = podman.cli("container", "restore", name)
+                record["restore_stderr"] = restored.stderr.strip().splitlines()[-3:]
+                cold_vs_restore.correct(cold_vs_restore.ask(cold_vs_restore.container_pid(podman, name), 90),
+                                        reference, eager)
+                log(f"server twice: round {round_number} answered as before")
+    finally:
+        podman.cli("rm", "-f", name, check=False)
+
+
+def driver_holders(init_pid: int) -> list[dict]:
+    """Each process of a container that holds /dev/nvidia* (descriptors, mappings), and its threads' names."""
+    found, pending = [], [init_pid]
+    while pending:
+        pid = pending.pop()
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            fds = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
+            threads = sorted((task / "comm").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
+            children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                        for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        pending.extend(children)
+        mappings = [" ".join(line.split()[:2]) for line in maps if " /dev/nvidia" in line]
+        nvidia_fds = [fd for fd in fds if fd.startswith("/dev/nvidia")]
+        if mappings or nvidia_fds:
+            found.append({"pid": pid, "ppid_children": len(children), "fds": len(nvidia_fds),
+                          "mappings": mappings[:8], "mapping_count": len(mappings),
+                          "threads": sorted(set(threads))[:12]})
+    return found
 
 
 @harness.nftables_network_lock()
