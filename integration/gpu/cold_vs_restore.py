@@ -168,6 +168,7 @@ def import_path(podman: harness.Podman, name: str, archive: Path, reference: dic
                 result: dict) -> None:
     """Export the running server, then reset podman's storage (the default paths, as another node has them)
     keeping only the image, drop the page cache, and import the archive."""
+    result["driver_holders_before_export"] = harness.driver_holders(container_pid(podman, name))
     started = time.monotonic()
     exported = sh(CLI, "export", name, "-o", str(archive), env=podman.env)
     export_s = time.monotonic() - started
@@ -296,6 +297,7 @@ def measure(podman: harness.Podman, name: str, archive: Path, run_args: list[str
     log(f"cold start to first answer {cold_s:.2f} s ({dropped['s']:.2f} s with the page cache dropped)")
     container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
 
+    result["driver_holders_before_checkpoint"] = harness.driver_holders(container_pid(podman, name))
     started = time.monotonic()
     podman.cli("container", "checkpoint", name)
     checkpoint_s = time.monotonic() - started

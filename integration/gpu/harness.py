@@ -278,6 +278,48 @@ class StateDir:
             return ""
 
 
+DRIVER_STATES = """
+import sys
+from gpuckpt.cuda.node import NodeGpus
+driver = NodeGpus().load_driver()
+driver.init()
+for pid in sys.argv[1:]:
+    try:
+        print(driver.state(int(pid)).name)
+    except Exception as error:
+        print(f"{type(error).__name__}: {error}")
+"""
+
+
+def driver_holders(init_pid: int) -> list[dict]:
+    """Each process of a container that holds /dev/nvidia* (descriptors, mappings), its threads' names, and what
+    the driver's checkpoint API says of it (gpuckpt's binding, as the shim calls it)."""
+    found, pending = [], [init_pid]
+    while pending:
+        pid = pending.pop()
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            fds = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
+            threads = sorted((task / "comm").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
+            children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                        for child in (task / "children").read_text().split()]
+        except OSError:
+            continue
+        pending.extend(children)
+        mappings = [" ".join(line.split()[:2]) for line in maps if " /dev/nvidia" in line]
+        nvidia_fds = [fd for fd in fds if fd.startswith("/dev/nvidia")]
+        if mappings or nvidia_fds:
+            found.append({"pid": pid, "ppid_children": len(children), "fds": len(nvidia_fds),
+                          "mappings": mappings[:8], "mapping_count": len(mappings),
+                          "threads": sorted(set(threads))[:12]})
+    states = sh("python3", "-c", DRIVER_STATES, *(str(holder["pid"]) for holder in found),
+                env=dict(os.environ, PYTHONPATH=str(SITE)), check=False)
+    for holder, state in zip(found, states.stdout.splitlines()):
+        holder["driver_state"] = state
+    return found
+
+
+
 def helper_listens() -> bool:
     """gpuckpt-runtimed (the resident helper) answers on its socket."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

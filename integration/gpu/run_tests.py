@@ -440,7 +440,7 @@ def scenario_server_twice(results: dict) -> str | None:
             reference = cold_vs_restore.ask(cold_vs_restore.container_pid(podman, name))
             cold_vs_restore.near_eager(reference, eager)
             for round_number in (1, 2):
-                holders = driver_holders(cold_vs_restore.container_pid(podman, name))
+                holders = harness.driver_holders(cold_vs_restore.container_pid(podman, name))
                 checkpointed = podman.cli("container", "checkpoint", name, check=False)
                 record = {"round": round_number, "holders": holders,
                           "checkpoint_stderr": checkpointed.stderr.strip().splitlines()[-6:]}
@@ -455,29 +455,6 @@ def scenario_server_twice(results: dict) -> str | None:
                 log(f"server twice: round {round_number} answered as before")
     finally:
         podman.cli("rm", "-f", name, check=False)
-
-
-def driver_holders(init_pid: int) -> list[dict]:
-    """Each process of a container that holds /dev/nvidia* (descriptors, mappings), and its threads' names."""
-    found, pending = [], [init_pid]
-    while pending:
-        pid = pending.pop()
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-            fds = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
-            threads = sorted((task / "comm").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
-            children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-                        for child in (task / "children").read_text().split()]
-        except OSError:
-            continue
-        pending.extend(children)
-        mappings = [" ".join(line.split()[:2]) for line in maps if " /dev/nvidia" in line]
-        nvidia_fds = [fd for fd in fds if fd.startswith("/dev/nvidia")]
-        if mappings or nvidia_fds:
-            found.append({"pid": pid, "ppid_children": len(children), "fds": len(nvidia_fds),
-                          "mappings": mappings[:8], "mapping_count": len(mappings),
-                          "threads": sorted(set(threads))[:12]})
-    return found
 
 
 @harness.nftables_network_lock()
