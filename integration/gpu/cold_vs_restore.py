@@ -170,7 +170,11 @@ def import_path(podman: harness.Podman, name: str, archive: Path, reference: dic
     keeping only the image, drop the page cache, and import the archive."""
     result["driver_holders_before_export"] = harness.driver_holders(container_pid(podman, name))
     started = time.monotonic()
-    exported = sh(CLI, "export", name, "-o", str(archive), env=podman.env)
+    with harness.TreeWatch(container_pid(podman, name)) as watch:
+        try:
+            exported = sh(CLI, "export", name, "-o", str(archive), env=podman.env)
+        finally:
+            result["tree_during_export"] = watch.changes  # filled until the watch ends
     export_s = time.monotonic() - started
     image_tar = WORK / "infer-image.tar"
     image_tar.unlink(missing_ok=True)

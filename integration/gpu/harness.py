@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -291,33 +292,79 @@ for pid in sys.argv[1:]:
 """
 
 
-def driver_holders(init_pid: int) -> list[dict]:
-    """Each process of a container that holds /dev/nvidia* (descriptors, mappings), its threads' names, and what
-    the driver's checkpoint API says of it (gpuckpt's binding, as the shim calls it)."""
+def _read_or_none(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:  # the task or descriptor went meanwhile
+        return None
+
+
+def process_tree(init_pid: int) -> list[dict]:
+    """Every process of a container (its init and all below it): PID, parent, start time, threads' names,
+    and what it holds of /dev/nvidia* (descriptors, mappings). A task ending meanwhile is skipped alone."""
     found, pending = [], [init_pid]
     while pending:
         pid = pending.pop()
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
-            fds = [os.readlink(entry) for entry in Path(f"/proc/{pid}/fd").iterdir()]
-            threads = sorted((task / "comm").read_text().strip() for task in Path(f"/proc/{pid}/task").iterdir())
-            children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
-                        for child in (task / "children").read_text().split()]
-        except OSError:
+        proc = Path(f"/proc/{pid}")
+        stat = _read_or_none(proc / "stat")
+        if stat is None:
             continue
-        pending.extend(children)
-        mappings = [" ".join(line.split()[:2]) for line in maps if " /dev/nvidia" in line]
-        nvidia_fds = [fd for fd in fds if fd.startswith("/dev/nvidia")]
-        if mappings or nvidia_fds:
-            found.append({"pid": pid, "ppid_children": len(children), "fds": len(nvidia_fds),
-                          "mappings": mappings[:8], "mapping_count": len(mappings),
-                          "threads": sorted(set(threads))[:12]})
+        fields = stat.rpartition(")")[2].split()
+        tasks = list((proc / "task").iterdir()) if (proc / "task").is_dir() else []
+        pending.extend(int(child) for task in tasks for child in (_read_or_none(task / "children") or "").split())
+        nvidia_fds = 0
+        for entry in (proc / "fd").iterdir() if (proc / "fd").is_dir() else []:
+            try:
+                nvidia_fds += os.readlink(entry).startswith("/dev/nvidia")
+            except OSError:
+                pass
+        mappings = [" ".join(line.split()[:2]) for line in (_read_or_none(proc / "maps") or "").splitlines()
+                    if " /dev/nvidia" in line]
+        found.append({"pid": pid, "ppid": int(fields[1]), "start": int(fields[19]), "nvidia_fds": nvidia_fds,
+                      "nvidia_mappings": len(mappings), "first_mappings": mappings[:4],
+                      "threads": sorted({(_read_or_none(task / "comm") or "").strip() for task in tasks})[:12]})
+    return found
+
+
+def driver_holders(init_pid: int) -> list[dict]:
+    """The processes of a container that hold /dev/nvidia* (process_tree), with what the driver's checkpoint
+    API says of each (gpuckpt's binding, as the shim calls it)."""
+    found = [process for process in process_tree(init_pid) if process["nvidia_fds"] or process["nvidia_mappings"]]
     states = sh("python3", "-c", DRIVER_STATES, *(str(holder["pid"]) for holder in found),
                 env=dict(os.environ, PYTHONPATH=str(SITE)), check=False)
     for holder, state in zip(found, states.stdout.splitlines()):
         holder["driver_state"] = state
     return found
 
+
+class TreeWatch:
+    """process_tree() of a container every `every_s` on a thread, while a step runs: each change of a
+    process's hold on the driver (or a new process) with the seconds since start."""
+
+    def __init__(self, init_pid: int, every_s: float = 0.1) -> None:
+        self.init_pid, self.every_s = init_pid, every_s
+        self.changes: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "TreeWatch":
+        self._started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        seen: dict[tuple[int, int], tuple[int, int]] = {}
+        while not self._stop.is_set():
+            for process in process_tree(self.init_pid):
+                key, hold = (process["pid"], process["start"]), (process["nvidia_fds"], process["nvidia_mappings"])
+                if seen.get(key) != hold:
+                    seen[key] = hold
+                    self.changes.append({"at_s": round(time.monotonic() - self._started, 2), **process})
+            self._stop.wait(self.every_s)
 
 
 def helper_listens() -> bool:
