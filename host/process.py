@@ -155,12 +155,13 @@ def _spawn_by(starter: caller.Caller, argv: Sequence[str], env: Mapping[str, str
 
 
 def _raise_if_failed(name: str, argv: Sequence[str], finished: Finished) -> None:
-    """A non-zero exit as a CommandError carrying the program's last line of output, and the last error
-    a runtime logged before it (podman ends with "...runtime... failed: exit status 1", the reason above)."""
+    """A non-zero exit as a CommandError carrying the program's last line of output, and the first error
+    a runtime logged before it (podman ends with "...runtime... failed: exit status 1", the reason above;
+    gpuckpt-runtime's own line comes before its delegate's)."""
     if finished.returncode != 0:
         lines = finished.stderr.strip().splitlines() or finished.stdout.strip().splitlines() or ["no message"]
         detail = lines[-1]
-        if cause := next((message for line in reversed(lines[:-1]) if (message := logged_error(line))), None):
+        if cause := next((message for line in lines[:-1] if (message := logged_error(line))), None):
             detail = f"{detail} ({cause})"
         raise CommandError(f"{name} {' '.join(argv[1:3])}: {detail}", finished.returncode)
 

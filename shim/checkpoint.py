@@ -63,6 +63,18 @@ from gpuckpt.shim.recover import finish_left_journal
 from gpuckpt.shim.staging import make_staging_dir, move_staged, staged_argv, staging_refusal
 from gpuckpt.transfer.dump_signature import sign_dump
 
+ATTEMPTS = 2  # a checkpoint taken again once when a process took the driver during the first
+
+
+class DriverTakenMeanwhile(DelegateError):
+    """The dump failed after a process of the container began holding the GPU driver during the checkpoint
+    (a compile pool starting its workers, say): CRIU cannot dump such a process unless the shim handled it,
+    and the shim looked before it began. Rolled back completely; a new attempt sees it."""
+
+    def __init__(self, message: str, exit_status: int, newcomers: list[int]) -> None:
+        super().__init__(message, exit_status)
+        self.newcomers = newcomers
+
 
 def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     owned = owned_call(args, CHECKPOINT_VALUE_FLAGS)
@@ -78,7 +90,18 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
                 state = container_state(delegate, args.global_argv, container_id)
             except DelegateError:
                 return run_delegate(delegate, args.argv)  # no such container: runc's own error (the query closed below)
-            status = Checkpoint(args, verb, container_id, delegate, state, gpus, pids_query).run()
+            for attempt in range(1, ATTEMPTS + 1):
+                try:
+                    status = Checkpoint(args, verb, container_id, delegate, state, gpus, pids_query).run()
+                    break
+                except DriverTakenMeanwhile as error:
+                    if attempt == ATTEMPTS:
+                        raise
+                    log(args, "warning", f"{container_id}: process(es) {', '.join(map(str, error.newcomers))} began "
+                        "holding the GPU driver during the checkpoint, after the shim had looked; the checkpoint "
+                        "was rolled back and is taken again")
+                    pids_query.close()
+                    pids_query = PidsQuery(delegate, args.global_argv, container_id)  # the processes now
         finally:
             pids_query.close()
             remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
@@ -303,7 +326,8 @@ class Checkpoint:
             dump_s = self._dump(signals)
         except BaseException as error:  # whatever it was, the journal says what to undo
             self._drop_staging()
-            self._roll_back(session, freezer, error)
+            newcomers = self._new_driver_holders(cuda_pids) if isinstance(error, DelegateError) else []
+            self._roll_back(session, freezer, error, newcomers)
         if signals.signum is not None:  # the dump had succeeded: the container's state is in the image
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived during the dump, which completed: "
                 "the checkpoint is completed")
@@ -382,8 +406,19 @@ class Checkpoint:
             f"the GPU driver they inherited ({sum(len(h.fds) for h in holds)} descriptor(s), "
             f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
 
-    def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException) -> NoReturn:
-        """Resume what the journal names (signals stay deferred: it runs to its end), then one line."""
+    def _new_driver_holders(self, cuda_pids: list[int]) -> list[int]:
+        """The container's processes holding the GPU driver now that neither held it when the shim looked (as
+        CUDA processes) nor were made to let go of it (forked children): /proc's word, not CRIU's log's."""
+        try:
+            holding = self.gpus.find_cuda_pids(self.gpus.descendants(self.state.pid))
+        except OSError:
+            return []
+        return sorted(set(holding) - set(cuda_pids) - set(self.forked_children))
+
+    def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException,
+                   newcomers: list[int] = []) -> NoReturn:
+        """Resume what the journal names (signals stay deferred: it runs to its end), then one line; with
+        `newcomers` (processes that took the driver meanwhile) and everything resumed, a DriverTakenMeanwhile."""
         leftovers: list[str] | None = None
         try:
             with thawed(freezer):
@@ -397,8 +432,12 @@ class Checkpoint:
             raise GpuCheckpointError(f"checkpoint of {self.container_id} failed ({what}); "
                                      f"rollback could not resume {'; '.join(leftovers)}")
         status = getattr(cause, "exit_status", 1)
-        raise DelegateError(f"checkpoint of {self.container_id} failed ({what}); its CUDA processes were "
-                            f"restored and unlocked and the container keeps running{self._failure_hint()}", status)
+        message = (f"checkpoint of {self.container_id} failed ({what}); its CUDA processes were restored and "
+                   f"unlocked and the container keeps running{self._failure_hint()}")
+        if newcomers:
+            raise DriverTakenMeanwhile(f"{message}; process(es) {', '.join(map(str, newcomers))} began holding the "
+                                       "GPU driver during the checkpoint", status, newcomers)
+        raise DelegateError(message, status)
 
     def _begin_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, left: str) -> None:
         """Before the dump: the manifest marked incomplete (an image cut short is refused at restore)."""

@@ -26,6 +26,9 @@ if verb == "state":
 elif verb == "ps":
     print(json.dumps(setup["pids"]))
 elif verb == "checkpoint":
+    if "checkpoint_statuses" in setup:  # one status per call, in order (the last one from then on)
+        made = sum('"checkpoint"' in line for line in (here / "calls.log").read_text().splitlines())
+        setup["checkpoint_status"] = setup["checkpoint_statuses"][min(made, len(setup["checkpoint_statuses"])) - 1]
     if "--image-path" in argv and setup.get("checkpoint_status", 0) == 0:
         image_path = argv[argv.index("--image-path") + 1]
         os.makedirs(image_path, exist_ok=True)

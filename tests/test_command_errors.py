@@ -27,6 +27,15 @@ def test_runtime_reason_joins_podman_last_line(logged: str) -> None:
     assert raised.value.returncode == 125
 
 
+def test_the_shims_line_is_preferred_to_its_delegates() -> None:
+    ours = 'time="t" level=error msg="checkpoint of abc failed (runc checkpoint exited 1; CRIU: the cause)"'
+    runcs = 'time="t" level=error msg="criu failed: type NOTIFY errno 0"'
+    with pytest.raises(CommandError) as raised:
+        run(_failing(f"{ours}\n{runcs}\n{PODMAN_LAST}\n"))
+    assert str(raised.value).endswith(f"{PODMAN_LAST} (checkpoint of abc failed (runc checkpoint exited 1; CRIU: "
+                                      "the cause))")
+
+
 def test_only_error_lines_are_reasons_and_they_are_bounded() -> None:
     with pytest.raises(CommandError) as raised:
         run(_failing(f'time="t" level=info msg="restored 1 CUDA process(es)"\n{PODMAN_LAST}\n'))

@@ -585,6 +585,53 @@ def test_forked_children_are_released_before_the_lock_and_never_given_to_the_dri
     assert sorted(p.host_pid for p in read_manifest(str(node.images)).processes) == sorted(node.pids[:2])
 
 
+def newcomer_node(make_node, statuses: list[int]) -> tuple[Node, int, list[list[int]]]:
+    """Two CUDA processes and a third that begins holding the driver once the first dump has started (a compile
+    pool initialising CUDA and forking its workers meanwhile): the driver answers NOT_INITIALIZED for it."""
+    node = make_node(3)
+    newcomer = node.pids[2]
+    node.driver = FakeDriver(node.pids[:2], forked_pids=[newcomer])
+    node.set_runtime(checkpoint_statuses=statuses)
+    node.gpus["descendants"] = lambda pid: list(node.pids)
+    node.gpus["find_cuda_pids"] = lambda pids: [pid for pid in pids if pid in node.pids[:2] or
+                                                (pid == newcomer and "checkpoint" in node.verbs_called())]
+    released: list[list[int]] = []
+    node.gpus["release_forked_children"] = lambda pids: released.append(list(pids)) or []
+    return node, newcomer, released
+
+
+def test_a_process_that_takes_the_driver_during_the_checkpoint_gets_it_taken_again(make_node, capfd) -> None:
+    node, newcomer, released = newcomer_node(make_node, [1, 0])
+    assert node.checkpoint() == 0
+    assert node.verbs_called().count("checkpoint") == 2
+    assert released == [[newcomer]]  # seen by the second attempt, let go of the driver before its lock
+    assert all(node.driver.calls_of("lock").count(pid) == 2 for pid in node.pids[:2])
+    assert all(node.driver.calls_of("restore").count(pid) == 1 for pid in node.pids[:2])  # the first rolled back
+    assert f"process(es) {newcomer} began holding the GPU driver during the checkpoint" in capfd.readouterr().err
+    manifest = read_manifest(str(node.images))
+    assert manifest.dump_completed and sorted(p.host_pid for p in manifest.processes) == sorted(node.pids[:2])
+
+
+def test_the_checkpoint_is_taken_again_once_only(make_node) -> None:
+    node, newcomer, released = newcomer_node(make_node, [1, 1, 0])
+    with pytest.raises(DelegateError) as raised:
+        node.checkpoint()
+    assert raised.value.exit_status == 1 and "keeps running" in str(raised.value)
+    assert node.verbs_called().count("checkpoint") == 2
+    assert all(node.driver.states[pid] == ProcessState.RUNNING for pid in node.pids[:2])
+    assert released == [[newcomer]]
+
+
+def test_a_dump_failure_with_the_same_holders_is_not_taken_again(make_node) -> None:
+    node = make_node(2)
+    node.set_runtime(checkpoint_statuses=[1, 0])
+    node.gpus["descendants"] = lambda pid: list(node.pids)
+    with pytest.raises(DelegateError) as raised:
+        node.checkpoint()
+    assert not isinstance(raised.value, checkpoint.DriverTakenMeanwhile)
+    assert node.verbs_called().count("checkpoint") == 1 and node.all_running()
+
+
 @pytest.mark.hostile("a forked child of a CUDA process stopped (SIGSTOP) by the container before the checkpoint")
 def test_a_forked_child_that_cannot_be_released_refuses_before_any_lock(make_node, monkeypatch) -> None:
     node = make_node(2)
