@@ -421,6 +421,40 @@ def scenario_compiled(results: dict) -> str | None:
     bit_exact_training(results, "compiled", "train_loader.py", {"WORKERS": "2", "PIN_MEMORY": "1", "COMPILE": "1"})
 
 
+def scenario_late_driver(results: dict) -> str | None:
+    """A process that begins using CUDA while its container is being checkpointed (late_cuda.py's watcher, as a
+    compile pool waking up): the first dump fails on it, the checkpoint is rolled back and taken again with it as
+    a CUDA process, and after the restore both processes go on with their device data intact."""
+    podman = harness.Podman()
+    name = f"gpu-late-{os.getpid()}"
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
+    try:
+        with harness.nftables_network_lock(), harness.resident_helper(harness.OUT / "runtimed.log"):
+            podman.import_rootfs()
+            podman.cli("run", "-d", "--name", name, *podman.RUN_FLAGS,
+                       *harness.gpu_run_args(["python3", "/work/late_cuda.py"], {"STATE": "/state/state"},
+                                             state.directory, podman.IMAGE))
+            before = wait_counters(state, 2, 3)
+            assert not state.read("state.watcher-cuda") and not (state.directory / "state.watcher-cuda").exists()
+            container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+            checkpointed = podman.cli("container", "checkpoint", "--keep", name)
+            shim_lines = [line[-300:] for line in checkpointed.stderr.splitlines() if "gpuckpt" in line or
+                          "level=" in line][-8:]
+            info = manifest(Path("/var/lib/containers/storage/overlay-containers") / container_id / "userdata" /
+                            "checkpoint")
+            results["late_driver"] = {"shim_lines": shim_lines, "cuda_processes": len(info["processes"]),
+                                      "timings": info["timings"]}
+            assert (state.directory / "state.watcher-cuda").exists(), "the watcher never began using CUDA"
+            assert any("began holding the GPU driver during the checkpoint" in line for line in shim_lines), \
+                shim_lines
+            assert len(info["processes"]) == 2, info["processes"]
+            podman.cli("container", "restore", name)
+            results["late_driver"]["after"] = assert_continues(state, before)
+            log(f"late driver: taken again with {len(info['processes'])} CUDA processes; both go on")
+    finally:
+        podman.cli("rm", "-f", name, check=False)
+
+
 def scenario_server_twice(results: dict) -> str | None:
     """The compiled inference server (torch.compile with CUDA graphs, inductor's compile workers beside it)
     checkpointed and restored twice by podman through gpuckpt-runtimed: after each restore it answers with
