@@ -57,7 +57,7 @@ from gpuckpt.shim.delegate import (
 )
 from gpuckpt.shim.freezer import Freezer, thawed
 from gpuckpt.shim.interrupt import Interrupted, SignalFlag, deferred_signals
-from gpuckpt.shim.log import log, release_stderr
+from gpuckpt.shim.log import drop_held_stderr, log, release_stderr
 from gpuckpt.shim.pause import PAUSE_ENGINE
 from gpuckpt.shim.recover import finish_left_journal
 from gpuckpt.shim.staging import make_staging_dir, move_staged, staged_argv, staging_refusal
@@ -97,6 +97,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
                 except DriverTakenMeanwhile as error:
                     if attempt == ATTEMPTS:
                         raise
+                    drop_held_stderr()  # the failed dump's words ("criu failed"): this line says what happened
                     log(args, "warning", f"{container_id}: process(es) {', '.join(map(str, error.newcomers))} began "
                         "holding the GPU driver during the checkpoint, after the shim had looked; the checkpoint "
                         "was rolled back and is taken again")

@@ -86,6 +86,12 @@ def release_stderr() -> None:
         _held.clear()
 
 
+def drop_held_stderr() -> None:
+    """Forget what delegates' stderr held: an attempt the shim undid and makes again (its words would read as
+    the outcome's)."""
+    _held.clear()
+
+
 def report_error(args: RuntimeArgs, message: str) -> None:
     """An error as runc reports one: to its log, and the bare line on stderr, first (before what the
     delegate said, which it explains)."""
