@@ -118,9 +118,15 @@ def restore_phases(container_id: str) -> str:
 
 
 def checkpoint_timings(container_id: str) -> dict:
+    """The manifest's phase times, with the device bytes the driver moved for each CUDA process (the copy
+    rate against pcie_floor.py's)."""
     path = Path("/var/lib/containers/storage/overlay-containers") / container_id / "userdata" / "checkpoint" / \
         "gpuckpt-manifest.json"
-    return json.loads(path.read_text()).get("timings", {}) if path.exists() else {}
+    if not path.exists():
+        return {}
+    written = json.loads(path.read_text())
+    return {**written.get("timings", {}),
+            "checkpointed_bytes": [process.get("checkpointed_bytes") for process in written.get("processes", [])]}
 
 
 def disk_floor(directory: Path, gib: int = 2) -> dict:
