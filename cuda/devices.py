@@ -120,8 +120,9 @@ def _holds_nvidia_device(pid: int) -> bool:
         return True
     try:
         with open(f"/proc/{pid}/maps") as maps:
-            # the path is the last field; " /dev/nvidia" cannot occur earlier in a line
-            return any(f" {NVIDIA_DEVICE_PREFIX}" in line for line in maps)
+            # the path is the sixth field (a name with spaces stays whole): a file named "x /dev/nvidia0" is not it
+            return any(len(fields) == 6 and fields[5].startswith(NVIDIA_DEVICE_PREFIX)
+                       for fields in (line.split(maxsplit=5) for line in maps))
     except OSError:
         return False  # gone, or not ours to read
 

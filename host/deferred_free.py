@@ -44,7 +44,11 @@ def open_large_files(directory: str, min_bytes: int = LARGE_BYTES) -> list[int]:
                     fd = os.open(entry.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
                 except OSError:
                     continue
-                info = os.fstat(fd)
+                try:
+                    info = os.fstat(fd)
+                except OSError:
+                    os.close(fd)
+                    continue
                 if stat.S_ISREG(info.st_mode) and info.st_size >= min_bytes and info.st_nlink > 0:
                     held.append(fd)
                 else:

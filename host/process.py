@@ -20,6 +20,7 @@ from gpuckpt.host import caller
 from gpuckpt.host.programs import CommandError
 
 MAX_CAUSE = 500  # characters of a runtime's logged error carried into the one line
+MAX_LOGGED_LINE = 64 << 10  # longer lines are not looked into
 _LOGRUS_ERROR = re.compile(r'\blevel=error msg=("(?:[^"\\]|\\.)*")')
 
 # CommandError: raised by both
@@ -55,13 +56,14 @@ def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> Child:
 
 
 def start_detached(argv: Sequence[str], pass_fds: Sequence[int]) -> int:
-    """Start a program that outlives us and waits for no one: its own session, stdio on /dev/null and
-    no descriptor of ours but `pass_fds` (an engine reading our output to its end never waits on it).
+    """Start a program that outlives us and waits for no one: its own session, stdio on /dev/null, no
+    descriptor of ours but `pass_fds` (an engine reading our output to its end never waits on it) and `/`
+    as its directory (it pins no bundle or mount of ours).
     Started by us, never by a resident worker's caller: it must outlive the call. Its PID."""
     try:
         quiet = subprocess.DEVNULL
         return subprocess.Popen(list(argv), stdin=quiet, stdout=quiet, stderr=quiet, close_fds=True,
-                                pass_fds=tuple(pass_fds), start_new_session=True).pid
+                                pass_fds=tuple(pass_fds), start_new_session=True, cwd="/").pid
     except OSError as error:
         raise CommandError(f"cannot run {argv[0]}: {error.strerror}") from None
 
@@ -167,21 +169,29 @@ def _raise_if_failed(name: str, argv: Sequence[str], finished: Finished) -> None
 
 
 def logged_error(line: str) -> str | None:
-    """The message of an error-level line in runc's log formats (logrus text or JSON), bounded; None for others."""
+    """The message of an error-level line in runc's log formats (logrus text or JSON), bounded and printable
+    (it may quote names a container chose: no newline or terminal escape of theirs reaches the one line);
+    None for others."""
     line = line.strip()
+    if len(line) > MAX_LOGGED_LINE:
+        return None
     if line.startswith("{"):
         try:
             record = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         message = record.get("msg") if isinstance(record, dict) and record.get("level") == "error" else None
-        return str(message)[:MAX_CAUSE] if message else None
+        return _printable(str(message)) if message else None
     if (found := _LOGRUS_ERROR.search(line)) is None:
         return None
     try:
-        return str(json.loads(found.group(1)))[:MAX_CAUSE]
+        return _printable(str(json.loads(found.group(1))))
     except ValueError:
-        return found.group(1)[:MAX_CAUSE]
+        return _printable(found.group(1))
+
+
+def _printable(text: str) -> str:
+    return "".join(char if char.isprintable() else f"\\x{ord(char):02x}" for char in text[:MAX_CAUSE])
 
 
 class Background:

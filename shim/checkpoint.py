@@ -64,6 +64,7 @@ from gpuckpt.shim.staging import make_staging_dir, move_staged, staged_argv, sta
 from gpuckpt.transfer.dump_signature import sign_dump
 
 ATTEMPTS = 2  # a checkpoint taken again once when a process took the driver during the first
+MAX_IMAGE_ENTRIES = 65536  # entries of an image directory looked at when a failed dump's images are removed
 
 
 class DriverTakenMeanwhile(DelegateError):
@@ -71,9 +72,9 @@ class DriverTakenMeanwhile(DelegateError):
     (a compile pool starting its workers, say): CRIU cannot dump such a process unless the shim handled it,
     and the shim looked before it began. Rolled back completely; a new attempt sees it."""
 
-    def __init__(self, message: str, exit_status: int, newcomers: list[int]) -> None:
+    def __init__(self, message: str, exit_status: int, newcomers: list[int], cause: str) -> None:
         super().__init__(message, exit_status)
-        self.newcomers = newcomers
+        self.newcomers, self.cause = newcomers, cause
 
 
 def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
@@ -90,19 +91,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
                 state = container_state(delegate, args.global_argv, container_id)
             except DelegateError:
                 return run_delegate(delegate, args.argv)  # no such container: runc's own error (the query closed below)
-            for attempt in range(1, ATTEMPTS + 1):
-                try:
-                    status = Checkpoint(args, verb, container_id, delegate, state, gpus, pids_query).run()
-                    break
-                except DriverTakenMeanwhile as error:
-                    if attempt == ATTEMPTS:
-                        raise
-                    drop_held_stderr()  # the failed dump's words ("criu failed"): this line says what happened
-                    log(args, "warning", f"{container_id}: process(es) {', '.join(map(str, error.newcomers))} began "
-                        "holding the GPU driver during the checkpoint, after the shim had looked; the checkpoint "
-                        "was rolled back and is taken again")
-                    pids_query.close()
-                    pids_query = PidsQuery(delegate, args.global_argv, container_id)  # the processes now
+            status = _attempts(args, verb, container_id, delegate, state, gpus, pids_query)
         finally:
             pids_query.close()
             remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
@@ -113,6 +102,49 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
                 lock.remove_file()
     release_stderr()  # no line of ours: the delegate's own words, as they were (an error raised: after ours)
     return status
+
+
+def _attempts(args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, state: ContainerState,
+              gpus: NodeGpus, first_query: PidsQuery) -> int:
+    """The checkpoint, taken once more if a process began holding the GPU driver during the first attempt
+    (rolled back completely by then): what the failed dump left in the image directory removed, CRIU's
+    config as the shim found it, and the container's processes asked again."""
+    image_dir = image_dir_of(verb)
+    images_before = _image_files(image_dir)
+    criu_config_env = os.environ.get("CRIU_CONFIG_FILE")
+    query = first_query
+    try:
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                return Checkpoint(args, verb, container_id, delegate, state, gpus, query).run()
+            except DriverTakenMeanwhile as error:
+                if attempt == ATTEMPTS:
+                    raise
+                drop_held_stderr()  # the failed dump's words ("criu failed"): the line below says what happened
+                log(args, "warning", f"{container_id}: the dump failed ({error.cause}) after process(es) "
+                    f"{', '.join(map(str, error.newcomers))} began holding the GPU driver, once the shim had "
+                    "looked; rolled back, the checkpoint is taken again")
+                for name in _image_files(image_dir) - images_before:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(image_dir, name))
+                if criu_config_env is None:
+                    os.environ.pop("CRIU_CONFIG_FILE", None)
+                else:
+                    os.environ["CRIU_CONFIG_FILE"] = criu_config_env
+                query = PidsQuery(delegate, args.global_argv, container_id)  # the processes now
+    finally:
+        if query is not first_query:
+            query.close()
+    raise AssertionError("every attempt returns or raises")
+
+
+def _image_files(image_dir: str) -> set[str]:
+    """The CRIU images (*.img) in `image_dir`, at most MAX_IMAGE_ENTRIES looked at."""
+    try:
+        with os.scandir(image_dir) as entries:
+            return {entry.name for _, entry in zip(range(MAX_IMAGE_ENTRIES), entries) if entry.name.endswith(".img")}
+    except OSError:
+        return set()
 
 
 class Checkpoint:
@@ -328,7 +360,7 @@ class Checkpoint:
         except BaseException as error:  # whatever it was, the journal says what to undo
             self._drop_staging()
             newcomers = self._new_driver_holders(cuda_pids) if isinstance(error, DelegateError) else []
-            self._roll_back(session, freezer, error, newcomers)
+            self._roll_back(session, freezer, error, newcomers, signals)
         if signals.signum is not None:  # the dump had succeeded: the container's state is in the image
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived during the dump, which completed: "
                 "the checkpoint is completed")
@@ -417,9 +449,10 @@ class Checkpoint:
         return sorted(set(holding) - set(cuda_pids) - set(self.forked_children))
 
     def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException,
-                   newcomers: list[int] = []) -> NoReturn:
+                   newcomers: list[int] = [], signals: SignalFlag | None = None) -> NoReturn:
         """Resume what the journal names (signals stay deferred: it runs to its end), then one line; with
-        `newcomers` (processes that took the driver meanwhile) and everything resumed, a DriverTakenMeanwhile."""
+        `newcomers` (processes that took the driver meanwhile), everything resumed and no signal to stop on
+        (one may arrive during the rollback), a DriverTakenMeanwhile."""
         leftovers: list[str] | None = None
         try:
             with thawed(freezer):
@@ -435,9 +468,9 @@ class Checkpoint:
         status = getattr(cause, "exit_status", 1)
         message = (f"checkpoint of {self.container_id} failed ({what}); its CUDA processes were restored and "
                    f"unlocked and the container keeps running{self._failure_hint()}")
-        if newcomers:
+        if newcomers and (signals is None or signals.signum is None):
             raise DriverTakenMeanwhile(f"{message}; process(es) {', '.join(map(str, newcomers))} began holding the "
-                                       "GPU driver during the checkpoint", status, newcomers)
+                                       "GPU driver during the checkpoint", status, newcomers, what)
         raise DelegateError(message, status)
 
     def _begin_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, left: str) -> None:

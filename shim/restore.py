@@ -261,7 +261,6 @@ class GpuRestore:
         elif not self._wait_running(delegate_run):  # the container's own: signals go on to it as runc's do
             return delegate_run.finish()
         self.phases["delegate_restore_s"] = time.monotonic() - mark
-        free_images_later(self.args, self.container_id, image_dir_of(self.verb))
         loopback_as_created(self.args, self.delegate, self.verb, self.container_id, self.spec)
         try:
             signals.check()
@@ -278,6 +277,7 @@ class GpuRestore:
                 f"restore of {self.container_id} failed: {one_line(error)}; the container was stopped"
             ) from None
         self._ended()
+        free_images_later(self.args, self.container_id, image_dir_of(self.verb))  # once the processes run
         if signals.signum is not None:
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived while the driver restored the "
                 "CUDA processes: the restore completed")

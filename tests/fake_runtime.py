@@ -27,7 +27,8 @@ elif verb == "ps":
     print(json.dumps(setup["pids"]))
 elif verb == "checkpoint":
     if "checkpoint_statuses" in setup:  # one status per call, in order (the last one from then on)
-        made = sum('"checkpoint"' in line for line in (here / "calls.log").read_text().splitlines())
+        made = sum('"checkpoint"' in line and '"--image-path"' in line  # dumps, not `checkpoint --help`
+                   for line in (here / "calls.log").read_text().splitlines())
         setup["checkpoint_status"] = setup["checkpoint_statuses"][min(made, len(setup["checkpoint_statuses"])) - 1]
     if "--image-path" in argv and setup.get("checkpoint_status", 0) == 0:
         image_path = argv[argv.index("--image-path") + 1]
@@ -41,6 +42,13 @@ elif verb == "checkpoint":
     if "checkpoint_fills_disk_bytes" in setup:  # the dump fills the disk: the caller's writes fail after it
         limit = setup["checkpoint_fills_disk_bytes"]
         resource.prlimit(os.getppid(), resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    if "--image-path" in argv and setup.get("checkpoint_status", 0) != 0 and "checkpoint_failure_leaves" in setup:
+        image_path = argv[argv.index("--image-path") + 1]  # what a dump failing half-way leaves behind
+        os.makedirs(image_path, exist_ok=True)
+        Path(image_path, setup["checkpoint_failure_leaves"]).write_text(os.environ.get("CRIU_CONFIG_FILE", ""))
+    if "--image-path" in argv and "checkpoint_records_criu_config" in setup:  # the config file this dump was given
+        with open(here / "criu_configs.log", "a") as seen:
+            seen.write(os.environ.get("CRIU_CONFIG_FILE", "-") + "\n")
     sys.stderr.write(setup.get("checkpoint_stderr", ""))
     if "checkpoint_leaves_helper_s" in setup and os.fork() == 0:  # a helper left running, holding stderr
         (here / "helper.pid").write_text(str(os.getpid()))

@@ -43,3 +43,21 @@ def test_only_error_lines_are_reasons_and_they_are_bounded() -> None:
     with pytest.raises(CommandError) as raised:
         run(_failing(f'{{"level": "error", "msg": "{"x" * 5000}"}}\n{PODMAN_LAST}\n'))
     assert str(raised.value).endswith(f"({'x' * MAX_CAUSE})")
+
+
+@pytest.mark.hostile("a runtime's logged error quoting container-chosen text with newlines and terminal escapes")
+def test_a_logged_cause_is_one_printable_line() -> None:
+    forged = 'time="t" level=error msg="failed\\nError: all good\\u001b[2K\\r"'
+    with pytest.raises(CommandError) as raised:
+        run(_failing(f"{forged}\n{PODMAN_LAST}\n"))
+    message = str(raised.value)
+    assert message.isprintable() and message.endswith("(failed\\x0aError: all good\\x1b[2K\\x0d)")
+
+
+@pytest.mark.hostile("a runtime's stderr line nesting JSON arrays deeper than the parser's recursion limit")
+def test_deeply_nested_json_is_no_cause_and_no_traceback() -> None:
+    nested = [sys.executable, "-c", "import sys; sys.stderr.write('{\"a\":' + '[' * 50000 + '\\n' + "
+              f"{PODMAN_LAST!r} + '\\n'); sys.exit(125)"]
+    with pytest.raises(CommandError) as raised:
+        run(nested)
+    assert str(raised.value).endswith(PODMAN_LAST)

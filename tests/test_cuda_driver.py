@@ -4,6 +4,8 @@ libcuda, the driver checks and NVML's errors."""
 from __future__ import annotations
 
 import ctypes
+import mmap
+import os
 import threading
 
 import pytest
@@ -259,3 +261,15 @@ def test_nvml_failure_is_one_line():
 
 def test_processes_without_the_driver_are_not_found():
     assert devices.pids_holding_nvidia_devices([threading.get_native_id(), 2 ** 22 + 1]) == set()
+
+
+@pytest.mark.hostile("a container process mapping a file named \"x /dev/nvidia0\" to pass for a driver holder")
+def test_only_a_mapping_of_the_device_path_itself_holds_the_driver(tmp_path, monkeypatch):
+    decoy = tmp_path / "x " / "dev" / "nvidia0"  # its maps line reads ".../x /dev/nvidia0"
+    decoy.parent.mkdir(parents=True)
+    decoy.write_bytes(b"\0" * 4096)
+    with open(decoy, "rb") as held, mmap.mmap(held.fileno(), 4096, prot=mmap.PROT_READ):
+        assert " /dev/nvidia0" in open(f"/proc/{os.getpid()}/maps").read()
+        assert devices.pids_holding_nvidia_devices([os.getpid()]) == set()
+        monkeypatch.setattr(devices, "NVIDIA_DEVICE_PREFIX", str(tmp_path / "x "))  # the path field itself: found
+        assert devices.pids_holding_nvidia_devices([os.getpid()]) == {os.getpid()}

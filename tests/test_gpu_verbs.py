@@ -593,8 +593,10 @@ def newcomer_node(make_node, statuses: list[int]) -> tuple[Node, int, list[list[
     node.driver = FakeDriver(node.pids[:2], forked_pids=[newcomer])
     node.set_runtime(checkpoint_statuses=statuses)
     node.gpus["descendants"] = lambda pid: list(node.pids)
+    def dumped() -> bool:
+        return any("checkpoint" in call and "--image-path" in call for call in node.calls())
     node.gpus["find_cuda_pids"] = lambda pids: [pid for pid in pids if pid in node.pids[:2] or
-                                                (pid == newcomer and "checkpoint" in node.verbs_called())]
+                                                (pid == newcomer and dumped())]
     released: list[list[int]] = []
     node.gpus["release_forked_children"] = lambda pids: released.append(list(pids)) or []
     return node, newcomer, released
@@ -610,10 +612,45 @@ def test_a_process_that_takes_the_driver_during_the_checkpoint_gets_it_taken_aga
     assert all(node.driver.calls_of("lock").count(pid) == 2 for pid in node.pids[:2])
     assert all(node.driver.calls_of("restore").count(pid) == 1 for pid in node.pids[:2])  # the first rolled back
     err = capfd.readouterr().err
-    assert f"process(es) {newcomer} began holding the GPU driver during the checkpoint" in err
+    assert f"after process(es) {newcomer} began holding the GPU driver" in err
     assert err.count("criu failed") == 1  # the second dump's words only: the first one's were undone
     manifest = read_manifest(str(node.images))
     assert manifest.dump_completed and sorted(p.host_pid for p in manifest.processes) == sorted(node.pids[:2])
+
+
+def test_a_retry_starts_from_what_the_first_attempt_found(make_node, monkeypatch) -> None:
+    node, newcomer, _ = newcomer_node(make_node, [1, 0])
+    node.set_runtime(checkpoint_statuses=[1, 0], checkpoint_failure_leaves="pages-9.img",
+                     checkpoint_records_criu_config=True)
+    monkeypatch.delenv("CRIU_CONFIG_FILE", raising=False)
+    linked = iter([{"/dev/shm/sem.x (deleted)"}, set()])  # the first attempt needs link-remap, the second not
+    monkeypatch.setattr(checkpoint, "link_remap_files", lambda pids: next(linked))
+    assert node.checkpoint() == 0
+    assert not (node.images / "pages-9.img").exists()  # the failed dump's image is not signed into the new one
+    first, second = (node.dir / "criu_configs.log").read_text().split()
+    assert first.endswith(".conf") and "link-remap" in Path(first).read_text()
+    assert second == "-" or "link-remap" not in Path(second).read_text()  # not the first attempt's config
+    assert read_manifest(str(node.images)).criu_config == [line for line in (
+        Path(second).read_text().splitlines() if second != "-" else [])]
+
+
+class SigtermOnRestoreDriver(FakeDriver):
+    """Sends the shim SIGTERM as the rollback's first device restore begins (the engine gives up meanwhile)."""
+
+    def restore(self, pid: int, gpu_pairs=()) -> None:
+        if not self.calls_of("restore"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().restore(pid, gpu_pairs)
+
+
+def test_a_signal_during_the_first_rollback_takes_no_second_checkpoint(make_node) -> None:
+    node, newcomer, _ = newcomer_node(make_node, [1, 0])
+    node.driver = SigtermOnRestoreDriver(node.pids[:2], forked_pids=[newcomer])
+    with pytest.raises(DelegateError) as raised:
+        node.checkpoint()
+    assert not isinstance(raised.value, checkpoint.DriverTakenMeanwhile)
+    assert node.verbs_called().count("checkpoint") == 1
+    assert all(node.driver.states[pid] == ProcessState.RUNNING for pid in node.pids[:2])
 
 
 def test_the_checkpoint_is_taken_again_once_only(make_node) -> None:
