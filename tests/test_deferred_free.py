@@ -78,13 +78,19 @@ def test_held_files_are_bounded_and_a_missing_directory_holds_none(tmp_path: Pat
     assert open_large_files(str(link), min_bytes=1) == []  # the image directory itself never through a link
 
 
-def test_removed_file_is_freed_by_the_holder_not_the_remover(tmp_path: Path) -> None:
-    pages = tmp_path / "pages-1.img"
-    _write(pages, 8 * MIB)
-    fds = open_large_files(str(tmp_path), min_bytes=MIB)
-    holder = start_detached(holder_argv(fds, hold_s=30), fds)
+def _holding(directory: Path, size: int, hold_s: float) -> tuple[Path, int]:
+    """A pages image of `size` bytes in `directory`, and the PID of a holder started on it as a restore starts it."""
+    pages = directory / "pages-1.img"
+    _write(pages, size)
+    fds = open_large_files(str(directory), min_bytes=MIB)
+    holder = start_detached(holder_argv(fds, hold_s=hold_s), fds)
     for fd in fds:
         os.close(fd)
+    return pages, holder
+
+
+def test_removed_file_is_freed_by_the_holder_not_the_remover(tmp_path: Path) -> None:
+    pages, holder = _holding(tmp_path, 8 * MIB, hold_s=30)
     # the holder has the file and /dev/null, nothing else of ours
     deadline = time.monotonic() + 5
     while not any(t.endswith("pages-1.img") for t in _fd_targets(holder).values()):
@@ -104,11 +110,6 @@ def test_removed_file_is_freed_by_the_holder_not_the_remover(tmp_path: Path) -> 
 
 
 def test_kept_checkpoint_is_let_go_after_the_hold(tmp_path: Path) -> None:
-    pages = tmp_path / "pages-1.img"
-    _write(pages, 2 * MIB)
-    fds = open_large_files(str(tmp_path), min_bytes=MIB)
-    holder = start_detached(holder_argv(fds, hold_s=0.3), fds)
-    for fd in fds:
-        os.close(fd)
+    pages, holder = _holding(tmp_path, 2 * MIB, hold_s=0.3)
     assert _ended(holder, within_s=5), "the holder outlived its hold"
     assert pages.read_bytes() == b"\x5a" * (2 * MIB)  # kept (`--keep`): untouched
