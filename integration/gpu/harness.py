@@ -367,6 +367,12 @@ class TreeWatch:
             self._stop.wait(self.every_s)
 
 
+def copy_floor(gib: float = 2) -> dict:
+    """This machine's host<->device copy rates (pcie_floor.py, in the torch interpreter): the floor under the
+    driver's checkpoint and restore phases."""
+    return json.loads(sh(TORCH_PYTHON, str(GPU_DIR / "pcie_floor.py"), f"{gib:g}", timeout=300).stdout)
+
+
 def helper_listens() -> bool:
     """gpuckpt-runtimed (the resident helper) answers on its socket."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -264,7 +264,10 @@ def scenario_downtime(results: dict) -> str | None:
         staged_rounds = [r for r in rounds if r["staged"]]
         direct_rounds = [r for r in rounds if not r["staged"]]
         results["downtime"] = {
-            "gib": float(gib), "rounds": rounds,
+            "gib": float(gib), "rounds": rounds, "machine": harness.sh("nvidia-smi", "--query-gpu=name,driver_version",
+                                                                       "--format=csv,noheader").stdout.strip(),
+            # the floors under the phases, on this machine: the bus for the device phases, the disk for the write
+            "copy_floor": harness.copy_floor(), "disk_floor": cold_vs_restore.disk_floor(Path("/var/tmp")),
             "downtime_over_floor": max(r["downtime_over_floor"] for r in staged_rounds),
             "staged_downtime_s": [r["downtime_s"] for r in staged_rounds],
             "direct_downtime_s": [r["downtime_s"] for r in direct_rounds],
