@@ -21,6 +21,7 @@ import contextlib
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from typing import NoReturn
 
 from gpuckpt.cuda.driver import CudaDriver
@@ -449,7 +450,7 @@ class Checkpoint:
         return sorted(set(holding) - set(cuda_pids) - set(self.forked_children))
 
     def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException,
-                   newcomers: list[int] = [], signals: SignalFlag | None = None) -> NoReturn:
+                   newcomers: Sequence[int] = (), signals: SignalFlag | None = None) -> NoReturn:
         """Resume what the journal names (signals stay deferred: it runs to its end), then one line; with
         `newcomers` (processes that took the driver meanwhile), everything resumed and no signal to stop on
         (one may arrive during the rollback), a DriverTakenMeanwhile."""
@@ -470,7 +471,7 @@ class Checkpoint:
                    f"unlocked and the container keeps running{self._failure_hint()}")
         if newcomers and (signals is None or signals.signum is None):
             raise DriverTakenMeanwhile(f"{message}; process(es) {', '.join(map(str, newcomers))} began holding the "
-                                       "GPU driver during the checkpoint", status, newcomers, what)
+                                       "GPU driver during the checkpoint", status, list(newcomers), what)
         raise DelegateError(message, status)
 
     def _begin_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, left: str) -> None:
