@@ -6,7 +6,9 @@ filesystem freeing every block and the page cache dropping every page: 1.4 s of 
 restore of a 2 GB container on the CI machine. A holder process keeps each large file of
 the image directory open through an O_PATH descriptor, so the engine's unlink only drops a
 name; the holder closes a file once the engine removed it (or after HOLD_S, when the engine
-keeps the checkpoint), and the freeing happens there, after the container runs.
+keeps the checkpoint), and the freeing happens there, after the container runs. It also ends
+when the restored container's init does (a pidfd): an engine whose monitor is a subreaper
+(conmon) adopts the holder, and waits for its children before it exits.
 
 O_PATH opens nothing (no FIFO waits, no device's open), O_NOFOLLOW holds no link's target,
 and only regular files are held. Run as a script (`python -I -S deferred_free.py HOLD_S FD...`),
@@ -16,6 +18,7 @@ the holder imports nothing of gpuckpt.
 from __future__ import annotations
 
 import os
+import select
 import stat
 import sys
 import time
@@ -23,7 +26,7 @@ import time
 LARGE_BYTES = 64 << 20  # smaller files free in well under a millisecond: not worth a process
 MAX_HELD = 64  # CRIU writes one pages image per process; more than this is no image of ours
 MAX_ENTRIES = 4096  # entries of the image directory looked at, at most
-HOLD_S = 30.0  # podman removes the checkpoint right after the runtime returned
+HOLD_S = 10.0  # podman removes the checkpoint right after the runtime returned
 POLL_S = 0.05
 
 
@@ -60,30 +63,35 @@ def open_large_files(directory: str, min_bytes: int = LARGE_BYTES) -> list[int]:
     return held
 
 
-def holder_argv(fds: list[int], hold_s: float = HOLD_S) -> list[str]:
-    """The holder's command line: this file run by our interpreter, isolated, without site-packages."""
-    return [sys.executable, "-I", "-S", os.path.abspath(__file__), f"{hold_s:g}", *map(str, fds)]
+def holder_argv(fds: list[int], until_fd: int, hold_s: float = HOLD_S) -> list[str]:
+    """The holder's command line: this file run by our interpreter, isolated, without site-packages;
+    `until_fd` a pidfd of the process whose end ends the hold (-1: none)."""
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), f"{hold_s:g}", str(until_fd), *map(str, fds)]
 
 
-def hold(fds: list[int], hold_s: float, poll_s: float = POLL_S) -> None:
+def hold(fds: list[int], hold_s: float, until_fd: int = -1, poll_s: float = POLL_S) -> None:
     """Close each descriptor once its file has no name left (the engine removed it: the freeing
-    happens in this close), the rest after `hold_s`."""
+    happens in this close), the rest after `hold_s` or once the process of `until_fd` ended."""
     waiting = list(fds)
     deadline = time.monotonic() + hold_s
+    ended = select.poll()
+    if until_fd >= 0:
+        ended.register(until_fd, select.POLLIN)  # a pidfd is readable once its process ended
     while waiting and time.monotonic() < deadline:
         for fd in list(waiting):
             if os.fstat(fd).st_nlink == 0:
                 os.close(fd)
                 waiting.remove(fd)
-        time.sleep(poll_s)
+        if ended.poll(poll_s * 1000):
+            break
     for fd in waiting:
         os.close(fd)
 
 
 def main(argv: list[str]) -> int:
     try:
-        hold_s, fds = float(argv[0]), [int(fd) for fd in argv[1:]]
-        hold(fds, min(hold_s, 600.0))
+        hold_s, until_fd, fds = float(argv[0]), int(argv[1]), [int(fd) for fd in argv[2:]]
+        hold(fds, min(hold_s, 600.0), until_fd)
     except (IndexError, ValueError, OSError) as error:
         print(f"deferred_free: {error}", file=sys.stderr)
         return 2

@@ -118,22 +118,31 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
             spec = None
         status = run_delegate(delegate, argv)  # no GPU state to bring back
         if status == 0:
-            free_images_later(args, container_id, image_dir_of(verb))
+            free_images_later(args, delegate, verb, container_id)
         if spec and status == 0 and detached(verb):  # a foreground one returns at its end
             loopback_as_created(args, delegate, verb, container_id, spec)
         return status
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
 
 
-def free_images_later(args: RuntimeArgs, container_id: str, image_dir: str) -> None:
+def free_images_later(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str,
+                      init_pid: int | None = None) -> None:
     """The delegate has read the images: their large files kept open by a holder, so that the engine's
     removal of the checkpoint (podman's, before its restore returns) frees them after the restore, not
-    in it (host/deferred_free.py). A restore never fails for this."""
-    fds = open_large_files(image_dir)
+    in it (host/deferred_free.py); the holder ends with the container's init at the latest. A restore never
+    fails for this."""
+    fds = open_large_files(image_dir_of(verb))
     if not fds:
         return
     try:
-        start_detached(holder_argv(fds), fds)
+        try:
+            until = os.pidfd_open(init_pid or restored_pid(args, delegate, verb, container_id))
+        except (OSError, DelegateError):
+            return  # the container ended already (or cannot be found): the engine's removal frees the files
+        try:
+            start_detached(holder_argv(fds, until), [*fds, until])
+        finally:
+            os.close(until)
     except CommandError as error:
         log(args, "debug", f"{container_id}: the checkpoint's files are freed when the engine removes them: {error}")
     finally:
@@ -202,6 +211,7 @@ class GpuRestore:
         self.container_id = container_id
         self.detach = detached(verb)
         self.phases: dict[str, float] = {}
+        self.init_pid: int | None = None  # the restored container's init, once the delegate restored it
         self.spec_devices: list[Device] = []
         self.spec = Spec()
         self.rootfs = ""
@@ -277,7 +287,7 @@ class GpuRestore:
                 f"restore of {self.container_id} failed: {one_line(error)}; the container was stopped"
             ) from None
         self._ended()
-        free_images_later(self.args, self.container_id, image_dir_of(self.verb))  # once the processes run
+        free_images_later(self.args, self.delegate, self.verb, self.container_id, self.init_pid)  # once they run
         if signals.signum is not None:
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived while the driver restored the "
                 "CUDA processes: the restore completed")
@@ -305,6 +315,7 @@ class GpuRestore:
         wanted = {record.container_pid for record in self.manifest.processes}
 
         state = container_state(self.delegate, self.args.global_argv, self.container_id)
+        self.init_pid = state.pid
         for change in sync_nvidia_nodes(state.pid, self.spec_devices, self.rootfs):
             log(self.args, "info", f"{self.container_id}: {change} (the restore spec's devices)")
         host_pids = container_processes(container_pids(self.delegate, self.args.global_argv, self.container_id),

@@ -5,6 +5,7 @@ the holder ends on its own either way."""
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -78,13 +79,15 @@ def test_held_files_are_bounded_and_a_missing_directory_holds_none(tmp_path: Pat
     assert open_large_files(str(link), min_bytes=1) == []  # the image directory itself never through a link
 
 
-def _holding(directory: Path, size: int, hold_s: float) -> tuple[Path, int]:
-    """A pages image of `size` bytes in `directory`, and the PID of a holder started on it as a restore starts it."""
+def _holding(directory: Path, size: int, hold_s: float, until_pid: int | None = None) -> tuple[Path, int]:
+    """A pages image of `size` bytes in `directory`, and the PID of a holder started on it as a restore starts it
+    (with a pidfd of `until_pid`, the container's init, when given)."""
     pages = directory / "pages-1.img"
     _write(pages, size)
     fds = open_large_files(str(directory), min_bytes=MIB)
-    holder = start_detached(holder_argv(fds, hold_s=hold_s), fds)
-    for fd in fds:
+    until = os.pidfd_open(until_pid) if until_pid else -1
+    holder = start_detached(holder_argv(fds, until, hold_s=hold_s), [*fds, *([until] if until >= 0 else [])])
+    for fd in [*fds, *([until] if until >= 0 else [])]:
         os.close(fd)
     return pages, holder
 
@@ -113,3 +116,19 @@ def test_kept_checkpoint_is_let_go_after_the_hold(tmp_path: Path) -> None:
     pages, holder = _holding(tmp_path, 2 * MIB, hold_s=0.3)
     assert _ended(holder, within_s=5), "the holder outlived its hold"
     assert pages.read_bytes() == b"\x5a" * (2 * MIB)  # kept (`--keep`): untouched
+
+
+def test_the_hold_ends_with_the_container(tmp_path: Path) -> None:
+    """conmon, a subreaper, adopts the holder and waits for it: it must not outlive the container (`--keep`)."""
+    init = subprocess.Popen(["sleep", "60"])
+    try:
+        pages, holder = _holding(tmp_path, 2 * MIB, hold_s=60, until_pid=init.pid)
+        time.sleep(0.3)
+        assert not _ended(holder, within_s=0.1), "the holder let go before the container ended"
+        init.kill()
+        init.wait()
+        assert _ended(holder, within_s=5), "the holder outlived the container"
+        assert pages.read_bytes() == b"\x5a" * (2 * MIB)
+    finally:
+        init.kill()
+        init.wait()
