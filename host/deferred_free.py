@@ -11,7 +11,7 @@ when the restored container's init does (a pidfd): an engine whose monitor is a 
 (conmon) adopts the holder, and waits for its children before it exits.
 
 O_PATH opens nothing (no FIFO waits, no device's open), O_NOFOLLOW holds no link's target,
-and only regular files are held. Run as a script (`python -I -S deferred_free.py HOLD_S FD...`),
+and only regular files are held. Run as a script (`python -I -S deferred_free.py HOLD_S UNTIL_FD FD...`),
 the holder imports nothing of gpuckpt.
 """
 
