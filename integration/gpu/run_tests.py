@@ -261,21 +261,26 @@ def scenario_downtime(results: dict) -> str | None:
                 f"floor {floor:.2f} s, checkpoint {checkpoint_s:.2f} s; {phases}")
             before = assert_continues(bundle, before)
             shutil.rmtree(images)
-        staged_rounds = [r for r in rounds if r["staged"]]
-        direct_rounds = [r for r in rounds if not r["staged"]]
-        results["downtime"] = {
-            "gib": float(gib), "rounds": rounds, "machine": harness.sh("nvidia-smi", "--query-gpu=name,driver_version",
-                                                                       "--format=csv,noheader").stdout.strip(),
-            # the floors under the phases, on this machine: the bus for the device phases, the disk for the write
-            "copy_floor": harness.copy_floor(), "disk_floor": cold_vs_restore.disk_floor(Path("/var/tmp")),
-            "downtime_over_floor": max(r["downtime_over_floor"] for r in staged_rounds),
-            "staged_downtime_s": [r["downtime_s"] for r in staged_rounds],
-            "direct_downtime_s": [r["downtime_s"] for r in direct_rounds],
-        }
-        (harness.OUT / "downtime.json").write_text(json.dumps(results["downtime"], indent=2))  # type: ignore[operator]
     finally:
         config.write_text(plain)
         bundle.destroy()
+    staged_rounds = [r for r in rounds if r["staged"]]
+    direct_rounds = [r for r in rounds if not r["staged"]]
+    results["downtime"] = {
+        "gib": float(gib), "rounds": rounds, **machine_floors(),
+        "downtime_over_floor": max(r["downtime_over_floor"] for r in staged_rounds),
+        "staged_downtime_s": [r["downtime_s"] for r in staged_rounds],
+        "direct_downtime_s": [r["downtime_s"] for r in direct_rounds],
+    }
+    (harness.OUT / "downtime.json").write_text(json.dumps(results["downtime"], indent=2))  # type: ignore[operator]
+
+
+def machine_floors() -> dict:
+    """The machine and the floors under the phases on it, measured once the workload has left the GPU: the
+    bus for the device phases, the disk under /var/tmp (where the images and archives go) for the write."""
+    return {"machine": harness.sh("nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                  "--format=csv,noheader").stdout.strip(),
+            "copy_floor": harness.copy_floor(), "disk_floor": cold_vs_restore.disk_floor(Path("/var/tmp"))}
 
 
 class LongestPause:
@@ -341,14 +346,14 @@ def scenario_podman_leave_running_export(results: dict) -> str | None:
             before = assert_continues(state, before)
             archive.unlink()
             Path(f"{archive}.sig").unlink(missing_ok=True)
-        paused = {way: [r["workload_pause_s"] for r in rounds if r["way"] == way] for way in ("gpuckpt", "podman")}
-        results["podman_leave_running_export"] = {
-            "gib": float(gib), "rounds": rounds,
-            "gpuckpt_over_podman_downtime": round(sum(paused["gpuckpt"]) / sum(paused["podman"]), 3)}
-        (harness.OUT / "leave_running_export.json").write_text(  # type: ignore[operator]
-            json.dumps(results["podman_leave_running_export"], indent=2))
     finally:
         podman.cli("rm", "-f", name, check=False)
+    paused = {way: [r["workload_pause_s"] for r in rounds if r["way"] == way] for way in ("gpuckpt", "podman")}
+    results["podman_leave_running_export"] = {
+        "gib": float(gib), "rounds": rounds, **machine_floors(),
+        "gpuckpt_over_podman_downtime": round(sum(paused["gpuckpt"]) / sum(paused["podman"]), 3)}
+    (harness.OUT / "leave_running_export.json").write_text(  # type: ignore[operator]
+        json.dumps(results["podman_leave_running_export"], indent=2))
 
 
 def bit_exact_training(results: dict, key: str, script: str, env: dict[str, str], steps: int = 300,
