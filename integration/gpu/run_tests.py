@@ -236,9 +236,10 @@ def downtime_phases(messages: str) -> dict:
 
 
 def scenario_downtime(results: dict) -> str | None:
-    """--leave-running of a 16 GiB CUDA process to a disk directory, its dump staged in memory (the default)
-    and written to disk directly (cuda.stage_leave_running = false), in turns: the downtime beside its floor
-    measured in the same run (device checkpoint + the dump into memory + device restore)."""
+    """--leave-running of a 16 GiB CUDA process to a disk directory, its dump staged in memory
+    (cuda.stage_leave_running = true) and written to disk directly (the default), in turns: the downtime beside
+    its floor measured in the same run (device checkpoint + the dump + device restore), the worse of all rounds
+    as `downtime_over_floor`."""
     gib = os.environ.get("DOWNTIME_GIB", "16")
     bundle = Bundle("downtime", COUNTER, {"GIB": gib})
     config = Path("/etc/gpuckpt/config.toml")
@@ -248,7 +249,7 @@ def scenario_downtime(results: dict) -> str | None:
         bundle.start()
         before = wait_counters(bundle, 1, 3, timeout_s=600)
         for staged in (True, False, True, False):
-            config.write_text(plain if staged else plain + "[cuda]\nstage_leave_running = false\n")
+            config.write_text(plain + f"[cuda]\nstage_leave_running = {str(staged).lower()}\n")
             images = Path(f"/var/tmp/gpuckpt-img-downtime-{len(rounds)}")
             checkpoint_s, result = bundle.checkpoint(images, "--leave-running")
             phases = downtime_phases(result.stderr)
@@ -268,7 +269,7 @@ def scenario_downtime(results: dict) -> str | None:
     direct_rounds = [r for r in rounds if not r["staged"]]
     results["downtime"] = {
         "gib": float(gib), "rounds": rounds, **machine_floors(),
-        "downtime_over_floor": max(r["downtime_over_floor"] for r in staged_rounds),
+        "downtime_over_floor": max(r["downtime_over_floor"] for r in rounds),
         "staged_downtime_s": [r["downtime_s"] for r in staged_rounds],
         "direct_downtime_s": [r["downtime_s"] for r in direct_rounds],
     }
