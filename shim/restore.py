@@ -1,7 +1,8 @@
 """`gpuckpt-runtime restore`: the delegate's restore, then the GPU steps.
 
-Phases, in order: read the image's manifest (refusing an image whose dump never
-completed) and check this node against it (before touching anything), the delegate's
+Phases, in order: verify the dump's signature before any of its files is parsed, read the
+image's manifest (refusing an image whose dump never completed), check CRIU's images against
+the bundle and this node against the manifest (before touching anything), the delegate's
 restore, then find the restored CUDA processes and restore (remapped if the GPUs
 changed) and unlock them in parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP
 arrives before the driver's restore begins (a flag, checked between phases), the
@@ -47,6 +48,7 @@ from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
 from gpuckpt.oci.criu_images import directory_source, read_cgroup_hierarchies
 from gpuckpt.oci.manifest import Manifest, read_manifest, require_completed
+from gpuckpt.oci.signature import SignatureError
 from gpuckpt.oci.spec import Device, Spec, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
@@ -64,7 +66,7 @@ from gpuckpt.shim.devnodes import sync_nvidia_nodes
 from gpuckpt.shim.interrupt import SignalFlag, deferred_signals
 from gpuckpt.shim.log import log
 from gpuckpt.shim.recover import finish_left_journal
-from gpuckpt.transfer.dump_signature import verify_dump
+from gpuckpt.transfer.dump_signature import DUMP_SIGNATURE, verify_dump
 from gpuckpt.transfer.staging import claim_staged_pages
 
 START_TIMEOUT_S = 600.0
@@ -87,24 +89,24 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
 
 def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, gpus: NodeGpus,
              lock: ContainerLock) -> int:
-    refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
-    if (written := read_manifest(image_dir_of(verb))) is not None:
-        require_completed(written, image_dir_of(verb))  # read again, once verified, to be used
+    if staged := claim_staged_pages(image_dir_of(verb)):  # before the check of the pages' signed sizes
+        log(args, "info", f"{container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
 
+    # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote
+    # them, checked before any of them is parsed (the manifest, CRIU's images)
+    verified, signed = verify_dump_or_say_unfinished(image_dir_of(verb), f"restore of {container_id}")
+    log(args, "debug" if signed else "warning", verified)
+    manifest = read_manifest(image_dir_of(verb))
+    if manifest is not None:
+        require_completed(manifest, image_dir_of(verb))
+    refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")
     if network_lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(network_lock)  # CRIU locks the network while it restores TCP connections too
-    if staged := claim_staged_pages(image_dir_of(verb)):
-        log(args, "info", f"{container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
-
-    # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote them
-    verified, signed = verify_dump(image_dir_of(verb), load_trust(), f"restore of {container_id}")
-    log(args, "debug" if signed else "warning", verified)
-    manifest = read_manifest(image_dir_of(verb))
     again: list[str] = []
     if manifest is not None:
         # CRIU restores TCP connections, external unix sockets and locks only when asked again.
@@ -123,6 +125,23 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
             loopback_as_created(args, delegate, verb, container_id, spec)
         return status
     return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
+
+
+def verify_dump_or_say_unfinished(image_dir: str, what: str) -> tuple[str, bool]:
+    """verify_dump; a dump left unsigned because it never completed (a checkpoint that failed or was cut
+    short signs nothing) is refused as that, which the user can act on, not as a stranger's image."""
+    try:
+        return verify_dump(image_dir, load_trust(), what)
+    except SignatureError as refusal:
+        if os.path.lexists(os.path.join(image_dir, DUMP_SIGNATURE)):
+            raise
+        try:
+            written = read_manifest(image_dir)
+        except ImageError:
+            raise refusal from None
+        if written is not None:
+            require_completed(written, image_dir)  # only picks the refusal's words: it refuses either way
+        raise
 
 
 def free_images_later(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str,

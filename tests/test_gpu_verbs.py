@@ -24,12 +24,14 @@ from gpuckpt.cuda import engine, inventory
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuCheckpointError
+from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError
 from gpuckpt.host import procfs
 from gpuckpt.node.suspension import read_suspension
 from gpuckpt.oci.manifest import GpuRecord, read_manifest
+from gpuckpt.oci.signature import SignatureError
 from gpuckpt.shim import checkpoint, freezer, pause, restore
 from gpuckpt.shim.argv import parse_runtime_args
+from gpuckpt.transfer.dump_signature import DUMP_SIGNATURE, sign_dump
 
 H100 = "NVIDIA H100 80GB HBM3"
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"
@@ -445,6 +447,50 @@ def test_restore_refused_on_another_chip_touches_nothing(make_node, monkeypatch)
         restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
     assert len(node.calls()) == before  # the delegate was never called
     assert node.driver.states[node.pids[0]] == ProcessState.CHECKPOINTED
+
+
+def signed_as_criu_leaves_it(node: Node) -> None:
+    """The fake runtime writes no CRIU images: an inventory.img as CRIU's dump leaves one, and the dump
+    signed again over it, as the shim signs after a real dump."""
+    (node.images / "inventory.img").write_bytes(b"\x01" * 64)
+    assert sign_dump(str(node.images)) is not None
+
+
+@pytest.mark.hostile("a signed dump whose gpuckpt-manifest.json was changed afterwards into bytes no parser accepts")
+def test_restore_checks_the_signature_before_parsing_the_manifest(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 1)
+    signed_as_criu_leaves_it(node)
+    manifest = node.images / "gpuckpt-manifest.json"
+    manifest.write_bytes(b"{" * manifest.stat().st_size)
+    before = len(node.calls())
+    with pytest.raises(SignatureError, match="gpuckpt-manifest.json does not match its sha256 signed at dump"):
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
+    assert len(node.calls()) == before  # the delegate was never called
+
+
+@pytest.mark.hostile("a signed dump with a CRIU image added after the signature, one the image check would parse")
+def test_restore_checks_the_signature_before_parsing_criu_images(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 1)
+    signed_as_criu_leaves_it(node)
+    (node.images / "pstree.img").write_bytes(b"\xff" * 4096)  # the image check reads it first
+    before = len(node.calls())
+    with pytest.raises(SignatureError, match="pstree.img is not among the files signed at dump"):
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
+    assert len(node.calls()) == before
+
+
+def test_an_unsigned_unfinished_dump_is_refused_as_unfinished(make_node, monkeypatch) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 1)
+    (node.images / "inventory.img").write_bytes(b"\x01" * 64)
+    (node.images / DUMP_SIGNATURE).unlink(missing_ok=True)
+    manifest = node.images / "gpuckpt-manifest.json"
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "dump_completed": False}))
+    assert not read_manifest(str(node.images)).dump_completed
+    with pytest.raises(ImageError, match="the dump of ctr never completed"):
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
+    manifest.write_text("not json")  # unreadable: the refusal stays the signature's
+    with pytest.raises(SignatureError, match="has no gpuckpt-dump.sig"):
+        restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus))
 
 
 def test_failed_gpu_restore_kills_the_half_restored_container(make_node, monkeypatch) -> None:
