@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpuckpt.errors import ConfigError, ImageError
+from gpuckpt.errors import ConfigError, GpuckptError, ImageError
 
 
 def create_new(path: str, mode: int = 0o600) -> int:
@@ -106,23 +106,54 @@ def require_private(fd: int, path: str) -> None:
         raise ConfigError(f"{path}: owned by uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):o}: "
                           f"checkpoints are kept only where uid {os.geteuid()} alone may write "
                           f"(chown {os.geteuid()} and chmod go-w it, or name another directory)")
-    # every directory the path passes through, as written and as the links resolve now
+    _require_path_not_movable_by_others(path, ConfigError)
+
+
+def require_image_directory_private(path: str, what: str) -> None:
+    """A checkpoint's image directory, which root signs at dump and verifies, then parses, at restore, by
+    name: refused unless only root (or this user) may write in it, move it or a directory above it, or
+    swap a link on the way (what another user changed between the signature and the reading would be
+    read as signed). One not made yet (runc makes it at checkpoint) is judged by the directories above it."""
+    absolute = os.path.abspath(path)
+    try:
+        status = os.stat(absolute)
+    except FileNotFoundError:
+        status = None
+    if status is not None and (status.st_uid not in (0, os.geteuid()) or status.st_mode & 0o022):
+        raise ImageError(f"{what}: {absolute}: owned by uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):o}: "
+                         f"checkpoint images are written and read only where no other user may write "
+                         f"(chown root and chmod go-w it, or name another directory)")
+    _require_path_not_movable_by_others(path, ImageError, what)
+
+
+def _require_path_not_movable_by_others(path: str, error: type[GpuckptError], what: str = "") -> None:
+    """Every directory `path` passes through, as written and as the links resolve now, and every link on
+    the way as written: none can be moved or swapped by a user other than root or this one."""
     absolute = os.path.abspath(path)
     for named in (absolute, os.path.realpath(absolute)):
-        above = os.path.dirname(named)
-        while True:
-            _require_not_movable_by_others(above, path)
-            if above == os.path.dirname(above):
-                break
+        above = named
+        while above != os.path.dirname(above):
+            try:
+                link = os.lstat(above)
+            except FileNotFoundError:
+                link = None
+            if link is not None and stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):
+                raise error(f"{what}{': ' if what else ''}{above}: a link owned by uid {link.st_uid}, who may point "
+                            f"it elsewhere at any time (name the directory it leads to)")
             above = os.path.dirname(above)
+            _require_not_movable_by_others(above, path, error, what)
 
 
-def _require_not_movable_by_others(directory: str, path: str) -> None:
-    status = os.stat(directory)
+def _require_not_movable_by_others(directory: str, path: str, error: type[GpuckptError] = ConfigError,
+                                   what: str = "") -> None:
+    try:
+        status = os.stat(directory)
+    except FileNotFoundError:
+        return  # judged by what is above it, where whoever makes it makes it
     if status.st_uid not in (0, os.geteuid()) or (status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX):
-        raise ConfigError(f"{directory}: mode {stat.S_IMODE(status.st_mode):o}: owned by uid {status.st_uid}, "
-                          f"another user may move {path} (or a directory above it) away and put a link there "
-                          f"(chmod go-w or +t it, or name another directory)")
+        raise error(f"{what}{': ' if what else ''}{directory}: mode {stat.S_IMODE(status.st_mode):o}: owned by uid "
+                    f"{status.st_uid}, another user may move {path} (or a directory above it) away and put a link "
+                    f"there (chmod go-w or +t it, or name another directory)")
 
 
 def private_directory(path: str) -> int:

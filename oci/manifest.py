@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import replace_file
+from gpuckpt.host.safefiles import read_regular, replace_file
 from gpuckpt.oci.problems import first_problem
 
 MANIFEST_NAME = "gpuckpt-manifest.json"
@@ -151,14 +151,13 @@ def read_manifest(image_dir: str) -> Manifest | None:
     """The image's manifest, None if it has none (a checkpoint without GPU state)."""
     path = os.path.join(image_dir, MANIFEST_NAME)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        # O_NONBLOCK: a FIFO by that name must not hang the caller (refused as not a regular file)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as error:
         raise ImageError(f"{path}: cannot read: {error.strerror}") from None
-    with os.fdopen(fd, "rb") as manifest_file:
-        text = manifest_file.read(MAX_MANIFEST_BYTES + 1)
-    return parse_manifest(text, path)
+    return parse_manifest(read_regular(fd, MAX_MANIFEST_BYTES, path), path)
 
 
 def parse_manifest(text: bytes, path: str) -> Manifest:

@@ -33,6 +33,7 @@ from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
 from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
 from gpuckpt.host.procfs import container_pid, container_processes
+from gpuckpt.host.safefiles import require_image_directory_private
 from gpuckpt.node.config import load_config
 from gpuckpt.node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
 from gpuckpt.node.lock import ContainerLock
@@ -83,6 +84,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     if owned is None:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
+    require_image_directory_private(image_dir_of(verb), f"checkpoint of {container_id}")  # what it signs there
     gpus = gpus or NodeGpus()
     with ContainerLock(container_id, "checkpoint") as lock:
         finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))

@@ -32,7 +32,7 @@ from gpuckpt.host.deferred_free import holder_argv, open_large_files
 from gpuckpt.host.netns import in_netns_of, loopback_up
 from gpuckpt.host.process import CommandError, start_detached
 from gpuckpt.host.procfs import container_pid, container_processes
-from gpuckpt.host.safefiles import read_bounded
+from gpuckpt.host.safefiles import read_bounded, require_image_directory_private
 from gpuckpt.node.config import Config, load_config
 from gpuckpt.node.journal import (
     Journal,
@@ -47,7 +47,7 @@ from gpuckpt.node.lock import ContainerLock
 from gpuckpt.node.paths import config_path
 from gpuckpt.node.trust import load_trust
 from gpuckpt.oci.criu_images import directory_source, read_cgroup_hierarchies
-from gpuckpt.oci.manifest import Manifest, read_manifest, require_completed
+from gpuckpt.oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_completed
 from gpuckpt.oci.signature import SignatureError
 from gpuckpt.oci.spec import Device, Spec, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
@@ -92,6 +92,12 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
+    require_image_directory_private(image_dir_of(verb), f"restore of {container_id}")  # read by name below
+    if not any(os.path.lexists(os.path.join(image_dir_of(verb), name))
+               for name in ("inventory.img", DUMP_SIGNATURE, MANIFEST_NAME)):
+        # no dump here (CRIU reads inventory.img first, and restores nothing without it), nor any of ours:
+        # nothing of the directory is read, the delegate says what is wrong in its own words
+        return run_delegate(delegate, delegate_argv(delegate, args, []))
     if staged := claim_staged_pages(image_dir_of(verb)):  # before the check of the pages' signed sizes
         log(args, "info", f"{container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
 
