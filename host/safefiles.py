@@ -109,21 +109,36 @@ def require_private(fd: int, path: str) -> None:
     _require_path_not_movable_by_others(path, ConfigError)
 
 
-def require_image_directory_private(path: str, what: str) -> None:
+def require_image_directory_private(path: str, what: str, make: bool = False) -> None:
     """A checkpoint's image directory, which root signs at dump and verifies, then parses, at restore, by
-    name: refused unless only root (or this user) may write in it, move it or a directory above it, or
-    swap a link on the way (what another user changed between the signature and the reading would be
-    read as signed). One not made yet (runc makes it at checkpoint) is judged by the directories above it."""
+    name: refused unless it exists (made here first with `make`, as runc would, so that nobody else can make
+    it in between) and only root (or this user) may write in it, move it or a directory above it, or swap a
+    link on the way: what another user changed between the signature and the reading would be read as
+    signed. A '..' is refused: the kernel takes it after a link, a check of the path as text before it."""
+    if ".." in path.split("/"):
+        raise ImageError(f"{what}: {path}: an image path with '..' is refused (name the directory itself)")
     absolute = os.path.abspath(path)
+    _require_path_not_movable_by_others(absolute, ImageError, what)  # before anything is made below it
+    if make:
+        try:
+            parent_fd, fd, _ = make_directories(absolute, 0o700)  # missing ones made without following a link
+        except OSError as error:
+            raise ImageError(f"{what}: {absolute}: cannot make the image directory: {error.strerror}") from None
+        os.close(parent_fd)
+        os.close(fd)
     try:
         status = os.stat(absolute)
     except FileNotFoundError:
-        status = None
-    if status is not None and (status.st_uid not in (0, os.geteuid()) or status.st_mode & 0o022):
+        raise ImageError(f"{what}: {absolute} does not exist: no checkpoint images there") from None
+    except OSError as failure:
+        raise unexaminable(failure, absolute, what, ImageError) from None
+    if not stat.S_ISDIR(status.st_mode):
+        raise ImageError(f"{what}: {absolute}: not a directory")
+    if status.st_uid not in (0, os.geteuid()) or status.st_mode & 0o022:
         raise ImageError(f"{what}: {absolute}: owned by uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):o}: "
                          f"checkpoint images are written and read only where no other user may write "
                          f"(chown root and chmod go-w it, or name another directory)")
-    _require_path_not_movable_by_others(path, ImageError, what)
+    _require_path_not_movable_by_others(absolute, ImageError, what)  # and as the links resolve now it is there
 
 
 def _require_path_not_movable_by_others(path: str, error: type[GpuckptError], what: str = "") -> None:
@@ -137,11 +152,17 @@ def _require_path_not_movable_by_others(path: str, error: type[GpuckptError], wh
                 link = os.lstat(above)
             except FileNotFoundError:
                 link = None
+            except OSError as failure:
+                raise unexaminable(failure, above, what, error) from None
             if link is not None and stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):
                 raise error(f"{what}{': ' if what else ''}{above}: a link owned by uid {link.st_uid}, who may point "
                             f"it elsewhere at any time (name the directory it leads to)")
             above = os.path.dirname(above)
             _require_not_movable_by_others(above, path, error, what)
+
+
+def unexaminable(failure: OSError, path: str, what: str, error: type[GpuckptError]) -> GpuckptError:
+    return error(f"{what}{': ' if what else ''}{path}: cannot be examined ({failure.strerror}): refused")
 
 
 def _require_not_movable_by_others(directory: str, path: str, error: type[GpuckptError] = ConfigError,
@@ -150,6 +171,8 @@ def _require_not_movable_by_others(directory: str, path: str, error: type[Gpuckp
         status = os.stat(directory)
     except FileNotFoundError:
         return  # judged by what is above it, where whoever makes it makes it
+    except OSError as failure:  # a link another user put in a sticky directory (fs.protected_symlinks), ...
+        raise unexaminable(failure, directory, what, error) from None
     if status.st_uid not in (0, os.geteuid()) or (status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX):
         raise error(f"{what}{': ' if what else ''}{directory}: mode {stat.S_IMODE(status.st_mode):o}: owned by uid "
                     f"{status.st_uid}, another user may move {path} (or a directory above it) away and put a link "

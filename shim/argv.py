@@ -177,9 +177,14 @@ def delegate_argv(delegate: str, args: RuntimeArgs, options: Sequence[str] = ())
     return for_delegate(delegate, args, [*args.argv[:at], *options, *args.argv[at:]])
 
 
+def image_path_given(verb: VerbArgs) -> str:
+    """--image-path as the engine gave it (the delegate gets it so), or runc's default ./checkpoint."""
+    return verb.value("image-path") or "checkpoint"
+
+
 def image_dir_of(verb: VerbArgs) -> str:
-    """Where checkpoint images are: --image-path, or runc's default ./checkpoint."""
-    return os.path.abspath(verb.value("image-path") or "checkpoint")
+    """Where checkpoint images are, absolute (a '..' in it is refused first: host/safefiles.py)."""
+    return os.path.abspath(image_path_given(verb))
 
 
 def parse_verb_args(args: list[str], value_flags: frozenset[str]) -> VerbArgs:

@@ -46,7 +46,14 @@ from gpuckpt.oci.timestamps import utc_now
 from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_allowed
 from gpuckpt.policy.network import choose, container_policy, inspect_container, missing_option_hint
 from gpuckpt.policy.undumpable import refuse_undumpable
-from gpuckpt.shim.argv import CHECKPOINT_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
+from gpuckpt.shim.argv import (
+    CHECKPOINT_VALUE_FLAGS,
+    RuntimeArgs,
+    VerbArgs,
+    delegate_argv,
+    image_dir_of,
+    image_path_given,
+)
 from gpuckpt.shim.criu_log import dump_failure
 from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
 from gpuckpt.shim.delegate import (
@@ -84,7 +91,6 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     if owned is None:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
-    require_image_directory_private(image_dir_of(verb), f"checkpoint of {container_id}")  # what it signs there
     gpus = gpus or NodeGpus()
     with ContainerLock(container_id, "checkpoint") as lock:
         finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
@@ -267,6 +273,8 @@ class Checkpoint:
         self.pids = container_processes(self.pids_query.pids(), self.state.pid)
         refuse_undumpable(self.container_id, self.pids)
         self._choose_network_options()
+        # where the dump is signed: made here if runc would make it, so that nobody else makes it in between
+        require_image_directory_private(image_path_given(self.verb), f"checkpoint of {self.container_id}", make=True)
         if not self.spec.wants_gpu():
             return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step
         return self._run_gpu(started)

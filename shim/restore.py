@@ -52,7 +52,14 @@ from gpuckpt.oci.signature import SignatureError
 from gpuckpt.oci.spec import Device, Spec, read_annotations, read_spec
 from gpuckpt.policy.annotations import refuse_runtime_annotations
 from gpuckpt.policy.image import check_restore
-from gpuckpt.shim.argv import RESTORE_VALUE_FLAGS, RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
+from gpuckpt.shim.argv import (
+    RESTORE_VALUE_FLAGS,
+    RuntimeArgs,
+    VerbArgs,
+    delegate_argv,
+    image_dir_of,
+    image_path_given,
+)
 from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
 from gpuckpt.shim.delegate import (
     DelegateRun,
@@ -92,7 +99,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
-    require_image_directory_private(image_dir_of(verb), f"restore of {container_id}")  # read by name below
+    require_image_directory_private(image_path_given(verb), f"restore of {container_id}")  # read by name below
     if not any(os.path.lexists(os.path.join(image_dir_of(verb), name))
                for name in ("inventory.img", DUMP_SIGNATURE, MANIFEST_NAME)):
         # no dump here (CRIU reads inventory.img first, and restores nothing without it), nor any of ours:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 import test_gpu_verbs
@@ -73,12 +74,12 @@ def test_a_restore_through_a_link_another_user_owns_is_refused(make_node, monkey
 
 
 def test_a_checkpoint_directory_not_made_yet_is_judged_by_the_directories_above(tmp_path) -> None:
-    require_image_directory_private(str(tmp_path / "not" / "made"), "checkpoint of ctr")  # root's, closed: taken
-    tmp_path.chmod(0o1777)  # sticky, as /tmp: others cannot move what root made there
-    require_image_directory_private(str(tmp_path / "made-later"), "checkpoint of ctr")
-    tmp_path.chmod(0o777)
+    require_image_directory_private(str(tmp_path / "not" / "made"), "checkpoint of ctr", make=True)
+    assert (tmp_path / "not" / "made").is_dir()
+    tmp_path.chmod(0o777)  # not sticky: another user may move what root makes here
     with pytest.raises(ImageError, match="another user may move"):
-        require_image_directory_private(str(tmp_path / "made-later"), "checkpoint of ctr")
+        require_image_directory_private(str(tmp_path / "made-later"), "checkpoint of ctr", make=True)
+    assert not (tmp_path / "made-later").exists()  # refused before anything was made
     tmp_path.chmod(0o700)
 
 
@@ -114,3 +115,54 @@ def test_no_dump_at_all_is_the_delegates_to_refuse(make_node, tmp_path) -> None:
     empty.mkdir()
     assert restore_from(node, str(empty)) == 0  # the fake runtime restores anything: nothing of ours refused it
     assert "restore" in node.verbs_called()
+
+
+def test_a_checkpoint_makes_its_image_directory_root_only_before_anything_else_can(make_node, tmp_path) -> None:
+    node = make_node(1)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir(mode=0o1777)
+    sticky.chmod(0o1777)  # as /tmp: another user may make the name first, but not move root's away
+    node.images = sticky / "not-yet" / "images"
+    assert node.checkpoint() == 0
+    for made in (node.images, node.images.parent):
+        status = made.stat()
+        assert status.st_uid == 0 and status.st_mode & 0o077 == 0, oct(status.st_mode)
+    assert (node.images / DUMP_SIGNATURE).exists()  # signed there
+
+
+@pytest.mark.hostile("an image directory another user made first, in a sticky directory, before root's checkpoint")
+def test_a_checkpoint_into_a_directory_another_user_made_first_is_refused(make_node, tmp_path) -> None:
+    node = make_node(1)
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    node.images = sticky / "images"
+    node.images.mkdir(mode=0o777)
+    os.chown(node.images, NOBODY, NOBODY)
+    with pytest.raises(ImageError, match=f"owned by uid {NOBODY}, mode 7"):
+        node.checkpoint()
+    assert "checkpoint" not in node.verbs_called() and node.all_running()
+
+
+@pytest.mark.hostile("a restore from an image directory that does not exist (another user may rename one there)")
+def test_a_restore_from_a_directory_that_is_not_there_is_refused(make_node, tmp_path) -> None:
+    node = make_node(1)
+    before = len(node.calls())
+    with pytest.raises(ImageError, match=f"{tmp_path}/absent does not exist: no checkpoint images there"):
+        restore_from(node, str(tmp_path / "absent"))
+    assert len(node.calls()) == before
+
+
+@pytest.mark.hostile("an image path with '..' after a link (the kernel follows the link first, a text check does not)")
+def test_an_image_path_with_dot_dot_is_refused(make_node, monkeypatch, tmp_path) -> None:
+    node = checkpointed_node(make_node, monkeypatch, 1)
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "l").symlink_to("a/b")
+    dotted = f"{tmp_path}/l/../../images"
+    before = len(node.calls())
+    with pytest.raises(ImageError, match="an image path with '..' is refused"):
+        restore_from(node, dotted)
+    assert len(node.calls()) == before
+    node.images = Path(dotted)
+    with pytest.raises(ImageError, match="an image path with '..' is refused"):
+        node.checkpoint()

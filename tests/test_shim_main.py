@@ -39,9 +39,10 @@ def test_pass_through_keeps_argv_unchanged(node, recording_runtime, argv) -> Non
 
 
 @pytest.mark.parametrize("verb", ["checkpoint", "restore"])
-def test_owned_verbs_pass_the_delegates_status(node, recording_runtime, verb) -> None:
+def test_owned_verbs_pass_the_delegates_status(node, recording_runtime, verb, tmp_path) -> None:
     write_config(node, f'delegate = "{recording_runtime}"\n')
-    argv = ["--root", "/r", verb, "--image-path", "/i", "c1"]
+    (tmp_path / "i").mkdir()  # a restore from a directory not there is refused before the delegate runs
+    argv = ["--root", "/r", verb, "--image-path", str(tmp_path / "i"), "c1"]
     result = run_shim(argv, {"REC_STATUS": "3"})
     assert result.returncode == 3
     assert recorded(recording_runtime) == argv
