@@ -109,7 +109,11 @@ def scenario_failed_dump(results: dict) -> str | None:
     try:
         bundle.start()
         before = wait_counters(bundle, 1, 3)
-        _, result = bundle.checkpoint(Path("/proc/gpuckpt-cannot-write-here"), check=False)
+        # CRIU's work directory cannot be made: the delegate's dump fails once the device checkpoint is done
+        # (an image directory there would be refused before anything: shim/checkpoint.py makes and judges it)
+        _, result = bundle.checkpoint(Path("/var/tmp/gpuckpt-img-faildump"), "--work-path",
+                                      "/proc/gpuckpt-cannot-write-here", check=False)
+        assert "cannot-write-here" in result.stderr, result.stderr
         assert result.returncode != 0, "the dump should have failed"
         assert bundle.state()["status"] == "running"
         assert_continues(bundle, before)
@@ -118,6 +122,7 @@ def scenario_failed_dump(results: dict) -> str | None:
         log(f"failed dump: exit {result.returncode}, workload continued; message: {result.stderr.strip()[-200:]}")
     finally:
         bundle.destroy()
+        shutil.rmtree("/var/tmp/gpuckpt-img-faildump", ignore_errors=True)
 
 
 JOURNAL_DIR = Path("/var/lib/gpuckpt/journal")
