@@ -166,3 +166,12 @@ def test_an_image_path_with_dot_dot_is_refused(make_node, monkeypatch, tmp_path)
     node.images = Path(dotted)
     with pytest.raises(ImageError, match="an image path with '..' is refused"):
         node.checkpoint()
+
+
+@pytest.mark.hostile("an image directory that is itself sticky and world-writable (a fresh tmpfs's root, /tmp)")
+def test_an_image_directory_others_may_add_files_to_is_refused_even_if_sticky(tmp_path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    images.chmod(0o1777)  # others cannot remove root's files, but may add their own, to be signed
+    with pytest.raises(ImageError, match="owned by uid 0, mode 1777: checkpoint images are written and read only"):
+        require_image_directory_private(str(images), "checkpoint of ctr", make=True)
