@@ -118,8 +118,8 @@ def require_image_directory_private(path: str, what: str, make: bool = False) ->
     if ".." in path.split("/"):
         raise ImageError(f"{what}: {path}: an image path with '..' is refused (name the directory itself)")
     absolute = os.path.abspath(path)
-    _require_path_not_movable_by_others(absolute, ImageError, what)  # before anything is made below it
     if make:
+        _require_path_not_movable_by_others(absolute, ImageError, what)  # before anything is made below it
         try:
             parent_fd, fd, _ = make_directories(absolute, 0o700)  # missing ones made without following a link
         except OSError as error:
@@ -131,14 +131,14 @@ def require_image_directory_private(path: str, what: str, make: bool = False) ->
     except FileNotFoundError:
         raise ImageError(f"{what}: {absolute} does not exist: no checkpoint images there") from None
     except OSError as failure:
-        raise unexaminable(failure, absolute, what, ImageError) from None
+        raise _unexaminable(failure, absolute, what, ImageError) from None
     if not stat.S_ISDIR(status.st_mode):
         raise ImageError(f"{what}: {absolute}: not a directory")
     if status.st_uid not in (0, os.geteuid()) or status.st_mode & 0o022:
         raise ImageError(f"{what}: {absolute}: owned by uid {status.st_uid}, mode {stat.S_IMODE(status.st_mode):o}: "
                          f"checkpoint images are written and read only where no other user may write "
                          f"(chown root and chmod go-w it, or name another directory)")
-    _require_path_not_movable_by_others(absolute, ImageError, what)  # and as the links resolve now it is there
+    _require_path_not_movable_by_others(absolute, ImageError, what)  # as it is there, written and resolved
 
 
 def _require_path_not_movable_by_others(path: str, error: type[GpuckptError], what: str = "") -> None:
@@ -153,7 +153,7 @@ def _require_path_not_movable_by_others(path: str, error: type[GpuckptError], wh
             except FileNotFoundError:
                 link = None
             except OSError as failure:
-                raise unexaminable(failure, above, what, error) from None
+                raise _unexaminable(failure, above, what, error) from None
             if link is not None and stat.S_ISLNK(link.st_mode) and link.st_uid not in (0, os.geteuid()):
                 raise error(f"{what}{': ' if what else ''}{above}: a link owned by uid {link.st_uid}, who may point "
                             f"it elsewhere at any time (name the directory it leads to)")
@@ -161,7 +161,8 @@ def _require_path_not_movable_by_others(path: str, error: type[GpuckptError], wh
             _require_not_movable_by_others(above, path, error, what)
 
 
-def unexaminable(failure: OSError, path: str, what: str, error: type[GpuckptError]) -> GpuckptError:
+def _unexaminable(failure: OSError, path: str, what: str, error: type[GpuckptError]) -> GpuckptError:
+    """The refusal of a path whose parts cannot be looked at (not the error of a crash)."""
     return error(f"{what}{': ' if what else ''}{path}: cannot be examined ({failure.strerror}): refused")
 
 
@@ -172,7 +173,7 @@ def _require_not_movable_by_others(directory: str, path: str, error: type[Gpuckp
     except FileNotFoundError:
         return  # judged by what is above it, where whoever makes it makes it
     except OSError as failure:  # a link another user put in a sticky directory (fs.protected_symlinks), ...
-        raise unexaminable(failure, directory, what, error) from None
+        raise _unexaminable(failure, directory, what, error) from None
     if status.st_uid not in (0, os.geteuid()) or (status.st_mode & 0o022 and not status.st_mode & stat.S_ISVTX):
         raise error(f"{what}{': ' if what else ''}{directory}: mode {stat.S_IMODE(status.st_mode):o}: owned by uid "
                     f"{status.st_uid}, another user may move {path} (or a directory above it) away and put a link "
