@@ -275,6 +275,8 @@ class Checkpoint:
         self._choose_network_options()
         # where the dump is signed: made here if runc would make it, so that nobody else makes it in between
         require_image_directory_private(image_path_given(self.verb), f"checkpoint of {self.container_id}", make=True)
+        if work_path := self.verb.value("work-path"):  # CRIU (root) writes its log and stats there, links followed
+            require_image_directory_private(work_path, f"checkpoint of {self.container_id}: --work-path", make=True)
         if not self.spec.wants_gpu():
             return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step
         return self._run_gpu(started)

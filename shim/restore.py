@@ -100,6 +100,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
     require_image_directory_private(image_path_given(verb), f"restore of {container_id}")  # read by name below
+    if work_path := verb.value("work-path"):  # CRIU (root) writes its log there, links followed
+        require_image_directory_private(work_path, f"restore of {container_id}: --work-path", make=True)
     if not any(os.path.lexists(os.path.join(image_dir_of(verb), name))
                for name in ("inventory.img", DUMP_SIGNATURE, MANIFEST_NAME)):
         # no dump here (CRIU reads inventory.img first, and restores nothing without it), nor any of ours:

@@ -175,3 +175,14 @@ def test_an_image_directory_others_may_add_files_to_is_refused_even_if_sticky(tm
     images.chmod(0o1777)  # others cannot remove root's files, but may add their own, to be signed
     with pytest.raises(ImageError, match="owned by uid 0, mode 1777: checkpoint images are written and read only"):
         require_image_directory_private(str(images), "checkpoint of ctr", make=True)
+
+
+@pytest.mark.hostile("a checkpoint's --work-path another user made (CRIU, as root, writes its log there through their links)")
+def test_a_work_path_another_user_owns_is_refused_before_the_dump(make_node, tmp_path) -> None:
+    node = make_node(1)
+    work = tmp_path / "work"
+    work.mkdir(mode=0o777)
+    os.chown(work, NOBODY, NOBODY)
+    with pytest.raises(ImageError, match=f"checkpoint of ctr: --work-path: {work}: owned by uid {NOBODY}"):
+        node.checkpoint("--work-path", str(work))
+    assert "checkpoint" not in node.verbs_called() and node.all_running()

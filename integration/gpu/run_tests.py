@@ -109,11 +109,11 @@ def scenario_failed_dump(results: dict) -> str | None:
     try:
         bundle.start()
         before = wait_counters(bundle, 1, 3)
-        # CRIU's work directory cannot be made: the delegate's dump fails once the device checkpoint is done
-        # (an image directory there would be refused before anything: shim/checkpoint.py makes and judges it)
-        _, result = bundle.checkpoint(Path("/var/tmp/gpuckpt-img-faildump"), "--work-path",
-                                      "/proc/gpuckpt-cannot-write-here", check=False)
-        assert "cannot-write-here" in result.stderr, result.stderr
+        # CRIU cannot reach the page server it is sent to: the delegate's dump fails once the device checkpoint
+        # is done (image and work directories the shim cannot make are refused before the GPU is touched)
+        _, result = bundle.checkpoint(Path("/var/tmp/gpuckpt-img-faildump"), "--page-server", "127.0.0.1:1",
+                                      check=False)
+        assert "restored and unlocked" in result.stderr, result.stderr
         assert result.returncode != 0, "the dump should have failed"
         assert bundle.state()["status"] == "running"
         assert_continues(bundle, before)
