@@ -118,7 +118,7 @@ def require_image_directory_private(path: str, what: str, make: bool = False) ->
     if ".." in path.split("/"):
         raise ImageError(f"{what}: {path}: an image path with '..' is refused (name the directory itself)")
     absolute = os.path.abspath(path)
-    if make:
+    if make and not os.path.isdir(absolute):  # one there (containerd's work path is a link of its own) is judged
         _require_path_not_movable_by_others(absolute, ImageError, what)  # before anything is made below it
         try:
             parent_fd, fd, _ = make_directories(absolute, 0o700)  # missing ones made without following a link

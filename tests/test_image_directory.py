@@ -177,7 +177,7 @@ def test_an_image_directory_others_may_add_files_to_is_refused_even_if_sticky(tm
         require_image_directory_private(str(images), "checkpoint of ctr", make=True)
 
 
-@pytest.mark.hostile("a checkpoint's --work-path another user made (CRIU, as root, writes its log there through their links)")
+@pytest.mark.hostile("a checkpoint's --work-path another user made (CRIU, as root, writes its log there)")
 def test_a_work_path_another_user_owns_is_refused_before_the_dump(make_node, tmp_path) -> None:
     node = make_node(1)
     work = tmp_path / "work"
@@ -186,3 +186,10 @@ def test_a_work_path_another_user_owns_is_refused_before_the_dump(make_node, tmp
     with pytest.raises(ImageError, match=f"checkpoint of ctr: --work-path: {work}: owned by uid {NOBODY}"):
         node.checkpoint("--work-path", str(work))
     assert "checkpoint" not in node.verbs_called() and node.all_running()
+
+
+def test_a_work_path_that_is_roots_link_to_a_directory_is_taken(make_node, tmp_path) -> None:
+    node = make_node(1)
+    (tmp_path / "work-target").mkdir(mode=0o700)
+    (tmp_path / "work").symlink_to(tmp_path / "work-target")  # as containerd's bundle links its work directory
+    assert node.checkpoint("--work-path", str(tmp_path / "work")) == 0
