@@ -536,6 +536,5 @@ class Checkpoint:
                             dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
             dump_completed=completed,
         )
-        os.makedirs(image_dir_of(self.verb), mode=0o700, exist_ok=True)  # runc makes it too, if we have not
         write_manifest(image_dir_of(self.verb), manifest)
 
