@@ -17,10 +17,10 @@ import tarfile
 import tempfile
 import time
 
-from gpuckpt.node.trust import ensure_node_key, load_trust
 from gpuckpt.oci.archive import decompressed, open_archive
 from gpuckpt.oci.podman_archive import ArchiveWriter, copy_checked
-from gpuckpt.transfer.provenance import ExportSigning, verify_archive_signature
+from gpuckpt.trust.keys import ensure_node_key, load_trust
+from gpuckpt.trust.provenance import ExportSigning, verify_archive_signature
 
 CHUNK = 64 << 20
 

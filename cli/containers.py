@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuckpt.errors import GpuckptError, UsageError
-from gpuckpt.host import process
-from gpuckpt.host.programs import find_program
-from gpuckpt.node.config import load_config
-from gpuckpt.node.paths import config_path
-from gpuckpt.shim.delegate import container_state
-from gpuckpt.shim.resolve import resolve_delegate
+from ..errors import GpuckptError, UsageError
+from ..host import process
+from ..host.programs import find_program
+from ..node.config import load_config
+from ..node.paths import config_path
+from ..shim.delegate import container_state
+from ..shim.resolve import resolve_delegate
 
 ENGINES = ("auto", "podman", "docker", "runc")
 

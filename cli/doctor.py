@@ -11,27 +11,27 @@ import os
 import re
 from collections.abc import Callable, Iterator
 
-from gpuckpt.cuda.driver import load_driver, version_text
-from gpuckpt.errors import GpuckptError, ImageError
-from gpuckpt.hooks.entry import hook_beside
-from gpuckpt.host import process
-from gpuckpt.host.cgroup_v1 import crun_directory, hybrid_or_legacy, stale_hierarchy_for_crun
-from gpuckpt.host.programs import find_program
-from gpuckpt.node.config import load_config
-from gpuckpt.node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
-from gpuckpt.node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
-from gpuckpt.node.inventory import inventory_dir, read_records
-from gpuckpt.node.journal import left_journals
-from gpuckpt.node.paths import config_path
-from gpuckpt.node.trust import load_trust, node_key_path, policy_path
-from gpuckpt.oci.criu_images import criu_messages
-from gpuckpt.oci.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
-from gpuckpt.oci.service_api import Request, Status
-from gpuckpt.service.client import request
-from gpuckpt.shim.delegate import delegate_version
-from gpuckpt.shim.resident_call import helper_listens
-from gpuckpt.shim.resident_call import socket_path as resident_socket_path
-from gpuckpt.shim.resolve import resolve_delegate
+from ..cuda.driver import load_driver, version_text
+from ..errors import GpuckptError, ImageError
+from ..host import process
+from ..host.cgroup_v1 import crun_directory, hybrid_or_legacy, stale_hierarchy_for_crun
+from ..host.programs import find_program
+from ..node.config import load_config
+from ..node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
+from ..node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
+from ..node.hook_entry import hook_beside
+from ..node.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
+from ..node.inventory import inventory_dir, read_records
+from ..node.journal import left_journals
+from ..node.paths import config_path
+from ..oci.criu_images import criu_messages
+from ..resident.call import helper_listens
+from ..resident.call import socket_path as resident_socket_path
+from ..service.api import Request, Status
+from ..service.client import request
+from ..shim.delegate import delegate_version
+from ..shim.resolve import resolve_delegate
+from ..trust.keys import load_trust, node_key_path, policy_path
 
 MIN_CRIU_MAJOR = 4
 SERVICE_UNIT = "gpuckptd.service"  # packaging/systemd/gpuckptd.service

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-from gpuckpt.cli.progress import bytes_done, container_bar, line_above
-from gpuckpt.errors import UsageError
-from gpuckpt.node.config import load_config
-from gpuckpt.oci.service_api import ContainerEvent, Event, Plan, Request, Result, Status
-from gpuckpt.service.client import request
+from ..errors import UsageError
+from ..node.config import load_config
+from ..service.api import ContainerEvent, Event, Plan, Request, Result, Status
+from ..service.client import request
+from .progress import bytes_done, container_bar, line_above
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

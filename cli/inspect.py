@@ -10,13 +10,13 @@ import argparse
 import json
 import os
 
-from gpuckpt.errors import UsageError
-from gpuckpt.host import process
-from gpuckpt.host.programs import find_program
-from gpuckpt.host.safefiles import read_bounded
-from gpuckpt.oci.image_layout import is_layout, parse_target, read_layout, verify_layer
-from gpuckpt.oci.manifest import read_manifest
-from gpuckpt.oci.podman_archive import CONFIG_DUMP, SMALL_FILES, PodmanArchive, check_podman_archive, described
+from ..errors import UsageError
+from ..host import process
+from ..host.programs import find_program
+from ..host.safefiles import read_bounded
+from ..oci.image_layout import is_layout, parse_target, read_layout, verify_layer
+from ..oci.manifest import read_manifest
+from ..oci.podman_archive import CONFIG_DUMP, SMALL_FILES, PodmanArchive, check_podman_archive, described
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

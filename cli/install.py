@@ -11,14 +11,14 @@ import argparse
 import os
 import signal
 
-from gpuckpt.cli.trust import run_init
-from gpuckpt.errors import UsageError
-from gpuckpt.hooks.entry import hook_beside
-from gpuckpt.host.programs import find_program
-from gpuckpt.node import engines
-from gpuckpt.node.config_edit import turn_hook_on
-from gpuckpt.node.containerd import CONTAINERD_CONFIG, HANDLER, register_containerd
-from gpuckpt.node.paths import config_path
+from ..errors import UsageError
+from ..host.programs import find_program
+from ..node import engines
+from ..node.config_edit import turn_hook_on
+from ..node.containerd import CONTAINERD_CONFIG, HANDLER, register_containerd
+from ..node.hook_entry import hook_beside
+from ..node.paths import config_path
+from .trust import run_init
 
 DOCKER_PID_FILE = "/var/run/docker.pid"
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuckpt import __version__
-from gpuckpt.cli import doctor, drain, inspect, install, recover, store, suspend, transfer, trust
-from gpuckpt.cli.signals import UNWOUND_AT_TERM, Terminated, unwind_at_termination
-from gpuckpt.errors import GpuckptError
+from .. import __version__
+from ..errors import GpuckptError
+from . import doctor, drain, inspect, install, recover, store, suspend, transfer, trust
+from .signals import UNWOUND_AT_TERM, Terminated, unwind_at_termination
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gpuckpt.shim.recover import recover_all
+from ..shim.recover import recover_all
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

@@ -19,13 +19,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 
-from gpuckpt.cli.progress import byte_bar, moved_to
-from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.store import podman
-from gpuckpt.store.catalog import usage, verify_store
-from gpuckpt.store.manifest import check_name
-from gpuckpt.store.repository import DEFAULT_STORE_DIR, Store
-from gpuckpt.store.retention import Collected, checkpoints, collect, to_prune
+from ..errors import ImageError, UsageError
+from ..store import podman
+from ..store.catalog import usage, verify_store
+from ..store.manifest import check_name
+from ..store.repository import DEFAULT_STORE_DIR, Store
+from ..store.retention import Collected, checkpoints, collect, to_prune
+from .progress import byte_bar, moved_to
 
 MIB = 2**20
 

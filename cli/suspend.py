@@ -8,14 +8,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from gpuckpt.cli.containers import ENGINES, find_container
-from gpuckpt.cuda.compat import complete_pairs
-from gpuckpt.cuda.driver import GpuPair
-from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.cuda.suspend import resume, suspend
-from gpuckpt.errors import UsageError
-from gpuckpt.node.config import load_config
-from gpuckpt.node.suspension import Suspension, all_suspensions, read_suspension, remove_suspension, write_suspension
+from ..cuda.compat import complete_pairs
+from ..cuda.driver import GpuPair
+from ..cuda.node import NodeGpus
+from ..cuda.suspend import resume, suspend
+from ..errors import UsageError
+from ..node.config import load_config
+from ..node.suspension import Suspension, all_suspensions, read_suspension, remove_suspension, write_suspension
+from .containers import ENGINES, find_container
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

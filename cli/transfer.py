@@ -23,36 +23,30 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, BinaryIO
 
-from gpuckpt.cli.progress import byte_bar, moved_to, watched
-from gpuckpt.cli.signals import termination_deferred
-from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
-from gpuckpt.host.process import Background, run
-from gpuckpt.host.programs import find_program
-from gpuckpt.node.config import ImportConfig, load_config
-from gpuckpt.node.engines import own_hook_paths
-from gpuckpt.node.trust import load_trust, require_node_key
-from gpuckpt.oci.archive import READ_BYTES, decompressed, open_archive
-from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
-from gpuckpt.oci.podman_archive import (
-    ArchiveWriter,
-    copy_checked,
-    described,
-    described_dumps,
-    exported_bytes,
-    import_refusals,
-)
-from gpuckpt.policy.image import check_archive
-from gpuckpt.transfer.bounds import RatioGuard, StagingBudget
-from gpuckpt.transfer.direct_read import file_kind
-from gpuckpt.transfer.provenance import ArchiveVerification, ExportSigning, Unsigned, verify_archive_signature
-from gpuckpt.transfer.staging import HeldOutput, Staging
+from ..errors import ImageError, UsageError
+from ..host.direct_read import file_kind
+from ..host.fifo import open_when_peer, private_fifo, widen
+from ..host.process import Background, run
+from ..host.programs import find_program
+from ..node.config import ImportConfig, load_config
+from ..node.engines import own_hook_paths
+from ..oci.archive import READ_BYTES, RatioGuard, decompressed, open_archive
+from ..oci.image_layout import CheckpointImageWriter, parse_target
+from ..oci.podman_archive import ArchiveWriter, copy_checked, described, described_dumps, exported_bytes
+from ..policy.archive_import import import_refusals
+from ..policy.image import check_archive
+from ..transfer.bounds import StagingBudget
+from ..transfer.staging import HeldOutput, Staging
+from ..trust.keys import load_trust, require_node_key
+from ..trust.provenance import ArchiveVerification, ExportSigning, Unsigned, verify_archive_signature
+from .progress import byte_bar, moved_to, watched
+from .signals import termination_deferred
 
 if TYPE_CHECKING:
     import tarfile
 
-    from gpuckpt.oci.podman_archive import Copied, PodmanArchive
-    from gpuckpt.oci.tarstream import ByteSink, ByteSource
+    from ..oci.podman_archive import Copied, PodmanArchive
+    from ..oci.tarstream import ByteSink, ByteSource
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:

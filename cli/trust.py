@@ -18,8 +18,12 @@ from typing import NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
-from gpuckpt.errors import UsageError
-from gpuckpt.node.trust import (
+from ..errors import UsageError
+from ..oci.archive import decompressed, open_archive
+from ..oci.image_layout import parse_target, read_layout, verify_layer
+from ..oci.podman_archive import copy_checked
+from ..oci.timestamps import utc_now
+from ..trust.keys import (
     THIS_NODE,
     KeyEntry,
     TrustPolicy,
@@ -35,12 +39,8 @@ from gpuckpt.node.trust import (
     require_node_key,
     save_policy,
 )
-from gpuckpt.oci.archive import decompressed, open_archive
-from gpuckpt.oci.image_layout import parse_target, read_layout, verify_layer
-from gpuckpt.oci.podman_archive import copy_checked
-from gpuckpt.oci.signature import key_id_of, parse_public_key, public_key_line
-from gpuckpt.oci.timestamps import utc_now
-from gpuckpt.transfer.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
+from ..trust.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
+from ..trust.signature import key_id_of, parse_public_key, public_key_line
 
 
 class Verb(NamedTuple):

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from gpuckpt.cuda.devices import GpuInfo
-from gpuckpt.cuda.driver import GpuPair
-from gpuckpt.errors import GpuCheckpointError
-from gpuckpt.oci.manifest import Manifest
+from ..errors import GpuCheckpointError
+from ..oci.manifest import Manifest
+from .devices import GpuInfo
+from .driver import GpuPair
 
 
 def _major(version: str) -> str:

@@ -10,9 +10,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gpuckpt.errors import DriverError
-from gpuckpt.host.procfs import fd_targets
-from gpuckpt.oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
+from ..errors import DriverError
+from ..host.procfs import fd_targets
+from ..oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
-from gpuckpt.cuda.devices import compute_pids, pids_holding_nvidia_devices
-from gpuckpt.errors import DriverError
+from ..errors import DriverError
+from .devices import compute_pids, pids_holding_nvidia_devices
 
 # NCCL's P2P and cuMem transports leave state the driver cannot restore (error 801,
 # seen on 2x H200): a job must run with both of these to be checkpointable.

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuckpt.errors import DriverError
+from ..errors import DriverError
 
 LIBCUDA = "libcuda.so.1"
 

@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.errors import GpuCheckpointError, GpuckptError
-from gpuckpt.host.procfs import is_stopped
+from ..errors import GpuCheckpointError, GpuckptError
+from ..host.procfs import is_stopped
+from .driver import CudaDriver, GpuPair, ProcessState
 
 # Past the lock's own timeout, a lock still in flight is waiting on something the timeout
 # does not cover; the other calls get the same margin before a stopped target is continued.

@@ -18,12 +18,12 @@ import errno
 import os
 from dataclasses import dataclass
 
-from gpuckpt.cuda.driver import CudaDriver
-from gpuckpt.cuda.engine import query_states, refuse_stopped
-from gpuckpt.errors import DriverError, GpuCheckpointError
-from gpuckpt.host.procfs import start_time
-from gpuckpt.host.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
-from gpuckpt.oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
+from ..errors import DriverError, GpuCheckpointError
+from ..host.procfs import start_time
+from ..host.ptrace import SYS_CLOSE, SYS_MUNMAP, RemoteCallError, remote_syscalls
+from ..oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
+from .driver import CudaDriver
+from .engine import query_states, refuse_stopped
 
 CUDA_ERROR_NOT_INITIALIZED = "CUDA_ERROR_NOT_INITIALIZED"
 SPAWN_HINT = ("start the workers with the 'spawn' method instead (DataLoader(..., multiprocessing_context='spawn'))")

@@ -18,8 +18,8 @@ import json
 import os
 from collections.abc import Iterator
 
-from gpuckpt.host.procfs import start_time
-from gpuckpt.node.paths import state_dir, thp_enabled_path
+from ..host.procfs import start_time
+from ..node.paths import state_dir, thp_enabled_path
 
 
 def current_mode(path: str | None = None) -> str:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuckpt.cuda.devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
-from gpuckpt.host.procfs import fd_targets
-from gpuckpt.oci.manifest import GpuRecord
-from gpuckpt.oci.nvidia_paths import gpu_minor
-from gpuckpt.oci.spec import Spec
+from ..host.procfs import fd_targets
+from ..oci.manifest import GpuRecord
+from ..oci.nvidia_paths import gpu_minor
+from ..oci.spec import Spec
+from .devices import GpuInfo, compute_processes, cuda_driver_version, driver_version_string, list_gpus
 
 
 @dataclass

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gpuckpt.cuda import devices, discovery, driver, forked, inventory
-from gpuckpt.host import procfs
+from ..host import procfs
+from . import devices, discovery, driver, forked, inventory
 
 
 @dataclass(frozen=True)

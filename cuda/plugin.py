@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from gpuckpt.node.paths import state_dir
+from ..node.paths import state_dir
 
 CRIU_DEFAULT_PLUGIN_DIR = "/usr/lib/criu"
 CUDA_PLUGIN = "cuda_plugin.so"

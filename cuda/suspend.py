@@ -12,15 +12,15 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from gpuckpt.cuda.compat import memory_needed
-from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.cuda.engine import CudaSession, one_line, query_states, refuse_stopped
-from gpuckpt.cuda.forked import split_forked_children
-from gpuckpt.cuda.hugepages import hugepages_always
-from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DriverError, GpuCheckpointError, GpuckptError
-from gpuckpt.node.suspension import SuspendedProcess, Suspension, write_suspension
-from gpuckpt.oci.timestamps import utc_now
+from ..errors import DriverError, GpuCheckpointError, GpuckptError
+from ..node.suspension import SuspendedProcess, Suspension, write_suspension
+from ..oci.timestamps import utc_now
+from .compat import memory_needed
+from .driver import CudaDriver, GpuPair, ProcessState
+from .engine import CudaSession, one_line, query_states, refuse_stopped
+from .forked import split_forked_children
+from .hugepages import hugepages_always
+from .node import NodeGpus
 
 
 def checkpointed_pids(driver: CudaDriver, pids: Sequence[int]) -> list[int]:

@@ -15,19 +15,19 @@ import json
 import os
 import sys
 
-from gpuckpt.cuda.proc_gpus import gpu_uuids_by_minor, nvidia_proc
-from gpuckpt.errors import GpuckptError
-from gpuckpt.hooks.entry import STAGES
-from gpuckpt.host.safefiles import read_bounded
-from gpuckpt.node.inventory import check_container_id, remove_record, write_record
-from gpuckpt.oci.nvidia_paths import gpu_minor
-from gpuckpt.oci.timestamps import utc_now
+from ..cuda.proc_gpus import gpu_uuids_by_minor, nvidia_proc
+from ..errors import GpuckptError
+from ..host.safefiles import read_bounded
+from ..node.hook_entry import STAGES
+from ..node.inventory import check_container_id, remove_record, write_record
+from ..oci.nvidia_paths import gpu_minor
+from ..oci.timestamps import utc_now
 
 MAX_STATE_BYTES = 16 << 20  # podman allows megabytes of annotations
-MAX_VISIBLE_DEVICES = 1024  # oci/container_record.py's bound
+MAX_VISIBLE_DEVICES = 1024  # node/container_record.py's bound
 MAX_SPEC_BYTES = 16 << 20  # as oci/spec.py reads a spec
 CONTAINERD_TASKS = "io.containerd.runtime.v2.task"  # containerd's bundles: .../io.containerd.runtime.v2.task/NS/ID
-RECORD_VERSION = 1  # oci/container_record.py
+RECORD_VERSION = 1  # node/container_record.py
 # A container without a GPU is recorded (and so drained by gpuckptd) when its owner asks:
 # it is the owner's own container that gets checkpointed through its own engine.
 INVENTORY_ANNOTATION = "io.gpuckpt.inventory"

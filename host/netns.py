@@ -9,8 +9,8 @@ import struct
 from collections.abc import Callable
 from typing import TypeVar
 
-from gpuckpt.host import libc
-from gpuckpt.host.background import OnThread
+from . import libc
+from .background import OnThread
 
 CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS = 0x8913, 0x8914

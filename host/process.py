@@ -16,8 +16,8 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from gpuckpt.host import caller
-from gpuckpt.host.programs import CommandError
+from ..resident import caller
+from .programs import CommandError
 
 MAX_CAUSE = 500  # characters of a runtime's logged error carried into the one line
 MAX_LOGGED_LINE = 64 << 10  # longer lines are not looked into
@@ -36,13 +36,13 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-Child = subprocess.Popen | caller.CallerChild  # what spawn() hands back: ours, or the caller's (host/caller.py)
+Child = subprocess.Popen | caller.CallerChild  # what spawn() hands back: ours, or the caller's (resident/caller.py)
 
 
 def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> Child:
     """Start a child sharing our stdio and every inherited fd (engines pass fds to runtimes); with
     `pipe_stderr`, its stderr comes to us through a pipe instead. In a resident worker the child is
-    the calling gpuckpt-runtime's (host/caller.py), its stdio and fds."""
+    the calling gpuckpt-runtime's (resident/caller.py), its stdio and fds."""
     starter = caller.current()
     if starter is not None:
         try:

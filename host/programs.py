@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from gpuckpt.errors import GpuckptError
+from ..errors import GpuckptError
 
 TYPE_CHECKING = False  # typing's own flag costs an import on the shim's start-up path
 if TYPE_CHECKING:

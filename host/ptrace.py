@@ -18,9 +18,9 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.host import libc
-from gpuckpt.host.procfs import start_time
+from ..errors import GpuckptError
+from . import libc
+from .procfs import start_time
 
 PTRACE_SINGLESTEP, PTRACE_GETREGS, PTRACE_SETREGS, PTRACE_DETACH = 9, 12, 13, 17
 PTRACE_SEIZE, PTRACE_INTERRUPT = 0x4206, 0x4207

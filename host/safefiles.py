@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 
-from gpuckpt.errors import ConfigError, GpuckptError, ImageError
+from ..errors import ConfigError, GpuckptError, ImageError
 
 
 def create_new(path: str, mode: int = 0o600) -> int:

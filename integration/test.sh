@@ -4,9 +4,8 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 bash "$repo/integration/testbed/setup.sh" || exit 1
 cd "$repo"
-# Lint and types first: a failure here costs seconds, not the suite's minutes (pyproject.toml: [tool.ruff], [tool.mypy]).
-/opt/gpuckpt/venv/bin/ruff check --no-cache . || { echo "test.sh: ruff found problems" >&2; exit 1; }
-/opt/gpuckpt/venv/bin/mypy || { echo "test.sh: mypy found problems" >&2; exit 1; }
+# Lint, the import contracts and types first: a failure here costs seconds, not the suite's minutes.
+bash "$repo/integration/lint.sh" || exit 1
 GPUCKPT_HOSTILE_TABLE=${GPUCKPT_HOSTILE_TABLE:-$repo/tests/hostile-inputs.md} \
     GPUCKPT_FAULT_TABLE=${GPUCKPT_FAULT_TABLE:-$repo/integration/fault-outcomes.md} /opt/gpuckpt/venv/bin/python3 -m pytest -p no:cacheprovider tests integration "$@"
 status=$?

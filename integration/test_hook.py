@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from bed import DOCKER, DOCKER_IMAGE, PODMAN_IMAGE, RUNTIME, configured_delegate, sh
 
-from gpuckpt.oci.container_record import parse_record
-from gpuckpt.oci.hooks_d import hooks_d_file, hooks_d_files
+from gpuckpt.node.container_record import parse_record
+from gpuckpt.node.hooks_d import hooks_d_file, hooks_d_files
 
 pytestmark = pytest.mark.integration
 UUID0 = "GPU-0badc0de-0000-4000-8000-000000000000"

@@ -31,7 +31,7 @@ from pydantic import BaseModel
 import gpuckpt
 from gpuckpt.node import engines
 from gpuckpt.node.config import Config, parse_config
-from gpuckpt.oci.hooks_d import PACKAGED_HOOK_PATH, PACKAGED_HOOKS_DIR, hooks_d_files
+from gpuckpt.node.hooks_d import PACKAGED_HOOK_PATH, PACKAGED_HOOKS_DIR, hooks_d_files
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent

@@ -14,8 +14,8 @@ from typing import Annotated, Any, Literal, TypeVar, cast
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
 
-from gpuckpt.errors import ConfigError
-from gpuckpt.node.paths import config_path
+from ..errors import ConfigError
+from .paths import config_path
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 

@@ -9,10 +9,10 @@ import os
 
 import tomlkit
 
-from gpuckpt.errors import ConfigError
-from gpuckpt.host.safefiles import replace_file
-from gpuckpt.node.config import load_config, parse_config
-from gpuckpt.node.paths import config_path
+from ..errors import ConfigError
+from ..host.safefiles import replace_file
+from .config import load_config, parse_config
+from .paths import config_path
 
 
 def turn_hook_on(path: str | None = None) -> bool:

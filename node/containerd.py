@@ -17,8 +17,8 @@ from typing import Any
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
 
-from gpuckpt.errors import EngineConfigError
-from gpuckpt.node.engines import Change, _write_with_backup, read_engine_file
+from ..errors import EngineConfigError
+from .engines import Change, _write_with_backup, read_engine_file
 
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 HANDLER = "gpuckpt"

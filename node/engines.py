@@ -17,11 +17,11 @@ import tomlkit
 from pydantic import BaseModel, ConfigDict, ValidationError
 from tomlkit.exceptions import TOMLKitError
 
-from gpuckpt.errors import EngineConfigError
-from gpuckpt.hooks.entry import hook_beside
-from gpuckpt.host.programs import find_program
-from gpuckpt.host.safefiles import replace_file
-from gpuckpt.oci.hooks_d import PACKAGED_HOOK_PATH, PACKAGED_HOOKS_DIR, hooks_d_files
+from ..errors import EngineConfigError
+from ..host.programs import find_program
+from ..host.safefiles import replace_file
+from .hook_entry import hook_beside
+from .hooks_d import PACKAGED_HOOK_PATH, PACKAGED_HOOKS_DIR, hooks_d_files
 
 RUNTIME_NAME = "gpuckpt-runtime"
 PODMAN_CONF = "/etc/containers/containers.conf"
@@ -160,7 +160,7 @@ def docker_registration(daemon_json: str = DOCKER_DAEMON_JSON) -> tuple[str | No
 
 
 def install_hooks_d(hook_path: str, hooks_dir: str = PODMAN_HOOKS_DIR) -> Change:
-    """gpuckpt-hook's hooks.d files (oci/hooks_d.py) for the hook at `hook_path`, in `hooks_dir`."""
+    """gpuckpt-hook's hooks.d files (node/hooks_d.py) for the hook at `hook_path`, in `hooks_dir`."""
     changed = False
     for name, text in hooks_d_files(hook_path).items():
         path = os.path.join(hooks_dir, name)

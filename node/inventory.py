@@ -1,7 +1,7 @@
 """The node's GPU containers: one record each in /run/gpuckpt/containers/ID.json.
 
 gpuckpt-hook writes a record when a GPU container is created and removes it when the
-container is gone; the node service reads them (oci/container_record.py is the format).
+container is gone; the node service reads them (node/container_record.py is the format).
 Stdlib only: the hook runs on every container start. The directory is root's and written
 through descriptors: a record lands whole (written beside, then renamed) whatever other
 hooks run at the same time, and no name in it is ever followed through a link.
@@ -14,9 +14,9 @@ import os
 import re
 import stat
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.host.safefiles import make_directories, write_private_at
-from gpuckpt.node.paths import state_dir
+from ..errors import GpuckptError
+from ..host.safefiles import make_directories, write_private_at
+from .paths import state_dir
 
 INVENTORY_DIR = "containers"
 RECORD_SUFFIX = ".json"

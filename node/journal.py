@@ -20,10 +20,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.host.procfs import start_time
-from gpuckpt.host.safefiles import private_directory, read_bounded, write_private_at
-from gpuckpt.node.lock import BusyError, ContainerLock, checked_container_id
+from ..errors import ImageError
+from ..host.procfs import start_time
+from ..host.safefiles import private_directory, read_bounded, write_private_at
+from .lock import BusyError, ContainerLock, checked_container_id
 
 SCHEMA_VERSION = 1
 DEFAULT_JOURNAL_DIR = "/var/lib/gpuckpt/journal"

@@ -10,9 +10,9 @@ import fcntl
 import os
 import re
 
-from gpuckpt.errors import GpuckptError, ImageError
-from gpuckpt.host.safefiles import private_directory
-from gpuckpt.node.paths import state_dir
+from ..errors import GpuckptError, ImageError
+from ..host.safefiles import private_directory
+from .paths import state_dir
 
 # runc's own rule for container IDs (libcontainer's idRegex); podman and docker IDs are hex.
 _CONTAINER_ID = re.compile(r"^[\w+\-.]{1,1024}$")

@@ -10,9 +10,9 @@ import os
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import read_bounded, replace_file
-from gpuckpt.node.paths import state_dir
+from ..errors import ImageError
+from ..host.safefiles import read_bounded, replace_file
+from .paths import state_dir
 
 SCHEMA_VERSION = 1
 MAX_RECORD_BYTES = 4 << 20  # a few hundred bytes per CUDA process

@@ -7,20 +7,21 @@ The tar inside is oci/tarstream.py's; podman's layout of it, oci/podman_archive.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 from collections.abc import Callable, Generator
 from typing import IO, BinaryIO, Protocol, cast
 
 import zstandard
 
-from gpuckpt.errors import ImageError
-from gpuckpt.oci.tarstream import ByteSource
-from gpuckpt.transfer.direct_read import DirectReader
+from ..errors import ImageError
+from ..host.direct_read import DirectReader
+from .tarstream import ByteSource, Data
 
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 DEFAULT_LEVEL = 1  # speed first: checkpoint images are large and mostly incompressible or zero
 # What a decompressor reads from the archive at a time (zstd here; gzip reads less): the
-# granularity at which an entry's compressed bytes are known (transfer.bounds.RatioGuard).
+# granularity at which an entry's compressed bytes are known (RatioGuard, below).
 READ_BYTES = 128 << 10
 
 
@@ -152,3 +153,50 @@ def close_quietly(*streams: BinaryIO | None) -> None:
                 stream.close()
         except Exception:  # noqa: BLE001
             pass
+
+
+class HashingWriter:
+    """A write-only stream that hashes and counts what passes through to `out`."""
+
+    def __init__(self, out: BinaryIO) -> None:
+        self.out, self.hash, self.size = out, hashlib.sha256(), 0
+
+    def write(self, data: Data) -> int:
+        self.hash.update(data)
+        self.size += len(data)
+        self.out.write(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    @property
+    def digest(self) -> str:
+        return f"sha256:{self.hash.hexdigest()}"
+
+
+class RatioGuard:
+    """Bounds how far each entry expands: `consumed()` tells the compressed bytes read so far, of
+    `total_bytes`. An entry declaring more than the rest of the archive could expand into is
+    refused at its header; one that expands too far as it is read, as soon as it does."""
+
+    def __init__(self, path: str, consumed: Callable[[], int], max_ratio: int, read_bytes: int,
+                 total_bytes: int | None = None) -> None:
+        self.path, self.consumed, self.max_ratio, self.total_bytes = path, consumed, max_ratio, total_bytes
+        self.read_bytes = read_bytes  # what the decompressor may have read ahead of the entry
+        self.name, self.start, self.out = "", 0, 0
+
+    def _refused(self, what: str) -> ImageError:
+        return ImageError(f"{self.path}: {self.name} {what} {self.max_ratio} times its compressed size: refused "
+                          "(import.max_entry_ratio; memory that is almost all zeros compresses up to ~30000 times: "
+                          "raise it for such a checkpoint from a node you trust)")
+
+    def entry(self, name: str, size: int) -> None:
+        self.name, self.start, self.out = name, self.consumed(), 0
+        if self.total_bytes is not None and size > self.max_ratio * (self.total_bytes - self.start + self.read_bytes):
+            raise self._refused(f"declares {size // (1 << 20)} MiB, which would expand more than")
+
+    def moved(self, count: int) -> None:
+        self.out += count
+        if self.out > self.max_ratio * (self.consumed() - self.start + self.read_bytes):
+            raise self._refused("expands more than")

@@ -25,7 +25,7 @@ from types import ModuleType
 
 from google.protobuf.message import DecodeError, Message
 
-from gpuckpt.errors import ImageError
+from ..errors import ImageError
 
 # Where CRIU's python bindings are looked for: the test bed's CRIU prefix (install-system.sh),
 # then a distribution's python3-pycriu. The shim runs as root and imports from there, so the

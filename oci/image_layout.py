@@ -26,21 +26,20 @@ from typing import IO, TYPE_CHECKING, BinaryIO, TypeVar, cast
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.host.safefiles import (
+from ..errors import ImageError, UsageError
+from ..host.facts import checkpoint_host_annotations
+from ..host.safefiles import (
     create_private_at,
     make_directories,
     make_directory_at,
     read_bounded,
     write_private_at,
 )
-from gpuckpt.node.host_facts import checkpoint_host_annotations
-from gpuckpt.oci.archive import close_quietly, zstd_compressor
-from gpuckpt.oci.tarstream import Data
-from gpuckpt.oci.timestamps import utc_now
+from .archive import HashingWriter, close_quietly, zstd_compressor
+from .timestamps import utc_now
 
 if TYPE_CHECKING:
-    from gpuckpt.oci.podman_archive import PodmanArchive
+    from .podman_archive import PodmanArchive
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -118,26 +117,6 @@ def parse_target(target: str) -> tuple[str, str] | None:
     return os.path.abspath(directory), tag
 
 
-class _Hashing:
-    """A write-only stream that hashes and counts what passes through to `out`."""
-
-    def __init__(self, out: BinaryIO) -> None:
-        self.out, self.hash, self.size = out, hashlib.sha256(), 0
-
-    def write(self, data: Data) -> int:
-        self.hash.update(data)
-        self.size += len(data)
-        self.out.write(data)
-        return len(data)
-
-    def flush(self) -> None:
-        self.out.flush()
-
-    @property
-    def digest(self) -> str:
-        return f"sha256:{self.hash.hexdigest()}"
-
-
 def _json_bytes(model: BaseModel) -> bytes:
     return json.dumps(model.model_dump(exclude_defaults=False, exclude_none=True), separators=(",", ":")).encode()
 
@@ -161,8 +140,8 @@ class CheckpointImageWriter:
         self.parent_fd = self.dir_fd = self.blobs_fd = -1
         self.made = False
         self._file: BinaryIO | None = None
-        self._compressed: _Hashing | None = None
-        self._tar_side: _Hashing | None = None
+        self._compressed: HashingWriter | None = None
+        self._tar_side: HashingWriter | None = None
         self._zstd: zstandard.ZstdCompressionWriter | None = None
         refused = UsageError(f"{directory}: already exists; give a new directory, or an empty one of yours, "
                              "for the image layout")
@@ -189,13 +168,13 @@ class CheckpointImageWriter:
         self.layer_digest = self.diff_id = ""
         self.layer_size = 0
 
-    def layer(self) -> _Hashing:
+    def layer(self) -> HashingWriter:
         fd = create_private_at(self.blobs_fd, self._partial)
         self._file = os.fdopen(fd, "wb")
-        self._compressed = _Hashing(self._file)
+        self._compressed = HashingWriter(self._file)
         # a writer: write and flush are all stream_writer uses
         self._zstd = zstd_compressor(self.threads).stream_writer(cast(IO[bytes], self._compressed), closefd=False)
-        self._tar_side = _Hashing(self._zstd)
+        self._tar_side = HashingWriter(self._zstd)
         return self._tar_side
 
     def _close_layer(self) -> None:

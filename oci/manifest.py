@@ -14,9 +14,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import read_regular, replace_file
-from gpuckpt.oci.problems import first_problem
+from ..errors import ImageError
+from ..host.safefiles import read_regular, replace_file
+from .problems import first_problem
 
 MANIFEST_NAME = "gpuckpt-manifest.json"
 SCHEMA_VERSION = 1

@@ -12,10 +12,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import read_bounded
-from gpuckpt.oci.nvidia_paths import NVIDIA_DEVICE_PREFIX, gpu_minor
-from gpuckpt.oci.state import ContainerState
+from ..errors import ImageError
+from ..host.safefiles import read_bounded
+from .nvidia_paths import NVIDIA_DEVICE_PREFIX, gpu_minor
+from .state import ContainerState
 
 MAX_SPEC_BYTES = 16 << 20
 

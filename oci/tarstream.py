@@ -18,7 +18,7 @@ import tarfile
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-from gpuckpt.errors import ImageError
+from ..errors import ImageError
 
 BLOCK = tarfile.BLOCKSIZE
 RECORD = tarfile.RECORDSIZE

@@ -25,7 +25,7 @@ prefix=/usr/lib/gpuckpt
 venv=$prefix/venv
 bindir=/usr/bin
 hook_path=$bindir/gpuckpt-hook
-hooks_d=/usr/share/containers/oci/hooks.d  # oci/hooks_d.py PACKAGED_HOOKS_DIR
+hooks_d=/usr/share/containers/oci/hooks.d  # node/hooks_d.py PACKAGED_HOOKS_DIR
 docdir=/usr/share/doc/gpuckpt
 
 [ -x "$python" ] || { echo "stage.sh: $python not found (apt-get install python3.11-venv)" >&2; exit 1; }
@@ -87,9 +87,9 @@ while read -r name module function; do
     [ "$function" = main ] || { echo "stage.sh: entry point $name calls $function, launchers call main" >&2; exit 1; }
     write_launcher "$name" "$module"
 done < <(read_pyproject scripts)
-# gpuckpt-runtime's pass-through without an interpreter (launcher/gpuckpt-runtime.c): the packages'
+# gpuckpt-runtime's pass-through without an interpreter (resident/launcher.c): the packages'
 # build has a compiler, so no fallback here.
-bash "$src/launcher/build.sh" "$dest$bindir/gpuckpt-runtime" "$venv/bin/python3" "$site"
+bash "$src/resident/build.sh" "$dest$bindir/gpuckpt-runtime" "$venv/bin/python3" "$site"
 chmod 0755 "$dest$bindir/gpuckpt-runtime"
 [ -x "$dest$hook_path" ] || { echo "stage.sh: no entry point made $hook_path" >&2; exit 1; }
 
@@ -110,7 +110,7 @@ hook_files=("$src"/hooks/oci-hooks.d/*.json)
 for file in "${hook_files[@]}"; do
     staged_python - "$file" "$hook_path" <<'CHECK'
 import json, sys
-from gpuckpt.oci.hooks_d import HooksDFile
+from gpuckpt.node.hooks_d import HooksDFile
 with open(sys.argv[1]) as hook_file:
     hook = HooksDFile.model_validate(json.load(hook_file))
 if hook.hook.path != sys.argv[2]:

@@ -14,10 +14,10 @@ import stat
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from gpuckpt.errors import GpuckptError
+from ..errors import GpuckptError
 
 if TYPE_CHECKING:
-    from gpuckpt.node.config import CriuConfig, CudaConfig
+    from ..node.config import CriuConfig, CudaConfig
 
 CRIU_CONFIG_ANNOTATION = "org.criu.config"
 ALLOW_UNRESTORABLE_ANNOTATION = "io.gpuckpt.allow-unrestorable"

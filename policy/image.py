@@ -40,10 +40,10 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import read_bounded
-from gpuckpt.oci import tarstream
-from gpuckpt.oci.criu_images import (
+from ..errors import ImageError
+from ..host.safefiles import read_bounded
+from ..oci import tarstream
+from ..oci.criu_images import (
     CheckpointImages,
     IdMap,
     TaskImage,
@@ -54,8 +54,8 @@ from gpuckpt.oci.criu_images import (
     read_checkpoint_images,
     wanted_image,
 )
-from gpuckpt.oci.spec import Capabilities, Spec, load_exact_json
-from gpuckpt.policy.seccomp_bpf import AUDIT_ARCH_X86_64, allowed_syscalls, decode
+from ..oci.spec import Capabilities, Spec, load_exact_json
+from .seccomp_bpf import AUDIT_ARCH_X86_64, allowed_syscalls, decode
 
 # Linux capability numbers (include/uapi/linux/capability.h)
 CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from gpuckpt.errors import ConfigError
-from gpuckpt.host.procfs import fd_targets, file_locks_held
-from gpuckpt.oci.manifest import NetworkOption, NetworkPolicy
-from gpuckpt.policy.annotations import tightened
+from ..errors import ConfigError
+from ..host.procfs import fd_targets, file_locks_held
+from ..oci.manifest import NetworkOption, NetworkPolicy
+from .annotations import tightened
 
 if TYPE_CHECKING:
-    from gpuckpt.node.config import CriuConfig
+    from ..node.config import CriuConfig
 
 SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN, TCP_CLOSE = 10, 7

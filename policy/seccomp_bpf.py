@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 
-from gpuckpt.errors import ImageError
+from ..errors import ImageError
 
 AUDIT_ARCH_X86_64 = 0xC000003E
 SECCOMP_DATA_BYTES = 64

@@ -10,8 +10,8 @@ of libuv ignored UV_USE_IO_URING=0 there, USE_LIBUV=0 avoided it).
 
 from __future__ import annotations
 
-from gpuckpt.errors import CheckpointRefusedError
-from gpuckpt.host.procfs import container_pid, fd_targets, mapped_targets
+from ..errors import CheckpointRefusedError
+from ..host.procfs import container_pid, fd_targets, mapped_targets
 
 IO_URING = "anon_inode:[io_uring]"
 

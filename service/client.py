@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.oci.service_api import MAX_LINE_BYTES, Event, Request, parse_event
+from ..errors import GpuckptError
+from .api import MAX_LINE_BYTES, Event, Request, parse_event
 
 
 def request(path: str, wanted: Request, timeout_s: float | None = None) -> Iterator[Event]:

@@ -16,15 +16,15 @@ import threading
 import time
 from types import FrameType
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.node.config import load_config
-from gpuckpt.node.journal import pending_journals
-from gpuckpt.service.operations import Operations, unheard
-from gpuckpt.service.preemption import PreemptionWatch
-from gpuckpt.service.schedule import Schedule
-from gpuckpt.service.server import Server
-from gpuckpt.service.systemd import log, notify, watchdog_interval_s
-from gpuckpt.shim.recover import recover_all
+from ..errors import GpuckptError
+from ..node.config import load_config
+from ..node.journal import pending_journals
+from ..shim.recover import recover_all
+from .operations import Operations, unheard
+from .preemption import PreemptionWatch
+from .schedule import Schedule
+from .server import Server
+from .systemd import log, notify, watchdog_interval_s
 
 TICK_S = 1.0  # how often the service looks at its watchers (preemption, schedule) and the watchdog
 

@@ -17,16 +17,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypedDict, TypeVar
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.host.procfs import descendants, resident_bytes
-from gpuckpt.host.safefiles import open_directory, private_directory, require_private, write_private_at
-from gpuckpt.node.config import ServiceConfig
-from gpuckpt.node.inventory import read_records, remove_record
-from gpuckpt.oci.container_record import ContainerRecord, parse_record
-from gpuckpt.oci.service_api import ContainerEvent, DrainedContainer, Event, Plan, Result, Status, parse_drained
-from gpuckpt.oci.timestamps import utc_now
-from gpuckpt.service import through_engine
-from gpuckpt.service.systemd import log, notify
+from ..errors import GpuckptError
+from ..host.procfs import descendants, resident_bytes
+from ..host.safefiles import open_directory, private_directory, require_private, write_private_at
+from ..node.config import ServiceConfig
+from ..node.container_record import ContainerRecord, parse_record
+from ..node.inventory import read_records, remove_record
+from ..oci.timestamps import utc_now
+from . import through_engine
+from .api import ContainerEvent, DrainedContainer, Event, Plan, Result, Status, parse_drained
+from .systemd import log, notify
 
 RECORD_SUFFIX = ".json"
 Emit = Callable[[Event], None]

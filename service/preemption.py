@@ -16,10 +16,10 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
-from gpuckpt.node.config import ServiceConfig
-from gpuckpt.oci.cloud_notices import MAX_NOTICE_BYTES, Notice, parse_notice
-from gpuckpt.service.operations import Operations, unheard
-from gpuckpt.service.systemd import log, notify
+from ..node.config import ServiceConfig
+from .cloud_notices import MAX_NOTICE_BYTES, Notice, parse_notice
+from .operations import Operations, unheard
+from .systemd import log, notify
 
 MARGIN_S = 3.0  # what the drain leaves of the notice's time for the last checkpoint to finish
 # GCE and Azure refuse requests without their header; each ignores the other's.

@@ -15,15 +15,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpuckpt.cuda.devices import utilization_by_uuid
-from gpuckpt.errors import GpuckptError
-from gpuckpt.host.safefiles import make_directories, private_directory
-from gpuckpt.node.config import ServiceConfig
-from gpuckpt.node.suspension import read_suspension
-from gpuckpt.oci.container_record import ContainerRecord
-from gpuckpt.service import through_engine
-from gpuckpt.service.operations import Operations, facts, recorded
-from gpuckpt.service.systemd import log
+from ..cuda.devices import utilization_by_uuid
+from ..errors import GpuckptError
+from ..host.safefiles import make_directories, private_directory
+from ..node.config import ServiceConfig
+from ..node.container_record import ContainerRecord
+from ..node.suspension import read_suspension
+from . import through_engine
+from .operations import Operations, facts, recorded
+from .systemd import log
 
 PERIODIC_DIR = "periodic"
 

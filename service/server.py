@@ -9,10 +9,10 @@ import stat
 import struct
 import threading
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.oci.service_api import MAX_LINE_BYTES, Event, Result, parse_request
-from gpuckpt.service.operations import Operations
-from gpuckpt.service.systemd import log
+from ..errors import GpuckptError
+from .api import MAX_LINE_BYTES, Event, Result, parse_request
+from .operations import Operations
+from .systemd import log
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
 REQUEST_TIMEOUT_S = 30.0

@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.host import process
-from gpuckpt.host.programs import find_program
-from gpuckpt.oci.container_record import ContainerRecord
-from gpuckpt.oci.service_api import DrainedContainer, DrainEngine
+from ..errors import GpuckptError
+from ..host import process
+from ..host.programs import find_program
+from ..node.container_record import ContainerRecord
+from .api import DrainedContainer, DrainEngine
 
 CHECKPOINT_NAME = "gpuckpt-drain"  # docker's name for the drain's checkpoint
 ENGINE_TIMEOUT_S = 3600.0

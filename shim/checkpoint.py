@@ -24,29 +24,30 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from gpuckpt.cuda.driver import CudaDriver
-from gpuckpt.cuda.engine import CudaSession, one_line, refuse_stopped
-from gpuckpt.cuda.forked import split_forked_children
-from gpuckpt.cuda.hugepages import hugepages_always
-from gpuckpt.cuda.inventory import Inventory
-from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
-from gpuckpt.errors import DelegateError, GpuCheckpointError, GpuckptError
-from gpuckpt.host.procfs import container_pid, container_processes
-from gpuckpt.host.safefiles import require_image_directory_private
-from gpuckpt.node.config import load_config
-from gpuckpt.node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
-from gpuckpt.node.lock import ContainerLock
-from gpuckpt.node.paths import config_path
-from gpuckpt.node.suspension import Suspension, read_suspension, remove_suspension
-from gpuckpt.oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest
-from gpuckpt.oci.spec import container_annotations, read_spec
-from gpuckpt.oci.state import ContainerState
-from gpuckpt.oci.timestamps import utc_now
-from gpuckpt.policy.annotations import refuse_runtime_annotations, unrestorable_allowed
-from gpuckpt.policy.network import choose, container_policy, inspect_container, missing_option_hint
-from gpuckpt.policy.undumpable import refuse_undumpable
-from gpuckpt.shim.argv import (
+from ..cuda.driver import CudaDriver
+from ..cuda.engine import CudaSession, one_line, refuse_stopped
+from ..cuda.forked import split_forked_children
+from ..cuda.hugepages import hugepages_always
+from ..cuda.inventory import Inventory
+from ..cuda.node import NodeGpus
+from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
+from ..errors import DelegateError, GpuCheckpointError, GpuckptError
+from ..host.procfs import container_pid, container_processes
+from ..host.safefiles import require_image_directory_private
+from ..node.config import load_config
+from ..node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
+from ..node.lock import ContainerLock
+from ..node.paths import config_path
+from ..node.suspension import Suspension, read_suspension, remove_suspension
+from ..oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest
+from ..oci.spec import container_annotations, read_spec
+from ..oci.state import ContainerState
+from ..oci.timestamps import utc_now
+from ..policy.annotations import refuse_runtime_annotations, unrestorable_allowed
+from ..policy.network import choose, container_policy, inspect_container, missing_option_hint
+from ..policy.undumpable import refuse_undumpable
+from ..trust.dump_signature import sign_dump
+from .argv import (
     CHECKPOINT_VALUE_FLAGS,
     RuntimeArgs,
     VerbArgs,
@@ -54,9 +55,9 @@ from gpuckpt.shim.argv import (
     image_dir_of,
     image_path_given,
 )
-from gpuckpt.shim.criu_log import dump_failure
-from gpuckpt.shim.criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
-from gpuckpt.shim.delegate import (
+from .criu_log import dump_failure
+from .criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
+from .delegate import (
     DelegateRun,
     PidsQuery,
     container_state,
@@ -64,13 +65,12 @@ from gpuckpt.shim.delegate import (
     run_delegate,
     verb_has_flag,
 )
-from gpuckpt.shim.freezer import Freezer, thawed
-from gpuckpt.shim.interrupt import Interrupted, SignalFlag, deferred_signals
-from gpuckpt.shim.log import drop_held_stderr, log, release_stderr
-from gpuckpt.shim.pause import PAUSE_ENGINE
-from gpuckpt.shim.recover import finish_left_journal
-from gpuckpt.shim.staging import make_staging_dir, move_staged, staged_argv, staging_refusal
-from gpuckpt.transfer.dump_signature import sign_dump
+from .freezer import Freezer, thawed
+from .interrupt import Interrupted, SignalFlag, deferred_signals
+from .log import drop_held_stderr, log, release_stderr
+from .pause import PAUSE_ENGINE
+from .recover import finish_left_journal
+from .staging import make_staging_dir, move_staged, staged_argv, staging_refusal
 
 ATTEMPTS = 2  # a checkpoint taken again once when a process took the driver during the first
 MAX_IMAGE_ENTRIES = 65536  # entries of an image directory looked at when a failed dump's images are removed

@@ -1,7 +1,7 @@
 """`gpuckpt-runtime create` (and `restore`) with hook.add_to_spec on: gpuckpt-hook added to the
 spec of a container given an NVIDIA GPU, then the delegate's verb with the command line unchanged.
 
-docker and containerd read no hooks.d (oci/hooks_d.py); this puts their GPU containers in the
+docker and containerd read no hooks.d (node/hooks_d.py); this puts their GPU containers in the
 node's inventory too. A spec that already names the hook is left as it is; any other container's
 spec is only read. Stdlib only: create is on every container's start-up path.
 """
@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 
-from gpuckpt.errors import ConfigError, GpuckptError
-from gpuckpt.hooks.entry import STAGES, spec_entry
-from gpuckpt.hooks.main import MAX_SPEC_BYTES, gpu_minors, visible_devices
-from gpuckpt.host.safefiles import read_bounded, replace_file
-from gpuckpt.node.paths import config_path
-from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
+from ..errors import ConfigError, GpuckptError
+from ..hooks.main import MAX_SPEC_BYTES, gpu_minors, visible_devices
+from ..host.safefiles import read_bounded, replace_file
+from ..node.hook_entry import STAGES, spec_entry
+from ..node.paths import config_path
+from .argv import RuntimeArgs, parse_verb_args
 
 # runc create's value-taking flags (create.go).
 CREATE_VALUE_FLAGS = frozenset({"bundle", "b", "console-socket", "pid-file", "preserve-fds"})

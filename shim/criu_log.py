@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import re
 
-from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import read_bounded
+from ..errors import ImageError
+from ..host.safefiles import read_bounded
 
 DUMP_LOG = "dump.log"
 # CRIU's last line of a dump that finished; its log quotes paths the container chose (newlines too)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 
-from gpuckpt.host.procfs import deleted_but_linked, deleted_file_sizes
-from gpuckpt.host.safefiles import replace_file
-from gpuckpt.node.paths import state_dir
+from ..host.procfs import deleted_but_linked, deleted_file_sizes
+from ..host.safefiles import replace_file
+from ..node.paths import state_dir
 
 CRIU_DEFAULT_GHOST_LIMIT = 1 << 20
 SHM_DIR = "/dev/shm/"

@@ -13,13 +13,13 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from gpuckpt.errors import DelegateError
-from gpuckpt.host import process
-from gpuckpt.shim.argv import RuntimeArgs, VerbArgs, parse_verb_args
-from gpuckpt.shim.log import hold_stderr
+from ..errors import DelegateError
+from ..host import process
+from .argv import RuntimeArgs, VerbArgs, parse_verb_args
+from .log import hold_stderr
 
 if TYPE_CHECKING:
-    from gpuckpt.oci.state import ContainerState
+    from ..oci.state import ContainerState
 
 # Signals an engine may send to the runtime; runc forwards them to the container.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
@@ -153,8 +153,8 @@ def container_state(delegate: str, global_argv: Sequence[str], container_id: str
     # module but only asks whether the container exists (container_exists).
     from pydantic import ValidationError
 
-    from gpuckpt.oci.problems import first_problem
-    from gpuckpt.oci.state import ContainerState
+    from ..oci.problems import first_problem
+    from ..oci.state import ContainerState
 
     output = _query(delegate, [*global_argv, "state", container_id])
     try:

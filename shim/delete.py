@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.node.lock import ContainerLock
-from gpuckpt.node.paths import state_dir
-from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
-from gpuckpt.shim.delegate import container_exists, run_delegate
-from gpuckpt.shim.log import log
+from ..errors import GpuckptError
+from ..node.lock import ContainerLock
+from ..node.paths import state_dir
+from .argv import RuntimeArgs, parse_verb_args
+from .delegate import container_exists, run_delegate
+from .log import log
 
 
 def run(args: RuntimeArgs, delegate: str) -> int:

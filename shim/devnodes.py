@@ -24,10 +24,10 @@ import re
 import stat
 from typing import TYPE_CHECKING
 
-from gpuckpt.errors import GpuCheckpointError
+from ..errors import GpuCheckpointError
 
 if TYPE_CHECKING:
-    from gpuckpt.oci.spec import Device
+    from ..oci.spec import Device
 
 GPU_NODE = re.compile(r"^nvidia\d+$")
 NVIDIA_NODE = re.compile(r"^nvidia[A-Za-z0-9-]*$")

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Iterator
 
-from gpuckpt.errors import GpuckptError
+from ..errors import GpuckptError
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Iterator
 from types import FrameType
 
-from gpuckpt.errors import GpuckptError
+from ..errors import GpuckptError
 
 TERMINATING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

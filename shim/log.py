@@ -13,7 +13,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, BinaryIO
 
-from gpuckpt.shim.argv import RuntimeArgs
+from .argv import RuntimeArgs
 
 if TYPE_CHECKING:
     import threading

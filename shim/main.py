@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
-from gpuckpt import __version__
-from gpuckpt.errors import GpuckptError, UsageError
-from gpuckpt.shim.argv import (
+from .. import __version__
+from ..errors import GpuckptError, UsageError
+from .argv import (
     RESTORE_VALUE_FLAGS,
     RuntimeArgs,
     ambiguous_owned_call,
@@ -20,11 +20,11 @@ from gpuckpt.shim.argv import (
     owned_verb_is_only_asked_about,
     parse_runtime_args,
 )
-from gpuckpt.shim.resolve import exec_delegate, resolve_runtime
+from .resolve import exec_delegate, resolve_runtime
 
 TYPE_CHECKING = False  # typing's own flag costs an import on the pass-through path
 if TYPE_CHECKING:
-    from gpuckpt.cuda.node import NodeGpus
+    from ..cuda.node import NodeGpus
 
 OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
@@ -36,27 +36,27 @@ def _run_owned(args: RuntimeArgs, delegate: str, hook: str, gpus: NodeGpus | Non
     # process, and their discovery (the entry points of every installed distribution) cost ~20 ms a verb
     os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
     if args.command == "checkpoint":
-        from gpuckpt.shim import checkpoint
+        from . import checkpoint
 
         return checkpoint.run(args, delegate, gpus)
     if args.command == "restore":
-        from gpuckpt.shim import restore
-        from gpuckpt.shim.create import add_hook
+        from . import restore
+        from .create import add_hook
 
         if hook:
             add_hook(args, hook, RESTORE_VALUE_FLAGS)
         return restore.run(args, delegate, gpus)
     if args.command == "delete":
-        from gpuckpt.shim import delete
+        from . import delete
 
         return delete.run(args, delegate)
-    from gpuckpt.shim import pause  # pause, resume: GPU suspension for containers that opted in
+    from . import pause  # pause, resume: GPU suspension for containers that opted in
 
     return pause.run(args, delegate, gpus)
 
 
 def _print_version(delegate: str) -> int:
-    from gpuckpt.shim.delegate import delegate_version  # subprocess: not for pass-through
+    from .delegate import delegate_version  # subprocess: not for pass-through
 
     sys.stdout.write(f"gpuckpt-runtime version {__version__}\ndelegate: {delegate}\n")
     sys.stdout.write(delegate_version(delegate))
@@ -79,14 +79,14 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None, resident: 
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None and not owned_verb_is_only_asked_about(args):
             if gpus is None and resident:  # a test's launcher with GPUs of its own works its verbs itself
-                from gpuckpt.shim.resident_call import call_resident  # built-in modules only
+                from ..resident.call import call_resident  # built-in modules only
 
                 status = call_resident(argv, delegate, resolved.hook)
                 if status is not None:
                     return status
             return _run_owned(args, delegate, resolved.hook, gpus)
         if args.command == "create" and resolved.hook and args.unknown_global is None:
-            from gpuckpt.shim.create import add_hook  # only with hook.add_to_spec on
+            from .create import add_hook  # only with hook.add_to_spec on
 
             add_hook(args, resolved.hook)
         exec_delegate(delegate, argv)
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None, resident: 
 
 def _report(args: RuntimeArgs, error: Exception) -> int:
     """An error as the engine sees it: one line, and runc's exit status."""
-    from gpuckpt.shim.log import report_error
+    from .log import report_error
 
     if isinstance(error, GpuckptError):
         report_error(args, str(error))
@@ -111,7 +111,7 @@ def _report(args: RuntimeArgs, error: Exception) -> int:
 
 
 def work_owned(argv: list[str], delegate: str, hook: str) -> int:
-    """An owned verb a caller handed to the resident helper (shim/resident.py), worked as main() would."""
+    """An owned verb a caller handed to the resident helper (resident/server.py), worked as main() would."""
     args = parse_runtime_args(argv)
     try:
         return _run_owned(args, delegate, hook, None)

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuckpt.errors import DelegateError, GpuckptError
-from gpuckpt.node.config import load_config
-from gpuckpt.node.suspension import read_suspension, remove_suspension, write_suspension
-from gpuckpt.oci.spec import container_annotations
-from gpuckpt.shim.argv import RuntimeArgs, parse_verb_args
-from gpuckpt.shim.delegate import container_state, run_delegate
-from gpuckpt.shim.log import log
-from gpuckpt.shim.resolve import exec_delegate
+from ..errors import DelegateError, GpuckptError
+from ..node.config import load_config
+from ..node.suspension import read_suspension, remove_suspension, write_suspension
+from ..oci.spec import container_annotations
+from .argv import RuntimeArgs, parse_verb_args
+from .delegate import container_state, run_delegate
+from .log import log
+from .resolve import exec_delegate
 
 if TYPE_CHECKING:
-    from gpuckpt.cuda.node import NodeGpus
-    from gpuckpt.oci.state import ContainerState
+    from ..cuda.node import NodeGpus
+    from ..oci.state import ContainerState
 
 SUSPEND_ON_PAUSE_ANNOTATION = "io.gpuckpt.suspend-on-pause"
 PAUSE_ENGINE = "pause"  # the suspension record's engine when a pause made it
@@ -38,9 +38,9 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
         exec_delegate(delegate, args.argv)
     # Deferred: the GPU side (the driver binding, NVML, ptrace) only for containers that opted
     # in; every other container's pause and resume is the delegate's alone (exec'd above).
-    from gpuckpt.cuda.node import NodeGpus
-    from gpuckpt.node.lock import ContainerLock
-    from gpuckpt.shim.recover import finish_left_journal
+    from ..cuda.node import NodeGpus
+    from ..node.lock import ContainerLock
+    from .recover import finish_left_journal
 
     gpus = gpus or NodeGpus()
     with ContainerLock(container_id, args.command or "pause"):  # not beside a checkpoint or restore of it
@@ -57,7 +57,7 @@ def _opted_in(state: ContainerState) -> bool:
 
 
 def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, gpus: NodeGpus) -> int:
-    from gpuckpt.cuda.suspend import resume, suspend  # the GPU side, as above
+    from ..cuda.suspend import resume, suspend  # the GPU side, as above
 
     if not gpus.find_cuda_pids(gpus.descendants(init_pid)):
         return run_delegate(delegate, args.argv)
@@ -76,7 +76,7 @@ def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, g
 
 
 def _resume(args: RuntimeArgs, delegate: str, container_id: str, gpus: NodeGpus) -> int:
-    from gpuckpt.cuda.suspend import resume  # the GPU side, as above
+    from ..cuda.suspend import resume  # the GPU side, as above
 
     status = run_delegate(delegate, args.argv)
     record = read_suspension(container_id)

@@ -16,12 +16,12 @@ import shutil
 import time
 from collections.abc import Callable
 
-from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.cuda.engine import CudaSession, one_line, query_states
-from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuckptError
-from gpuckpt.host.procfs import container_pid, container_processes
-from gpuckpt.node.journal import (
+from ..cuda.driver import CudaDriver, GpuPair, ProcessState
+from ..cuda.engine import CudaSession, one_line, query_states
+from ..cuda.node import NodeGpus
+from ..errors import DelegateError, GpuckptError
+from ..host.procfs import container_pid, container_processes
+from ..node.journal import (
     Journal,
     boot_id,
     pending_journals,
@@ -29,14 +29,14 @@ from gpuckpt.node.journal import (
     remove_journal,
     same_process,
 )
-from gpuckpt.node.lock import BusyError, ContainerLock
-from gpuckpt.oci.manifest import read_manifest, write_manifest
-from gpuckpt.shim.criu_log import dump_finished
-from gpuckpt.shim.delegate import container_pids, container_state, kill_container
-from gpuckpt.shim.freezer import Freezer
-from gpuckpt.shim.resolve import resolve_runtime
-from gpuckpt.shim.staging import is_staging_dir, move_staged
-from gpuckpt.transfer.dump_signature import sign_dump
+from ..node.lock import BusyError, ContainerLock
+from ..oci.manifest import read_manifest, write_manifest
+from ..trust.dump_signature import sign_dump
+from .criu_log import dump_finished
+from .delegate import container_pids, container_state, kill_container
+from .freezer import Freezer
+from .resolve import resolve_runtime
+from .staging import is_staging_dir, move_staged
 
 ORPHAN_WAIT_S = 60.0  # a dump or restore the killed shim's delegate still runs: waited for this long
 

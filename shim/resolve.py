@@ -15,10 +15,10 @@ import stat
 import sys
 import zlib
 
-from gpuckpt.errors import DelegateError
-from gpuckpt.hooks.entry import hook_beside
-from gpuckpt.host.programs import CommandError, exec_program, find_program
-from gpuckpt.node.paths import config_path, state_dir
+from ..errors import DelegateError
+from ..host.programs import CommandError, exec_program, find_program
+from ..node.hook_entry import hook_beside
+from ..node.paths import config_path, state_dir
 
 TYPE_CHECKING = False  # typing costs an import on every container operation
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def resolve_runtime() -> Resolved:
     cached = _read_cache(key)
     if cached:
         return cached
-    from gpuckpt.node.config import load_config  # pydantic: only on a cache miss
+    from ..node.config import load_config  # pydantic: only on a cache miss
 
     config = load_config(config_file)
     resolved = Resolved(resolve_delegate(config.delegate, config_file),

@@ -19,22 +19,22 @@ from __future__ import annotations
 import os
 import time
 
-from gpuckpt.cuda.compat import check_node, gpu_pairs
-from gpuckpt.cuda.devices import GpuInfo
-from gpuckpt.cuda.driver import CudaDriver, GpuPair, ProcessState
-from gpuckpt.cuda.engine import CudaSession, one_line, query_states
-from gpuckpt.cuda.hugepages import hugepages_always
-from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
-from gpuckpt.host.background import OnThread
-from gpuckpt.host.cgroup_v1 import crun_restore_hazard
-from gpuckpt.host.deferred_free import holder_argv, open_large_files
-from gpuckpt.host.netns import in_netns_of, loopback_up
-from gpuckpt.host.process import CommandError, start_detached
-from gpuckpt.host.procfs import container_pid, container_processes
-from gpuckpt.host.safefiles import read_bounded, require_image_directory_private
-from gpuckpt.node.config import Config, load_config
-from gpuckpt.node.journal import (
+from ..cuda.compat import check_node, gpu_pairs
+from ..cuda.devices import GpuInfo
+from ..cuda.driver import CudaDriver, GpuPair, ProcessState
+from ..cuda.engine import CudaSession, one_line, query_states
+from ..cuda.hugepages import hugepages_always
+from ..cuda.node import NodeGpus
+from ..errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
+from ..host.background import OnThread
+from ..host.cgroup_v1 import crun_restore_hazard
+from ..host.deferred_free import holder_argv, open_large_files
+from ..host.netns import in_netns_of, loopback_up
+from ..host.process import CommandError, start_detached
+from ..host.procfs import container_pid, container_processes
+from ..host.safefiles import read_bounded, require_image_directory_private
+from ..node.config import Config, load_config
+from ..node.journal import (
     Journal,
     JournalProcess,
     Phase,
@@ -43,16 +43,18 @@ from gpuckpt.node.journal import (
     remove_journal,
     write_journal,
 )
-from gpuckpt.node.lock import ContainerLock
-from gpuckpt.node.paths import config_path
-from gpuckpt.node.trust import load_trust
-from gpuckpt.oci.criu_images import directory_source, read_cgroup_hierarchies
-from gpuckpt.oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_completed
-from gpuckpt.oci.signature import SignatureError
-from gpuckpt.oci.spec import Device, Spec, read_annotations, read_spec
-from gpuckpt.policy.annotations import refuse_runtime_annotations
-from gpuckpt.policy.image import check_restore
-from gpuckpt.shim.argv import (
+from ..node.lock import ContainerLock
+from ..node.paths import config_path
+from ..oci.criu_images import directory_source, read_cgroup_hierarchies
+from ..oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_completed
+from ..oci.spec import Device, Spec, read_annotations, read_spec
+from ..policy.annotations import refuse_runtime_annotations
+from ..policy.image import check_restore
+from ..transfer.staging import claim_staged_pages
+from ..trust.dump_signature import DUMP_SIGNATURE, verify_dump
+from ..trust.keys import load_trust
+from ..trust.signature import SignatureError
+from .argv import (
     RESTORE_VALUE_FLAGS,
     RuntimeArgs,
     VerbArgs,
@@ -60,8 +62,8 @@ from gpuckpt.shim.argv import (
     image_dir_of,
     image_path_given,
 )
-from gpuckpt.shim.criuconf import network_lock_lines, use_criu_config
-from gpuckpt.shim.delegate import (
+from .criuconf import network_lock_lines, use_criu_config
+from .delegate import (
     DelegateRun,
     container_pids,
     container_state,
@@ -69,12 +71,10 @@ from gpuckpt.shim.delegate import (
     owned_call,
     run_delegate,
 )
-from gpuckpt.shim.devnodes import sync_nvidia_nodes
-from gpuckpt.shim.interrupt import SignalFlag, deferred_signals
-from gpuckpt.shim.log import log
-from gpuckpt.shim.recover import finish_left_journal
-from gpuckpt.transfer.dump_signature import DUMP_SIGNATURE, verify_dump
-from gpuckpt.transfer.staging import claim_staged_pages
+from .devnodes import sync_nvidia_nodes
+from .interrupt import SignalFlag, deferred_signals
+from .log import log
+from .recover import finish_left_journal
 
 START_TIMEOUT_S = 600.0
 

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
-from gpuckpt.host.procfs import resident_bytes
+from ..host.procfs import resident_bytes
 
 STAGING_ROOT = "/dev/shm"
 # What the machine keeps free beside a staged dump: an eighth of its memory, at least 1 GiB.

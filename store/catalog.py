@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gpuckpt.store.manifest import StoredCheckpoint
-from gpuckpt.store.reader import verify_chunks
-from gpuckpt.store.repository import Store
-from gpuckpt.store.retention import checkpoints
+from .manifest import StoredCheckpoint
+from .reader import verify_chunks
+from .repository import Store
+from .retention import checkpoints
 
 
 @dataclass

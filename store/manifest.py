@@ -14,9 +14,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.oci.tarstream import MAX_ENTRIES, MAX_MEMBER_BYTES
-from gpuckpt.store.chunking import MAX_CHUNK_BYTES
+from ..errors import ImageError, UsageError
+from ..oci.tarstream import MAX_ENTRIES, MAX_MEMBER_BYTES
+from .chunking import MAX_CHUNK_BYTES
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a checkpoint's name is a file name in the store
 NAME_RULE = "letters, digits, '_', '.', '-', starting with a letter or digit, at most 128"

@@ -22,15 +22,14 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
-from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.host.fifo import open_when_peer, private_fifo, widen
-from gpuckpt.host.process import Background, run
-from gpuckpt.host.programs import find_program
-from gpuckpt.node.config import load_config
-from gpuckpt.node.engines import own_hook_paths
-from gpuckpt.node.trust import require_node_key
-from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target
-from gpuckpt.oci.podman_archive import (
+from ..errors import ImageError, UsageError
+from ..host.fifo import open_when_peer, private_fifo, widen
+from ..host.process import Background, run
+from ..host.programs import find_program
+from ..node.config import load_config
+from ..node.engines import own_hook_paths
+from ..oci.image_layout import CheckpointImageWriter, parse_target
+from ..oci.podman_archive import (
     CONFIG_DUMP,
     MAX_DUMP_BYTES,
     SPEC_DUMP,
@@ -38,16 +37,17 @@ from gpuckpt.oci.podman_archive import (
     copy_checked,
     described,
     described_dumps,
-    import_refusals,
 )
-from gpuckpt.policy.image import check_archive
-from gpuckpt.store.manifest import StoredCheckpoint, check_name
-from gpuckpt.store.reader import StoredStream, entry_bytes, missing_chunks
-from gpuckpt.store.repository import Store
-from gpuckpt.store.writer import CheckpointWriter
-from gpuckpt.transfer.bounds import StagingBudget
-from gpuckpt.transfer.provenance import ExportSigning
-from gpuckpt.transfer.staging import Staging
+from ..policy.archive_import import import_refusals
+from ..policy.image import check_archive
+from ..transfer.bounds import StagingBudget
+from ..transfer.staging import Staging
+from ..trust.keys import require_node_key
+from ..trust.provenance import ExportSigning
+from .manifest import StoredCheckpoint, check_name
+from .reader import StoredStream, entry_bytes, missing_chunks
+from .repository import Store
+from .writer import CheckpointWriter
 
 SHIM = "gpuckpt-runtime"
 # What shows a long pass to a person (cli.progress's bars): (what, total bytes) -> a context whose value

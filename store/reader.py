@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from gpuckpt.errors import ImageError
-from gpuckpt.oci import tarstream
-from gpuckpt.store.manifest import StoredCheckpoint, StoredEntry
-from gpuckpt.store.repository import ChunkError, Store
-from gpuckpt.store.writer import default_threads
+from ..errors import ImageError
+from ..oci import tarstream
+from .manifest import StoredCheckpoint, StoredEntry
+from .repository import ChunkError, Store
+from .writer import default_threads
 
 READ_AHEAD_PER_THREAD = 4
 

@@ -29,10 +29,10 @@ from types import TracebackType
 
 import zstandard
 
-from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.host.safefiles import make_directory_at, private_directory, read_regular
-from gpuckpt.store.chunking import DIGEST, MAX_CHUNK_BYTES, chunk_digest
-from gpuckpt.store.manifest import MAX_MANIFEST_BYTES, NAME, StoredCheckpoint, check_name, parse_stored
+from ..errors import ImageError, UsageError
+from ..host.safefiles import make_directory_at, private_directory, read_regular
+from .chunking import DIGEST, MAX_CHUNK_BYTES, chunk_digest
+from .manifest import MAX_MANIFEST_BYTES, NAME, StoredCheckpoint, check_name, parse_stored
 
 DEFAULT_STORE_DIR = "/var/lib/gpuckpt/store"
 CHUNKS, CHECKPOINTS, TEMPORARY, LOCK = "chunks", "checkpoints", "tmp", "store.lock"

@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from gpuckpt.errors import GpuckptError, ImageError
-from gpuckpt.store.manifest import StoredCheckpoint
-from gpuckpt.store.repository import Store
+from ..errors import GpuckptError, ImageError
+from .manifest import StoredCheckpoint
+from .repository import Store
 
 
 @dataclass

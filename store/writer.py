@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.oci.timestamps import utc_now
-from gpuckpt.store.chunking import Chunk, FileChunker, chunk_digest
-from gpuckpt.store.manifest import StoredCheckpoint, StoredEntry
-from gpuckpt.store.repository import Store
+from ..errors import ImageError
+from ..oci.timestamps import utc_now
+from .chunking import Chunk, FileChunker, chunk_digest
+from .manifest import StoredCheckpoint, StoredEntry
+from .repository import Store
 
 MAX_IN_FLIGHT = 64  # chunks queued or being stored (at most ~64 MiB, and the batches they are views of)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuckpt.node.trust import ensure_node_key
+from gpuckpt.trust.keys import ensure_node_key
 
 
 @pytest.fixture(autouse=True)

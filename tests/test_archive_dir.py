@@ -9,7 +9,7 @@ import pytest
 
 from gpuckpt.errors import ConfigError
 from gpuckpt.node.config import ServiceConfig
-from gpuckpt.oci.service_api import DrainedContainer
+from gpuckpt.service.api import DrainedContainer
 from gpuckpt.service.operations import Operations, drained
 
 RECORD = DrainedContainer(id="a" * 64, engine="podman", checkpoint="/var/lib/gpuckpt/drain/a.tar.zst",

@@ -11,8 +11,8 @@ import zstandard
 
 from gpuckpt.cli import transfer
 from gpuckpt.errors import ImageError
+from gpuckpt.host.direct_read import BUFFER_BYTES, DirectReader
 from gpuckpt.oci.archive import decompressed, open_archive
-from gpuckpt.transfer.direct_read import BUFFER_BYTES, DirectReader
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import pytest
 
 from gpuckpt.cli import doctor
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.service_api import Status
-from gpuckpt.shim.resident_call import socket_path
+from gpuckpt.resident.call import socket_path
+from gpuckpt.service.api import Status
 
 
 def test_missing_image_definitions_fail_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

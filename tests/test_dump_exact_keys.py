@@ -9,7 +9,8 @@ import pytest
 from podman_tars import CONFIG, PODMAN_LINUX, podman_tar
 
 from gpuckpt.errors import ImageError
-from gpuckpt.oci.podman_archive import check_podman_archive, import_refusals
+from gpuckpt.oci.podman_archive import check_podman_archive
+from gpuckpt.policy.archive_import import import_refusals
 from gpuckpt.policy.image import parse_grant
 
 PODMAN_ID = "c0ffee" * 10 + "abcd"

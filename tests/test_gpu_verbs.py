@@ -28,10 +28,10 @@ from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError
 from gpuckpt.host import procfs
 from gpuckpt.node.suspension import read_suspension
 from gpuckpt.oci.manifest import GpuRecord, read_manifest
-from gpuckpt.oci.signature import SignatureError
 from gpuckpt.shim import checkpoint, freezer, pause, restore
 from gpuckpt.shim.argv import parse_runtime_args
-from gpuckpt.transfer.dump_signature import DUMP_SIGNATURE, sign_dump
+from gpuckpt.trust.dump_signature import DUMP_SIGNATURE, sign_dump
+from gpuckpt.trust.signature import SignatureError
 
 H100 = "NVIDIA H100 80GB HBM3"
 UUID0 = "GPU-11111111-2222-3333-4444-555555555555"

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from support import write_config
 
-from gpuckpt.hooks.entry import HOOK_TIMEOUT_S, STAGES
 from gpuckpt.hooks.main import RECORD_VERSION, engine_of
-from gpuckpt.oci.container_record import RECORD_VERSION as MODEL_VERSION
-from gpuckpt.oci.container_record import ContainerRecord, parse_record
-from gpuckpt.oci.hooks_d import PACKAGED_HOOK_PATH, HooksDFile, SpecHook, hooks_d_files
+from gpuckpt.node.container_record import RECORD_VERSION as MODEL_VERSION
+from gpuckpt.node.container_record import ContainerRecord, parse_record
+from gpuckpt.node.hook_entry import HOOK_TIMEOUT_S, STAGES
+from gpuckpt.node.hooks_d import PACKAGED_HOOK_PATH, HooksDFile, SpecHook, hooks_d_files
 
 REPO = Path(__file__).resolve().parent.parent
 UUID0 = "GPU-12345678-1234-1234-1234-123456789abc"
@@ -181,7 +181,7 @@ def test_unknown_stage_names_the_allowed_ones() -> None:
 
 
 def test_shipped_hooks_d_files_are_the_models() -> None:
-    """hooks/oci-hooks.d (what the packages install) is what oci/hooks_d.py writes for the packaged path."""
+    """hooks/oci-hooks.d (what the packages install) is what node/hooks_d.py writes for the packaged path."""
     shipped = {path.name: path.read_text() for path in (REPO / "hooks" / "oci-hooks.d").glob("*.json")}
     assert shipped == hooks_d_files(PACKAGED_HOOK_PATH)
     assert sorted(stage for text in shipped.values() for stage in HooksDFile.model_validate_json(text).stages) == \

@@ -1,12 +1,12 @@
-"""podman's node annotations of a checkpoint image, asked of this node (node/host_facts.py)."""
+"""podman's node annotations of a checkpoint image, asked of this node (host/facts.py)."""
 
 from __future__ import annotations
 
 import os
 import stat
 
-from gpuckpt.node import host_facts
-from gpuckpt.node.host_facts import KEY, checkpoint_host_annotations
+from gpuckpt.host import facts as host_facts
+from gpuckpt.host.facts import KEY, checkpoint_host_annotations
 
 
 def test_the_keys_are_podmans_and_a_runtime_name_from_data_is_never_run(tmp_path, monkeypatch) -> None:

@@ -19,7 +19,7 @@ from gpuckpt.host.safefiles import require_image_directory_private
 from gpuckpt.oci.manifest import read_manifest
 from gpuckpt.shim import restore
 from gpuckpt.shim.argv import parse_runtime_args
-from gpuckpt.transfer.dump_signature import DUMP_SIGNATURE
+from gpuckpt.trust.dump_signature import DUMP_SIGNATURE
 
 make_node = test_gpu_verbs.make_node
 NOBODY = 65534

@@ -16,10 +16,11 @@ from podman_tars import SPEC as PODMAN_SPEC
 
 from gpuckpt.errors import ConfigError, ImageError
 from gpuckpt.node.config import ImportConfig, parse_config
-from gpuckpt.oci.archive import READ_BYTES, decompressed
-from gpuckpt.oci.podman_archive import copy_checked, described_dumps, import_refusals
+from gpuckpt.oci.archive import READ_BYTES, RatioGuard, decompressed
+from gpuckpt.oci.podman_archive import copy_checked, described_dumps
+from gpuckpt.policy.archive_import import import_refusals
 from gpuckpt.transfer import staging
-from gpuckpt.transfer.bounds import RatioGuard, StagingBudget, node_memory_bytes
+from gpuckpt.transfer.bounds import StagingBudget, node_memory_bytes
 from gpuckpt.transfer.staging import HeldOutput, Staging
 
 SPEC = PODMAN_SPEC

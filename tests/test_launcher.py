@@ -1,4 +1,4 @@
-"""gpuckpt-runtime's compiled launcher (launcher/gpuckpt-runtime.c): the calls it passes through itself, from
+"""gpuckpt-runtime's compiled launcher (resident/launcher.c): the calls it passes through itself, from
 the delegate cache the Python shim writes, and every other one handed to the Python shim unchanged."""
 
 from __future__ import annotations
@@ -12,8 +12,11 @@ import pytest
 from support import build_launcher, write_config
 from support import python_calls as count_python_calls
 
+import gpuckpt
+
 REPO = Path(__file__).resolve().parent.parent
-SITE = str(REPO / ".typecheck")  # gpuckpt as this tree (the launcher inserts it first on sys.path)
+# gpuckpt as the test bed installed it from this tree (the launcher inserts its folder first on sys.path)
+SITE = os.path.dirname(os.path.dirname(os.path.abspath(gpuckpt.__file__)))
 # The test bed installs both (integration/testbed/install-system.sh), as the packages' build needs them.
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None or not Path("/usr/include/zlib.h").exists(),
                                 reason="no cc or zlib.h: run integration/testbed/install-system.sh (gcc, zlib1g-dev)")

@@ -20,10 +20,11 @@ from podman_tars import CONFIG, MANIFEST, PODMAN_LINUX, SPEC, podman_tar
 from gpuckpt.cli import inspect
 from gpuckpt.cli.main import main
 from gpuckpt.errors import ImageError, UsageError
-from gpuckpt.hooks.entry import STAGES, spec_entry
+from gpuckpt.node.hook_entry import STAGES, spec_entry
 from gpuckpt.oci import image_layout
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout, verify_layer
-from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described, import_refusals
+from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described
+from gpuckpt.policy.archive_import import import_refusals
 
 
 @pytest.mark.parametrize("compress", [zstandard.ZstdCompressor().compress, gzip.compress, lambda data: data])

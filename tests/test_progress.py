@@ -21,12 +21,13 @@ from gpuckpt.cli import drain, progress
 from gpuckpt.cli.progress import SYSTEMD_VARIABLES
 from gpuckpt.cli.transfer import checking_pass, exported
 from gpuckpt.node.config import ImportConfig, ServiceConfig
-from gpuckpt.oci.podman_archive import ArchiveWriter, described, described_dumps, exported_bytes, import_refusals
-from gpuckpt.oci.service_api import ContainerEvent, Plan, Result, parse_event
+from gpuckpt.oci.podman_archive import ArchiveWriter, described, described_dumps, exported_bytes
+from gpuckpt.policy.archive_import import import_refusals
+from gpuckpt.service.api import ContainerEvent, Plan, Result, parse_event
 from gpuckpt.service.operations import Operations
 from gpuckpt.transfer.bounds import StagingBudget
-from gpuckpt.transfer.provenance import Unsigned
 from gpuckpt.transfer.staging import HeldOutput, Staging
+from gpuckpt.trust.provenance import Unsigned
 
 TIME_LEFT = re.compile(r"\[\d\d:\d\d<\d\d:\d\d, ")  # tqdm's [elapsed<remaining, rate]: only with a total
 PAGES = os.urandom(1 << 20) + bytes(2 << 20)  # compressed, about a third: the archive is smaller than its tar

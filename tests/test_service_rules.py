@@ -10,9 +10,9 @@ import pytest
 
 from gpuckpt.hooks.main import options
 from gpuckpt.node.config import ServiceConfig
+from gpuckpt.node.container_record import ContainerRecord
 from gpuckpt.node.inventory import InventoryError, check_container_id
-from gpuckpt.oci.cloud_notices import parse_notice
-from gpuckpt.oci.container_record import ContainerRecord
+from gpuckpt.service.cloud_notices import parse_notice
 from gpuckpt.service.schedule import checkpoint_interval_s, prune, prune_to_budget
 
 NOW = datetime(2026, 11, 25, 5, 0, 0, tzinfo=UTC)

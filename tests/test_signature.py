@@ -19,7 +19,10 @@ from podman_tars import podman_tar
 
 from gpuckpt.cli.main import main
 from gpuckpt.errors import ConfigError
-from gpuckpt.node.trust import (
+from gpuckpt.oci.archive import decompressed, open_archive
+from gpuckpt.oci.image_layout import ImageManifest
+from gpuckpt.oci.podman_archive import copy_checked
+from gpuckpt.trust.keys import (
     TrustPolicy,
     UnsignedSource,
     ensure_node_key,
@@ -28,19 +31,7 @@ from gpuckpt.node.trust import (
     parse_policy,
     save_policy,
 )
-from gpuckpt.oci.archive import decompressed, open_archive
-from gpuckpt.oci.image_layout import ImageManifest
-from gpuckpt.oci.podman_archive import copy_checked
-from gpuckpt.oci.signature import (
-    SignatureError,
-    Signer,
-    TrustedKey,
-    open_envelope,
-    parse_envelope,
-    parse_public_key,
-    public_key_line,
-)
-from gpuckpt.transfer.provenance import (
+from gpuckpt.trust.provenance import (
     SIGNATURE_ANNOTATION,
     EntryDigests,
     ExportSigning,
@@ -48,6 +39,15 @@ from gpuckpt.transfer.provenance import (
     verify_archive_signature,
     verify_image_signature,
     write_archive_signature,
+)
+from gpuckpt.trust.signature import (
+    SignatureError,
+    Signer,
+    TrustedKey,
+    open_envelope,
+    parse_envelope,
+    parse_public_key,
+    public_key_line,
 )
 
 

@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from gpuckpt.node.trust import TrustPolicy, UnsignedSource, load_trust, save_policy
-from gpuckpt.oci.signature import SignatureError
-from gpuckpt.transfer.dump_signature import DUMP_SIGNATURE, sign_dump, verify_dump
+from gpuckpt.trust.dump_signature import DUMP_SIGNATURE, sign_dump, verify_dump
+from gpuckpt.trust.keys import TrustPolicy, UnsignedSource, load_trust, save_policy
+from gpuckpt.trust.signature import SignatureError
 
 WHAT = "restore of ctr"
 

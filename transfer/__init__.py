@@ -1,2 +1,2 @@
-"""Checkpoints moving between nodes: export and import machinery (the operator's bounds, page
-staging, the read around the page cache) and the signatures checked on what arrives."""
+"""Checkpoints moving between nodes: the operator's bounds on what an import may take, and the staging of its
+pages beside the image directory."""

@@ -6,7 +6,7 @@ Two bounds, each checked before the bytes they bound are written (or fallocated)
   at the staging filesystem's free space minus `import.reserve_bytes`, and at
   `import.max_staged_bytes`; an entry's declared size is checked against what is left before
   anything is written for it.
-- `RatioGuard`: an entry may expand at most `import.max_entry_ratio` times the compressed bytes
+- `RatioGuard` (oci/archive.py): an entry may expand at most `import.max_entry_ratio` times the compressed bytes
   read while it is decompressed (counted at the decompressor's read size, so a small entry
   always passes).
 """
@@ -14,12 +14,11 @@ Two bounds, each checked before the bytes they bound are written (or fallocated)
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import BinaryIO
 
-from gpuckpt.errors import ImageError
-from gpuckpt.node.config import ImportConfig
-from gpuckpt.oci.tarstream import Data
+from ..errors import ImageError
+from ..node.config import ImportConfig
+from ..oci.tarstream import Data
 
 MIB = 1 << 20
 
@@ -64,30 +63,3 @@ class StagedFile:
     def write(self, data: Data) -> int:
         self.budget.take(self.name, len(data))
         return self.out.write(data)
-
-
-class RatioGuard:
-    """Bounds how far each entry expands: `consumed()` tells the compressed bytes read so far, of
-    `total_bytes`. An entry declaring more than the rest of the archive could expand into is
-    refused at its header; one that expands too far as it is read, as soon as it does."""
-
-    def __init__(self, path: str, consumed: Callable[[], int], max_ratio: int, read_bytes: int,
-                 total_bytes: int | None = None) -> None:
-        self.path, self.consumed, self.max_ratio, self.total_bytes = path, consumed, max_ratio, total_bytes
-        self.read_bytes = read_bytes  # what the decompressor may have read ahead of the entry
-        self.name, self.start, self.out = "", 0, 0
-
-    def _refused(self, what: str) -> ImageError:
-        return ImageError(f"{self.path}: {self.name} {what} {self.max_ratio} times its compressed size: refused "
-                          "(import.max_entry_ratio; memory that is almost all zeros compresses up to ~30000 times: "
-                          "raise it for such a checkpoint from a node you trust)")
-
-    def entry(self, name: str, size: int) -> None:
-        self.name, self.start, self.out = name, self.consumed(), 0
-        if self.total_bytes is not None and size > self.max_ratio * (self.total_bytes - self.start + self.read_bytes):
-            raise self._refused(f"declares {size // MIB} MiB, which would expand more than")
-
-    def moved(self, count: int) -> None:
-        self.out += count
-        if self.out > self.max_ratio * (self.consumed() - self.start + self.read_bytes):
-            raise self._refused("expands more than")

@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import os
 import queue
-import re
 import secrets
 import shutil
 import tarfile
@@ -34,15 +33,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.host.safefiles import read_bounded, replace_file
-from gpuckpt.node.paths import state_dir
-from gpuckpt.oci.tarstream import ByteSink, Data
-from gpuckpt.oci.timestamps import utc_now
-from gpuckpt.transfer.bounds import StagedFile, StagingBudget
+from ..errors import ImageError
+from ..host.safefiles import read_bounded, replace_file
+from ..node.paths import state_dir
+from ..oci.podman_archive import PAGES_FILE
+from ..oci.podman_archive import STAGING_PLACEHOLDER as PLACEHOLDER
+from ..oci.tarstream import ByteSink, Data
+from ..oci.timestamps import utc_now
+from .bounds import StagedFile, StagingBudget
 
-PLACEHOLDER = "gpuckpt-import.json"  # inside the image directory (checkpoint/ in podman's archive)
-PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
 TOKEN_PATTERN = r"[0-9a-f]{32}"
 MAX_RECORD_BYTES = 1 << 20
 LIGHT_ARCHIVE = "archive.tar"  # what podman imports: everything but the pages

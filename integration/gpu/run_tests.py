@@ -965,7 +965,7 @@ def install_hooks_d() -> None:
     """gpuckpt-hook's hooks.d files, as `gpuckpt install --engine podman` writes them."""
     hooks_dir = Path("/etc/containers/oci/hooks.d")
     hooks_dir.mkdir(parents=True, exist_ok=True)
-    files = gpuckpt_python(f"import json; from gpuckpt.oci.hooks_d import hooks_d_files; "
+    files = gpuckpt_python(f"import json; from gpuckpt.node.hooks_d import hooks_d_files; "
                            f"print(json.dumps(hooks_d_files({harness.HOOK!r})))")
     for file_name, text in files.items():
         (hooks_dir / file_name).write_text(text)

@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.oci.problems import first_problem
+from ..errors import GpuckptError
+from ..oci.problems import first_problem
 
 CONTAINER_ID_PATTERN = r"^[A-Za-z0-9_+][A-Za-z0-9_+.-]{0,199}$"  # node/inventory.py's rule
 MAX_LINE_BYTES = 1 << 20

@@ -20,9 +20,9 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from gpuckpt.host.safefiles import create_new, read_bounded
-from gpuckpt.node.trust import Trust, log_unsigned_use
-from gpuckpt.oci.signature import (
+from ..host.safefiles import create_new, read_bounded
+from .keys import Trust, log_unsigned_use
+from .signature import (
     MAX_ENVELOPE_BYTES,
     SignatureError,
     SignedContent,
@@ -34,10 +34,10 @@ from gpuckpt.oci.signature import (
 if TYPE_CHECKING:
     import tarfile
 
-    from gpuckpt.oci.archive import RawArchive
-    from gpuckpt.oci.image_layout import CheckpointImageWriter, ImageManifest
-    from gpuckpt.oci.podman_archive import ArchiveWriter
-    from gpuckpt.oci.tarstream import Data
+    from ..oci.archive import RawArchive
+    from ..oci.image_layout import CheckpointImageWriter, ImageManifest
+    from ..oci.podman_archive import ArchiveWriter
+    from ..oci.tarstream import Data
 
 SIGNATURE_SUFFIX = ".sig"
 SIGNATURE_ANNOTATION = "io.gpuckpt.signature"

@@ -19,7 +19,7 @@ import os
 import stat
 from typing import TYPE_CHECKING
 
-from gpuckpt.host.background import OnThread
+from .background import OnThread
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer

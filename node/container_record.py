@@ -12,8 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from gpuckpt.errors import ImageError
-from gpuckpt.oci.problems import first_problem
+from ..errors import ImageError
+from ..oci.problems import first_problem
 
 RECORD_VERSION = 1
 # Which engine made the container, so the service acts through that engine and no other.

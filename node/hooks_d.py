@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpuckpt.hooks.entry import STAGES, spec_entry
+from .hook_entry import STAGES, spec_entry
 
 PACKAGED_HOOK_PATH = "/usr/bin/gpuckpt-hook"  # where the packages put it (hooks/oci-hooks.d/ names this path)
 PACKAGED_HOOKS_DIR = "/usr/share/containers/oci/hooks.d"  # where the packages put hooks/oci-hooks.d/

@@ -6,7 +6,7 @@ once, then listens on a SOCK_SEQPACKET socket (systemd's, gpuckpt-runtimed.socke
 the state directory) and keeps a worker forked and warmed ahead of each call (a spare, which accepts
 the call itself; the helper then forks the next): the worker takes the caller's stdio, working
 directory, umask and environment, works the verb as gpuckpt-runtime would, and has the caller
-start every program (host/caller.py) so the delegate stays the engine's grandchild.
+start every program (resident/caller.py) so the delegate stays the engine's grandchild.
 
 A worker takes the call only from a root process in our namespaces whose capabilities are all
 ours, running the same installed gpuckpt; anything else is answered ("local", why) and the caller
@@ -30,19 +30,15 @@ import threading
 import time
 from collections.abc import Sequence
 
-from gpuckpt.errors import GpuckptError
-from gpuckpt.host import caller, messages
-from gpuckpt.host.messages import peer_refusal
-from gpuckpt.host.netns import in_netns_of
-from gpuckpt.node.config import parse_config
-from gpuckpt.node.paths import state_dir
-from gpuckpt.node.trust import load_trust
-from gpuckpt.oci import criu_images
-from gpuckpt.oci.signature import SignedEntry, Signer, TrustedKey, open_envelope
-from gpuckpt.oci.spec import Spec
-from gpuckpt.oci.state import ContainerState
-from gpuckpt.shim import main as shim_main
-from gpuckpt.shim.argv import (
+from ..errors import GpuckptError
+from ..host.netns import in_netns_of
+from ..node.config import parse_config
+from ..node.paths import state_dir
+from ..oci import criu_images
+from ..oci.spec import Spec
+from ..oci.state import ContainerState
+from ..shim import main as shim_main
+from ..shim.argv import (
     OWNED_VALUE_FLAGS,
     RuntimeArgs,
     hidden_checkpoint_or_restore,
@@ -50,7 +46,11 @@ from gpuckpt.shim.argv import (
     parse_runtime_args,
     parse_verb_args,
 )
-from gpuckpt.shim.resident_call import PROTOCOL, SOCKET_NAME, package_identity
+from ..trust.keys import load_trust
+from ..trust.signature import SignedEntry, Signer, TrustedKey, open_envelope
+from . import caller, messages
+from .call import PROTOCOL, SOCKET_NAME, package_identity
+from .messages import peer_refusal
 
 # What the owned verbs load, imported before the first fork (each worker then starts with it).
 PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete", "gpuckpt.shim.pause",

@@ -17,10 +17,10 @@ import hashlib
 import os
 import stat
 
-from gpuckpt.host.safefiles import read_bounded, replace_file
-from gpuckpt.node.trust import Trust, load_node_key, log_unsigned_use
-from gpuckpt.oci.signature import MAX_ENVELOPE_BYTES, SignatureError, SignedEntry, open_envelope
-from gpuckpt.transfer.staging import PAGES_FILE
+from ..host.safefiles import read_bounded, replace_file
+from ..oci.podman_archive import PAGES_FILE
+from .keys import Trust, load_node_key, log_unsigned_use
+from .signature import MAX_ENVELOPE_BYTES, SignatureError, SignedEntry, open_envelope
 
 DUMP_SIGNATURE = "gpuckpt-dump.sig"
 # Written around a dump or restore by CRIU, runc or the engine, read by none of them at restore:

@@ -1,7 +1,7 @@
 """How gpuckpt-hook appears in a container's spec: its stages, arguments and time limit.
 
 Stdlib only: the runtime's `create` (shim/create.py) adds these entries without loading
-pydantic; oci/hooks_d.py builds the hooks.d files from the same values.
+pydantic; node/hooks_d.py builds the hooks.d files from the same values.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import re
 
-from gpuckpt.host.cgroup_v1 import hybrid_or_legacy
-from gpuckpt.host.process import CommandError, run
-from gpuckpt.host.programs import find_program
+from .cgroup_v1 import hybrid_or_legacy
+from .process import CommandError, run
+from .programs import find_program
 
 OS_RELEASE = "/etc/os-release"
 KEY = "io.podman.annotations.checkpoint"

@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from gpuckpt.errors import ImageError
-from gpuckpt.oci.problems import first_problem
-from gpuckpt.oci.timestamps import utc_now
+from ..errors import ImageError
+from ..oci.problems import first_problem
+from ..oci.timestamps import utc_now
 
 SCHEMA_VERSION: Final = 1
 PAYLOAD_TYPE: Final = "application/vnd.gpuckpt.signed-content.v1+json"

@@ -17,11 +17,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from gpuckpt.errors import ConfigError
-from gpuckpt.host.safefiles import create_new, replace_file
-from gpuckpt.node.config import validated_toml
-from gpuckpt.oci.signature import SignatureError, Signer, TrustedKey, key_id_of, parse_public_key
-from gpuckpt.oci.timestamps import utc_now
+from ..errors import ConfigError
+from ..host.safefiles import create_new, replace_file
+from ..node.config import validated_toml
+from ..oci.timestamps import utc_now
+from .signature import SignatureError, Signer, TrustedKey, key_id_of, parse_public_key
 
 DEFAULT_TRUST_DIR = "/etc/gpuckpt"
 TRUST_DIR_ENV = "GPUCKPT_TRUST_DIR"

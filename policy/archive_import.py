@@ -1,0 +1,169 @@
+"""What an imported archive's container config may ask of this node: no more than an ordinary
+`podman run` gives a container (podman's own --import trusts all of it)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+
+from ..node.hooks_d import only_gpuckpt_hooks
+from ..oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
+from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive
+from ..oci.spec import Spec
+
+# podman's default capabilities (containers.conf default_capabilities, podman 4)
+DEFAULT_CAPABILITIES = frozenset(f"CAP_{name}" for name in (
+    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP",
+    "SETUID", "SYS_CHROOT"))
+
+
+# What every podman run gives a container of its own, and hides or makes read-only in its /proc and
+# /sys (podman 4.3's and 5.8's defaults, containers/common pkg/config): without them a container
+# shares the host's processes or network, or writes /proc/sys (kernel.core_pattern runs a program
+# on the host), or reads the kernel's memory and keys.
+OWN_NAMESPACES = frozenset({"pid", "network", "ipc", "uts", "mount"})
+MASKED_PATHS = frozenset({"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+                          "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware"})
+READONLY_PATHS = frozenset({"/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"})
+
+
+def _isolation_refusals(spec: Spec, where: str, replaced: frozenset[str]) -> list[str]:
+    """What of podman run's own isolation a container config gives up; a path of a namespace in
+    `replaced` is one podman's restore sets itself."""
+    problems = []
+    namespaces = {namespace.type: namespace.path for namespace in spec.linux.namespaces}
+    if shared := sorted(OWN_NAMESPACES - namespaces.keys()):
+        problems.append(f"the host's {', '.join(shared)} namespace(s) in {where}")
+    if joined := sorted(kind for kind, path in namespaces.items() if path and kind not in replaced):
+        problems.append(f"namespaces joined by path in {where} ({', '.join(joined)})")
+    seccomp = spec.linux.seccomp
+    if seccomp is None or seccomp.get("defaultAction") in ("SCMP_ACT_ALLOW", "SCMP_ACT_LOG"):
+        allowed = "" if seccomp is None else " (every call allowed by default)"
+        problems.append(f"no seccomp filter in {where}{allowed}")
+    elif seccomp.get("listenerPath"):
+        problems.append(f"no seccomp filter in {where} (its calls handed to {str(seccomp['listenerPath'])[:80]})")
+    if unmasked := sorted(MASKED_PATHS - set(spec.linux.maskedPaths)):
+        problems.append(f"paths podman masks left visible in {where} ({', '.join(unmasked[:3])})")
+    if writable := sorted(READONLY_PATHS - set(spec.linux.readonlyPaths)):
+        problems.append(f"paths podman makes read-only left writable in {where} ({', '.join(writable[:3])})")
+    return problems
+
+
+# What podman's --import drops from spec.dump (runtime_ctr.go setupContainer, RemoveMount: the first
+# mount of each destination, of any type), its own binds from the container's userdata; 4.3's list, in 5.8's too.
+IMPORT_DROPPED_MOUNTS = frozenset({"/dev/shm", "/etc/resolv.conf", "/etc/hostname", "/etc/hosts", "/run/.containerenv",
+                                   "/run/secrets"})
+
+
+def _host_binds(spec: Spec) -> list[str]:
+    """The sources of the bind mounts the restored container keeps. A source is not trusted for its
+    name (podman's userdata path): a local user can make a path that holds it, linked anywhere."""
+    dropped, kept = set(), []
+    for mount in spec.mounts:
+        if mount.destination in IMPORT_DROPPED_MOUNTS and mount.destination not in dropped:
+            dropped.add(mount.destination)
+        elif mount.is_bind():
+            kept.append(mount.source)
+    return kept
+
+
+# The kernel filesystems `podman run` mounts: where (None: anywhere, a new instance of its own) and
+# whether read-only. Another proc mount has none of the masked or read-only paths (/proc/sys writable:
+# kernel.core_pattern runs a program on the host), sysfs or cgroup writable reach the host's kernel,
+# and overlay, a disk or anything else mounts what the options name from the host.
+PODMAN_FILESYSTEMS: dict[str, tuple[str | None, bool]] = {
+    "proc": ("/proc", False), "sysfs": ("/sys", True), "cgroup": ("/sys/fs/cgroup", True),
+    "cgroup2": ("/sys/fs/cgroup", True), "tmpfs": (None, False), "devpts": (None, False), "mqueue": (None, False)}
+
+
+def _other_filesystems(spec: Spec) -> list[str]:
+    """The mounts, not binds, that podman run would not have made as they are."""
+    found = []
+    for mount in spec.mounts:
+        if mount.is_bind():
+            continue
+        if mount.type not in PODMAN_FILESYSTEMS:
+            found.append(f"{mount.type or 'untyped'} at {mount.destination}")
+            continue
+        where, read_only = PODMAN_FILESYSTEMS[mount.type]
+        if (where is not None and posixpath.normpath(mount.destination) != where) or (
+                read_only and ("ro" not in mount.options or "rw" in mount.options)):
+            found.append(f"{mount.type} at {mount.destination}" + (" writable" if read_only else ""))
+    return found
+
+
+NAMESPACE_CONTAINERS = ("ipcNsCtr", "mountNsCtr", "netNsCtr", "pidNsCtr", "userNsCtr", "utsNsCtr", "cgroupNsCtr")
+
+
+DEFAULT_RUN_ROOT = "/run/containers/storage"  # root's podman (containers-storage.conf runroot)
+
+
+def _held_by_another(userdata: str) -> bool:
+    """Whether something is at a container's userdata directory: a directory with files (another
+    container's, of a store that uses that run root), a link or a file. Absent or empty is free."""
+    try:
+        return not stat.S_ISDIR(os.lstat(userdata).st_mode) or bool(os.listdir(userdata))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset(), run_root: str = "",
+                    default_run_root: str = DEFAULT_RUN_ROOT) -> list[str]:
+    """What in an archive's container config would give its container, or a program it names,
+    more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
+    for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
+    mounts, device nodes other than the NVIDIA ones, a runtime given by path, a root filesystem given by path,
+    less isolation (namespaces, seccomp, masked and read-only paths), another container's namespaces, pid
+    files outside `run_root` (podman's on this node). podman's own --import trusts all of it."""
+    config, problems = archive.config, []
+    if not re.fullmatch(r"[0-9a-f]{64}", config.id):
+        return [f"a container ID that is not podman's ({config.id[:80]!r})"]
+    if "/" in config.runtime:
+        problems.append(f"runtime given as a path ({config.runtime})")
+    if config.privileged:
+        problems.append("a privileged container")
+    if config.rootfs:
+        problems.append(f"a root filesystem given by path ({config.rootfs[:80]})")
+    # podman's restore replaces a pid file that starts with its run root (strings.HasPrefix) and keeps any
+    # other: kept, only the paths root's podman itself gives this very container are harmless (in its own
+    # root-only directory, named by the archive's own ID, as an archive from a node with the default run
+    # root names them on a node with another). On such a node podman never makes that directory: one with
+    # files in it is another container's (CRI-O, a second store), whose pid files conmon would replace
+    userdata = f"{default_run_root}/overlay-containers/{config.id}/userdata"
+    own = set() if _held_by_another(userdata) else {f"{userdata}/{name}" for name in ("conmon.pid", "pidfile")}
+    if pid_files := [path for path in (config.conmonPidFile, config.pid_file)
+                     if path and not (run_root and path.startswith(run_root)) and path not in own]:
+        problems.append(f"pid files podman would write on this node ({', '.join(p[:80] for p in pid_files)})")
+    if overlays := [str(volume.get("source", "?"))[:80] for volume in config.overlayVolumes]:
+        problems.append(f"host directories as overlay volumes ({', '.join(overlays[:3])})")
+    if secrets := [str(secret.get("name", "?"))[:40] for secret in (*config.secrets, *config.secret_env.values())]:
+        problems.append(f"this node's podman secrets ({', '.join(secrets[:3])})")
+    if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:
+        problems.append(f"the namespaces of another container ({', '.join(joined)})")
+    # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary
+    # `podman run` exports the path of the one it made on its own node
+    replaced = frozenset({"network"}) if config.createNetNS else frozenset()
+    for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
+        if spec is None:
+            continue
+        if spec.hooks and not only_gpuckpt_hooks(spec.hooks, own_hooks):
+            problems.append(f"OCI hooks in {where} ({', '.join(sorted(spec.hooks))})")
+        added = spec.process.capabilities.all() - DEFAULT_CAPABILITIES if spec.process.capabilities else set()
+        if added:
+            problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
+        host = _host_binds(spec)
+        if host:
+            problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
+        if kernel := _other_filesystems(spec):
+            problems.append(f"kernel filesystems podman run does not mount in {where} ({', '.join(kernel[:3])})")
+        # a device node is a piece of the host (a disk, a tty); the GPU's nodes are what gpuckpt moves
+        devices = sorted({device.path for device in spec.linux.devices
+                          if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})
+        if devices:
+            problems.append(f"host devices in {where} ({', '.join(devices[:3])})")
+        problems += _isolation_refusals(spec, where, replaced)
+    return list(dict.fromkeys(problems))
