@@ -26,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 from passthrough import machine, time_once  # noqa: E402
 
-from gpuckpt.resident.call import helper_listens  # noqa: E402
+from gpuckpt.shim.resident.call import helper_listens  # noqa: E402
 
 IMAGE = "localhost/gpuckpt-test:latest"
 RESULTS = Path(__file__).parent / "results" / "owned_verbs.json"
@@ -38,7 +38,7 @@ FLOOR_CODE = ("import pydantic, cryptography.hazmat.primitives.serialization\n"
               "class Floor(pydantic.BaseModel):\n    x: int\nFloor(x=1)\n")
 GOAL_PASSTHROUGH_MS = 5.0
 IN_PROCESS = "gpuckpt-runtime in-process"
-RESIDENT_ENV = "GPUCKPT_RESIDENT"  # resident/call.py's switch
+RESIDENT_ENV = "GPUCKPT_RESIDENT"  # shim/resident/call.py's switch
 
 
 def figures(samples: list[float]) -> dict[str, float]:

@@ -25,11 +25,11 @@ from ..node.inventory import inventory_dir, read_records
 from ..node.journal import left_journals
 from ..node.paths import config_path
 from ..oci.criu_images import criu_messages
-from ..resident.call import helper_listens
-from ..resident.call import socket_path as resident_socket_path
 from ..service.api import Request, Status
 from ..service.client import request
 from ..shim.delegate import delegate_version
+from ..shim.resident.call import helper_listens
+from ..shim.resident.call import socket_path as resident_socket_path
 from ..shim.resolve import resolve_delegate
 from ..trust.keys import load_trust, node_key_path, policy_path
 

@@ -15,8 +15,8 @@ import re
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import BinaryIO, Protocol
 
-from ..resident import caller
 from .programs import CommandError
 
 MAX_CAUSE = 500  # characters of a runtime's logged error carried into the one line
@@ -36,14 +36,49 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-Child = subprocess.Popen | caller.CallerChild  # what spawn() hands back: ours, or the caller's (resident/caller.py)
+class StartedChild(Protocol):
+    """A program another process started for us and lets us watch (shim/resident/caller.py's CallerChild)."""
+
+    pid: int
+    returncode: int | None
+    stdin: BinaryIO | None
+    stdout: BinaryIO | None
+    stderr: BinaryIO | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def communicate(self, input_bytes: bytes | None, timeout_s: float) -> tuple[bytes, bytes] | None: ...
+
+
+class Starter(Protocol):
+    """Who starts this process's programs when it is not us: a resident worker's caller (shim/resident/
+    caller.py), whose children they must be."""
+
+    def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
+              stdout: int | None = None, stderr: int | None = None, close_fds: bool = False) -> StartedChild: ...
+
+
+Child = subprocess.Popen | StartedChild  # what spawn() hands back: ours, or the starter's
+_starter: Starter | None = None
+
+
+def start_programs_through(starter: Starter) -> None:
+    """From now on this process's programs are started by `starter` (a resident worker, once)."""
+    global _starter
+    _starter = starter
 
 
 def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> Child:
     """Start a child sharing our stdio and every inherited fd (engines pass fds to runtimes); with
     `pipe_stderr`, its stderr comes to us through a pipe instead. In a resident worker the child is
-    the calling gpuckpt-runtime's (resident/caller.py), its stdio and fds."""
-    starter = caller.current()
+    the calling gpuckpt-runtime's (start_programs_through), its stdio and fds."""
+    starter = _starter
     if starter is not None:
         try:
             return _spawn_by(starter, argv, None, stdin=False, capture=False, pipe_stderr=pipe_stderr)
@@ -83,7 +118,7 @@ class Running:
         self.timeout_s, self.input_text = timeout_s, input_text
         self.deadline = time.monotonic() + timeout_s
         self.child: Child
-        starter = caller.current()
+        starter = _starter
         try:
             if starter is not None:
                 self.child = _spawn_by(starter, argv, env, stdin=input_text is not None, capture=True,
@@ -126,8 +161,8 @@ class Running:
         return finished
 
 
-def _spawn_by(starter: caller.Caller, argv: Sequence[str], env: Mapping[str, str] | None, *, stdin: bool,
-              capture: bool, pipe_stderr: bool) -> caller.CallerChild:
+def _spawn_by(starter: Starter, argv: Sequence[str], env: Mapping[str, str] | None, *, stdin: bool,
+              capture: bool, pipe_stderr: bool) -> StartedChild:
     """`argv` started by the caller, with pipes to us where asked (stdin: /dev/null unless `stdin`)."""
     ours: list[tuple[str, int, str]] = []  # (attribute, our end, mode)
     theirs: dict[str, int] = {}

@@ -25,7 +25,7 @@ from bed import (
 )
 
 from gpuckpt.host.cgroup_v1 import hybrid_or_legacy
-from gpuckpt.resident.call import helper_listens
+from gpuckpt.shim.resident.call import helper_listens
 
 _names = itertools.count()
 

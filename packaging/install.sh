@@ -55,7 +55,7 @@ if [ "$bindir" = none ]; then
 fi
 mkdir -p "$bindir"
 write_launcher gpuckpt-runtime gpuckpt.shim.main
-# The compiled launcher where this machine can build it (resident/build.sh: cc, zlib1g-dev): the
+# The compiled launcher where this machine can build it (shim/resident/build.sh: cc, zlib1g-dev): the
 # pass-through without the interpreter's start. Otherwise the Python launcher above does it all.
 launcher_tmp=$(mktemp "$bindir/.gpuckpt-runtime.XXXXXX")
 if bash "$src/resident/build.sh" "$launcher_tmp" "$prefix/venv/bin/python3" "$site"; then
@@ -65,7 +65,7 @@ else
     rm -f "$launcher_tmp"
     echo "install.sh: gpuckpt-runtime keeps the Python launcher (no compiled one; apt-get install gcc zlib1g-dev)" >&2
 fi
-write_launcher gpuckpt-runtimed gpuckpt.resident.server
+write_launcher gpuckpt-runtimed gpuckpt.shim.resident.server
 write_launcher gpuckpt gpuckpt.cli.main
 write_launcher gpuckpt-hook gpuckpt.hooks.main
 write_launcher gpuckptd gpuckpt.service.main

@@ -87,7 +87,7 @@ while read -r name module function; do
     [ "$function" = main ] || { echo "stage.sh: entry point $name calls $function, launchers call main" >&2; exit 1; }
     write_launcher "$name" "$module"
 done < <(read_pyproject scripts)
-# gpuckpt-runtime's pass-through without an interpreter (resident/launcher.c): the packages'
+# gpuckpt-runtime's pass-through without an interpreter (shim/resident/launcher.c): the packages'
 # build has a compiler, so no fallback here.
 bash "$src/resident/build.sh" "$dest$bindir/gpuckpt-runtime" "$venv/bin/python3" "$site"
 chmod 0755 "$dest$bindir/gpuckpt-runtime"

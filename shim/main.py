@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None, resident: 
             return _print_version(delegate)
         if args.command in OWNED_VERBS and args.unknown_global is None and not owned_verb_is_only_asked_about(args):
             if gpus is None and resident:  # a test's launcher with GPUs of its own works its verbs itself
-                from ..resident.call import call_resident  # built-in modules only
+                from .resident.call import call_resident  # built-in modules only
 
                 status = call_resident(argv, delegate, resolved.hook)
                 if status is not None:
@@ -111,7 +111,7 @@ def _report(args: RuntimeArgs, error: Exception) -> int:
 
 
 def work_owned(argv: list[str], delegate: str, hook: str) -> int:
-    """An owned verb a caller handed to the resident helper (resident/server.py), worked as main() would."""
+    """An owned verb a caller handed to the resident helper (shim/resident/server.py), worked as main() would."""
     args = parse_runtime_args(argv)
     try:
         return _run_owned(args, delegate, hook, None)

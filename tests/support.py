@@ -18,7 +18,7 @@ def write_config(node: Path, text: str) -> Path:
 
 
 def build_launcher(where: Path, site: str) -> tuple[Path, Path]:
-    """The compiled launcher (resident/build.sh) with a stand-in interpreter that notes each call in the
+    """The compiled launcher (shim/resident/build.sh) with a stand-in interpreter that notes each call in the
     returned file, then runs ours (its site-packages on: -I without -S, for pydantic; the launcher's -c code
     puts `site` first)."""
     python = where / "python3"
@@ -26,7 +26,7 @@ def build_launcher(where: Path, site: str) -> tuple[Path, Path]:
                       f'exec {sys.executable} -I "$@"\n')
     python.chmod(0o755)
     built = where / "gpuckpt-runtime"
-    subprocess.run(["bash", str(REPO / "resident" / "build.sh"), str(built), str(python), site], check=True)
+    subprocess.run(["bash", str(REPO / "shim" / "resident" / "build.sh"), str(built), str(python), site], check=True)
     return built, where / "python.calls"
 
 

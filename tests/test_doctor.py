@@ -13,8 +13,8 @@ import pytest
 
 from gpuckpt.cli import doctor
 from gpuckpt.errors import ImageError
-from gpuckpt.resident.call import socket_path
 from gpuckpt.service.api import Status
+from gpuckpt.shim.resident.call import socket_path
 
 
 def test_missing_image_definitions_fail_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

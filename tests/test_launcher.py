@@ -1,4 +1,4 @@
-"""gpuckpt-runtime's compiled launcher (resident/launcher.c): the calls it passes through itself, from
+"""gpuckpt-runtime's compiled launcher (shim/resident/launcher.c): the calls it passes through itself, from
 the delegate cache the Python shim writes, and every other one handed to the Python shim unchanged."""
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from support import REPO, build_launcher, python_calls, write_config
 
 import gpuckpt
 from gpuckpt.host import process
-from gpuckpt.resident import call as resident_call
-from gpuckpt.resident import caller, messages
-from gpuckpt.resident import server as resident
+from gpuckpt.shim.resident import call as resident_call
+from gpuckpt.shim.resident import caller, messages
+from gpuckpt.shim.resident import server as resident
 
 # Where the tests' gpuckpt is imported from: the helper and the callers must load the same files (its identity).
 IMPORT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(gpuckpt.__file__)))
@@ -70,7 +70,7 @@ def start_listener(node: Path, argv: list[str]) -> subprocess.Popen:
 
 @pytest.fixture
 def helper(node: Path, runtime: Path) -> Iterator[subprocess.Popen]:
-    started = start_listener(node, [sys.executable, "-m", "gpuckpt.resident.server"])
+    started = start_listener(node, [sys.executable, "-m", "gpuckpt.shim.resident.server"])
     yield started
     with contextlib.suppress(ProcessLookupError):  # a test that ended the helper and its spare itself
         os.killpg(started.pid, signal.SIGKILL)  # the helper and any worker a broken test left
@@ -84,7 +84,7 @@ def needs_cc() -> None:
 
 @pytest.fixture(scope="module")
 def launcher_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The compiled launcher of this tree (resident/), and the file its interpreter's starts are noted in."""
+    """The compiled launcher of this tree (shim/resident/), and the file its interpreter's starts are noted in."""
     needs_cc()
     return build_launcher(tmp_path_factory.mktemp("launcher"), IMPORT_ROOT)
 
@@ -95,7 +95,7 @@ Call = Callable[..., subprocess.Popen]
 @pytest.fixture(params=["python", "compiled"])
 def call(request: pytest.FixtureRequest, node: Path, runtime: Path) -> Call:
     """gpuckpt-runtime as an engine starts it, in node/cwd with a umask and a variable of its own: the
-    Python shim, or the compiled launcher, which hands owned verbs over itself (resident/resident_call.c)."""
+    Python shim, or the compiled launcher, which hands owned verbs over itself (shim/resident/resident_call.c)."""
     command = [sys.executable, "-m", "gpuckpt.shim.main"]
     if request.param == "compiled":
         built, _ = request.getfixturevalue("launcher_build")
@@ -195,7 +195,7 @@ def test_with_no_helper_listening_the_caller_works_the_verb_itself(node, runtime
 # A listener that answers as a worker would and has its caller start a program of its choosing; in the wire's
 # marshal version (2), which the compiled caller reads: a caller that refuses it refuses the listener, not its words.
 IMPOSTOR = """import marshal, os, socket, sys
-from gpuckpt.resident.caller import Caller
+from gpuckpt.shim.resident.caller import Caller
 listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
 listener.bind(sys.argv[1])
 listener.listen()
@@ -402,7 +402,7 @@ def test_a_worker_whose_caller_is_killed_ends(node, helper, sleeping, waited_for
         os.close(delegate)
 
 
-SERVE = ("import os, socket, sys\nfrom gpuckpt.resident import call\n"
+SERVE = ("import os, socket, sys\nfrom gpuckpt.shim.resident import call\n"
          "os.set_inheritable(int(sys.argv[1]), False)  # as gpuckpt-runtime's connection\n"
          "sys.exit(call._serve(socket.socket(fileno=int(sys.argv[1]))))\n")
 
@@ -543,7 +543,7 @@ def test_the_compiled_caller_reads_a_peers_end_without_the_message_it_holds(tmp_
     is an uninitialised variable, freed as a message if its bytes happened to say so."""
     needs_cc()
     source = tmp_path / "stale.c"
-    source.write_text(STALE_SLOT.replace("RESIDENT_CALL", str(REPO / "resident" / "resident_call.c")))
+    source.write_text(STALE_SLOT.replace("RESIDENT_CALL", str(REPO / "shim" / "resident" / "resident_call.c")))
     subprocess.run(["cc", "-O1", "-std=c11", "-o", str(tmp_path / "stale"), str(source)], check=True)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     with theirs:

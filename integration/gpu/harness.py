@@ -79,7 +79,7 @@ def install() -> dict:
         link.symlink_to(REPO)
     torch_site = sh(TORCH_PYTHON, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])").stdout.strip()
     for launcher, module in ((RUNTIME, "gpuckpt.shim.main"), (CLI, "gpuckpt.cli.main"), (HOOK, "gpuckpt.hooks.main"),
-                             (GPUCKPTD, "gpuckpt.service.main"), (RUNTIMED, "gpuckpt.resident.server")):
+                             (GPUCKPTD, "gpuckpt.service.main"), (RUNTIMED, "gpuckpt.shim.resident.server")):
         Path(launcher).write_text(
             f"#!{TORCH_PYTHON} -IS\nimport sys\nsys.path[:0] = [{str(SITE)!r}, {torch_site!r}]\n"
             f"from {module} import main\nsys.exit(main())\n")

@@ -28,7 +28,7 @@ fi
 # gpuckpt-runtime's compiled launcher for the machine's paths (harness.py's TORCH_PYTHON and SITE; Ubuntu
 # 24.04's glibc is newer than Debian 12's): pass-through and the hand-over to gpuckpt-runtimed without an
 # interpreter, as the packages install it
-bash resident/build.sh .carry/bin/gpuckpt-runtime-compiled /opt/torch/.venv/bin/python3 /tmp/gpuckpt-site
+bash shim/resident/build.sh .carry/bin/gpuckpt-runtime-compiled /opt/torch/.venv/bin/python3 /tmp/gpuckpt-site
 # CRIU's message definitions for the shim's image checks (pure Python, from Debian's python3-pycriu)
 cp -r /opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu .carry/pycriu
 # GPUCKPT_CARRY_PEER=1: the peer of bench_engine.py's `peer` mode, CRIU's CUDA plugin (built for the

@@ -51,7 +51,7 @@ packages=(podman conmon crun runc docker.io containerd containernetworking-plugi
           zstd debootstrap python3-venv python3-pip uidmap slirp4netns iproute2 hyperfine jq
           containernetworking-plugins fuse-overlayfs catatonit tini procps psmisc
           ca-certificates debian-archive-keyring xz-utils
-          gcc libc6-dev zlib1g-dev  # gpuckpt-runtime's compiled launcher (resident/build.sh), as the packages build it
+          gcc libc6-dev zlib1g-dev  # gpuckpt-runtime's compiled launcher (shim/resident/build.sh), as the packages build it
           python3-systemd)  # gpuckptd's python-systemd, Debian's (no libsystemd-dev: it would upgrade systemd)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,6 @@
-/* The compiled launcher's serving loop (resident/resident_call.c) on an inherited socket, for
+/* The compiled launcher's serving loop (shim/resident/resident_call.c) on an inherited socket, for
  * tests/test_resident.py's `served` fixture: argv[1] is the fd; the exit status is the worker's word. */
-#include "../../resident/resident_call.c"
+#include "../../shim/resident/resident_call.c"
 
 int main(int argc, char **argv)
 {

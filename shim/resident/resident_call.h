@@ -1,4 +1,4 @@
-/* The compiled launcher's call of gpuckpt-runtimed (resident/resident_call.c). */
+/* The compiled launcher's call of gpuckpt-runtimed (shim/resident/resident_call.c). */
 #ifndef GPUCKPT_RESIDENT_CALL_H
 #define GPUCKPT_RESIDENT_CALL_H
 

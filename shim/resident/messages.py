@@ -1,5 +1,5 @@
-"""The resident helper's wire (resident/server.py, resident/call.py, resident/caller.py, and in C
-resident/resident_call.c): marshal'd tuples with fds on a SOCK_SEQPACKET socket, and the check each
+"""The resident helper's wire (shim/resident/server.py, shim/resident/call.py, shim/resident/caller.py, and in C
+shim/resident/resident_call.c): marshal'd tuples with fds on a SOCK_SEQPACKET socket, and the check each
 end makes of the other. Both ends are root; a peer that is not root with all our powers is refused
 before anything it sends is parsed. Built-in modules only: the calling gpuckpt-runtime loads this
 before anything else.
@@ -18,7 +18,7 @@ TYPE_CHECKING = False  # typing costs an import on every owned verb's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-# Version 2 writes no back-references: the compiled launcher (resident/resident_call.c) reads what we send
+# Version 2 writes no back-references: the compiled launcher (shim/resident/resident_call.c) reads what we send
 MARSHAL_VERSION = 2
 MAX_MESSAGE = 1 << 20  # a message's bound either way: argv and environment
 FD_BYTES = 4

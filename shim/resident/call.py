@@ -1,11 +1,11 @@
-"""An owned verb handed to gpuckpt-runtimed, the resident helper (resident/server.py), when it listens.
+"""An owned verb handed to gpuckpt-runtimed, the resident helper (shim/resident/server.py), when it listens.
 
 Importing pydantic, cryptography and the verbs' models costs a fresh interpreter ~300 ms per call;
 the helper has them loaded and forks a worker per verb. This side stays the process the engine
 started: it sends its argv, environment, umask, working directory and stdio, starts the programs
-the worker asks for (resident/caller.py: they must be this process's children), passes on the signals
+the worker asks for (shim/resident/caller.py: they must be this process's children), passes on the signals
 it gets, and exits with the worker's status (the compiled launcher does the same in C without starting
-Python: resident/resident_call.c). Loaded on every owned verb before anything heavy, so
+Python: shim/resident/resident_call.c). Loaded on every owned verb before anything heavy, so
 it imports only built-in modules (`socket` alone costs ~9 ms; `_socket` nothing).
 """
 
@@ -16,7 +16,7 @@ import _socket
 import os
 import sys
 
-from ..node.paths import state_dir
+from ...node.paths import state_dir
 from . import messages
 from .messages import PeerGone, peer_refusal
 
@@ -50,7 +50,7 @@ def helper_listens() -> bool:
 
 def package_identity() -> str:
     """Which installed gpuckpt this is: a helper running another one's code must not work our verbs."""
-    here = os.path.dirname(os.path.dirname(__file__))  # the package: this file is resident/call.py
+    here = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # the package: this is shim/resident/call.py
     status = os.stat(os.path.join(here, "shim", "main.py"))
     return f"{os.path.realpath(here)}:{status.st_ino}:{status.st_mtime_ns}"
 
@@ -205,9 +205,9 @@ def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
 
 def report_worker_gone(argv: list[str]) -> int:
     """The worker ended before the verb did (its programs have ended too): one line where the engine reads
-    our errors; exit status 1. The compiled launcher runs it after its own call (resident/resident_call.c)."""
-    from ..shim.argv import parse_runtime_args  # deferred: only for this error
-    from ..shim.log import report_error
+    our errors; exit status 1. The compiled launcher runs it after its own call (shim/resident/resident_call.c)."""
+    from ..argv import parse_runtime_args  # deferred: only for this error
+    from ..log import report_error
 
     report_error(parse_runtime_args(argv), "gpuckpt-runtime: the resident helper's worker (gpuckpt-runtimed) "
                                            "ended before the verb did; see its journal: what the delegate finished "

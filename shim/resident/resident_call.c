@@ -1,12 +1,12 @@
 /*
- * The compiled launcher's half of resident/call.py: an owned verb handed to gpuckpt-runtimed, the
+ * The compiled launcher's half of shim/resident/call.py: an owned verb handed to gpuckpt-runtimed, the
  * resident helper, without starting an interpreter first (~17 ms of every checkpoint and restore).
  *
- * The same wire as resident/messages.py: marshal'd tuples (version 2, which has no back-references, both
+ * The same wire as shim/resident/messages.py: marshal'd tuples (version 2, which has no back-references, both
  * ways) with fds on a SOCK_SEQPACKET socket. The listener is checked as peer_refusal() checks it: root, in
  * all our namespaces, with at least our capabilities, no confinement we lack, proven by a pidfd. Until a
  * worker has taken the call nothing was done and the caller gets RESIDENT_NOT_TAKEN (the Python shim then
- * works the verb); after it, this process starts and reaps what the worker asks for (resident/caller.py's
+ * works the verb); after it, this process starts and reaps what the worker asks for (shim/resident/caller.py's
  * messages) and passes on the signals it gets, until the worker says the verb's exit status.
  */
 #define _GNU_SOURCE
@@ -33,7 +33,7 @@
 
 extern char **environ;
 
-/* resident/call.py's and resident/messages.py's constants, which this file must follow */
+/* shim/resident/call.py's and shim/resident/messages.py's constants, which this file must follow */
 #define PROTOCOL 1
 #define SOCKET_NAME "runtime.sock"
 #define MAX_MESSAGE (1 << 20)
@@ -333,7 +333,7 @@ static void close_all(const int *fds, int count)
         close(fds[i]);
 }
 
-/* ---- the listener's powers (resident/messages.py's peer_refusal) ---- */
+/* ---- the listener's powers (shim/resident/messages.py's peer_refusal) ---- */
 
 static int namespaces_of(const char *pid, struct stat ids[])
 {
@@ -466,7 +466,7 @@ static int connect_helper(void)
     return sock;
 }
 
-/* resident/call.py's package_identity(): which installed gpuckpt the helper must be running. */
+/* shim/resident/call.py's package_identity(): which installed gpuckpt the helper must be running. */
 static int package_identity(const char *site, char *identity, size_t size)
 {
     char package[PATH_MAX], where[PATH_MAX], main_py[PATH_MAX];
@@ -479,7 +479,7 @@ static int package_identity(const char *site, char *identity, size_t size)
                             (long long)status.st_mtim.tv_sec * 1000000000LL + status.st_mtim.tv_nsec) < size;
 }
 
-/* ---- serving the worker (resident/caller.py's requests) ---- */
+/* ---- serving the worker (shim/resident/caller.py's requests) ---- */
 
 static volatile sig_atomic_t worker_pid;
 

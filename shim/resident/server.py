@@ -6,7 +6,7 @@ once, then listens on a SOCK_SEQPACKET socket (systemd's, gpuckpt-runtimed.socke
 the state directory) and keeps a worker forked and warmed ahead of each call (a spare, which accepts
 the call itself; the helper then forks the next): the worker takes the caller's stdio, working
 directory, umask and environment, works the verb as gpuckpt-runtime would, and has the caller
-start every program (resident/caller.py) so the delegate stays the engine's grandchild.
+start every program (shim/resident/caller.py) so the delegate stays the engine's grandchild.
 
 A worker takes the call only from a root process in our namespaces whose capabilities are all
 ours, running the same installed gpuckpt; anything else is answered ("local", why) and the caller
@@ -30,15 +30,17 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ..errors import GpuckptError
-from ..host.netns import in_netns_of
-from ..node.config import parse_config
-from ..node.paths import state_dir
-from ..oci import criu_images
-from ..oci.spec import Spec
-from ..oci.state import ContainerState
-from ..shim import main as shim_main
-from ..shim.argv import (
+from ...errors import GpuckptError
+from ...host.netns import in_netns_of
+from ...node.config import parse_config
+from ...node.paths import state_dir
+from ...oci import criu_images
+from ...oci.spec import Spec
+from ...oci.state import ContainerState
+from ...trust.keys import load_trust
+from ...trust.signature import SignedEntry, Signer, TrustedKey, open_envelope
+from .. import main as shim_main
+from ..argv import (
     OWNED_VALUE_FLAGS,
     RuntimeArgs,
     hidden_checkpoint_or_restore,
@@ -46,8 +48,6 @@ from ..shim.argv import (
     parse_runtime_args,
     parse_verb_args,
 )
-from ..trust.keys import load_trust
-from ..trust.signature import SignedEntry, Signer, TrustedKey, open_envelope
 from . import caller, messages
 from .call import PROTOCOL, SOCKET_NAME, package_identity
 from .messages import peer_refusal

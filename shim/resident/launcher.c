@@ -7,9 +7,9 @@
  * writes it), and becomes the delegate. Anything else, or any doubt (no cache entry, a global
  * option it does not know, --version, an owned verb with a container), it hands to the Python
  * shim, with its own path as argv[0] as the shim would have seen it. An owned verb goes to the
- * resident helper first where one listens (resident/resident_call.c), as the shim would send it.
+ * resident helper first where one listens (shim/resident/resident_call.c), as the shim would send it.
  *
- * Built by resident/build.sh with the interpreter and site-packages of the installation.
+ * Built by shim/resident/build.sh with the interpreter and site-packages of the installation.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -25,7 +25,7 @@
 #include "resident_call.h"
 
 #if !defined(GPUCKPT_PYTHON) || !defined(GPUCKPT_SITE)
-#error "build with -DGPUCKPT_PYTHON=\"...\" -DGPUCKPT_SITE=\"...\" (resident/build.sh)"
+#error "build with -DGPUCKPT_PYTHON=\"...\" -DGPUCKPT_SITE=\"...\" (shim/resident/build.sh)"
 #endif
 
 /* shim/argv.py's sets, which this file must follow */
@@ -59,8 +59,8 @@ static const char SHIM_CODE[] = SHIM_PRELUDE "from gpuckpt.shim.main import main
 /* after the helper did not take the call: asking it again would only wait for the same answer */
 static const char SHIM_CODE_LOCAL[] = SHIM_PRELUDE "from gpuckpt.shim.main import main\n"
                                                    "sys.exit(main(resident=False))\n";
-/* after the helper's worker ended before the verb: resident/call.py's line, where the shim says its errors */
-static const char SHIM_CODE_WORKER_GONE[] = SHIM_PRELUDE "from gpuckpt.resident.call import report_worker_gone\n"
+/* after the helper's worker ended before the verb: shim/resident/call.py's line, where the shim says its errors */
+static const char SHIM_CODE_WORKER_GONE[] = SHIM_PRELUDE "from gpuckpt.shim.resident.call import report_worker_gone\n"
                                                          "sys.exit(report_worker_gone(sys.argv[1:]))\n";
 
 static int member(const char *const *set, const char *name, size_t length)

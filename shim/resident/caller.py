@@ -1,10 +1,10 @@
 """Programs a verb starts while the resident helper works it: started by the caller, not by us.
 
-gpuckpt-runtimed (resident/server.py) works an owned verb in a process forked from itself, but
+gpuckpt-runtimed (shim/resident/server.py) works an owned verb in a process forked from itself, but
 the programs the verb runs (the delegate runtime above all) must be children of the
 gpuckpt-runtime process the engine started: a restored container's init is reparented to that
 process's subreaper (conmon) when the delegate exits, and the delegate must run in that process's
-cgroup, with its fds and limits. So the worker asks the caller (resident/call.py) to start
+cgroup, with its fds and limits. So the worker asks the caller (shim/resident/call.py) to start
 each one, over the connection the verb came on, and gets a pidfd back: waiting for the exit
 status is the caller's (only a parent can reap), signals and exit are seen through the pidfd.
 
@@ -25,7 +25,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import BinaryIO
 
-from ..host.programs import CommandError
+from ...host import process
+from ...host.programs import CommandError
 from . import messages
 
 
@@ -155,15 +156,6 @@ class CallerChild:
         return b"".join(outputs[read_fds[0]]), b"".join(outputs[read_fds[1]])
 
 
-_current: Caller | None = None
-
-
 def work_for(caller: Caller) -> None:
     """From now on this process's programs are started by `caller` (a resident worker, once)."""
-    global _current
-    _current = caller
-
-
-def current() -> Caller | None:
-    """The caller that starts this process's programs; None when we start them ourselves."""
-    return _current
+    process.start_programs_through(caller)
