@@ -5,12 +5,24 @@ from __future__ import annotations
 import itertools
 import json
 import os
+from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, DOCKER, DOCKER_IMAGE, HERE, assert_continues, configured_delegate, sh, wait_counter
+from bed import (
+    COUNTER_SOURCE,
+    DOCKER,
+    DOCKER_IMAGE,
+    HERE,
+    RUNTIME,
+    assert_continues,
+    configured_delegate,
+    sh,
+    wait_counter,
+)
 
 _names = itertools.count()
 RESTART_DOCKERD = HERE / "testbed" / "restart-dockerd.sh"
+DOCKER_DAEMON_JSON = Path("/etc/docker/daemon.json")  # where setup.sh's `gpuckpt install --engine docker` writes
 
 
 @pytest.fixture
@@ -27,8 +39,29 @@ def state_reader(name: str):
 
 
 def test_runtime_is_registered() -> None:
-    info = json.loads(sh(DOCKER, "info", "--format", "{{json .Runtimes}}").stdout)
-    assert "gpuckpt-runtime" in info
+    """dockerd runs the installed gpuckpt-runtime as `gpuckpt install --engine docker` registered it (setup.sh):
+    its path in daemon.json and in dockerd's loaded runtimes, experimental on for `docker checkpoint`; and a
+    container run with it goes through the shim: a config the shim refuses fails the run with the shim's line."""
+    written = json.loads(DOCKER_DAEMON_JSON.read_text())["runtimes"]["gpuckpt-runtime"]
+    assert written["path"] == RUNTIME, written  # the runtime on PATH, as install found it
+    loaded = json.loads(sh(DOCKER, "info", "--format", "{{json .Runtimes}}").stdout)
+    assert loaded.get("gpuckpt-runtime", {}).get("path") == RUNTIME, loaded
+    assert sh(DOCKER, "version", "--format", "{{.Server.Experimental}}").stdout.strip() == "true"
+    refused_name = f"gpuckpt-it-{os.getpid()}-{next(_names)}"
+    ran_name = f"gpuckpt-it-{os.getpid()}-{next(_names)}"
+    try:
+        with configured_delegate("bin/runc"):  # a delegate the shim's config refuses on every call
+            refused = sh(DOCKER, "run", "--runtime", "gpuckpt-runtime", "--name", refused_name, "--network", "none",
+                         DOCKER_IMAGE, "true", check=False)
+        assert refused.returncode != 0
+        assert "must be a program name looked up on PATH" in refused.stderr, refused.stderr
+        with configured_delegate("runc"):  # the same run, the config fixed: the shim passes it to runc
+            ran = sh(DOCKER, "run", "--runtime", "gpuckpt-runtime", "--name", ran_name, "--network", "none",
+                     DOCKER_IMAGE, "echo", "through gpuckpt-runtime")
+        assert ran.stdout == "through gpuckpt-runtime\n"
+    finally:
+        for name in (refused_name, ran_name):
+            sh(DOCKER, "rm", "-f", name, check=False)
 
 
 def test_checkpoint_create_and_start_from_it(container) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-import threading
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -259,8 +261,52 @@ def test_nvml_failure_is_one_line():
         pytest.skip("NVML works on this machine")
 
 
-def test_processes_without_the_driver_are_not_found():
-    assert devices.pids_holding_nvidia_devices([threading.get_native_id(), 2 ** 22 + 1]) == set()
+# A process holding the files its arguments name: "open:PATH" keeps an fd, "map:PATH" only a mapping
+# (libc's mmap: Python's mmap module keeps a duplicate fd of its file open).
+HOLDER = """
+import ctypes, mmap, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+for how, _, path in (arg.partition(":") for arg in sys.argv[1:]):
+    fd = os.open(path, os.O_RDONLY)
+    if how == "map":
+        assert libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) != ctypes.c_void_p(-1).value
+        os.close(fd)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def holder() -> Iterator[Callable[..., int]]:
+    started: list[subprocess.Popen] = []
+
+    def start(*held: str) -> int:
+        child = subprocess.Popen([sys.executable, "-c", HOLDER, *held], stdout=subprocess.PIPE, text=True)
+        started.append(child)
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        return child.pid
+    yield start
+    for child in started:
+        child.kill()
+        child.wait()
+
+
+def test_processes_without_the_driver_are_not_found(tmp_path, monkeypatch, holder):
+    nodes = tmp_path / "dev"  # stand-ins for the driver's /dev/nvidiactl and /dev/nvidia0
+    nodes.mkdir()
+    for name in ("nvidiactl", "nvidia0"):
+        (nodes / name).write_bytes(b"\0" * 4096)
+    devices_of_others = holder("open:/dev/null", "map:/dev/zero")  # "/dev/n...", but not the driver's
+    opened = holder(f"open:{nodes}/nvidiactl")
+    mapped = holder(f"map:{nodes}/nvidia0")
+    gone = 2 ** 22 + 1  # above any pid_max
+    pids = [os.getpid(), devices_of_others, opened, mapped, gone]
+    assert devices.pids_holding_nvidia_devices(pids) == set()
+    # the same processes, the stand-ins taken for the driver's nodes: the scan sees an fd and a mapping of them
+    monkeypatch.setattr(devices, "NVIDIA_DEVICE_PREFIX", str(nodes / "nvidia"))
+    assert devices.pids_holding_nvidia_devices(pids) == {opened, mapped}
 
 
 @pytest.mark.hostile("a container process mapping a file named \"x /dev/nvidia0\" to pass for a driver holder")

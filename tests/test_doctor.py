@@ -3,27 +3,45 @@ enabled or not running under systemd, is told, with the fix; checks that cannot 
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuckpt.cli import doctor
-from gpuckpt.errors import ImageError
+from gpuckpt.oci import criu_images
 from gpuckpt.service.api import Status
 from gpuckpt.shim.resident.call import socket_path
 
 
-def test_missing_image_definitions_fail_with_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
-    def missing():
-        raise ImageError("cannot check CRIU images: CRIU's python bindings (python3-pycriu) are not installed")
-    monkeypatch.setattr(doctor, "criu_messages", missing)
-    with pytest.raises(doctor.CheckFailed, match="python3-pycriu") as failed:
+@pytest.fixture
+def pycriu_looked_up() -> Iterator[None]:
+    """criu_messages loads the bindings once a process: the check looks them up again, here and after the test."""
+    criu_images.criu_messages.cache_clear()
+    yield
+    criu_images.criu_messages.cache_clear()
+
+
+def test_missing_image_definitions_fail_with_the_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      pycriu_looked_up: None) -> None:
+    nowhere = (str(tmp_path / "opt-criu" / "pycriu" / "images"), str(tmp_path / "dist-packages" / "pycriu" / "images"))
+    monkeypatch.setattr(criu_images, "PYCRIU_DIRS", nowhere)  # the bindings' places on a node without them
+    with pytest.raises(doctor.CheckFailed) as failed:
         doctor.check_criu_image_definitions()
-    assert "install Debian's python3-pycriu" in failed.value.fix
+    assert str(failed.value) == ("cannot check CRIU images: CRIU's python bindings (python3-pycriu) are not installed "
+                                 f"(looked in {nowhere[0]}, {nowhere[1]})")
+    assert failed.value.fix.startswith("install Debian's python3-pycriu")
+
+
+def test_installed_image_definitions_pass(pycriu_looked_up: None) -> None:
+    if not any(os.path.isdir(path) for path in criu_images.PYCRIU_DIRS):
+        pytest.skip(f"no python3-pycriu in {', '.join(criu_images.PYCRIU_DIRS)} (install-system.sh installs it)")
+    said = doctor.check_criu_image_definitions()
+    assert said == "CRIU's image definitions (python3-pycriu) load: restores can be checked"
 
 
 # --- the service check (gpuckptd's unit under systemd) ----------------------------------------------

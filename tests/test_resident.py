@@ -151,14 +151,17 @@ def test_an_owned_verb_is_worked_by_a_worker_that_becomes_the_caller(node, helpe
     assert f"gpuckpt-runtimed: delete c1 for pid {shim.pid}: exit 0 in " in (node / "helper.log").read_text()
 
 
+@pytest.mark.parametrize("call", ["compiled"], indirect=True)  # the Python shim is a Python start by definition
 def test_the_compiled_launcher_hands_an_owned_verb_over_without_starting_python(node, helper, call: Call,
                                                                                launcher_build) -> None:
-    before = python_calls(launcher_build[1])  # the `call` fixture's compiled launcher has its delegate cache
+    calls = launcher_build[1]
+    before = python_calls(calls)
+    assert before >= 1  # the fixture's warm-up (no delegate cache yet) started the interpreter: starts are counted
     shim = call(node, ["--root", "/r", "delete", "c1"], REC_HELPER=str(helper.pid))
     out, err = shim.communicate(timeout=30)
     assert (shim.returncode, out, err) == (0, "delete out\n", "delete err\n")
     assert recorded(node, "delete")["ppid"] == shim.pid and len(workers_for(node, "delete")) == 1
-    assert python_calls(launcher_build[1]) == before or shim.args[0] == sys.executable  # C called the helper
+    assert python_calls(calls) == before  # the C caller reached the helper itself
 
 
 def test_the_delegates_status_and_the_verbs_error_line_reach_the_caller(node, helper, call: Call) -> None:

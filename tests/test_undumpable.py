@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from gpuckpt.errors import CheckpointRefusedError
+from gpuckpt.host.procfs import fd_targets, mapped_targets
 from gpuckpt.policy.undumpable import io_uring_holders, refuse_undumpable
 
 # io_uring_setup(2) through libc's syscall(); params is struct io_uring_params (120 bytes).
@@ -44,5 +45,32 @@ def test_a_process_with_an_io_uring_is_refused_with_the_fix(ring_holder) -> None
         refuse_undumpable("ctr", others + [ring_holder])
 
 
-def test_ordinary_processes_pass() -> None:
-    refuse_undumpable("ctr", [os.getpid(), os.getppid()])
+# A process holding what CRIU dumps, and looks like io_uring to a careless check: other anonymous inodes
+# (eventfd, epoll), a memfd mapped, pipes and a socket.
+ORDINARY_HOLDER = """
+import mmap, os, select, socket, time
+held = [os.eventfd(0), select.epoll(), os.pipe(), socket.socketpair()]
+memfd = os.memfd_create("ring")
+os.ftruncate(memfd, 4096)
+mapped = mmap.mmap(memfd, 4096)
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def ordinary_holder():
+    child = subprocess.Popen([sys.executable, "-c", ORDINARY_HOLDER], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    yield child.pid
+    child.kill()
+    child.wait()
+
+
+def test_ordinary_processes_pass(ordinary_holder) -> None:
+    pids = [os.getpid(), os.getppid(), ordinary_holder]
+    held = {target for pid, target in fd_targets([ordinary_holder])}
+    assert {"anon_inode:[eventfd]", "anon_inode:[eventpoll]"} <= held  # what the check reads, seen
+    assert any(target.startswith("/memfd:ring") for _, target in mapped_targets([ordinary_holder]))
+    assert io_uring_holders(pids) == []
+    refuse_undumpable("ctr", pids)  # no CheckpointRefusedError
