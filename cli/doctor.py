@@ -98,7 +98,7 @@ def check_config_and_delegate() -> str:
         delegate = resolve_delegate(config.delegate, path)
         version = delegate_version(delegate).splitlines()[0]
     except GpuckptError as error:
-        raise CheckFailed(str(error), f"fix {path} (see README: Configuration)") from None
+        raise CheckFailed(str(error), f"fix {path} (see docs/configuration.md)") from None
     source = path if os.path.exists(path) else "defaults"
     return f"config {source}: delegate {delegate} ({version})"
 
@@ -108,7 +108,7 @@ def check_trust() -> str:
     try:
         trust = load_trust()
     except GpuckptError as error:
-        raise CheckFailed(str(error), f"fix {policy_path()} or {node_key_path()} (see README: Signed checkpoints)") \
+        raise CheckFailed(str(error), f"fix {policy_path()} or {node_key_path()} (see docs/signed-moves.md)") \
             from None
     if trust.node_key_id is None:
         raise CheckFailed(f"{node_key_path()}: this node has no signing key: gpuckpt export cannot sign",

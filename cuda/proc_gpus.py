@@ -1,7 +1,7 @@
 """The node's GPUs as the NVIDIA driver lists them in /proc/driver/nvidia/gpus: minor number -> UUID.
 
 Stdlib only and no NVML: gpuckpt-hook asks on every GPU container start, and NVML's
-initialisation costs more than the hook may (README: hook cost). GPUCKPT_NVIDIA_PROC moves the
+initialisation costs more than the hook may (docs/speed.md: hook cost). GPUCKPT_NVIDIA_PROC moves the
 directory, for tests on machines with no GPU.
 """
 

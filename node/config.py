@@ -43,7 +43,7 @@ class CudaConfig(_Section):
         return self.host_hugepages == "always"
     # --leave-running: dump into /dev/shm while the CUDA processes are locked and move the images to
     # the engine's directory after they run again, when the container fits with memory to spare. Off:
-    # on the H100 (128 GiB) the page cache took a 16 GiB dump as fast as /dev/shm (README: Speed).
+    # on the H100 (128 GiB) the page cache took a 16 GiB dump as fast as /dev/shm (docs/speed.md).
     stage_leave_running: bool = False
     # Suspend every GPU container's CUDA processes on `pause` (else only those annotated
     # io.gpuckpt.suspend-on-pause=true).

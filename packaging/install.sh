@@ -5,7 +5,7 @@
 #
 # The runtime's launcher starts the interpreter directly with -I -S and adds only our
 # site-packages: engines run it for every container operation, and a pyenv shim or
-# site's .pth processing would cost more than the work itself (../README: Speed).
+# site's .pth processing would cost more than the work itself (docs/speed.md).
 set -euo pipefail
 
 src=$(cd "$(dirname "$0")/.." && pwd)
