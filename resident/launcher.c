@@ -9,7 +9,8 @@
  * shim, with its own path as argv[0] as the shim would have seen it. An owned verb goes to the
  * resident helper first where one listens (resident/resident_call.c), as the shim would send it.
  *
- * Built by resident/build.sh with the interpreter and site-packages of the installation.
+ * Built by resident/build.sh with the interpreter and site-packages of the installation; the tables and names it
+ * shares with the Python side are generated from that side's (resident/contract.py: resident_contract.h).
  */
 #define _GNU_SOURCE
 #include <errno.h>
