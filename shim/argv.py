@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 # runc's global flags (main.go) that take a value, and crun's two more; the others are booleans.
 GLOBAL_VALUE_FLAGS = frozenset({"log", "log-format", "root", "criu", "rootless", "cgroup-manager", "log-level"})
 GLOBAL_BOOL_FLAGS = frozenset({"debug", "systemd-cgroup", "help", "h", "version", "v"})
+# Those of them that ask for help or the version instead of a verb's work (runc answers `runc --help checkpoint ID`).
+ASKING_FLAGS = frozenset({"help", "h", "version", "v"})
+
+# The verbs the shim works itself (shim/main.py); the rest reach the delegate unchanged.
+OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 # Value-taking flags of the verbs the shim owns (runc checkpoint.go, restore.go).
 CHECKPOINT_VALUE_FLAGS = frozenset(
@@ -39,7 +44,8 @@ RESTORE_BOOL_FLAGS = frozenset(
      "no-subreaper", "no-pivot", "auto-dedup", "lazy-pages", "help", "h"}
 )
 
-# The owned verbs whose flags the shim reads, by verb
+# The owned verbs whose flags the shim reads, by verb (the others' flags take no value).
+# The compiled launcher's copies are generated from these tables (shim/resident/contract.py).
 OWNED_VALUE_FLAGS = {"checkpoint": CHECKPOINT_VALUE_FLAGS, "restore": RESTORE_VALUE_FLAGS}
 OWNED_BOOL_FLAGS = {"checkpoint": CHECKPOINT_BOOL_FLAGS, "restore": RESTORE_BOOL_FLAGS}
 
@@ -229,7 +235,7 @@ def owned_verb_is_only_asked_about(args: RuntimeArgs) -> bool:
     pass): the shim must not load the verb's machinery for it. A --help counts before the container only:
     crun reads a verb's options up to its container and checkpoints `checkpoint ID --help` (runc prints its
     help either way)."""
-    if any(args.globals_.get(name, "false") not in GO_FALSE for name in ("help", "h", "version", "v")):
+    if any(args.globals_.get(name, "false") not in GO_FALSE for name in ASKING_FLAGS):
         return True  # runc answers `runc --help checkpoint ID` with its help and checkpoints nothing
     flags = OWNED_VALUE_FLAGS.get(args.command or "", frozenset())
     verb = parse_verb_args(args.command_args, flags)

@@ -13,6 +13,7 @@ import sys
 from .. import __version__
 from ..errors import GpuckptError, UsageError
 from .argv import (
+    OWNED_VERBS,
     RESTORE_VALUE_FLAGS,
     RuntimeArgs,
     ambiguous_owned_call,
@@ -25,8 +26,6 @@ from .resolve import exec_delegate, resolve_runtime
 TYPE_CHECKING = False  # typing's own flag costs an import on the pass-through path
 if TYPE_CHECKING:
     from ..cuda.node import NodeGpus
-
-OWNED_VERBS = frozenset({"checkpoint", "restore", "pause", "resume", "delete"})
 
 
 def _run_owned(args: RuntimeArgs, delegate: str, hook: str, gpus: NodeGpus | None) -> int:

@@ -29,7 +29,12 @@ RESIDENT_ENV = "GPUCKPT_RESIDENT"
 # whose answer comes after we closed sees its first request fail and does nothing more.
 FIRST_ANSWER_TIMEOUT_S = 15.0
 # What subprocess's restore_signals puts back for a child: Python ignores them, a program expects them.
-DEFAULT_SIGNALS = (_signal.SIGPIPE, _signal.SIGXFSZ)
+DEFAULT_SIGNALS = ("SIGPIPE", "SIGXFSZ")
+# The call, the first message, field by field in the order sent ("call" first); shim/resident/server.py reads them in
+# this order and the compiled launcher writes them in it (shim/resident/contract.py generates its list from this one).
+CALL_FIELDS = ("kind", "protocol", "identity", "program", "argv", "environment", "umask", "delegate", "hook")
+# The compiled launcher and this module are held to one contract: shim/resident/contract.py generates the C side's
+# constants from this module's, tests/test_launcher_contract.py compares the calls both send.
 
 
 def socket_path() -> str:
@@ -99,7 +104,8 @@ def _spawn(request: tuple, fds: list[int]) -> tuple[tuple, list[int]]:
         actions: list[tuple] = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
         if close_others:
             actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited_fds(targets)]
-        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsigdef=DEFAULT_SIGNALS)
+        pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions,
+                              setsigdef=[getattr(_signal, name) for name in DEFAULT_SIGNALS])
     except (OSError, ValueError, TypeError) as error:
         number = getattr(error, "errno", None) or 22
         return ("failed", number, getattr(error, "strerror", None) or str(error)), []
@@ -170,9 +176,13 @@ def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
     except OSError:
         connection.close()
         return None
+    # os.environ as getenv() has it; a nameless entry ("=x", which execve takes) is no variable (the compiled
+    # launcher leaves it out too) and a worker could not set it
+    fields = {"kind": "call", "protocol": PROTOCOL, "identity": package_identity(), "program": sys.argv[0],
+              "argv": argv, "environment": {name: value for name, value in os.environ.items() if name},
+              "umask": umask, "delegate": delegate, "hook": hook}
     try:
-        messages.send(connection, ("call", PROTOCOL, package_identity(), sys.argv[0], argv, dict(os.environ), umask,
-                         delegate, hook), [0, 1, 2, cwd])
+        messages.send(connection, tuple(fields[name] for name in CALL_FIELDS), [0, 1, 2, cwd])
         connection.settimeout(FIRST_ANSWER_TIMEOUT_S)  # a stopped or hung helper: ours to work
         message, fds = messages.receive(connection)
         connection.settimeout(None)

@@ -9,7 +9,8 @@
  * shim, with its own path as argv[0] as the shim would have seen it. An owned verb goes to the
  * resident helper first where one listens (shim/resident/resident_call.c), as the shim would send it.
  *
- * Built by shim/resident/build.sh with the interpreter and site-packages of the installation.
+ * Built by shim/resident/build.sh with the interpreter and site-packages of the installation; the tables and names it
+ * shares with the Python side are generated from that side's (shim/resident/contract.py: resident_contract.h).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,33 +24,27 @@
 #include <zlib.h>
 
 #include "resident_call.h"
+#include "resident_contract.h"
 
 #if !defined(GPUCKPT_PYTHON) || !defined(GPUCKPT_SITE)
 #error "build with -DGPUCKPT_PYTHON=\"...\" -DGPUCKPT_SITE=\"...\" (shim/resident/build.sh)"
 #endif
 
-/* shim/argv.py's sets, which this file must follow */
-static const char *const GLOBAL_VALUE_FLAGS[] = {"log", "log-format", "root", "criu", "rootless",
-                                                 "cgroup-manager", "log-level", NULL};
-static const char *const GLOBAL_BOOL_FLAGS[] = {"debug", "systemd-cgroup", "help", "h", "version", "v", NULL};
-static const char *const ASKING_FLAGS[] = {"help", "h", "version", "v", NULL};
-static const char *const CHECKPOINT_VALUE_FLAGS[] = {"image-path", "work-path", "parent-path", "status-fd",
-                                                     "page-server", "manage-cgroups-mode", "empty-ns", NULL};
-static const char *const RESTORE_VALUE_FLAGS[] = {"console-socket", "image-path", "work-path",
-                                                  "manage-cgroups-mode", "bundle", "b", "pid-file", "empty-ns",
-                                                  "lsm-profile", "lsm-mount-context", NULL};
-/* owned verbs the shim always works itself (checkpoint and restore pass through when only asked about; delete
- * where shim/delete.py would add nothing: runc's own words, no lock file of the container) */
-static const char *const ALWAYS_OWNED[] = {"pause", "resume", NULL};
-static const char *const GO_FALSE[] = {"0", "f", "F", "false", "FALSE", "False", NULL};
+/* shim/argv.py's tables (resident_contract.h, generated from them) */
+static const char *const GLOBAL_VALUE_FLAGS[] = ARGV_GLOBAL_VALUE_FLAGS;
+static const char *const GLOBAL_BOOL_FLAGS[] = ARGV_GLOBAL_BOOL_FLAGS;
+static const char *const ASKING_FLAGS[] = ARGV_ASKING_FLAGS;
+static const char *const GO_FALSE[] = ARGV_GO_FALSE;
+static const struct owned_verb {
+    const char *name;
+    const char *const *value_flags; /* its flags that take a value */
+} OWNED_VERBS[] = ARGV_OWNED_VERBS;
 
 /* shim/resolve.py's cache */
-#define CACHE_VERSION "2"
-#define CACHE_NAME "delegate.cache"
+#define CACHE_VERSION RESOLVE_CACHE_VERSION
+#define CACHE_NAME RESOLVE_CACHE_NAME
 #define CACHE_FIELDS 7 /* version, config path, config identity, PATH, launcher, delegate, hook */
 #define CACHE_MAX 65536
-#define DEFAULT_CONFIG_PATH "/etc/gpuckpt/config.toml"
-#define DEFAULT_STATE_DIR "/run/gpuckpt"
 
 #define SHIM_PRELUDE "import sys\n"                                                                         \
                      "sys.argv[:2] = sys.argv[1:2]\n" /* -c's argv[0] gives way to ours */                  \
@@ -150,35 +145,37 @@ static int verb_index(int argc, char **argv)
     return 0;
 }
 
-/* The verb's index when this call goes to the delegate unchanged, whatever the config's hook; 0 when the shim
- * must see it. Sets *create when it passes through only if the config adds no hook, *delete when only if
- * delete_passes_through says so. */
-static int passes_through(int argc, char **argv, int *create, int *delete)
+static const struct owned_verb *owned_verb(const char *name)
 {
-    int i = verb_index(argc, argv);
-    if (!i || member(ALWAYS_OWNED, argv[i], strlen(argv[i])))
-        return 0;
-    if (strcmp(argv[i], "checkpoint") == 0)
-        return only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS) ? i : 0;
-    if (strcmp(argv[i], "restore") == 0)
-        return only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS) ? i : 0;
-    *create = strcmp(argv[i], "create") == 0;
-    *delete = strcmp(argv[i], "delete") == 0;
-    return i;
+    for (const struct owned_verb *verb = OWNED_VERBS; verb->name; verb++)
+        if (strcmp(verb->name, name) == 0)
+            return verb;
+    return NULL;
 }
 
-/* Whether the shim would hand this call to the resident helper: an owned verb with a container, every global
- * option known, none asking for help or the version (shim/main.py's test; the worker checks it again). */
+/* Whether the shim would work this call itself, or hand it to the resident helper: an owned verb with a
+ * container and not only asked about, every global option known, none asking for help or the version
+ * (shim/main.py's test; the worker checks it again). 0 too for a call the shim must judge. */
 static int owned_call(int argc, char **argv)
+{
+    int i = verb_index(argc, argv);
+    const struct owned_verb *verb = i ? owned_verb(argv[i]) : NULL;
+    return verb && !only_asked_about(argc, argv, i, verb->value_flags);
+}
+
+/* The verb's index when this call goes to the delegate unchanged, whatever the config's hook; 0 when the shim
+ * must see it. Sets *create when it passes through only if the config adds no hook, *delete when only if
+ * delete_passes_through says so (a delete, asked about or not, is the shim's otherwise). */
+static int passes_through(int argc, char **argv, int *create, int *delete)
 {
     int i = verb_index(argc, argv);
     if (!i)
         return 0;
-    if (strcmp(argv[i], "checkpoint") == 0)
-        return !only_asked_about(argc, argv, i, CHECKPOINT_VALUE_FLAGS);
-    if (strcmp(argv[i], "restore") == 0)
-        return !only_asked_about(argc, argv, i, RESTORE_VALUE_FLAGS);
-    return member(ALWAYS_OWNED, argv[i], strlen(argv[i])) || strcmp(argv[i], "delete") == 0;
+    *delete = strcmp(argv[i], "delete") == 0;
+    if (!*delete && owned_call(argc, argv))
+        return 0;
+    *create = strcmp(argv[i], "create") == 0;
+    return i;
 }
 
 static const char *env_or(const char *name, const char *fallback)
@@ -205,7 +202,7 @@ static int delete_passes_through(int argc, char **argv, int verb_at, const char 
     if (!container || !*container || strchr(container, '/') || strcmp(container, ".") == 0 ||
         strcmp(container, "..") == 0 || strcmp(base ? base + 1 : delegate, "runc") != 0)
         return 0;
-    if ((size_t)snprintf(lock, sizeof lock, "%s/locks/%s.lock", env_or("GPUCKPT_STATE_DIR", DEFAULT_STATE_DIR),
+    if ((size_t)snprintf(lock, sizeof lock, "%s/locks/%s.lock", env_or(PATHS_STATE_DIR_ENV, PATHS_DEFAULT_STATE_DIR),
                          container) >= sizeof lock)
         return 0;
     return lstat(lock, &status) != 0 && errno == ENOENT;
@@ -214,7 +211,7 @@ static int delete_passes_through(int argc, char **argv, int verb_at, const char 
 /* The delegate and hook shim/resolve.py cached for this config, PATH and launcher; 0 when there is none. */
 static int cached_delegate(const char *own, char *delegate, size_t delegate_size, char *hook, size_t hook_size)
 {
-    const char *config = env_or("GPUCKPT_CONFIG", DEFAULT_CONFIG_PATH);
+    const char *config = env_or(PATHS_CONFIG_PATH_ENV, PATHS_DEFAULT_CONFIG_PATH);
     const char *path = getenv("PATH") ? getenv("PATH") : "";
     char identity[128], name[PATH_MAX], key[3 * PATH_MAX + 64], content[CACHE_MAX + 1];
     const char *fields[CACHE_FIELDS + 1];
@@ -235,7 +232,7 @@ static int cached_delegate(const char *own, char *delegate, size_t delegate_size
     key_length = (size_t)snprintf(key, sizeof key, "%s%c%s%c%s%c%s", CACHE_VERSION, 0, config, 0, path, 0, own);
     if (key_length >= sizeof key)
         return 0;
-    if ((size_t)snprintf(name, sizeof name, "%s/%s.%08lx", env_or("GPUCKPT_STATE_DIR", DEFAULT_STATE_DIR),
+    if ((size_t)snprintf(name, sizeof name, "%s/%s.%08lx", env_or(PATHS_STATE_DIR_ENV, PATHS_DEFAULT_STATE_DIR),
                          CACHE_NAME, crc32(0L, (const Bytef *)key, (uInt)key_length)) >= sizeof name)
         return 0;
 
@@ -302,8 +299,8 @@ int main(int argc, char **argv)
         argv[0] = delegate;
         execv(delegate, argv);
         /* gone or not executable since: the shim reports it */
-    } else if (cached && owned_call(argc, argv) && !(getenv("GPUCKPT_RESIDENT") &&
-                                                     strcmp(getenv("GPUCKPT_RESIDENT"), "0") == 0)) {
+    } else if (cached && owned_call(argc, argv) && !(getenv(CALL_RESIDENT_ENV) &&
+                                                     strcmp(getenv(CALL_RESIDENT_ENV), "0") == 0)) {
         status = call_resident(GPUCKPT_SITE, own, argc, argv, delegate, hook);
         if (status == RESIDENT_NOT_TAKEN)
             exec_shim(argc, argv, own, SHIM_CODE_LOCAL);

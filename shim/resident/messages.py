@@ -24,6 +24,8 @@ MAX_MESSAGE = 1 << 20  # a message's bound either way: argv and environment
 FD_BYTES = 4
 MAX_FDS = 4  # the most one message carries: the caller's stdio and working directory
 NAMESPACES = ("mnt", "pid", "net", "user", "ipc", "uts", "cgroup")
+# A /proc/PID/status field peer_refusal reads, where it is missing: the most confined
+POWERS_IF_MISSING = {"CapEff": "0", "NoNewPrivs": "1", "Seccomp": "2"}
 SO_PEERPIDFD = 77  # Linux 6.5: the peer process itself, where SO_PEERCRED's PID may since be another's
 
 
@@ -88,11 +90,11 @@ def _powers(pid: int | str) -> tuple[int, int, int, tuple[int, int]]:
     with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:  # Name: is the process's own
         for line in status:
             name, _, value = line.partition(":")
-            if name in ("CapEff", "NoNewPrivs", "Seccomp"):
+            if name in POWERS_IF_MISSING:
                 fields[name] = value.strip()
     root = os.stat(f"/proc/{pid}/root")
-    return (int(fields.get("CapEff", "0"), 16), int(fields.get("NoNewPrivs", "1")), int(fields.get("Seccomp", "2")),
-            (root.st_dev, root.st_ino))
+    read = {**POWERS_IF_MISSING, **fields}
+    return int(read["CapEff"], 16), int(read["NoNewPrivs"]), int(read["Seccomp"]), (root.st_dev, root.st_ino)
 
 
 def _peer_pidfd(sock: _socket.socket, pid: int) -> int:

@@ -11,6 +11,7 @@
  */
 #define _GNU_SOURCE
 #include "resident_call.h"
+#include "resident_contract.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -33,16 +34,20 @@
 
 extern char **environ;
 
-/* shim/resident/call.py's and shim/resident/messages.py's constants, which this file must follow */
-#define PROTOCOL 1
-#define SOCKET_NAME "runtime.sock"
-#define MAX_MESSAGE (1 << 20)
-#define MAX_FDS 4
-#define FIRST_ANSWER_TIMEOUT_S 15
-#define SO_PEERPIDFD_OPTION 77
+/* shim/resident/call.py's and shim/resident/messages.py's constants (resident_contract.h, generated from them) */
+#define PROTOCOL CALL_PROTOCOL
+#define SOCKET_NAME CALL_SOCKET_NAME
+#define MAX_MESSAGE WIRE_MAX_MESSAGE
+#define MAX_FDS WIRE_MAX_FDS
+#define FIRST_ANSWER_TIMEOUT_S CALL_FIRST_ANSWER_TIMEOUT_S
+#define SO_PEERPIDFD_OPTION PEER_SO_PEERPIDFD
 #define MAX_DEPTH 4 /* ("spawn", [argv], {env}, [targets], close_fds): a tuple of lists and a dict */
-static const char *const NAMESPACES[] = {"mnt", "pid", "net", "user", "ipc", "uts", "cgroup", NULL};
-static const int FORWARDED[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGWINCH, 0};
+static const char *const NAMESPACES[] = PEER_NAMESPACES;
+static const int FORWARDED[] = CALL_FORWARDED;
+static const int DEFAULT_SIGNALS[] = CALL_DEFAULT_SIGNALS;
+_Static_assert(WIRE_MARSHAL_VERSION == 2, "the marshal below is version 2's: no back-references, no other types");
+_Static_assert(sizeof(int) == 4, "fds go as 4 bytes each (shim/resident/messages.py's FD_BYTES)");
+_Static_assert(sizeof NAMESPACES / sizeof *NAMESPACES <= 8, "listener_is_our_equal holds 8 namespaces' ids");
 
 /* ---- marshal, version 2: the types our messages use ---- */
 
@@ -356,7 +361,8 @@ static int powers_of(const char *pid, struct powers *powers)
 {
     char path[64], line[256];
     FILE *status;
-    powers->capabilities = 0, powers->no_new_privs = 1, powers->seccomp = 2; /* missing: the most confined */
+    powers->capabilities = PEER_CAPEFF_IF_MISSING, powers->no_new_privs = PEER_NONEWPRIVS_IF_MISSING,
+    powers->seccomp = PEER_SECCOMP_IF_MISSING; /* missing: the most confined */
     snprintf(path, sizeof path, "/proc/%s/status", pid);
     if (!(status = fopen(path, "re")))
         return 0;
@@ -449,10 +455,10 @@ static unsigned char *environment_kept(void)
 
 static int connect_helper(void)
 {
-    const char *state = getenv("GPUCKPT_STATE_DIR");
+    const char *state = getenv(PATHS_STATE_DIR_ENV);
     struct sockaddr_un address = {.sun_family = AF_UNIX};
     int sock;
-    if ((size_t)snprintf(address.sun_path, sizeof address.sun_path, "%s/%s", state && *state ? state : "/run/gpuckpt",
+    if ((size_t)snprintf(address.sun_path, sizeof address.sun_path, "%s/%s", state && *state ? state : PATHS_DEFAULT_STATE_DIR,
                          SOCKET_NAME) >= sizeof address.sun_path)
         return -1;
     if ((sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) < 0)
@@ -585,8 +591,8 @@ static void spawn(const struct value *request, const int *fds, int count, struct
         posix_spawn_file_actions_init(&actions);
         posix_spawnattr_init(&attributes);
         sigemptyset(&defaults);
-        sigaddset(&defaults, SIGPIPE);
-        sigaddset(&defaults, SIGXFSZ);
+        for (int i = 0; DEFAULT_SIGNALS[i]; i++)
+            sigaddset(&defaults, DEFAULT_SIGNALS[i]);
         posix_spawnattr_setsigdefault(&attributes, &defaults);
         posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGDEF);
         for (int i = 0; i < count; i++)
@@ -666,6 +672,81 @@ static int serve(int sock, unsigned char *buffer)
     }
 }
 
+/* ---- the call (shim/resident/call.py's, field by field in CALL_FIELDS' order) ---- */
+
+struct call {
+    const char *identity, *own, *delegate, *hook;
+    int argc;
+    char **argv;
+    const unsigned char *kept; /* environment_kept()'s */
+    mode_t mask;
+};
+
+static void put_kind(struct out *out, const struct call *call)
+{
+    (void)call;
+    put_string(out, "call");
+}
+
+static void put_protocol(struct out *out, const struct call *call)
+{
+    (void)call;
+    put_int(out, PROTOCOL);
+}
+
+static void put_identity(struct out *out, const struct call *call)
+{
+    put_string(out, call->identity);
+}
+
+static void put_program(struct out *out, const struct call *call)
+{
+    put_string(out, call->own);
+}
+
+static void put_argv(struct out *out, const struct call *call)
+{
+    put_header(out, '[', call->argc - 1);
+    for (int i = 1; i < call->argc; i++)
+        put_string(out, call->argv[i]);
+}
+
+static void put_environment(struct out *out, const struct call *call)
+{
+    put(out, "{", 1);
+    for (size_t i = 0; environ[i]; i++) {
+        const char *equals = strchr(environ[i], '=');
+        if (!call->kept[i])
+            continue; /* Python's os.environ holds no such entry */
+        put_text(out, environ[i], (size_t)(equals - environ[i]));
+        put_string(out, equals + 1);
+    }
+    put(out, "0", 1);
+}
+
+static void put_umask(struct out *out, const struct call *call)
+{
+    put_int(out, (int32_t)call->mask);
+}
+
+static void put_delegate(struct out *out, const struct call *call)
+{
+    put_string(out, call->delegate);
+}
+
+static void put_hook(struct out *out, const struct call *call)
+{
+    put_string(out, call->hook);
+}
+
+static void put_call(struct out *out, const struct call *call)
+{
+#define PUT_FIELD(name) put_##name(out, call);
+    put_header(out, '(', CALL_FIELD_COUNT);
+    CALL_FIELDS(PUT_FIELD)
+#undef PUT_FIELD
+}
+
 int call_resident(const char *site, const char *own, int argc, char **argv, const char *delegate, const char *hook)
 {
     char identity[PATH_MAX + 64];
@@ -705,27 +786,9 @@ int call_resident(const char *site, const char *own, int argc, char **argv, cons
     }
     fds[3] = cwd;
 
-    put_header(&call, '(', 9);
-    put_string(&call, "call");
-    put_int(&call, PROTOCOL);
-    put_string(&call, identity);
-    put_string(&call, own);
-    put_header(&call, '[', argc - 1);
-    for (int i = 1; i < argc; i++)
-        put_string(&call, argv[i]);
-    put(&call, "{", 1);
-    for (size_t i = 0; environ[i]; i++) {
-        const char *equals = strchr(environ[i], '=');
-        if (!kept[i])
-            continue; /* Python's os.environ holds no such entry */
-        put_text(&call, environ[i], (size_t)(equals - environ[i]));
-        put_string(&call, equals + 1);
-    }
+    put_call(&call, &(struct call){.identity = identity, .own = own, .argc = argc, .argv = argv, .kept = kept,
+                                   .mask = mask, .delegate = delegate, .hook = hook});
     free(kept);
-    put(&call, "0", 1);
-    put_int(&call, (int32_t)mask);
-    put_string(&call, delegate);
-    put_string(&call, hook);
 
     setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout); /* a stopped or hung helper: ours */
     taken = send_message(sock, &call, fds, MAX_FDS) && receive_message(sock, buffer, &answer, fds, &count);
