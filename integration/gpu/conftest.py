@@ -23,10 +23,10 @@ minutes a command: choose scenarios with -k):
   1. here, as root on a set-up Debian machine: `bash integration/gpu/pack-carry.sh podman` (or docker, none:
      both engines do not fit in one call) makes .carry.tar.xz, an ignored path;
   2. `run` with carry [".carry.tar.xz"] and the command:
-     set -o pipefail; R=/var/tmp/gpu-results; rm -rf $R; python3 -m pytest -s -p no:cacheprovider
+     set -o pipefail; R=/var/tmp/gpu-results; rm -rf $R; mkdir -p $R; python3 -m pytest -s -p no:cacheprovider
      --confcutdir=integration/gpu -m gpu integration/gpu --gpu-results $R -k 'disk_and_shm or test_leave_running'
-     2>&1 | tee $OUT/pytest-gpu.log; rc=$?; cp $R/gpu_tests-*.json $OUT/; tar -C $R -czf $OUT/gpu-results.tgz .;
-     exit $rc
+     2>&1 | tee $OUT/pytest-gpu.log; rc=$?; cp $R/gpu_tests-*.json $OUT/ 2>/dev/null;
+     tar -C $R -czf $OUT/gpu-results.tgz .; exit $rc
      (one line; python3 there is the torch interpreter, which has pytest; -s streams the scenarios' log lines
      into the log as they happen; --confcutdir keeps integration/conftest.py out: it needs the test bed's
      gpuckpt, which exists there only once gpu_run has installed it.)
