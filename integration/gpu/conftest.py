@@ -69,7 +69,7 @@ def not_here() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    ours = [item for item in items if GPU_DIR in item.path.parents]
+    ours = [item for item in items if GPU_DIR in item.path.resolve().parents]
     reason = not_here() if ours else None
     for item in ours if reason else []:
         item.add_marker(pytest.mark.skip(reason=reason))
