@@ -8,7 +8,7 @@ continue from its checkpointed state (same token, counter going on):
     gpuckpt export -o G                         gpuckpt import G
 
 plus podman's checkpoint and restore without an archive, for reference. Prints the figures
-side by side and writes bench/results/archive.json. Run as root after integration/testbed/setup.sh.
+side by side and writes results/bench/archive.json. Run as root after integration/testbed/setup.sh.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results" / "archive.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "archive.json"
 IMAGE = "localhost/gpuckpt-test:latest"
 GOAL_RATIO = 0.25
 WORKLOAD = """

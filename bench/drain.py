@@ -24,7 +24,7 @@ and records the CPU seconds that went to programs not its own (`cpu_s_others`); 
 weigh is not one to commit. About 4 to 5 minutes on the 2-core CI VM (4 x 1 GiB, 2 rounds).
 
 Usage (root, on a set-up node): python3 bench/drain.py [--containers 4] [--mib 1024] [--deadline 30]
-Writes bench/results/drain.json.
+Writes results/bench/drain.json.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from archive import WORKLOAD, machine, run  # the archive benchmark's workload, all of it random bytes
 
-RESULTS = Path(__file__).parent / "results" / "drain.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "drain.json"
 IMAGE = "localhost/gpuckpt-test:latest"
 VENV_PYTHON = "/opt/gpuckpt/venv/bin/python3"
 SAMPLE_S = 0.1

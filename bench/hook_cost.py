@@ -10,7 +10,7 @@ The GPU container's "driver" is a /proc/driver/nvidia tree made here (GPUCKPT_NV
 records go to a temporary state directory; nothing of the node's is touched.
 
 Usage (root, on a set-up node): python3 bench/hook_cost.py [--runs N] [--starts N]
-Writes bench/results/hook_cost.json.
+Writes results/bench/hook_cost.json.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from passthrough import machine
 
-RESULTS = Path(__file__).parent / "results" / "hook_cost.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "hook_cost.json"
 IMAGE = "localhost/gpuckpt-test:latest"
 BUDGET_MS = 30.0
 

@@ -6,7 +6,7 @@ of the test bed's image hold --gib GiB of touched memory each: one with runc, on
 gpuckpt-runtime (through gpuckpt-runtimed, started here unless systemd's socket listens), and
 one with runc restored with `--keep` (podman removes nothing: the floor for the first two).
 Checkpointed and restored in turns, the same number of cycles each. Prints medians side by side;
-writes bench/results/large_restore.json.
+writes results/bench/large_restore.json.
 Run as root after integration/testbed/setup.sh and gpuckpt install --engine podman.
 """
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from owned_verbs import IMAGE, figures, start_helper  # noqa: E402
 from passthrough import machine, time_once  # noqa: E402
 
-RESULTS = Path(__file__).parent / "results" / "large_restore.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "large_restore.json"
 HOLD = ("import time\nb = bytearray({size})\nfor i in range(0, len(b), 4096):\n    b[i] = 1\n"
         "print('ready', flush=True)\ntime.sleep(10**6)\n")
 

@@ -10,7 +10,7 @@ cycles of one such container, each verified the same way. Meanwhile a sampler ti
 `gpuckpt-runtime state ID` and `runc state ID` of a bystander container, interleaved, every 0.2 s.
 
 A failure is any step that exits non-zero or a restore that does not go on from its checkpoint;
-each is counted and its last lines kept. Writes bench/results/load.json (`failures`: the count).
+each is counted and its last lines kept. Writes results/bench/load.json (`failures`: the count).
 Run as root on a node set up by integration/testbed/setup.sh. The full run (50 containers, 100
 cycles) takes about 15 minutes on the 2-core CI VM; integration/test_load.py runs a small one.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from archive import machine
 
 REPO = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).parent / "results" / "load.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "load.json"
 IMAGE = "localhost/gpuckpt-test:latest"
 COUNTER = (REPO / "integration" / "workloads" / "counter.py").read_text()
 RUNC_ROOT = "/run/runc"  # where podman has runc (and so the shim's runc) keep container state

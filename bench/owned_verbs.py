@@ -5,7 +5,7 @@ Three containers of the test bed's image running `sleep`: one with runc, one wit
 this bench unless systemd's socket listens), one with a Python launcher that works them in its own process
 (GPUCKPT_RESIDENT=0: the shim as it ran before both), checkpointed and restored in turns, the same
 number of cycles each, so load on the machine falls on all. Prints medians and p90 side by side and
-the shim's added milliseconds; writes bench/results/owned_verbs.json. The pass-through's cost is
+the shim's added milliseconds; writes results/bench/owned_verbs.json. The pass-through's cost is
 timed the same way on `state` of the shim's container (runc's root, as podman calls it), through
 both launchers.
 Run as root after integration/testbed/setup.sh and gpuckpt install --engine podman.
@@ -29,7 +29,7 @@ from passthrough import machine, time_once  # noqa: E402
 from gpuckpt.shim.resident.call import helper_listens  # noqa: E402
 
 IMAGE = "localhost/gpuckpt-test:latest"
-RESULTS = Path(__file__).parent / "results" / "owned_verbs.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "owned_verbs.json"
 PODMAN_RUNC_ROOT = "/run/runc"
 GOAL_ADDED_MS = 50.0
 # The floor of an owned verb in this design: the shim's interpreter (the launcher's, -I -S), pydantic (every

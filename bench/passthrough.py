@@ -3,7 +3,7 @@
 Starts one container with the delegate (runc by default) from the test bed's
 rootfs, then times `DELEGATE state ID` and `gpuckpt-runtime state ID`
 interleaved, and prints both medians and the difference side by side.
-Writes bench/results/passthrough.json. Run as root after integration/testbed/setup.sh.
+Writes results/bench/passthrough.json. Run as root after integration/testbed/setup.sh.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 ROOTFS_TAR = "/var/cache/gpuckpt-testbed/rootfs-python.tar"
-RESULTS = Path(__file__).parent / "results" / "passthrough.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "passthrough.json"
 BUDGET_MS = 5.0  # issue #15: pass-through adds at most 5 ms
 
 

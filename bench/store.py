@@ -10,7 +10,7 @@ and rewrites --change of it (4 MiB stretches at random places) when sent SIGUSR1
 
 and prints the second checkpoint's new bytes over the first's (goal <= 0.15), the store's checkpoint
 time over export's (goal <= 1.0, each round) and the store's restore over import's (goal <= 1.1), and
-writes bench/results/store.json. Run as root after integration/testbed/setup.sh; the gpuckpt on PATH
+writes results/bench/store.json. Run as root after integration/testbed/setup.sh; the gpuckpt on PATH
 is used for both sides. The container runs through a gpuckpt-runtime of the run's own (a wrapper of
 that name reading a config of its own, delegate runc): on a machine shared with other tests,
 /etc/gpuckpt/config.toml may name another delegate from one minute to the next. Its config.dump then
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from archive import machine, run  # the archive benchmark's helpers
 
-RESULTS = Path(__file__).parent / "results" / "store.json"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench" / "store.json"
 IMAGE = "localhost/gpuckpt-test:latest"
 GOALS = {"second_new_over_first": 0.15, "checkpoint_ratio": 1.0, "restore_ratio": 1.1}
 WORKLOAD = """

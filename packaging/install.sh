@@ -23,7 +23,7 @@ fi
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 tar -C "$src" --exclude=./.git --exclude=./build --exclude='./*.egg-info' --exclude='./.carry*' \
-    --exclude=./.gpusnap --exclude='__pycache__' --exclude=./integration/gpu/results -cf - . | tar -C "$build" -xf -
+    --exclude=./.gpusnap --exclude='__pycache__' --exclude=./results -cf - . | tar -C "$build" -xf -
 site=$("$prefix/venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 [ ! -L "$site/systemd" ] || rm -f "$site/systemd"  # an earlier install's link to Debian's: pip must not write through it
 "$prefix/venv/bin/python3" -m pip install -q --disable-pip-version-check --upgrade "$build[$extras]"

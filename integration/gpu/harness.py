@@ -1,7 +1,8 @@
 """GPU test bed on the lent machine: install the carried tools, build GPU bundles, drive them.
 
-Used by integration/gpu/run_tests.py and bench_engine.py, which run as root on
-the GPU machine from the repository root (see "GPU tests" in the README).
+Used by the pytest scenarios (conftest.py, test_*.py: `pytest -m gpu integration/gpu`) and the
+benchmarks beside them (bench_engine.py, cold_vs_restore.py...), which run as root on the GPU
+machine from the repository root (conftest.py's docstring says how).
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ RUNTIME_ROOT = "/run/gpuckpt-gpu"
 WORK = Path("/tmp/gpuckpt-gpu")
 GPU_DIR = REPO / "integration" / "gpu"
 OUT: Path | None = None  # where CRIU's logs of a failed checkpoint/restore are kept (set by the runner)
+MACHINE_TAG = "gpu"  # the machine in the names of the files written to OUT (conftest.py sets it: "h100", "h200x2")
+COUNTER = ["python3", "/work/gpu_counter.py"]  # the counter workload, as a bundle sees integration/gpu (/work)
+NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
+# torch.distributed's TCPStore server runs on libuv, whose io_uring CRIU cannot dump (torch's
+# libuv ignored UV_USE_IO_URING=0 on 2x H200); USE_LIBUV=0 takes TCPStore's plain backend.
+NCCL_KEEP = {"NCCL_SOCKET_IFNAME": "lo", "USE_LIBUV": "0"} | {
+    key: os.environ[key]
+    for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    if key in os.environ
+}
 
 
 def sh(*argv: str, check: bool = True, timeout: float = 900, **kwargs) -> subprocess.CompletedProcess:
@@ -105,6 +116,60 @@ def install() -> dict:
     }
     log(f"installed: {json.dumps(facts)}")
     return facts
+
+
+def gpus() -> list[dict]:
+    """The machine's GPUs as nvidia-smi names them: index, name, driver, memory, UUID."""
+    fields = ("index", "name", "driver_version", "memory_total_mib", "uuid")
+    listed = sh("nvidia-smi", "--query-gpu=index,name,driver_version,memory.total,uuid",
+                "--format=csv,noheader,nounits").stdout
+    return [dict(zip(fields, (part.strip() for part in line.split(",")))) for line in listed.strip().splitlines()]
+
+
+def machine_tag(found: list[dict]) -> str:
+    """The machine as the results' file names give it: "h100", "h200x2" (the GPU model, the count past one)."""
+    words = found[0]["name"].split() if found else ["gpu"]
+    model = next((word for word in words if word[:1].isalpha() and word[1:].isdigit()), "-".join(words[1:2]) or "gpu")
+    return model.lower() + (f"x{len(found)}" if len(found) > 1 else "")
+
+
+def result_path(name: str, suffix: str = ".json") -> Path:
+    """OUT/NAME-MACHINE.json: a figure file a scenario writes beside its result, the machine in its name."""
+    assert OUT is not None, "OUT is set by conftest.py's gpu_run fixture"
+    return OUT / f"{name}-{MACHINE_TAG}{suffix}"
+
+
+def gpu_count() -> int:
+    return len(sh("nvidia-smi", "-L").stdout.strip().splitlines())
+
+
+def gpu_memory_used_mib() -> int:
+    return int(sh("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits").stdout.split()[0])
+
+
+def gpuckpt_python(code: str) -> object:
+    """What `code` prints as JSON, run by the interpreter gpuckpt was installed for (its wheels on SITE)."""
+    return json.loads(sh(TORCH_PYTHON, "-c", code, env=dict(os.environ, PYTHONPATH=str(SITE))).stdout)
+
+
+def install_hooks_d() -> None:
+    """gpuckpt-hook's hooks.d files, as `gpuckpt install --engine podman` writes them."""
+    hooks_dir = Path("/etc/containers/oci/hooks.d")
+    hooks_dir.mkdir(parents=True, exist_ok=True)
+    files = gpuckpt_python(f"import json; from gpuckpt.node.hooks_d import hooks_d_files; "
+                           f"print(json.dumps(hooks_d_files({HOOK!r})))")
+    for file_name, text in files.items():  # type: ignore[attr-defined]
+        (hooks_dir / file_name).write_text(text)
+
+
+def machine_floors() -> dict:
+    """The machine and the floors under the phases on it, measured once the workload has left the GPU: the
+    bus for the device phases, the disk under /var/tmp (where the images and archives go) for the write."""
+    import cold_vs_restore  # here, not at the top: it imports this module
+
+    return {"machine": sh("nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                          "--format=csv,noheader").stdout.strip(),
+            "copy_floor": copy_floor(), "disk_floor": cold_vs_restore.disk_floor(Path("/var/tmp"))}
 
 
 def _device_rule(path: str) -> dict:
@@ -465,6 +530,15 @@ def manifest(image_dir: Path) -> dict:
 
 def image_bytes(image_dir: Path) -> int:
     return sum(path.stat().st_size for path in image_dir.rglob("*") if path.is_file())
+
+
+def gpu_container(podman: Podman, name: str, env: dict[str, str], *annotations: str) -> StateDir:
+    """The counter on GPU 0 in a podman container recorded by the hook (io.gpuckpt.inventory), its state in WORK."""
+    state = StateDir(name, WORK / f"{name}-state")
+    flags = [arg for annotation in ("io.gpuckpt.inventory=true", *annotations) for arg in ("--annotation", annotation)]
+    podman.cli("run", "-d", "--name", name, *podman.RUN_FLAGS, *flags,
+               *gpu_run_args(COUNTER, {"STATE": "/state/state", **env}, state.directory, podman.IMAGE))
+    return state
 
 
 class Engine:
