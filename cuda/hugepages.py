@@ -3,7 +3,7 @@
 The driver's host buffers are ordinary anonymous memory of the target process and
 first-touch page faults dominate the device-to-host move; 2 MiB pages made a 16 GiB
 checkpoint 1.5x, its restore 1.6x and a suspend 2.2x faster on an H100
-(integration/gpu/results/gpu_tests-suspend-hugepages-h100.json). The setting is
+(results/gpu/gpu_tests-suspend-hugepages-h100.json). The setting is
 node-wide, so it is changed only while GPU state moves ("leave" never touches it), and
 concurrent shims share one change: the record names each live holder (PID and start
 time), so a shim killed while it held the setting counts no more, and the next shim,

@@ -40,7 +40,7 @@ trap 'rm -rf "$work"' EXIT
 copy_tree() {  # DIR: this tree without what is not source (as install.sh copies it)
     mkdir -p "$1"
     tar -C "$src" --exclude=./.git --exclude=./build --exclude=./dist --exclude='./*.egg-info' --exclude='./.carry*' \
-        --exclude=./.gpusnap --exclude='__pycache__' --exclude=./integration/gpu/results -cf - . | tar -C "$1" -xf -
+        --exclude=./.gpusnap --exclude='__pycache__' --exclude=./results -cf - . | tar -C "$1" -xf -
 }
 
 if [ "$what" != rpm ]; then

@@ -51,7 +51,7 @@ rm -rf "$dest$venv"
 build=$(mktemp -d)
 trap 'rm -rf "$build"' EXIT
 tar -C "$src" --exclude=./.git --exclude=./build --exclude='./*.egg-info' --exclude='./.carry*' \
-    --exclude=./.gpusnap --exclude='__pycache__' --exclude=./integration/gpu/results -cf - . | tar -C "$build" -xf -
+    --exclude=./.gpusnap --exclude='__pycache__' --exclude=./results -cf - . | tar -C "$build" -xf -
 "$dest$venv/bin/python3" -m pip install -q --disable-pip-version-check --no-compile "$build[$extras]"
 # pip and setuptools only served the install: the package manager owns this tree.
 "$dest$venv/bin/python3" -m pip uninstall -q -y pip setuptools
