@@ -18,7 +18,7 @@ start=$(date +%s)
 
 # --- build dependencies, from Debian's archive ----------------------------------------------
 # python3.11-dev, libsystemd-dev, pkg-config, gcc: the `service` extra's systemd-python builds from its sdist;
-# gcc and zlib1g-dev: gpuckpt-runtime's launcher (resident/*.c).
+# gcc and zlib1g-dev: gpuckpt-runtime's launcher (shim/resident/*.c).
 needs=(python3.11-venv python3.11-dev libsystemd-dev pkg-config gcc binutils zlib1g-dev)
 case $what in deb|all) needs+=(dpkg-dev debhelper lintian);; esac
 case $what in rpm|all) needs+=(rpm);; esac

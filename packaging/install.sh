@@ -58,7 +58,7 @@ write_launcher gpuckpt-runtime gpuckpt.shim.main
 # The compiled launcher where this machine can build it (shim/resident/build.sh: cc, zlib1g-dev): the
 # pass-through without the interpreter's start. Otherwise the Python launcher above does it all.
 launcher_tmp=$(mktemp "$bindir/.gpuckpt-runtime.XXXXXX")
-if bash "$src/resident/build.sh" "$launcher_tmp" "$prefix/venv/bin/python3" "$site"; then
+if bash "$src/shim/resident/build.sh" "$launcher_tmp" "$prefix/venv/bin/python3" "$site"; then
     chmod 0755 "$launcher_tmp"
     mv -f "$launcher_tmp" "$bindir/gpuckpt-runtime"
 else

@@ -89,7 +89,7 @@ while read -r name module function; do
 done < <(read_pyproject scripts)
 # gpuckpt-runtime's pass-through without an interpreter (shim/resident/launcher.c): the packages'
 # build has a compiler, so no fallback here.
-bash "$src/resident/build.sh" "$dest$bindir/gpuckpt-runtime" "$venv/bin/python3" "$site"
+bash "$src/shim/resident/build.sh" "$dest$bindir/gpuckpt-runtime" "$venv/bin/python3" "$site"
 chmod 0755 "$dest$bindir/gpuckpt-runtime"
 [ -x "$dest$hook_path" ] || { echo "stage.sh: no entry point made $hook_path" >&2; exit 1; }
 
