@@ -31,7 +31,8 @@ took() {  # PHASE: how long it took since the previous one
 # python3.11-dev, libsystemd-dev, pkg-config, gcc: the `service` extra's systemd-python builds from its sdist;
 # gcc and zlib1g-dev: gpuckpt-runtime's launcher (shim/resident/*.c).
 needs=(python3.11-venv python3.11-dev libsystemd-dev pkg-config gcc binutils zlib1g-dev)
-case $what in deb|all) needs+=(dpkg-dev debhelper); [ "$lintian" = 0 ] || needs+=(lintian);; esac
+# build-essential: dpkg-buildpackage refuses to start without it (a minimal Debian 12 lacks it).
+case $what in deb|all) needs+=(dpkg-dev debhelper build-essential); [ "$lintian" = 0 ] || needs+=(lintian);; esac
 case $what in rpm|all) needs+=(rpm);; esac
 missing=()
 for package in "${needs[@]}"; do
