@@ -14,6 +14,14 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 state() { podman exec "$name" cat /tmp/state; }
 archive=/var/tmp/$name.tar.zst
 trap 'podman rm -f -t 0 "$name" >/dev/null 2>&1 || true; rm -f "$archive" "$archive.sig"' EXIT
+ticked_past() {  # STATE: wait (10 s at most) until the counter has gone past STATE's: the restored process runs on
+    local count tries=0
+    read -r _ count _ <<<"$1"
+    until state 2>/dev/null | awk -v n="$count" '{exit !($2 > n)}'; do
+        tries=$((tries + 1)); [ "$tries" -lt 50 ] || return 0  # continues() then says what is wrong
+        sleep 0.2
+    done
+}
 continues() {  # before after: same token and checksum, counter further on
     read -r token_before count_before sum_before <<<"$1"
     read -r token_after count_after sum_after <<<"$2"
@@ -34,7 +42,7 @@ t=$(now); podman container checkpoint "$name" >/dev/null
 echo "== checkpointed in $(elapsed "$t") s; status: $(podman inspect -f '{{.State.Status}}' "$name")"
 t=$(now); podman container restore "$name" >/dev/null
 echo "== restored in $(elapsed "$t") s; status: $(podman inspect -f '{{.State.Status}}' "$name")"
-sleep 1
+at_restore=$(state); ticked_past "$at_restore"
 after=$(state); echo "   state after restore:     $after"
 
 continues "$before" "$after"
@@ -47,6 +55,6 @@ echo "   $(gpuckpt trust verify "$archive")"
 podman rm -f -t 0 "$name" >/dev/null
 t=$(now); gpuckpt import "$archive" >/dev/null
 echo "   imported and restored in $(elapsed "$t") s; status: $(podman inspect -f '{{.State.Status}}' "$name")"
-sleep 1
+at_restore=$(state); ticked_past "$at_restore"
 after=$(state); echo "   state after import:      $after"
 continues "$before" "$after"
