@@ -31,8 +31,8 @@ from ..cuda.hugepages import hugepages_always
 from ..cuda.inventory import Inventory
 from ..cuda.node import NodeGpus
 from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
-from ..errors import DelegateError, GpuCheckpointError, GpuckptError
-from ..host.procfs import container_pid, container_processes
+from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, GpuckptError
+from ..host.processes import Processes, read_container
 from ..host.safefiles import require_image_directory_private
 from ..node.config import load_config
 from ..node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
@@ -44,8 +44,9 @@ from ..oci.spec import container_annotations, read_spec
 from ..oci.state import ContainerState
 from ..oci.timestamps import utc_now
 from ..policy.annotations import refuse_runtime_annotations, unrestorable_allowed
-from ..policy.network import choose, container_policy, inspect_container, missing_option_hint
-from ..policy.undumpable import refuse_undumpable
+from ..policy.gpu import pre_dump_refusals, unrestorable_refusals
+from ..policy.network import choose, container_policy, inspect_sockets, missing_option_hint
+from ..policy.undumpable import undumpable_refusals
 from ..trust.dump_signature import sign_dump
 from .argv import (
     CHECKPOINT_VALUE_FLAGS,
@@ -56,7 +57,7 @@ from .argv import (
     image_path_given,
 )
 from .criu_log import dump_failure
-from .criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
+from .criuconf import ghost_limit_of, link_remap_files, network_lock_lines, use_criu_config
 from .delegate import (
     DelegateRun,
     PidsQuery,
@@ -172,6 +173,7 @@ class Checkpoint:
         self.argv = delegate_argv(delegate, args)  # what the delegate gets, plus chosen options
         self.network: NetworkPolicy | None = None
         self.criu_config: list[str] = []
+        self.processes = Processes(())  # read once, at the start of run (host/processes.py)
         self.pids: list[int] = []
         self.forked_children: list[int] = []
         self.journal: Journal | None = None
@@ -212,7 +214,7 @@ class Checkpoint:
 
     def _choose_network_options(self) -> None:
         policy = container_policy(self.config.criu, self.annotations, self.container_id)
-        found = inspect_container(self.state.pid, self.pids)
+        found = inspect_sockets(self.state.pid, self.processes)
         self.network = choose(found, set(self.verb.flags), policy)
         if self.network.added_options:
             log(self.args, "info", f"{self.container_id}: added {' '.join(self.network.added_options)} "
@@ -226,12 +228,12 @@ class Checkpoint:
         options that must carry one of them as well."""
         options: list[str] = []
         lines = network_lock_lines(self.config.criu.network_lock)
-        limit, why = ghost_limit(self.config.criu.ghost_limit, self.pids)
+        limit, why = ghost_limit_of(self.config.criu.ghost_limit, self.processes)
         if limit:
             lines.append(f"ghost-limit {limit}")
             if why:
                 log(self.args, "info", f"{self.container_id}: CRIU ghost-limit {limit >> 20} MiB ({why})")
-        if self.config.criu.link_remap == "auto" and (linked := link_remap_files(self.pids)):
+        if self.config.criu.link_remap == "auto" and (linked := link_remap_files(self.processes)):
             lines.append("link-remap")  # runc 1.1 and crun leave it to CRIU's config files
             if verb_has_flag(self.delegate, "checkpoint", "link-remap"):
                 options.append("--link-remap")  # runc >= 1.3 sends CRIU its own flag, over any config file's
@@ -250,7 +252,7 @@ class Checkpoint:
 
     def _failure_hint(self) -> str:
         hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
-        if not hint and self.config.criu.link_remap == "never" and (linked := link_remap_files(self.pids)):
+        if not hint and self.config.criu.link_remap == "never" and (linked := link_remap_files(self.processes)):
             hint = (f"{sorted(linked)[0]} is held under a removed name (a POSIX named semaphore): CRIU needs "
                     f"link-remap for it, which criu.link_remap = \"auto\" gives")
         return f"; {hint}" if hint else ""
@@ -260,18 +262,19 @@ class Checkpoint:
         spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
 
         allowed = unrestorable_allowed(self.config.cuda, self.annotations, self.container_id)
-        for pid in cuda_pids:
-            reason = self.gpus.unrestorable_reason(pid, spans_gpus)
-            if reason and not allowed:
-                raise GpuCheckpointError(f"checkpoint of {self.container_id} refused: {reason}")
-            if reason:
-                log(self.args, "warning", f"{reason} (allowed by the operator)")
+        reasons = {pid: self.gpus.unrestorable_reason(pid, spans_gpus) for pid in cuda_pids}
+        for refusal in unrestorable_refusals(self.container_id, reasons, allowed):
+            raise GpuCheckpointError(refusal)
+        for reason in filter(None, reasons.values()):
+            log(self.args, "warning", f"{reason} (allowed by the operator)")
 
     def run(self) -> int:
         started = time.monotonic()
         self._refuse_container_criu_config()
-        self.pids = container_processes(self.pids_query.pids(), self.state.pid)
-        refuse_undumpable(self.container_id, self.pids)
+        self.processes = read_container(self.pids_query.pids(), self.state.pid)
+        self.pids = self.processes.pids
+        for refusal in undumpable_refusals(self.container_id, self.processes):
+            raise CheckpointRefusedError(refusal)
         self._choose_network_options()
         # where the dump is signed: made here if runc would make it, so that nobody else makes it in between
         require_image_directory_private(image_path_given(self.verb), f"checkpoint of {self.container_id}", make=True)
@@ -282,9 +285,8 @@ class Checkpoint:
         return self._run_gpu(started)
 
     def _run_gpu(self, started: float) -> int:
-        if self.verb.has("pre-dump"):
-            raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty "
-                                     "tracking")
+        for refusal in pre_dump_refusals(self.verb.has("pre-dump")):
+            raise GpuCheckpointError(refusal)
 
         paused = read_suspension(self.container_id)
         driver = self.gpus.load_driver()
@@ -314,7 +316,7 @@ class Checkpoint:
         inventory = self.gpus.describe_container_gpus(self.spec, [])
         inventory.memory_bytes = {p.pid: p.device_bytes for p in record.processes}
         inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
-        self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}
+        self.pid_in_container = {pid: self.processes.container_pid(pid) for pid in cuda_pids}
         self._begin_manifest(inventory, cuda_pids, started, "its CUDA processes stay suspended as the pause left them")
         dump_started = time.monotonic()
         status = self._start_dump().finish()
@@ -342,7 +344,7 @@ class Checkpoint:
     def _checkpoint_gpu(self, driver: CudaDriver, cuda_pids: list[int], freezer: Freezer | None, started: float) -> int:
         inventory = self.gpus.describe_container_gpus(self.spec, cuda_pids)
         self._refuse_unrestorable(cuda_pids, inventory)
-        self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
+        self.pid_in_container = {pid: self.processes.container_pid(pid) for pid in cuda_pids}  # read at the start
         session = CudaSession(driver, cuda_pids)
         with hugepages_always(self.config.cuda.wants_hugepages), deferred_signals() as signals:
             return self._lock_checkpoint_dump(session, freezer, signals, inventory, cuda_pids, started)
