@@ -40,10 +40,9 @@ from ..host.processes import Processes, read_container
 from ..host.safefiles import require_image_directory_private
 from ..node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
 from ..node.lock import ContainerLock
-from ..node.paths import config_path
 from ..node.suspension import Suspension, read_suspension, remove_suspension
 from ..oci.state import ContainerState
-from ..policy.annotations import refuse_runtime_annotations, unrestorable_allowed
+from ..policy.annotations import unrestorable_allowed
 from ..policy.gpu import pre_dump_refusals, unrestorable_refusals
 from ..policy.network import choose, container_policy, inspect_sockets, missing_option_hint
 from ..policy.undumpable import undumpable_refusals
@@ -167,20 +166,17 @@ class Checkpoint:
         self.args, self.verb, self.delegate, self.state, self.gpus = args, verb, delegate, state, gpus
         self.pids_query = pids_query
         self.container_id = container_id
-        self.plan = plan_checkpoint(args, verb, container_id, delegate, state)
+        self.plan = plan_checkpoint(args, verb, container_id, delegate, state)  # refused here if not allowed
         self.pid_in_container: dict[int, int] = {}  # the CUDA processes: host PID -> container PID
         self.processes = Processes(())  # read once, at the start of run (host/processes.py)
-        self.pids: list[int] = []
         self.forked_children: list[int] = []
         self.journal: Journal | None = None
         self.staging = ""  # --leave-running: the dump goes here first (shim/staging.py)
 
     def run(self) -> int:
         started = time.monotonic()
-        self._refuse_container_criu_config()  # the plan (argv, config, spec) as the operator allows it
         # Discover: the container's processes, read once; the policies below judge this snapshot.
         self.processes = read_container(self.pids_query.pids(), self.state.pid)
-        self.pids = self.processes.pids
         for refusal in undumpable_refusals(self.container_id, self.processes):
             raise CheckpointRefusedError(refusal)
         self._choose_network_options()  # the plan completed: CRIU's options and config lines
@@ -191,10 +187,6 @@ class Checkpoint:
         if not self.plan.gpu:
             return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step
         return self._run_gpu(started)
-
-    def _refuse_container_criu_config(self) -> None:
-        refuse_runtime_annotations(self.plan.annotations, self.container_id, self.plan.config.criu, config_path(),
-                                   [self.state.bundle, self.plan.spec.rootfs(self.state.bundle)])
 
     def _choose_network_options(self) -> None:
         policy = container_policy(self.plan.config.criu, self.plan.annotations, self.container_id)
@@ -238,7 +230,8 @@ class Checkpoint:
         # The driver's state query waits while its process is frozen (docker pauses before a
         # checkpoint): the split asks it of every candidate, so it runs thawed too.
         with thawed(freezer):
-            cuda_pids, self.forked_children = split_forked_children(driver, self.gpus.find_cuda_pids(self.pids))
+            holding = self.gpus.find_cuda_pids(self.processes.pids)
+            cuda_pids, self.forked_children = split_forked_children(driver, holding)
         plugin = criu_cuda_plugin()
         if plugin:
             # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
@@ -375,7 +368,7 @@ class Checkpoint:
         """With --leave-running, the dump goes to memory first if it fits (shim/staging.py); whether it does."""
         if not (self.plan.leave_running and self.plan.config.cuda.stage_leave_running):
             return False
-        if why := staging_refusal(self.pids):  # read now: the device memory just moved to the host counts
+        if why := staging_refusal(self.processes.pids):  # read now: the device memory just moved to the host counts
             log(self.args, "info", f"{self.container_id}: dump not staged in memory: {why}")
             return False
         self.staging = make_staging_dir()

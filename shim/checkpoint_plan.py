@@ -11,9 +11,11 @@ import os
 from dataclasses import dataclass, field
 
 from ..node.config import Config, load_config
+from ..node.paths import config_path
 from ..oci.manifest import NetworkPolicy
 from ..oci.spec import Spec, container_annotations, read_spec
 from ..oci.state import ContainerState
+from ..policy.annotations import refuse_runtime_annotations
 from .argv import RuntimeArgs, VerbArgs, delegate_argv, image_dir_of
 from .freezer import Freezer
 
@@ -42,6 +44,8 @@ class CheckpointPlan:
 
 def plan_checkpoint(args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str,
                     state: ContainerState) -> CheckpointPlan:
+    """The plan, refused (policy/annotations.py) where the container's annotations ask for what the operator
+    does not allow."""
     image_dir = image_dir_of(verb)
     work_path = verb.value("work-path")
     config, spec, annotations = load_config(), read_spec(state.bundle), container_annotations(state)
@@ -51,6 +55,9 @@ def plan_checkpoint(args: RuntimeArgs, verb: VerbArgs, container_id: str, delega
         frozen_by_engine = freezer is not None and freezer.is_frozen()
     except OSError:
         frozen_by_engine = False
+    # The container may not choose CRIU options the operator has not allowed it
+    refuse_runtime_annotations(annotations, container_id, config.criu, config_path(),
+                               [state.bundle, spec.rootfs(state.bundle)])
     return CheckpointPlan(container_id=container_id, delegate=delegate, image_dir=image_dir,
                           work_dir=os.path.abspath(work_path or image_dir), work_path=work_path,
                           leave_running=verb.has("leave-running"), pre_dump=verb.has("pre-dump"),

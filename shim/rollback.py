@@ -20,9 +20,6 @@ class Rollback:
         """`step` is done (or begun: its undo copes with any part of it); `undo` puts it back."""
         self._undos.append((step, undo))
 
-    def steps(self) -> list[str]:
-        return [step for step, _ in self._undos]
-
     def forget(self) -> None:
         """Nothing is to be undone any more: what was done stays."""
         self._undos.clear()
