@@ -101,6 +101,13 @@ def named_mappings(pid: int) -> list[str]:
     return found
 
 
+def mapped_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
+    """(pid, pathname) for every named mapping of `pids`: "/usr/lib/libc.so.6", "anon_inode:[io_uring]", ..."""
+    for pid in pids:
+        for target in named_mappings(pid):
+            yield pid, target
+
+
 def container_pid(host_pid: int) -> int:
     """The PID a process has inside its own PID namespace (NSpid's last field)."""
     try:
