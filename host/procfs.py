@@ -10,19 +10,33 @@ import os
 import stat
 from collections.abc import Iterable, Iterator
 
+# Bounds on what one process is read for, at or above the kernel's own defaults (fs.nr_open, 2^20 fds;
+# vm.max_map_count, 65530 mappings), so that a process cannot make a read endless.
+MAX_FDS = 1 << 20
+MAX_MAPPINGS = 1 << 20
+
+
+def open_fds(pid: int) -> list[tuple[str, str]]:
+    """(fd, target) of every open fd of `pid` (at most MAX_FDS): target "/dev/nvidia0", "socket:[1234]", ...
+    The links are read, never followed; [] if it is gone."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return []
+    found = []
+    for fd in fds[:MAX_FDS]:
+        try:
+            found.append((fd, os.readlink(f"/proc/{pid}/fd/{fd}")))
+        except OSError:
+            continue  # closed meanwhile
+    return found
+
 
 def fd_entries(pids: Iterable[int]) -> Iterator[tuple[int, str, str]]:
     """(pid, fd, target) for every open fd of `pids`: target "/dev/nvidia0", "socket:[1234]", ..."""
     for pid in pids:
-        try:
-            fds = os.listdir(f"/proc/{pid}/fd")
-        except OSError:
-            continue
-        for fd in fds:
-            try:
-                yield pid, fd, os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue  # closed meanwhile
+        for fd, target in open_fds(pid):
+            yield pid, fd, target
 
 
 def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
@@ -30,68 +44,68 @@ def fd_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
     return ((pid, target) for pid, _, target in fd_entries(pids))
 
 
+def fd_file_locks(pid: int, fd: str) -> int:
+    """How many file locks (POSIX, OFD, flock) one open file holds: the "lock:" lines of its fdinfo."""
+    try:  # every kind of file: CRIU reads the "lock:" lines of pipes', sockets' and eventfds' fdinfo too
+        with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as info:
+            return sum(line.startswith(b"lock:") for line in info)
+    except OSError:
+        return 0  # closed meanwhile
+
+
 def file_locks_held(pids: Iterable[int]) -> int:
     """How many file locks (POSIX, OFD, flock) `pids` hold, from the "lock:" lines of their files' fdinfo.
     /proc/locks says it for the whole node, and its first read in a process costs milliseconds on its own."""
-    held = 0
-    for pid, fd, _target in fd_entries(pids):
-        try:  # every kind of file: CRIU reads the "lock:" lines of pipes', sockets' and eventfds' fdinfo too
-            with open(f"/proc/{pid}/fdinfo/{fd}", "rb") as info:
-                held += sum(line.startswith(b"lock:") for line in info)
-        except OSError:
-            continue  # closed meanwhile
-    return held
+    return sum(fd_file_locks(pid, fd) for pid, fd, _target in fd_entries(pids))
 
 
 # Deleted files that CRIU handles by other means than copying them ("ghost files").
 _NOT_GHOSTS = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage")
 
 
-def _deleted_files_held(pids: Iterable[int]) -> Iterator[tuple[str, os.stat_result]]:
-    """(path it had, stat) of every regular file `pids` hold open or mapped after its name was removed."""
-    for pid in pids:
-        for kind in ("fd", "map_files"):
+def deleted_files(pid: int) -> list[tuple[str, os.stat_result]]:
+    """(path it had, stat) of every regular file `pid` holds open or mapped after its name was removed."""
+    found = []
+    for kind in ("fd", "map_files"):
+        try:
+            entries = os.listdir(f"/proc/{pid}/{kind}")
+        except OSError:
+            continue
+        for entry in entries[:MAX_FDS]:
+            link = f"/proc/{pid}/{kind}/{entry}"
             try:
-                entries = os.listdir(f"/proc/{pid}/{kind}")
+                target = os.readlink(link)
+                if not target.endswith(" (deleted)") or target.startswith(_NOT_GHOSTS):
+                    continue
+                status = os.stat(link)  # the open file itself, reachable though unlinked
             except OSError:
                 continue
-            for entry in entries:
-                link = f"/proc/{pid}/{kind}/{entry}"
-                try:
-                    target = os.readlink(link)
-                    if not target.endswith(" (deleted)") or target.startswith(_NOT_GHOSTS):
-                        continue
-                    status = os.stat(link)  # the open file itself, reachable though unlinked
-                except OSError:
-                    continue
-                if stat.S_ISREG(status.st_mode):
-                    yield target.removesuffix(" (deleted)"), status
+            if stat.S_ISREG(status.st_mode):
+                found.append((target.removesuffix(" (deleted)"), status))
+    return found
 
 
-def deleted_file_sizes(pids: Iterable[int]) -> dict[str, int]:
-    """Regular files that `pids` hold open or mapped after they were deleted: path -> size."""
-    return {path: status.st_size for path, status in _deleted_files_held(pids) if status.st_nlink == 0}
+def named_mappings(pid: int) -> list[str]:
+    """The pathname of every named mapping of `pid` (at most MAX_MAPPINGS lines read): "/usr/lib/libc.so.6",
+    "anon_inode:[io_uring]", ...; [] if it is gone."""
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            lines = [line for _, line in zip(range(MAX_MAPPINGS), maps)]
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6:
+            found.append(fields[5].rstrip("\n"))
+    return found
 
 
 def mapped_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
     """(pid, pathname) for every named mapping of `pids`: "/usr/lib/libc.so.6", "anon_inode:[io_uring]", ..."""
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as maps:
-                lines = maps.readlines()
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6:
-                yield pid, fields[5].rstrip("\n")
-
-
-def deleted_but_linked(pids: Iterable[int]) -> set[str]:
-    """Files `pids` hold open or mapped under a name that was removed while the file itself is
-    still linked elsewhere (glibc's sem_open maps a temporary name, links the real one and
-    removes the temporary): CRIU dumps these only with `link-remap`."""
-    return {path for path, status in _deleted_files_held(pids) if status.st_nlink > 0}
+        for target in named_mappings(pid):
+            yield pid, target
 
 
 def container_pid(host_pid: int) -> int:
@@ -128,22 +142,29 @@ def start_time(pid: int) -> int | None:
     return int(fields[19]) if len(fields) > 19 else None
 
 
+def children(pid: int) -> list[int]:
+    """The processes `pid`'s threads forked, from /proc's children lists; [] if it is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []
+    found: list[int] = []
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as listed:
+                found.extend(int(child) for child in listed.read().split())
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def descendants(pid: int) -> list[int]:
     """`pid` and every process below it, from /proc's children lists (independent of cgroups)."""
     found, pending = [], [pid]
     while pending:
         current = pending.pop()
         found.append(current)
-        try:
-            tasks = os.listdir(f"/proc/{current}/task")
-        except OSError:
-            continue
-        for tid in tasks:
-            try:
-                with open(f"/proc/{current}/task/{tid}/children") as children:
-                    pending.extend(int(child) for child in children.read().split())
-            except (OSError, ValueError):
-                continue
+        pending.extend(children(current))
     return found
 
 

@@ -1,8 +1,8 @@
 """Which CRIU network options a checkpoint needs, from what the container's sockets are doing.
 
 The sockets are read through sock_diag (pyroute2's DiagSocket) inside the container's
-network namespace and matched to the container's processes by inode; file locks come
-from /proc/locks. A container whose processes hold no socket is not looked at: pyroute2
+network namespace and matched to the container's processes by inode (host/processes.py's
+snapshot); file locks are the snapshot's too. A container whose processes hold no socket is not looked at: pyroute2
 (~75 ms to import, a quarter of the shim's own time on a checkpoint) is loaded only for one
 that does. The operator's policy (config `criu.*`) decides what is added; an
 option the engine passed itself is always left as it is.
@@ -11,7 +11,6 @@ option the engine passed itself is always left as it is.
 from __future__ import annotations
 
 import ipaddress
-import re
 import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,14 +18,13 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from ..errors import ConfigError
-from ..host.procfs import fd_targets, file_locks_held
+from ..host.processes import Processes, read_processes
 from ..oci.manifest import NetworkOption, NetworkPolicy
 from .annotations import tightened
 
 if TYPE_CHECKING:
     from ..node.config import CriuConfig
 
-SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 TCP_LISTEN, TCP_CLOSE = 10, 7
 UDIAG_SHOW_PEER = 0x04
 # CRIU's network options by the name the policy and the engine's flags use.
@@ -51,11 +49,6 @@ def _is_loopback(address: str) -> bool:
         return False
     mapped = getattr(parsed, "ipv4_mapped", None)
     return (mapped or parsed).is_loopback
-
-
-def socket_inodes(pids: list[int]) -> set[int]:
-    matches = (SOCKET_LINK.match(target) for _, target in fd_targets(pids))
-    return {int(match.group(1)) for match in matches if match}
 
 
 def _diag(init_pid: int, inodes: set[int]) -> SocketsFound:
@@ -92,14 +85,20 @@ def _diag(init_pid: int, inodes: set[int]) -> SocketsFound:
     return found
 
 
-def inspect_container(init_pid: int, pids: list[int]) -> SocketsFound:
-    inodes = socket_inodes(pids)
+def inspect_sockets(init_pid: int, processes: Processes) -> SocketsFound:
+    """What the container's sockets are doing, and the file locks its processes hold."""
+    inodes = processes.socket_inodes
     try:
         found = _diag(init_pid, inodes) if inodes else SocketsFound()
     except (OSError, ImportError) as error:  # not root, no pyroute2, the process gone
         found = SocketsFound(unreadable=f"{type(error).__name__}: {error}")
-    found.file_locks = file_locks_held(pids)
+    found.file_locks = processes.file_locks
     return found
+
+
+def inspect_container(init_pid: int, pids: list[int]) -> SocketsFound:
+    """inspect_sockets of the processes `pids` as they are now."""
+    return inspect_sockets(init_pid, read_processes(pids))
 
 
 def choose(found: SocketsFound, engine_flags: set[str], policy: CriuConfig) -> NetworkPolicy:

@@ -11,22 +11,27 @@ of libuv ignored UV_USE_IO_URING=0 there, USE_LIBUV=0 avoided it).
 from __future__ import annotations
 
 from ..errors import CheckpointRefusedError
-from ..host.procfs import container_pid, fd_targets, mapped_targets
+from ..host.processes import Processes, read_processes
 
 IO_URING = "anon_inode:[io_uring]"
 
 
 def io_uring_holders(pids: list[int]) -> list[int]:
-    holding = {pid for pid, target in fd_targets(pids) if target == IO_URING}
-    holding |= {pid for pid, target in mapped_targets(pids) if target == IO_URING}
-    return sorted(holding)
+    return [process.pid for process in read_processes(pids) if process.holds(IO_URING)]
+
+
+def undumpable_refusals(container_id: str, processes: Processes) -> list[str]:
+    """The container's processes that CRIU cannot dump, as refusal lines (none: it can)."""
+    holders = [process for process in processes if process.holds(IO_URING)]
+    if not holders:
+        return []
+    named = ", ".join(f"{process.pid} (pid {process.container_pid} in the container)" for process in holders)
+    return [f"checkpoint of {container_id} refused: process(es) {named} use io_uring, which CRIU cannot dump; "
+            "torch.distributed's TCPStore makes one through libuv: start the job with USE_LIBUV=0 "
+            "(other libuv programs: UV_USE_IO_URING=0)"]
 
 
 def refuse_undumpable(container_id: str, pids: list[int]) -> None:
-    holders = io_uring_holders(pids)
-    if holders:
-        named = ", ".join(f"{pid} (pid {container_pid(pid)} in the container)" for pid in holders)
-        raise CheckpointRefusedError(
-            f"checkpoint of {container_id} refused: process(es) {named} use io_uring, which CRIU cannot dump; "
-            "torch.distributed's TCPStore makes one through libuv: start the job with USE_LIBUV=0 "
-            "(other libuv programs: UV_USE_IO_URING=0)")
+    """undumpable_refusals of the processes `pids` as they are now."""
+    for refusal in undumpable_refusals(container_id, read_processes(pids)):
+        raise CheckpointRefusedError(refusal)

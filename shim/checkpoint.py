@@ -1,13 +1,16 @@
 """`gpuckpt-runtime checkpoint`: the delegate's checkpoint, wrapped with the policy and GPU steps.
 
-Phases, in order: refuse what the operator does not allow, choose CRIU's network
-options from the container's sockets, find the CUDA processes and refuse what the
-driver could not restore, write the manifest marked incomplete, lock and checkpoint
-them (thawing a frozen container for that), the delegate's dump, then with
---leave-running restore and unlock them, and mark the manifest complete. Until the dump
-succeeded, any exception or a SIGTERM/SIGINT/SIGHUP (a flag, checked between phases)
-rolls back what the session's journal says was done; the container keeps running and
-the engine gets one line. After it, a signal is noted and the checkpoint completes.
+Phases, in order, as `Checkpoint` reads top to bottom: the plan (shim/checkpoint_plan.py:
+argv, config, spec) refused where the operator does not allow it; the container's processes
+read once (host/processes.py) and judged (policy/); CRIU's network options and config lines
+added to the plan; the CUDA processes found and what the driver could not restore refused;
+the manifest written marked incomplete (shim/checkpoint_manifest.py); lock and checkpoint
+them (thawing a frozen container for that); the delegate's dump; with --leave-running
+restore and unlock them; the manifest marked complete and signed. Each step that changes
+something registers its undo as it is done (shim/rollback.py): until the dump succeeded, any
+exception or a SIGTERM/SIGINT/SIGHUP (a flag, checked between phases) runs them; the
+container keeps running and the engine gets one line. After it, a signal is noted and the
+checkpoint completes.
 
 One gpuckpt operation on a container at a time (node/journal.py's lock). Each phase is
 written to the container's journal on disk before it starts; a shim killed outright
@@ -22,6 +25,7 @@ import os
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NoReturn
 
 from ..cuda.driver import CudaDriver
@@ -30,23 +34,18 @@ from ..cuda.forked import split_forked_children
 from ..cuda.hugepages import hugepages_always
 from ..cuda.inventory import Inventory
 from ..cuda.node import NodeGpus
-from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins, gpu_handler
-from ..errors import DelegateError, GpuCheckpointError, GpuckptError
-from ..host.procfs import container_pid, container_processes
+from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins
+from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, GpuckptError
+from ..host.processes import Processes, read_container
 from ..host.safefiles import require_image_directory_private
-from ..node.config import load_config
 from ..node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
 from ..node.lock import ContainerLock
-from ..node.paths import config_path
 from ..node.suspension import Suspension, read_suspension, remove_suspension
-from ..oci.manifest import CudaProcessRecord, Manifest, NetworkPolicy, Timings, write_manifest
-from ..oci.spec import container_annotations, read_spec
 from ..oci.state import ContainerState
-from ..oci.timestamps import utc_now
-from ..policy.annotations import refuse_runtime_annotations, unrestorable_allowed
-from ..policy.network import choose, container_policy, inspect_container, missing_option_hint
-from ..policy.undumpable import refuse_undumpable
-from ..trust.dump_signature import sign_dump
+from ..policy.annotations import unrestorable_allowed
+from ..policy.gpu import pre_dump_refusals, unrestorable_refusals
+from ..policy.network import choose, container_policy, inspect_sockets, missing_option_hint
+from ..policy.undumpable import undumpable_refusals
 from .argv import (
     CHECKPOINT_VALUE_FLAGS,
     RuntimeArgs,
@@ -55,8 +54,10 @@ from .argv import (
     image_dir_of,
     image_path_given,
 )
+from .checkpoint_manifest import begin_manifest, complete_manifest, write_checkpoint_manifest
+from .checkpoint_plan import plan_checkpoint
 from .criu_log import dump_failure
-from .criuconf import ghost_limit, link_remap_files, network_lock_lines, use_criu_config
+from .criuconf import ghost_limit_of, link_remap_files, network_lock_lines, use_criu_config
 from .delegate import (
     DelegateRun,
     PidsQuery,
@@ -70,6 +71,7 @@ from .interrupt import Interrupted, SignalFlag, deferred_signals
 from .log import drop_held_stderr, log, release_stderr
 from .pause import PAUSE_ENGINE
 from .recover import finish_left_journal
+from .rollback import Rollback
 from .staging import make_staging_dir, move_staged, staged_argv, staging_refusal
 
 ATTEMPTS = 2  # a checkpoint taken again once when a process took the driver during the first
@@ -164,74 +166,51 @@ class Checkpoint:
         self.args, self.verb, self.delegate, self.state, self.gpus = args, verb, delegate, state, gpus
         self.pids_query = pids_query
         self.container_id = container_id
-        self.config = load_config()
-        self.spec = read_spec(state.bundle)
-        self.leave_running = verb.has("leave-running")
-        self.pid_in_container: dict[int, int] = {}
-        self.annotations = container_annotations(state)
-        self.argv = delegate_argv(delegate, args)  # what the delegate gets, plus chosen options
-        self.network: NetworkPolicy | None = None
-        self.criu_config: list[str] = []
-        self.pids: list[int] = []
+        self.plan = plan_checkpoint(args, verb, container_id, delegate, state)  # refused here if not allowed
+        self.pid_in_container: dict[int, int] = {}  # the CUDA processes: host PID -> container PID
+        self.processes = Processes(())  # read once, at the start of run (host/processes.py)
         self.forked_children: list[int] = []
         self.journal: Journal | None = None
         self.staging = ""  # --leave-running: the dump goes here first (shim/staging.py)
-        freezer = Freezer.of_process(state.pid)
-        try:  # as the engine left it (docker pauses before a checkpoint): how a recovery puts it back
-            self.frozen_by_engine = freezer is not None and freezer.is_frozen()
-        except OSError:
-            self.frozen_by_engine = False
 
-    def _journal(self, phase: Phase, **changes: object) -> None:
-        """Write the phase about to start (and what it needs known) before it starts."""
-        if self.journal is None:
-            image_dir = image_dir_of(self.verb)
-            self.journal = Journal(container=self.container_id, verb="checkpoint", phase=phase, boot_id=boot_id(),
-                                   shim_pid=os.getpid(), global_argv=self.args.global_argv, image_dir=image_dir,
-                                   work_dir=os.path.abspath(self.verb.value("work-path") or image_dir),
-                                   leave_running=self.leave_running, refreeze=self.frozen_by_engine)
-        self.journal = self.journal.model_copy(update={"phase": phase, **changes})
-        write_journal(self.journal)
-
-    def _start_dump(self) -> DelegateRun:
-        """The delegate's dump, started, with the journal naming it (a dump goes on if we are killed)."""
-        self._journal("dump", dump_began=time.time(), staging_dir=self.staging)
-        argv = self.argv
-        if self.staging:
-            argv = staged_argv(self.argv, self.args.command_index or 0, self.staging, image_dir_of(self.verb),
-                               self.verb.value("work-path"))
-        dump = DelegateRun(self.delegate, argv, hold_stderr=True)
-        dump.start()
-        if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:
-            self._journal("dump", delegate_pid=child, delegate_start_time=record.start_time)
-        return dump
-
-    def _refuse_container_criu_config(self) -> None:
-        refuse_runtime_annotations(self.annotations, self.container_id, self.config.criu, config_path(),
-                                   [self.state.bundle, self.spec.rootfs(self.state.bundle)])
+    def run(self) -> int:
+        started = time.monotonic()
+        # Discover: the container's processes, read once; the policies below judge this snapshot.
+        self.processes = read_container(self.pids_query.pids(), self.state.pid)
+        for refusal in undumpable_refusals(self.container_id, self.processes):
+            raise CheckpointRefusedError(refusal)
+        self._choose_network_options()  # the plan completed: CRIU's options and config lines
+        # where the dump is signed: made here if runc would make it, so that nobody else makes it in between
+        require_image_directory_private(image_path_given(self.verb), f"checkpoint of {self.container_id}", make=True)
+        if work_path := self.plan.work_path:  # CRIU (root) writes its log and stats there, links followed
+            require_image_directory_private(work_path, f"checkpoint of {self.container_id}: --work-path", make=True)
+        if not self.plan.gpu:
+            return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step
+        return self._run_gpu(started)
 
     def _choose_network_options(self) -> None:
-        policy = container_policy(self.config.criu, self.annotations, self.container_id)
-        found = inspect_container(self.state.pid, self.pids)
-        self.network = choose(found, set(self.verb.flags), policy)
-        if self.network.added_options:
-            log(self.args, "info", f"{self.container_id}: added {' '.join(self.network.added_options)} "
+        policy = container_policy(self.plan.config.criu, self.plan.annotations, self.container_id)
+        found = inspect_sockets(self.state.pid, self.processes)
+        network = choose(found, set(self.verb.flags), policy)
+        if network.added_options:
+            log(self.args, "info", f"{self.container_id}: added {' '.join(network.added_options)} "
                 f"({len(found.tcp_connected)} connected TCP, {len(found.unix_external)} external unix "
                 f"socket(s), {found.file_locks} file lock(s))")
-        options = [*self.network.added_options, *self._choose_criu_config()]
-        self.argv = delegate_argv(self.delegate, self.args, options)
+        criu_config, criu_options = self._choose_criu_config()
+        self.plan = replace(self.plan, network=network, criu_config=criu_config,
+                            argv=delegate_argv(self.delegate, self.args, [*network.added_options, *criu_options]))
 
-    def _choose_criu_config(self) -> list[str]:
-        """The shim's CRIU config lines (written, and kept for the manifest); returns the delegate
+    def _choose_criu_config(self) -> tuple[list[str], list[str]]:
+        """The shim's CRIU config lines (written, and kept for the manifest), and the delegate
         options that must carry one of them as well."""
         options: list[str] = []
-        lines = network_lock_lines(self.config.criu.network_lock)
-        limit, why = ghost_limit(self.config.criu.ghost_limit, self.pids)
+        lines = network_lock_lines(self.plan.config.criu.network_lock)
+        limit, why = ghost_limit_of(self.plan.config.criu.ghost_limit, self.processes)
         if limit:
             lines.append(f"ghost-limit {limit}")
             if why:
                 log(self.args, "info", f"{self.container_id}: CRIU ghost-limit {limit >> 20} MiB ({why})")
-        if self.config.criu.link_remap == "auto" and (linked := link_remap_files(self.pids)):
+        if self.plan.config.criu.link_remap == "auto" and (linked := link_remap_files(self.processes)):
             lines.append("link-remap")  # runc 1.1 and crun leave it to CRIU's config files
             if verb_has_flag(self.delegate, "checkpoint", "link-remap"):
                 options.append("--link-remap")  # runc >= 1.3 sends CRIU its own flag, over any config file's
@@ -239,52 +218,11 @@ class Checkpoint:
                 f"removed name ({', '.join(sorted(linked)[:3])})")
         if lines:
             use_criu_config(lines)
-        self.criu_config = lines
-        return options
-
-    def _criu_cause(self) -> str:
-        """CRIU's reason for this dump's failure, from its log ("" when it did not get that far)."""
-        if self.journal is None:
-            return ""
-        return dump_failure(self.journal.work_dir, self.journal.dump_began)
-
-    def _failure_hint(self) -> str:
-        hint = self.network and missing_option_hint(self.network, set(self.verb.flags))
-        if not hint and self.config.criu.link_remap == "never" and (linked := link_remap_files(self.pids)):
-            hint = (f"{sorted(linked)[0]} is held under a removed name (a POSIX named semaphore): CRIU needs "
-                    f"link-remap for it, which criu.link_remap = \"auto\" gives")
-        return f"; {hint}" if hint else ""
-
-    def _refuse_unrestorable(self, cuda_pids: list[int], inventory: Inventory) -> None:
-        # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
-        spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
-
-        allowed = unrestorable_allowed(self.config.cuda, self.annotations, self.container_id)
-        for pid in cuda_pids:
-            reason = self.gpus.unrestorable_reason(pid, spans_gpus)
-            if reason and not allowed:
-                raise GpuCheckpointError(f"checkpoint of {self.container_id} refused: {reason}")
-            if reason:
-                log(self.args, "warning", f"{reason} (allowed by the operator)")
-
-    def run(self) -> int:
-        started = time.monotonic()
-        self._refuse_container_criu_config()
-        self.pids = container_processes(self.pids_query.pids(), self.state.pid)
-        refuse_undumpable(self.container_id, self.pids)
-        self._choose_network_options()
-        # where the dump is signed: made here if runc would make it, so that nobody else makes it in between
-        require_image_directory_private(image_path_given(self.verb), f"checkpoint of {self.container_id}", make=True)
-        if work_path := self.verb.value("work-path"):  # CRIU (root) writes its log and stats there, links followed
-            require_image_directory_private(work_path, f"checkpoint of {self.container_id}: --work-path", make=True)
-        if not self.spec.wants_gpu():
-            return self._dump_plain(started, gpu=False)  # no GPU: no driver, no extra step
-        return self._run_gpu(started)
+        return lines, options
 
     def _run_gpu(self, started: float) -> int:
-        if self.verb.has("pre-dump"):
-            raise GpuCheckpointError("--pre-dump is not supported for GPU containers: device memory has no dirty "
-                                     "tracking")
+        for refusal in pre_dump_refusals(self.plan.pre_dump):
+            raise GpuCheckpointError(refusal)
 
         paused = read_suspension(self.container_id)
         driver = self.gpus.load_driver()
@@ -292,7 +230,8 @@ class Checkpoint:
         # The driver's state query waits while its process is frozen (docker pauses before a
         # checkpoint): the split asks it of every candidate, so it runs thawed too.
         with thawed(freezer):
-            cuda_pids, self.forked_children = split_forked_children(driver, self.gpus.find_cuda_pids(self.pids))
+            holding = self.gpus.find_cuda_pids(self.processes.pids)
+            cuda_pids, self.forked_children = split_forked_children(driver, holding)
         plugin = criu_cuda_plugin()
         if plugin:
             # Exactly one of the two may handle the GPU: with the shim doing it, CRIU
@@ -308,27 +247,9 @@ class Checkpoint:
             return self._dump_plain(started, gpu=True)
         return self._checkpoint_gpu(driver, cuda_pids, freezer, started)
 
-    def _dump_suspended(self, record: Suspension, started: float) -> int:
-        """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
-        cuda_pids = [process.pid for process in record.processes]
-        inventory = self.gpus.describe_container_gpus(self.spec, [])
-        inventory.memory_bytes = {p.pid: p.device_bytes for p in record.processes}
-        inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
-        self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}
-        self._begin_manifest(inventory, cuda_pids, started, "its CUDA processes stay suspended as the pause left them")
-        dump_started = time.monotonic()
-        status = self._start_dump().finish()
-        if status != 0:
-            raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
-                                f"as the pause left them{self._failure_hint()}", status)
-        if not self.leave_running:
-            remove_suspension(self.container_id)  # the processes are gone; their image holds them
-        self._complete_manifest(inventory, cuda_pids, started, dump_s=time.monotonic() - dump_started)
-        return 0
-
     def _dump_plain(self, started: float, gpu: bool) -> int:
-        inventory = self.gpus.describe_container_gpus(self.spec, []) if gpu else Inventory("", 0, [])
-        self._begin_manifest(inventory, [], started, "the container keeps running")
+        inventory = self.gpus.describe_container_gpus(self.plan.spec, []) if gpu else Inventory("", 0, [])
+        self._begin_manifest(inventory, started, "the container keeps running")
         status = self._start_dump().finish()
         if status != 0:
             cause, hint = self._criu_cause(), self._failure_hint()
@@ -336,23 +257,58 @@ class Checkpoint:
                 raise DelegateError(f"checkpoint of {self.container_id} failed ({os.path.basename(self.delegate)} "
                                     f"exited {status}{cause}){hint}", status)
             return status
-        self._complete_manifest(inventory, [], started, dump_s=time.monotonic() - started)
+        self._complete_manifest(inventory, started, dump_s=time.monotonic() - started)
+        return 0
+
+    def _dump_suspended(self, record: Suspension, started: float) -> int:
+        """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
+        cuda_pids = [process.pid for process in record.processes]
+        inventory = self.gpus.describe_container_gpus(self.plan.spec, [])
+        inventory.memory_bytes = {p.pid: p.device_bytes for p in record.processes}
+        inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
+        self.pid_in_container = {pid: self.processes.container_pid(pid) for pid in cuda_pids}
+        self._begin_manifest(inventory, started, "its CUDA processes stay suspended as the pause left them")
+        dump_started = time.monotonic()
+        status = self._start_dump().finish()
+        if status != 0:
+            raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
+                                f"as the pause left them{self._failure_hint()}", status)
+        if not self.plan.leave_running:
+            remove_suspension(self.container_id)  # the processes are gone; their image holds them
+        self._complete_manifest(inventory, started, dump_s=time.monotonic() - dump_started)
         return 0
 
     def _checkpoint_gpu(self, driver: CudaDriver, cuda_pids: list[int], freezer: Freezer | None, started: float) -> int:
-        inventory = self.gpus.describe_container_gpus(self.spec, cuda_pids)
+        inventory = self.gpus.describe_container_gpus(self.plan.spec, cuda_pids)
         self._refuse_unrestorable(cuda_pids, inventory)
-        self.pid_in_container = {pid: container_pid(pid) for pid in cuda_pids}  # before the dump ends them
+        self.pid_in_container = {pid: self.processes.container_pid(pid) for pid in cuda_pids}  # read at the start
         session = CudaSession(driver, cuda_pids)
-        with hugepages_always(self.config.cuda.wants_hugepages), deferred_signals() as signals:
-            return self._lock_checkpoint_dump(session, freezer, signals, inventory, cuda_pids, started)
+        rollback = Rollback()
+        # The session remembers what its own calls did to each process: its undo resumes those alone.
+        rollback.done("gpu", lambda: self._resume(session, freezer))
+        with hugepages_always(self.plan.config.cuda.wants_hugepages), deferred_signals() as signals:
+            return self._lock_checkpoint_dump(session, rollback, freezer, signals, inventory, cuda_pids, started)
 
-    def _lock_checkpoint_dump(self, session: CudaSession, freezer: Freezer | None, signals: SignalFlag,
-                              inventory: Inventory, cuda_pids: list[int], started: float) -> int:
+    def _refuse_unrestorable(self, cuda_pids: list[int], inventory: Inventory) -> None:
+        # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
+        spans_gpus = len({uuid for pid in cuda_pids for uuid in inventory.process_gpus.get(pid, [])}) > 1
+
+        allowed = unrestorable_allowed(self.plan.config.cuda, self.plan.annotations, self.container_id)
+        reasons = {pid: self.gpus.unrestorable_reason(pid, spans_gpus) for pid in cuda_pids}
+        for refusal in unrestorable_refusals(self.container_id, reasons, allowed):
+            raise GpuCheckpointError(refusal)
+        for reason in filter(None, reasons.values()):
+            log(self.args, "warning", f"{reason} (allowed by the operator)")
+
+    def _lock_checkpoint_dump(self, session: CudaSession, rollback: Rollback, freezer: Freezer | None,
+                              signals: SignalFlag, inventory: Inventory, cuda_pids: list[int], started: float) -> int:
+        """Lock and checkpoint the CUDA processes, dump; with --leave-running put them back. Until the dump
+        succeeded, any exception rolls back every step `rollback` was told of."""
         first_lock = time.monotonic()
         try:
             # Before anything is locked: an image whose dump never completes is refused at restore.
-            self._write_manifest(inventory, cuda_pids, started, dump_s=0.0, completed=False)
+            write_checkpoint_manifest(self.plan, inventory, self.pid_in_container, started, dump_s=0.0,
+                                      completed=False)
             with thawed(freezer) as was_frozen:  # a frozen process cannot be locked (docker pauses first)
                 if was_frozen:
                     log(self.args, "info", f"{self.container_id}: frozen by the engine: thawed for the GPU "
@@ -364,29 +320,29 @@ class Checkpoint:
                 records = [process_record(pid, self.pid_in_container[pid]) for pid in cuda_pids]
                 self._journal("gpu_checkpoint", gpu=True,
                               processes=[record for record in records if record is not None])
-                session.lock(self.config.cuda.lock_timeout_ms)
+                session.lock(self.plan.config.cuda.lock_timeout_ms)
                 signals.check()
                 session.checkpoint()
             signals.check()
-            self._choose_staging()
+            if self._choose_staging():
+                rollback.done("staging", self._drop_staging)
             dump_s = self._dump(signals)
-        except BaseException as error:  # whatever it was, the journal says what to undo
-            self._drop_staging()
+        except BaseException as error:  # whatever it was, the rollback journal says what to undo
             newcomers = self._new_driver_holders(cuda_pids) if isinstance(error, DelegateError) else []
-            self._roll_back(session, freezer, error, newcomers, signals)
+            self._roll_back(rollback, error, newcomers, signals)
         if signals.signum is not None:  # the dump had succeeded: the container's state is in the image
             log(self.args, "warning", f"{self.container_id}: {signals.name} arrived during the dump, which completed: "
                 "the checkpoint is completed")
         downtime_s = None
-        if self.leave_running:
+        if self.plan.leave_running:
             try:
                 self._journal("gpu_resume")
                 with thawed(freezer):
                     session.restore()
                     session.unlock()
             except BaseException as error:
-                self._drop_staging()
-                self._roll_back(session, freezer, error)
+                self._roll_back(rollback, error)
+            rollback.forget()  # the processes run again: what follows fails without undoing the checkpoint
             downtime_s = time.monotonic() - first_lock
             timed = {**session.timings, "dump_s": dump_s}
             phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in timed.items())
@@ -394,9 +350,35 @@ class Checkpoint:
             log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s ({len(cuda_pids)} CUDA "
                 f"process(es); dump {where}): {phases}")
             self._move_staged()
-        self._complete_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
-                                timings=session.timings)
+        self._complete_manifest(inventory, started, dump_s=dump_s, downtime_s=downtime_s, timings=session.timings)
         return 0
+
+    def _release_forked_children(self, freezer: Freezer | None) -> None:
+        """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump
+        them; before any lock, so a failure leaves everything running."""
+        if not self.forked_children:
+            return
+        with thawed(freezer):  # ptrace cannot stop a frozen process (docker pauses first)
+            holds = self.gpus.release_forked_children(self.forked_children)
+        log(self.args, "info", f"{self.container_id}: {len(holds)} forked child(ren) of CUDA processes let go of "
+            f"the GPU driver they inherited ({sum(len(h.fds) for h in holds)} descriptor(s), "
+            f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
+
+    def _choose_staging(self) -> bool:
+        """With --leave-running, the dump goes to memory first if it fits (shim/staging.py); whether it does."""
+        if not (self.plan.leave_running and self.plan.config.cuda.stage_leave_running):
+            return False
+        if why := staging_refusal(self.processes.pids):  # read now: the device memory just moved to the host counts
+            log(self.args, "info", f"{self.container_id}: dump not staged in memory: {why}")
+            return False
+        self.staging = make_staging_dir()
+        return True
+
+    def _drop_staging(self) -> list[str]:
+        if self.staging:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = ""
+        return []
 
     def _dump(self, signals: SignalFlag) -> float:
         """The delegate's dump (our signals go to it meanwhile); its seconds."""
@@ -411,19 +393,18 @@ class Checkpoint:
             raise DelegateError(f"{delegate} checkpoint exited {dump_status}{cause}", dump_status)
         return time.monotonic() - dump_started
 
-    def _choose_staging(self) -> None:
-        """With --leave-running, the dump goes to memory first if it fits (shim/staging.py)."""
-        if not (self.leave_running and self.config.cuda.stage_leave_running):
-            return
-        if why := staging_refusal(self.pids):
-            log(self.args, "info", f"{self.container_id}: dump not staged in memory: {why}")
-            return
-        self.staging = make_staging_dir()
-
-    def _drop_staging(self) -> None:
+    def _start_dump(self) -> DelegateRun:
+        """The delegate's dump, started, with the journal naming it (a dump goes on if we are killed)."""
+        self._journal("dump", dump_began=time.time(), staging_dir=self.staging)
+        argv = self.plan.argv
         if self.staging:
-            shutil.rmtree(self.staging, ignore_errors=True)
-            self.staging = ""
+            argv = staged_argv(self.plan.argv, self.args.command_index or 0, self.staging, self.plan.image_dir,
+                               self.plan.work_path)
+        dump = DelegateRun(self.delegate, argv, hold_stderr=True)
+        dump.start()
+        if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:
+            self._journal("dump", delegate_pid=child, delegate_start_time=record.start_time)
+        return dump
 
     def _move_staged(self) -> None:
         """The processes run again: the staged images go where the engine wants them."""
@@ -432,48 +413,45 @@ class Checkpoint:
         self._journal("move_staged")
         started = time.monotonic()
         try:
-            moved = move_staged(self.staging, image_dir_of(self.verb))
+            moved = move_staged(self.staging, self.plan.image_dir)
         except OSError as error:
             raise GpuCheckpointError(f"checkpoint of {self.container_id} failed: the dump staged in "
-                                     f"{self.staging} could not be moved to {image_dir_of(self.verb)} "
+                                     f"{self.staging} could not be moved to {self.plan.image_dir} "
                                      f"({one_line(error)}) and was dropped; the container keeps running") from None
         log(self.args, "info", f"{self.container_id}: {moved >> 20} MiB dumped into memory, moved to "
-            f"{image_dir_of(self.verb)} in {time.monotonic() - started:.3f} s after the GPU ran again")
+            f"{self.plan.image_dir} in {time.monotonic() - started:.3f} s after the GPU ran again")
         self.staging = ""
 
-    def _release_forked_children(self, freezer: Freezer | None) -> None:
-        """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump
-        them; before any lock, so a failure leaves everything running."""
-        if not self.forked_children:
-            return
-        with thawed(freezer):  # ptrace cannot stop a frozen process (docker pauses first)
-            holds = self.gpus.release_forked_children(self.forked_children)
-        log(self.args, "info", f"{self.container_id}: {len(holds)} forked child(ren) of CUDA processes let go of "
-            f"the GPU driver they inherited ({sum(len(h.fds) for h in holds)} descriptor(s), "
-            f"{sum(len(h.mappings) for h in holds)} mapping(s)): pids {', '.join(str(h.pid) for h in holds)}")
+    def _begin_manifest(self, inventory: Inventory, started: float, left: str) -> None:
+        """Before the dump: the manifest marked incomplete (an image cut short is refused at restore)."""
+        begin_manifest(self.plan, inventory, self.pid_in_container, started, left)
+        self._journal("prepared")
 
-    def _new_driver_holders(self, cuda_pids: list[int]) -> list[int]:
-        """The container's processes holding the GPU driver now that neither held it when the shim looked (as
-        CUDA processes) nor were made to let go of it (forked children): /proc's word, not CRIU's log's."""
-        try:
-            holding = self.gpus.find_cuda_pids(self.gpus.descendants(self.state.pid))
-        except OSError:
-            return []
-        return sorted(set(holding) - set(cuda_pids) - set(self.forked_children))
+    def _complete_manifest(self, inventory: Inventory, started: float, *, dump_s: float,
+                           downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
+        """The dump succeeded: mark the manifest complete and sign it; nothing is left to roll back."""
+        if not complete_manifest(self.plan, inventory, self.pid_in_container, started, dump_s=dump_s,
+                                 downtime_s=downtime_s, timings=timings):
+            log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
+                "install makes one); a restore of it needs the trust policy's restore:any")
 
-    def _roll_back(self, session: CudaSession, freezer: Freezer | None, cause: BaseException,
-                   newcomers: Sequence[int] = (), signals: SignalFlag | None = None) -> NoReturn:
-        """Resume what the journal names (signals stay deferred: it runs to its end), then one line; with
-        `newcomers` (processes that took the driver meanwhile), everything resumed and no signal to stop on
-        (one may arrive during the rollback), a DriverTakenMeanwhile."""
+    def _resume(self, session: CudaSession, freezer: Freezer | None) -> list[str]:
+        """The GPU step's undo: every process the session touched back to running (thawed: a frozen process
+        cannot be resumed); what could not be, one line each."""
         leftovers: list[str] | None = None
         try:
             with thawed(freezer):
                 leftovers = session.rollback()
         except (OSError, GpuckptError):
             pass  # the freezer failed (its cgroup gone?): the driver may resume the processes all the same
-        if leftovers is None:
-            leftovers = session.rollback()
+        return session.rollback() if leftovers is None else leftovers
+
+    def _roll_back(self, rollback: Rollback, cause: BaseException, newcomers: Sequence[int] = (),
+                   signals: SignalFlag | None = None) -> NoReturn:
+        """Undo what the rollback journal names (signals stay deferred: it runs to its end), then one line;
+        with `newcomers` (processes that took the driver meanwhile), everything resumed and no signal to stop
+        on (one may arrive during the rollback), a DriverTakenMeanwhile."""
+        leftovers = rollback.run()
         what = one_line(cause)
         if leftovers:
             raise GpuCheckpointError(f"checkpoint of {self.container_id} failed ({what}); "
@@ -486,55 +464,34 @@ class Checkpoint:
                                        "GPU driver during the checkpoint", status, list(newcomers), what)
         raise DelegateError(message, status)
 
-    def _begin_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, left: str) -> None:
-        """Before the dump: the manifest marked incomplete (an image cut short is refused at restore)."""
+    def _new_driver_holders(self, cuda_pids: list[int]) -> list[int]:
+        """The container's processes holding the GPU driver now that neither held it when the shim looked (as
+        CUDA processes) nor were made to let go of it (forked children): /proc's word, not CRIU's log's."""
         try:
-            self._write_manifest(inventory, cuda_pids, started, dump_s=0.0, completed=False)
-        except OSError as error:
-            raise GpuCheckpointError(f"checkpoint of {self.container_id} failed before the dump: its manifest could "
-                                     f"not be written ({one_line(error)}); {left}") from None
-        self._journal("prepared")
+            holding = self.gpus.find_cuda_pids(self.gpus.descendants(self.state.pid))
+        except OSError:
+            return []
+        return sorted(set(holding) - set(cuda_pids) - set(self.forked_children))
 
-    def _complete_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, *, dump_s: float,
-                           downtime_s: float | None = None, timings: dict[str, float] | None = None) -> None:
-        """The dump succeeded: mark the manifest complete; nothing is left to roll back."""
-        try:
-            self._write_manifest(inventory, cuda_pids, started, dump_s=dump_s, downtime_s=downtime_s,
-                                 timings=timings, completed=True)
-        except OSError as error:
-            container = "keeps running" if self.leave_running else "was stopped by the dump"
-            raise GpuCheckpointError(f"checkpoint of {self.container_id} failed: the dump completed but its manifest "
-                                     f"could not be completed ({one_line(error)}): restore refuses the image; the "
-                                     f"container {container}") from None
-        if sign_dump(image_dir_of(self.verb)) is None:
-            log(self.args, "warning", f"{self.container_id}: checkpoint not signed: this node has no key (gpuckpt "
-                "install makes one); a restore of it needs the trust policy's restore:any")
+    def _failure_hint(self) -> str:
+        hint = missing_option_hint(self.plan.network, set(self.verb.flags))
+        if not hint and self.plan.config.criu.link_remap == "never" and (linked := link_remap_files(self.processes)):
+            hint = (f"{sorted(linked)[0]} is held under a removed name (a POSIX named semaphore): CRIU needs "
+                    f"link-remap for it, which criu.link_remap = \"auto\" gives")
+        return f"; {hint}" if hint else ""
 
-    def _write_manifest(self, inventory: Inventory, cuda_pids: list[int], started: float, *, dump_s: float,
-                        completed: bool, downtime_s: float | None = None,
-                        timings: dict[str, float] | None = None) -> None:
-        timings = timings or {}
-        manifest = Manifest(
-            created=utc_now(),
-            container_id=self.container_id,
-            driver_version=inventory.driver_version,
-            cuda_driver_version=inventory.cuda_driver_version,
-            gpus=inventory.gpus,
-            node_gpu_uuids=inventory.node_gpu_uuids,
-            processes=[CudaProcessRecord(host_pid=pid, container_pid=self.pid_in_container[pid],
-                                         checkpointed_bytes=inventory.memory_bytes.get(pid, 0),
-                                         gpu_uuids=inventory.process_gpus.get(pid, []))
-                       for pid in cuda_pids],
-            gpu_handler=gpu_handler(bool(cuda_pids)),
-            delegate=self.delegate,
-            delegate_args=self.argv,
-            leave_running=self.leave_running,
-            network=self.network or NetworkPolicy(),
-            criu_config=self.criu_config,
-            timings=Timings(lock_s=timings.get("lock_s", 0.0),
-                            device_checkpoint_s=timings.get("device_checkpoint_s", 0.0),
-                            dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
-            dump_completed=completed,
-        )
-        write_manifest(image_dir_of(self.verb), manifest)
+    def _criu_cause(self) -> str:
+        """CRIU's reason for this dump's failure, from its log ("" when it did not get that far)."""
+        if self.journal is None:
+            return ""
+        return dump_failure(self.journal.work_dir, self.journal.dump_began)
 
+    def _journal(self, phase: Phase, **changes: object) -> None:
+        """Write the phase about to start (and what it needs known) before it starts."""
+        if self.journal is None:
+            self.journal = Journal(container=self.container_id, verb="checkpoint", phase=phase, boot_id=boot_id(),
+                                   shim_pid=os.getpid(), global_argv=self.args.global_argv,
+                                   image_dir=self.plan.image_dir, work_dir=self.plan.work_dir,
+                                   leave_running=self.plan.leave_running, refreeze=self.plan.frozen_by_engine)
+        self.journal = self.journal.model_copy(update={"phase": phase, **changes})
+        write_journal(self.journal)

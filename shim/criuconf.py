@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ..host.procfs import deleted_but_linked, deleted_file_sizes
+from ..host.processes import Processes, read_processes
 from ..host.safefiles import replace_file
 from ..node.paths import state_dir
 
@@ -19,11 +19,16 @@ SHM_DIR = "/dev/shm/"
 
 
 def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
+    """ghost_limit_of the processes `pids` as they are now."""
+    return ghost_limit_of(setting, read_processes(pids) if setting == "auto" else Processes(()))
+
+
+def ghost_limit_of(setting: str | int, processes: Processes) -> tuple[int, str]:
     """The ghost-limit to give CRIU (0: leave its default) and why, from the setting and the
     container's deleted-but-held files."""
     if setting != "auto":
         return int(setting), "set by criu.ghost_limit"
-    ghosts = deleted_file_sizes(pids)
+    ghosts = processes.deleted_file_sizes()
     if not ghosts or max(ghosts.values()) <= CRIU_DEFAULT_GHOST_LIMIT:
         return 0, ""
     path, size = max(ghosts.items(), key=lambda item: item[1])
@@ -31,11 +36,11 @@ def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
     return limit, f"{len(ghosts)} deleted file(s) still held, the largest {path} of {size >> 20} MiB"
 
 
-def link_remap_files(pids: list[int]) -> set[str]:
+def link_remap_files(processes: Processes) -> set[str]:
     """Files directly in /dev/shm held under a removed name while still linked (POSIX named
     semaphores), which CRIU dumps only with link-remap. Only there: CRIU makes its temporary
     link beside the file, which in /dev/shm is the container's own tmpfs."""
-    return {path for path in deleted_but_linked(pids)
+    return {path for path in processes.deleted_but_linked()
             if path.startswith(SHM_DIR) and "/" not in path.removeprefix(SHM_DIR)}
 
 

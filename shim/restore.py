@@ -27,7 +27,6 @@ from ..cuda.hugepages import hugepages_always
 from ..cuda.node import NodeGpus
 from ..errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
 from ..host.background import OnThread
-from ..host.cgroup_v1 import crun_restore_hazard
 from ..host.deferred_free import holder_argv, open_large_files
 from ..host.netns import in_netns_of, loopback_up
 from ..host.process import CommandError, start_detached
@@ -45,10 +44,10 @@ from ..node.journal import (
 )
 from ..node.lock import ContainerLock
 from ..node.paths import config_path
-from ..oci.criu_images import directory_source, read_cgroup_hierarchies
 from ..oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations
+from ..policy.crun import crun_restore_refusals
 from ..policy.image import check_restore
 from ..transfer.staging import claim_staged_pages
 from ..trust.dump_signature import DUMP_SIGNATURE, verify_dump
@@ -217,22 +216,8 @@ def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id:
 
 
 def refuse_crun_killing_the_node(delegate: str, container_id: str, image_dir: str) -> None:
-    """crun's restore destroys the cgroup its proxy process finds itself in; when that is a cgroup v1
-    hierarchy's root (one not mounted where crun enters it, or one CRIU creates for the checkpoint's
-    cgroup image during the restore), crun kills every process on the node (host/cgroup_v1.py)."""
-    if not _is_crun(delegate):
-        return
-    if hazard := crun_restore_hazard(read_cgroup_hierarchies(directory_source(image_dir), image_dir)):
-        raise UnsafeNodeError(
-            f"restore of {container_id} refused: {hazard}, and crun's restore would kill every process in its "
-            f"root (the whole node); mount or remove that hierarchy (gpuckpt doctor says how) or restore "
-            f"through runc")
-
-
-def _is_crun(delegate: str) -> bool:
-    """The delegate is crun by its name or by the name of the file it links to (a crun the operator
-    renamed and copied is not seen: asking each delegate's --version costs every restore a process)."""
-    return any("crun" in os.path.basename(path) for path in (delegate, os.path.realpath(delegate)))
+    for refusal in crun_restore_refusals(delegate, container_id, image_dir):
+        raise UnsafeNodeError(refusal)
 
 
 class GpuRestore:
