@@ -129,33 +129,6 @@ def checkpoint_timings(container_id: str) -> dict:
             "checkpointed_bytes": [process.get("checkpointed_bytes") for process in written.get("processes", [])]}
 
 
-def disk_floor(directory: Path, gib: int = 2) -> dict:
-    """Sequential write (flushed) and cold read of `gib` GiB where podman keeps checkpoints: the disk's floor."""
-    directory.mkdir(parents=True, exist_ok=True)
-    probe = directory / "gpuckpt-disk-probe"
-    block = os.urandom(1 << 20) * 16
-    try:
-        started = time.monotonic()
-        with open(probe, "wb") as sink:
-            for _ in range(gib * 64):
-                sink.write(block)
-            os.fsync(sink.fileno())
-        write_s = time.monotonic() - started
-        drop_caches()
-        started = time.monotonic()
-        with open(probe, "rb", buffering=0) as source:
-            while source.read(16 << 20):
-                pass
-        read_s = time.monotonic() - started
-    finally:
-        probe.unlink(missing_ok=True)
-    return {"where": str(directory), "write_gb_s": round(gib * 2**30 / write_s / 1e9, 2),
-            "cold_read_gb_s": round(gib * 2**30 / read_s / 1e9, 2)}
-
-
-def drop_caches() -> None:
-    os.sync()
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def cold_start(podman: harness.Podman, name: str, run_args: list[str]) -> dict:
@@ -187,7 +160,7 @@ def import_path(podman: harness.Podman, name: str, archive: Path, reference: dic
     podman.cli("save", "-o", str(image_tar), podman.IMAGE)
     podman.cli("system", "reset", "--force")
     podman.cli("load", "-i", str(image_tar))
-    drop_caches()
+    harness.drop_caches()
     started = time.monotonic()
     # --trust-config: the container binds host directories, which an archive may not ask for unless the
     # operator says so
@@ -211,7 +184,7 @@ def main() -> int:
     harness.OUT = out
     facts = install()
     result: dict = {"machine": facts["nvidia_smi"], "facts": facts, "goal_restore_over_cold": 0.2,
-                    "disk_floor": disk_floor(Path("/var/lib/containers")), "servers": {}}
+                    "disk_floor": harness.disk_floor(Path("/var/lib/containers")), "servers": {}}
 
     def save() -> None:
         (out / "cold_vs_restore.json").write_text(json.dumps(result, indent=2))
@@ -294,7 +267,7 @@ def measure(podman: harness.Podman, name: str, archive: Path, run_args: list[str
             save: Callable[[], None]) -> None:
     """Cold starts, then a checkpoint of the warm server restored, then exported and imported."""
     podman.import_rootfs()
-    drop_caches()
+    harness.drop_caches()
     dropped = cold_start(podman, name, run_args)
     near_eager(dropped["answer"], eager)
     result["cold_page_cache_dropped"] = dropped

@@ -44,7 +44,7 @@ from pathlib import Path
 import pytest
 
 GPU_DIR = Path(__file__).resolve().parent
-if str(GPU_DIR) not in sys.path:  # harness.py and cold_vs_restore.py import each other by name, as scripts do
+if str(GPU_DIR) not in sys.path:  # the scenario scripts import harness.py by name, as scripts do
     sys.path.insert(0, str(GPU_DIR))
 import harness  # noqa: E402  (standard library only at import: collection on CI needs nothing more)
 

@@ -165,11 +165,38 @@ def install_hooks_d() -> None:
 def machine_floors() -> dict:
     """The machine and the floors under the phases on it, measured once the workload has left the GPU: the
     bus for the device phases, the disk under /var/tmp (where the images and archives go) for the write."""
-    import cold_vs_restore  # here, not at the top: it imports this module
-
     return {"machine": sh("nvidia-smi", "--query-gpu=name,driver_version,memory.total",
                           "--format=csv,noheader").stdout.strip(),
-            "copy_floor": copy_floor(), "disk_floor": cold_vs_restore.disk_floor(Path("/var/tmp"))}
+            "copy_floor": copy_floor(), "disk_floor": disk_floor(Path("/var/tmp"))}
+
+
+def disk_floor(directory: Path, gib: int = 2) -> dict:
+    """Sequential write (flushed) and cold read of `gib` GiB where podman keeps checkpoints: the disk's floor."""
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / "gpuckpt-disk-probe"
+    block = os.urandom(1 << 20) * 16
+    try:
+        started = time.monotonic()
+        with open(probe, "wb") as sink:
+            for _ in range(gib * 64):
+                sink.write(block)
+            os.fsync(sink.fileno())
+        write_s = time.monotonic() - started
+        drop_caches()
+        started = time.monotonic()
+        with open(probe, "rb", buffering=0) as source:
+            while source.read(16 << 20):
+                pass
+        read_s = time.monotonic() - started
+    finally:
+        probe.unlink(missing_ok=True)
+    return {"where": str(directory), "write_gb_s": round(gib * 2**30 / write_s / 1e9, 2),
+            "cold_read_gb_s": round(gib * 2**30 / read_s / 1e9, 2)}
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def _device_rule(path: str) -> dict:
