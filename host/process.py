@@ -68,8 +68,8 @@ Child = subprocess.Popen | StartedChild  # what spawn() hands back: ours, or the
 _starter: Starter | None = None
 
 
-def start_programs_through(starter: Starter) -> None:
-    """From now on this process's programs are started by `starter` (a resident worker, once)."""
+def start_programs_through(starter: Starter | None) -> None:
+    """From now on this process's programs are started by `starter` (a resident worker, once; None: by us)."""
     global _starter
     _starter = starter
 

@@ -440,7 +440,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen]:
         try:
             yield server
         finally:
-            caller._current = None
+            process.start_programs_through(None)  # this test process starts its own programs again
             messages.send(ours, ("exit", 0))
     assert server.wait(timeout=10) == 0
 
