@@ -204,8 +204,8 @@ class Background:
 
         self.name = os.path.basename(argv[0])
         self.argv = list(argv)
-        self._out = tempfile.TemporaryFile()
-        self._err = tempfile.TemporaryFile()
+        self._out = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait(), after the program ends
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait(), after the program ends
         try:
             self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err)
         except OSError as error:
