@@ -151,7 +151,7 @@ def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, 
     podman opens the stream once all it exports is written: their size in `bundle` is the bar's total."""
     with byte_bar(f"exporting {container}", exported_bytes(bundle) if bundle else None) as bar:
         return copy_checked(stream, writer.layer(), f"podman's export of {container}",
-                            lambda done: moved_to(bar, done), kept, observe=observe)
+                            progress=lambda done: moved_to(bar, done), kept=kept, observe=observe)
 
 
 def _require_archive_file(path: str) -> None:
@@ -232,7 +232,7 @@ def checking_pass(archive: str, verification: ArchiveVerification | Unsigned, he
         archive_bytes = os.fstat(raw.fileno()).st_size
         with byte_bar(f"importing {os.path.basename(archive)}", archive_bytes) as bar:
             copied = copy_checked(decompressed(verification.reader(raw)), held, archive,
-                                  lambda _: moved_to(bar, raw.tell()), kept,
+                                  progress=lambda _: moved_to(bar, raw.tell()), kept=kept,
                                   divert=staging.divert, trailer=(staging.placeholder(),),
                                   observe=verification.observe, first=config_read,
                                   guard=RatioGuard(archive, raw.tell, limits.max_entry_ratio, READ_BYTES,

@@ -101,7 +101,7 @@ def checkpoint_into(store: Store, container: str, name: str | None, flags: list[
             if fd is not None:
                 widen(fd)
                 with os.fdopen(fd, "rb", buffering=0) as stream, progress(f"storing {container}", None) as moved:
-                    copied = copy_checked(stream, None, what, moved, kept, observe=writer.observe)
+                    copied = copy_checked(stream, None, what, progress=moved, kept=kept, observe=writer.observe)
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the checkpoint of {container}")
@@ -166,7 +166,7 @@ def restore_from(store: Store, name: str, flags: list[str], trust_config: bool =
             kept: dict[str, bytes] = {}
             with progress(f"restoring {name}", stored.logical_bytes) as moved:
                 copied = copy_checked(StoredStream(store, stored, threads), staging.light(), what,
-                                      moved, kept, divert=staging.divert if through_shim else None,
+                                      progress=moved, kept=kept, divert=staging.divert if through_shim else None,
                                       trailer=(staging.placeholder(),) if through_shim else ())
         staging.close_light()
         checked = described(what, kept, copied.names, copied.files, copied.bytes)
@@ -206,8 +206,8 @@ def export_from(store: Store, name: str, output: str, threads: int = 0,
             stored, what = _readable(store, name)
             kept: dict[str, bytes] = {}
             with progress(f"exporting {name}", stored.logical_bytes) as moved:
-                copied = copy_checked(StoredStream(store, stored, threads), writer.layer(), what, moved, kept,
-                                      observe=signing.observe)
+                copied = copy_checked(StoredStream(store, stored, threads), writer.layer(), what, progress=moved,
+                                      kept=kept, observe=signing.observe)
         writer.finish(described(where, kept, copied.names, copied.files, copied.bytes))
         signed = signing.finish(writer)
     except BaseException:
