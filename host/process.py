@@ -36,7 +36,8 @@ class Finished:
         self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-Child = subprocess.Popen | caller.CallerChild  # what spawn() hands back: ours, or the caller's (resident/caller.py)
+# what spawn() hands back: ours, or the caller's (resident/caller.py)
+Child = subprocess.Popen[bytes] | caller.CallerChild
 
 
 def spawn(argv: Sequence[str], *, pipe_stderr: bool = False) -> Child:
