@@ -84,7 +84,7 @@ def _ended_within(program: Background, seconds: float) -> bool:
     return not program.running()
 
 
-def checkpoint_into(store: Store, container: str, name: str | None, flags: list[str], threads: int = 0,
+def checkpoint_into(store: Store, container: str, name: str | None, flags: list[str], *, threads: int = 0,
                     progress: Progress = _quiet) -> StoredCheckpoint:
     """podman's checkpoint of `container` (with podman's `flags`), chunked into the store as `name`."""
     if name is not None and store.has_checkpoint(check_name(name)):
@@ -137,7 +137,7 @@ class Restored:
     phases: list[str]
 
 
-def restore_from(store: Store, name: str, flags: list[str], trust_config: bool = False, threads: int = 0,
+def restore_from(store: Store, name: str, flags: list[str], *, trust_config: bool = False, threads: int = 0,
                  progress: Progress = _quiet) -> Restored:
     """The stored checkpoint `name` restored by podman (`flags`: podman's restore options)."""
     program = podman()
