@@ -49,7 +49,7 @@ class CheckFailed(Exception):
         self.fix = fix
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("doctor", help="check this node for what checkpoint/restore needs")
     parser.add_argument("--containerd-config", default=CONTAINERD_CONFIG,
                         help=f"containerd's config file to check (default {CONTAINERD_CONFIG})")

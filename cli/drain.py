@@ -16,7 +16,7 @@ from ..service.client import request
 from .progress import bytes_done, container_bar, line_above
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     drain = commands.add_parser("drain", help="checkpoint every recorded container into the archive directory "
                                               "(gpuckptd restores them when it starts)")
     drain.add_argument("--deadline", type=float, metavar="SECONDS",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from typing import Any
 
 from ..errors import UsageError
 from ..host import process
@@ -19,7 +20,7 @@ from ..oci.manifest import read_manifest
 from ..oci.podman_archive import CONFIG_DUMP, SMALL_FILES, PodmanArchive, check_podman_archive, described
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("inspect", help="show what a checkpoint archive, image or directory holds")
     parser.add_argument("path", help="a checkpoint archive (.tar.zst, .tar.gz, .tar: podman's or gpuckpt "
                                      "export's), an OCI image layout (DIR or oci:DIR[:TAG]), a checkpoint "
@@ -29,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=run)
 
 
-def _podman_summary(archive: PodmanArchive, kind: str) -> dict:
+def _podman_summary(archive: PodmanArchive, kind: str) -> dict[str, Any]:
     """podman's layout; containerd's CRI checkpoint writes it too, naming its runtime io.containerd.*"""
     config = archive.config
     engine = "containerd" if config.runtime.startswith("io.containerd.") else "podman"
@@ -39,11 +40,11 @@ def _podman_summary(archive: PodmanArchive, kind: str) -> dict:
             "manifest": archive.manifest.model_dump() if archive.manifest else None}
 
 
-def _directory_summary(path: str, kind: str) -> dict:
+def _directory_summary(path: str, kind: str) -> dict[str, Any]:
     """A checkpoint directory: the shim's image directory, or podman's layout unpacked (a mounted
     checkpoint image); files are read without following links."""
     names, sizes, kept = [], [], {}
-    for directory, subdirectories, files in os.walk(path):
+    for directory, _subdirectories, files in os.walk(path):
         for name in files:
             full = os.path.join(directory, name)
             relative = os.path.relpath(full, path)
@@ -59,7 +60,7 @@ def _directory_summary(path: str, kind: str) -> dict:
                       "manifest": manifest.model_dump() if manifest else None}
 
 
-def _storage_image_summary(name: str) -> dict | None:
+def _storage_image_summary(name: str) -> dict[str, Any] | None:
     """A checkpoint image in podman's local storage (`podman container checkpoint --create-image`,
     or pulled): mounted read-only by podman for the reading, unmounted after. None: no such image."""
     podman = find_program("podman")
@@ -77,14 +78,14 @@ def _storage_image_summary(name: str) -> dict | None:
                                               "annotations": annotations or {}}}
 
 
-def _archive_summary(path: str) -> dict:
+def _archive_summary(path: str) -> dict[str, Any]:
     """What an archive holds, read once without unpacking (podman's layout: podman and `gpuckpt export` write it)."""
     archive = check_podman_archive(path)
     summary = {"path": path, "files": archive.files, "bytes": archive.bytes, "stored_bytes": os.path.getsize(path)}
     return summary | _podman_summary(archive, "podman-archive")
 
 
-def _summary(path: str) -> dict:
+def _summary(path: str) -> dict[str, Any]:
     target = parse_target(path)
     if target is not None or is_layout(path):
         directory, tag = target if target is not None else (path, None)

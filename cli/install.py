@@ -23,7 +23,7 @@ from .trust import run_init
 DOCKER_PID_FILE = "/var/run/docker.pid"
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("install", help="register gpuckpt-runtime with podman, docker or containerd")
     parser.add_argument("--engine", required=True, choices=["podman", "docker", "containerd"])
     parser.add_argument("--default", action="store_true", help="make gpuckpt-runtime the engine's default runtime")

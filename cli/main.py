@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 from .. import __version__
 from ..errors import GpuckptError
@@ -30,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     if options.command in UNWOUND_AT_TERM:
         unwind_at_termination()
     try:
-        return options.handler(options)
+        handler: Callable[[argparse.Namespace], int] = options.handler  # each command's add_parser sets it
+        return handler(options)
     except GpuckptError as error:
         if options.debug:
             raise

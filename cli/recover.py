@@ -12,7 +12,7 @@ import argparse
 from ..shim.recover import recover_all
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("recover", help="finish the checkpoints and restores killed gpuckpt-runtime "
                                                  "processes left (every container's journal, or those named)")
     parser.add_argument("container", nargs="*", help="container IDs (default: every one with a journal)")

@@ -30,7 +30,7 @@ from .progress import byte_bar, moved_to
 MIB = 2**20
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", metavar="DIR", default=DEFAULT_STORE_DIR,
                         help=f"the store's directory (default {DEFAULT_STORE_DIR}; made root-only)")
@@ -92,7 +92,8 @@ def run_checkpoint(options: argparse.Namespace) -> int:
                                        ("--tcp-established", options.tcp_established)) if wanted]
     started = time.monotonic()
     with _open(options) as store:
-        stored = podman.checkpoint_into(store, options.container, options.name, flags, options.threads, _bar)
+        stored = podman.checkpoint_into(store, options.container, options.name, flags, threads=options.threads,
+                                        progress=_bar)
     print(f"stored {options.container} as {stored.name} in {time.monotonic() - started:.1f} s: "
           f"{stored.logical_bytes / MIB:.0f} MiB of checkpoint, {stored.new_bytes / MIB:.0f} MiB of it new "
           f"({stored.new_stored_bytes / MIB:.0f} MiB written)")
@@ -130,7 +131,8 @@ def run_restore(options: argparse.Namespace) -> int:
     flags += ["--tcp-established"] if options.tcp_established else []
     started = time.monotonic()
     with _open(options) as store:
-        restored = podman.restore_from(store, options.checkpoint, flags, options.trust_config, options.threads, _bar)
+        restored = podman.restore_from(store, options.checkpoint, flags, trust_config=options.trust_config,
+                                       threads=options.threads, progress=_bar)
     print(f"restored {restored.container} as {restored.podman_line[:12]} from checkpoint {options.checkpoint} in "
           f"{time.monotonic() - started:.1f} s ({', '.join(restored.phases)})")
     return 0

@@ -18,7 +18,7 @@ from ..node.suspension import Suspension, all_suspensions, read_suspension, remo
 from .containers import ENGINES, find_container
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, handler, text in (("suspend", run_suspend, "move a container's GPU state to host memory, freeing its "
                                                          "GPUs"),
                                 ("resume", run_resume, "bring a suspended container's GPU state back")):
@@ -56,7 +56,7 @@ def _pairs(record: Suspension, uuids: list[str], gpus: NodeGpus) -> list[GpuPair
     if len(uuids) != len(old):
         raise UsageError(f"--gpu: give {len(old)} GPU UUID(s), one for each GPU the container used ({', '.join(old)})")
     node = [gpu.uuid for gpu in gpus.list_gpus()]  # the driver wants every GPU the processes see covered
-    return complete_pairs([GpuPair(o, n) for o, n in zip(old, uuids)], node, node)
+    return complete_pairs([GpuPair(o, n) for o, n in zip(old, uuids, strict=True)], node, node)
 
 
 def run_resume(options: argparse.Namespace) -> int:

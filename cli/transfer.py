@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from ..oci.tarstream import ByteSink, ByteSource
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     export = commands.add_parser("export", help="checkpoint a podman container into an archive")
     export.add_argument("container", help="podman container name or ID")
     export.add_argument("-o", "--output", required=True,
@@ -123,7 +123,7 @@ def run_export(options: argparse.Namespace) -> int:
                 kept = dict[str, bytes]()
                 widen(fd)
                 with os.fdopen(fd, "rb", buffering=0) as stream:
-                    copied = exported(stream, writer, options.container, bundle, kept, signing.observe)
+                    copied = exported(stream, writer, options.container, bundle, kept=kept, observe=signing.observe)
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the archive of {options.container}")
@@ -146,12 +146,12 @@ def run_export(options: argparse.Namespace) -> int:
 
 
 def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, container: str, bundle: str | None,
-             kept: dict[str, bytes], observe: Callable[[tarfile.TarInfo], ByteSink | None] | None) -> Copied:
+             *, kept: dict[str, bytes], observe: Callable[[tarfile.TarInfo], ByteSink | None] | None) -> Copied:
     """podman's export of `container` read from `stream` and re-emitted, checked, into `writer`.
     podman opens the stream once all it exports is written: their size in `bundle` is the bar's total."""
     with byte_bar(f"exporting {container}", exported_bytes(bundle) if bundle else None) as bar:
         return copy_checked(stream, writer.layer(), f"podman's export of {container}",
-                            lambda done: moved_to(bar, done), kept, observe=observe)
+                            progress=lambda done: moved_to(bar, done), kept=kept, observe=observe)
 
 
 def _require_archive_file(path: str) -> None:
@@ -197,7 +197,8 @@ def run_import(options: argparse.Namespace) -> int:
         held.release(staging.light())
 
     try:
-        copied, kept, checked_file = checking_pass(options.archive, verification, held, staging, limits, config_read)
+        copied, kept, checked_file = checking_pass(options.archive, verification, held, staging, limits=limits,
+                                                   config_read=config_read)
         staging.close_light()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
         light = staging.light_path
@@ -209,7 +210,7 @@ def run_import(options: argparse.Namespace) -> int:
                 finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
         else:
             phases = [f"checked in {time.monotonic() - started:.1f} s; runtime {checked.config.runtime}"]
-            copy = _stage_checked_copy(checked, checked_file, staging, verification, limits, phases)
+            copy = _stage_checked_copy(checked, checked_file, staging, verification, limits=limits, phases=phases)
             staging.budget.take("the archive unpacked by podman", copied.bytes)
             with termination_deferred():
                 finished = run([podman, "container", "restore", "--import", copy, *flags], timeout_s=3600)
@@ -222,7 +223,7 @@ def run_import(options: argparse.Namespace) -> int:
 
 
 def checking_pass(archive: str, verification: ArchiveVerification | Unsigned, held: HeldOutput, staging: Staging,
-                  limits: ImportConfig, config_read: Callable[[dict[str, bytes]], None],
+                  *, limits: ImportConfig, config_read: Callable[[dict[str, bytes]], None],
                   ) -> tuple[Copied, dict[str, bytes], tuple[int, ...]]:
     """The archive read once, every entry checked (config_read: config.dump and spec.dump, before
     anything is staged), the pages staged; what it held, its small files, and the identity of the
@@ -232,7 +233,7 @@ def checking_pass(archive: str, verification: ArchiveVerification | Unsigned, he
         archive_bytes = os.fstat(raw.fileno()).st_size
         with byte_bar(f"importing {os.path.basename(archive)}", archive_bytes) as bar:
             copied = copy_checked(decompressed(verification.reader(raw)), held, archive,
-                                  lambda _: moved_to(bar, raw.tell()), kept,
+                                  progress=lambda _: moved_to(bar, raw.tell()), kept=kept,
                                   divert=staging.divert, trailer=(staging.placeholder(),),
                                   observe=verification.observe, first=config_read,
                                   guard=RatioGuard(archive, raw.tell, limits.max_entry_ratio, READ_BYTES,
@@ -249,7 +250,8 @@ def file_identity(status: os.stat_result) -> tuple[int, ...]:
 
 
 def _stage_checked_copy(checked: PodmanArchive, checked_file: tuple[int, ...], staging: Staging,
-                        verification: ArchiveVerification | Unsigned, limits: ImportConfig, phases: list[str]) -> str:
+                        verification: ArchiveVerification | Unsigned, *, limits: ImportConfig,
+                        phases: list[str]) -> str:
     """The archive read again, checked again (signature, bounds, no more than the checked pass
     held) and written compressed into the staging directory, which podman then imports as a
     file. A FIFO served podman 4.3's three opens, but podman >= 5.8.2 reads the first one to its

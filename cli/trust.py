@@ -14,7 +14,7 @@ import fcntl
 import os
 import socket
 from collections.abc import Callable
-from typing import NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from pydantic import ValidationError
 
@@ -47,10 +47,10 @@ class Verb(NamedTuple):
     name: str
     help: str
     handler: Callable[[argparse.Namespace], int]
-    arguments: tuple[tuple[str, dict[str, str]], ...] = ()  # each: add_argument's name and keywords
+    arguments: tuple[tuple[str, dict[str, Any]], ...] = ()  # each: add_argument's name and keywords (of any type)
 
 
-def add_parser(commands: argparse._SubParsersAction) -> None:
+def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser("trust", help="signing keys this node trusts, and its node key")
     verbs = parser.add_subparsers(dest="trust_command", required=True, metavar="VERB")
     for verb in VERBS:

@@ -30,11 +30,11 @@ def node_differences(manifest: Manifest, target: list[GpuInfo], driver_version: 
                         "(policy 'same-major')")
     if len(target) != len(manifest.gpus):
         problems.append(f"the container is given {len(target)} GPU(s), the checkpoint had {len(manifest.gpus)}")
-    for old, new in zip(manifest.gpus, target):
+    for old, new in zip(manifest.gpus, target, strict=False):  # a count that differs is the problem above
         if old.name != new.name:
             problems.append(f"GPU {new.index} is a {new.name}, the checkpoint's GPU {old.index} was a {old.name}")
     needed = memory_needed((p.gpu_uuids, p.checkpointed_bytes) for p in manifest.processes)
-    for old, new in zip(manifest.gpus, target):
+    for old, new in zip(manifest.gpus, target, strict=False):
         if needed.get(old.uuid, 0) > new.memory_free_bytes:
             problems.append(f"GPU {new.index} ({new.uuid}) has {new.memory_free_bytes >> 20} MiB free, "
                             f"the checkpoint needs {needed[old.uuid] >> 20} MiB")
@@ -67,7 +67,7 @@ def gpu_pairs(manifest: Manifest, target: list[GpuInfo]) -> list[GpuPair]:
     naming one of two visible GPUs failed). A container's processes see the GPUs
     its spec gives it, so the container's own mapping is complete.
     """
-    pairs = [GpuPair(old.uuid, new.uuid) for old, new in zip(manifest.gpus, target)]
+    pairs = [GpuPair(old.uuid, new.uuid) for old, new in zip(manifest.gpus, target, strict=True)]  # check_node: as many
     if all(pair.old_uuid == pair.new_uuid for pair in pairs):
         return []
     return pairs
@@ -79,4 +79,4 @@ def complete_pairs(pairs: list[GpuPair], old_node: list[str], new_node: list[str
     new_rest = [uuid for uuid in new_node if uuid not in {p.new_uuid for p in pairs}]
     if len(old_rest) != len(new_rest):
         return pairs
-    return pairs + [GpuPair(old, new) for old, new in zip(old_rest, new_rest)]
+    return pairs + [GpuPair(old, new) for old, new in zip(old_rest, new_rest, strict=True)]

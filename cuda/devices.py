@@ -6,7 +6,7 @@ pynvml is imported inside the functions that need it, so the shim's hot path nev
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,10 +47,8 @@ def _nvml(purpose: str) -> Iterator[Any]:
     except pynvml.NVMLError as error:
         raise DriverError(f"cannot {purpose}: NVML failed: {error}") from None
     finally:
-        try:
+        with suppress(pynvml.NVMLError):  # the answer is already in hand
             pynvml.nvmlShutdown()
-        except pynvml.NVMLError:
-            pass  # the answer is already in hand
 
 
 def _minor(nvml: Any, handle: Any) -> int:

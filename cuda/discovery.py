@@ -8,6 +8,7 @@ answers. All from /proc and NVML, read-only.
 from __future__ import annotations
 
 import os
+from contextlib import suppress
 
 from ..errors import DriverError
 from .devices import compute_pids, pids_holding_nvidia_devices
@@ -20,10 +21,8 @@ NCCL_SAFE_ENV = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
 def find_cuda_pids(pids: list[int]) -> list[int]:
     """The CUDA processes among `pids`: the /proc scan, plus NVML's compute processes."""
     found = set(pids_holding_nvidia_devices(pids))
-    try:
+    with suppress(DriverError):  # NVML missing or failing: the /proc scan still found every process holding the driver
         found.update(pid for pid in compute_pids() if pid in set(pids))
-    except DriverError:
-        pass  # NVML missing or failing: the /proc scan still found every process holding the driver
     return sorted(found)
 
 

@@ -137,10 +137,10 @@ class CUcheckpointUnlockArgs(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_uint64 * 8)]
 
 
-def gpu_pair_array(gpu_pairs: Sequence[GpuPair]) -> ctypes.Array:
+def gpu_pair_array(gpu_pairs: Sequence[GpuPair]) -> ctypes.Array[CUcheckpointGpuPair]:
     """The CUcheckpointGpuPair array a restore points at."""
     array = (CUcheckpointGpuPair * len(gpu_pairs))()
-    for slot, pair in zip(array, gpu_pairs):
+    for slot, pair in zip(array, gpu_pairs, strict=True):
         slot.oldUuid.bytes[:] = uuid_bytes(pair.old_uuid)
         slot.newUuid.bytes[:] = uuid_bytes(pair.new_uuid)
     return array

@@ -95,7 +95,8 @@ def release_device(hold: DeviceHold) -> None:
                                  f"be made to let go of it ({error}); {SPAWN_HINT}") from None
     closed_meanwhile = (SYS_CLOSE, -errno.EBADF)  # the child closed that descriptor itself
     failed = [f"{'close' if call[0] == SYS_CLOSE else 'munmap'}: {os.strerror(-result)}"
-              for call, result in zip(calls, results) if result < 0 and (call[0], result) != closed_meanwhile]
+              for call, result in zip(calls, results, strict=True)  # one result a call
+              if result < 0 and (call[0], result) != closed_meanwhile]
     if failed:
         raise GpuCheckpointError(f"forked child {hold.pid} of a CUDA process could not let go of the GPU driver "
                                  f"({'; '.join(failed)}); {SPAWN_HINT}")

@@ -9,6 +9,7 @@ record), never half of each.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 
@@ -59,7 +60,7 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
                                         device_bytes=sum(usage.get(pid, {}).values())) for pid in cuda_pids],
             suspend_s=time.monotonic() - started)
         write_suspension(record)  # resume starts from it: without one, nothing may stay suspended
-    except BaseException as error:  # whatever it was, the journal says what to undo
+    except BaseException as error:  # noqa: BLE001 -- a rollback boundary: whatever it was (^C too), the journal says what to undo
         leftovers = session.rollback()
         state = f"rollback could not resume {'; '.join(leftovers)}" if leftovers else "the container keeps running"
         raise GpuCheckpointError(f"suspend of {container} failed ({one_line(error)}); {state}") from None
@@ -94,10 +95,8 @@ def resume(driver: CudaDriver, record: Suspension, pairs: Sequence[GpuPair] = ()
         answers = query_states(driver, pids)
         back = [pid for pid in pids if answers[pid] == ProcessState.LOCKED]
         again = CudaSession(driver, back)
-        try:
+        with contextlib.suppress(GpuckptError):
             again.checkpoint()
-        except GpuckptError:
-            pass
         raise GpuCheckpointError(f"resume of {record.container} failed ({error}); it stays suspended") from None
     session.unlock()
     return time.monotonic() - started

@@ -22,7 +22,7 @@ class OnThread(Generic[T]):
     def _run(self, call: Callable[[], T]) -> None:
         try:
             self._value.append(call())
-        except BaseException as error:  # handed to the caller's thread
+        except BaseException as error:  # noqa: BLE001 -- not handled here: result() raises it in the caller's thread
             self._error = error
 
     def wait(self) -> None:

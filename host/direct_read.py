@@ -17,6 +17,7 @@ import io
 import mmap
 import os
 import stat
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 from .background import OnThread
@@ -110,10 +111,8 @@ class DirectReader(io.RawIOBase):
     def _drop_ahead(self) -> None:
         """Wait for a read ahead and forget it (a seek went elsewhere, or the reader closes)."""
         if self._ahead is not None:
-            try:
+            with suppress(OSError):  # bytes nobody will read
                 self._ahead.result()
-            except OSError:
-                pass  # bytes nobody will read
             self._ahead = None
 
     def _take(self, size: int) -> memoryview:
@@ -164,16 +163,14 @@ class DirectReader(io.RawIOBase):
             return
         try:
             if self.fd >= 0 and not self.direct:
-                try:
+                with suppress(OSError):  # not a regular file: nothing cached to drop
                     os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)  # read once, never again
-                except OSError:
-                    pass  # not a regular file: nothing cached to drop
         finally:
             self._drop_ahead()
             if self.fd >= 0:
                 os.close(self.fd)
             if self._views is not None:
-                for view, buffer in zip(self._views, self._buffers):
+                for view, buffer in zip(self._views, self._buffers, strict=True):
                     view.release()
                     buffer.close()
                 self._views = None

@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 
 @contextmanager
@@ -56,7 +56,5 @@ F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, named in Python only from 3.10 on som
 def widen(fd: int) -> None:
     """A 1 MiB pipe buffer instead of 64 KiB: fewer, larger reads and writes for GiBs of pages.
     Best effort: above /proc/sys/fs/pipe-max-size an unprivileged caller is refused, and that is fine."""
-    try:
+    with suppress(OSError):
         fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
-    except OSError:
-        pass

@@ -64,7 +64,7 @@ class Starter(Protocol):
               stdout: int | None = None, stderr: int | None = None, close_fds: bool = False) -> StartedChild: ...
 
 
-Child = subprocess.Popen | StartedChild  # what spawn() hands back: ours, or the starter's
+Child = subprocess.Popen[bytes] | StartedChild  # what spawn() hands back: ours, or the starter's
 _starter: Starter | None = None
 
 
@@ -239,8 +239,8 @@ class Background:
 
         self.name = os.path.basename(argv[0])
         self.argv = list(argv)
-        self._out = tempfile.TemporaryFile()
-        self._err = tempfile.TemporaryFile()
+        self._out = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait(), after the program ends
+        self._err = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait(), after the program ends
         try:
             self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err)
         except OSError as error:

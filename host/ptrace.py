@@ -16,7 +16,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 
 from ..errors import GpuckptError
 from . import libc
@@ -110,10 +110,8 @@ def stopped_thread(pid: int) -> Iterator[list[int]]:
             _wait_stop(pid)
         yield pending
     finally:
-        try:
+        with suppress(OSError):  # the process is gone: nothing to give back
             _ptrace(PTRACE_DETACH, pid, 0, pending[0] if pending else 0)
-        except OSError:
-            pass  # the process is gone: nothing to give back
 
 
 def remote_syscalls(pid: int, started: int, calls: Sequence[tuple[int, ...]]) -> list[int]:
@@ -133,7 +131,8 @@ def remote_syscalls(pid: int, started: int, calls: Sequence[tuple[int, ...]]) ->
             for number, *arguments in calls:
                 regs = UserRegs.from_buffer_copy(saved)
                 regs.rip, regs.rax, regs.orig_rax = instruction, number, 2**64 - 1  # -1: no syscall to restart
-                for name, value in zip(("rdi", "rsi", "rdx", "r10", "r8", "r9"), arguments):
+                # up to six arguments; registers past a call's last keep what they held
+                for name, value in zip(("rdi", "rsi", "rdx", "r10", "r8", "r9"), arguments, strict=False):
                     setattr(regs, name, value % 2**64)
                 _ptrace(PTRACE_SETREGS, pid, 0, ctypes.cast(ctypes.pointer(regs), ctypes.c_void_p))
                 results.append(_step_syscall(pid, instruction, pending))

@@ -7,6 +7,7 @@ and never more than a bound.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -16,10 +17,8 @@ from ..errors import ConfigError, GpuckptError, ImageError
 def create_new(path: str, mode: int = 0o600) -> int:
     """A new file at `path` (anything there before is removed), `mode` whatever the umask; its
     descriptor, for writing."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     os.fchmod(fd, mode)
     return fd
@@ -194,10 +193,8 @@ def private_directory(path: str) -> int:
 
 def create_private_at(dir_fd: int, name: str) -> int:
     """create_new, in the directory `dir_fd`."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(name, dir_fd=dir_fd)
-    except FileNotFoundError:
-        pass
     return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Callable
-from typing import Annotated, Any, Literal, TypeVar, cast
+from typing import Annotated, Literal, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
 
 from ..errors import ConfigError
 from .paths import config_path
@@ -179,7 +180,7 @@ def _field(section: type[BaseModel], key: str) -> FieldInfo:
     return next(field for name, field in section.model_fields.items() if (field.alias or name) == key)
 
 
-def _describe(error: dict, model: type[BaseModel]) -> str:
+def _describe(error: ErrorDetails, model: type[BaseModel]) -> str:
     key = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         section: type[BaseModel] = model
@@ -192,7 +193,7 @@ def _describe(error: dict, model: type[BaseModel]) -> str:
     return f"key {key!r}: {message}"
 
 
-def validated_toml(text: str, source: str, model: type[ModelT], describe: Callable[[Any], str]) -> ModelT:
+def validated_toml(text: str, source: str, model: type[ModelT], describe: Callable[[ErrorDetails], str]) -> ModelT:
     """TOML text as `model`; a ConfigError naming `source` and, through `describe`, the first problem."""
     try:
         raw = tomllib.loads(text)

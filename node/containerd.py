@@ -30,7 +30,7 @@ POD_ANNOTATIONS = "io.gpuckpt.*"
 CRI_RUNTIME_PLUGIN = {2: "io.containerd.grpc.v1.cri", 3: "io.containerd.cri.v1.runtime"}
 
 
-def _version(document: dict, config_path: str, empty: bool) -> int:
+def _version(document: dict[str, Any], config_path: str, empty: bool) -> int:
     version = document.get("version", 3 if empty else 1)
     if version not in CRI_RUNTIME_PLUGIN:
         raise EngineConfigError(f"{config_path}: config version {version} (no `version` key is version 1): "

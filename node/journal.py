@@ -14,6 +14,7 @@ in the runtime state directory (/run): the kernel drops one when its holder dies
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from typing import Literal
@@ -120,10 +121,8 @@ def read_journal(container: str) -> Journal | None:
 
 
 def remove_journal(container: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(journal_dir(), _name(container)))
-    except FileNotFoundError:
-        pass
 
 
 def pending_journals() -> list[str]:

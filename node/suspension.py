@@ -5,6 +5,7 @@ CLI; the driver's own per-process state stays the authority.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -67,10 +68,8 @@ def read_suspension(container: str) -> Suspension | None:
 
 
 def remove_suspension(container: str) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(_path(container))
-    except FileNotFoundError:
-        pass
 
 
 def all_suspensions() -> list[Suspension]:

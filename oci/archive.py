@@ -151,7 +151,7 @@ def close_quietly(*streams: BinaryIO | None) -> None:
         try:
             if stream is not None:
                 stream.close()
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 -- cleanup after a failure: a close's own error would hide that one
             pass
 
 

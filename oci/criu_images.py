@@ -131,7 +131,7 @@ def criu_messages() -> _Messages:
     sys.path.append(images_dir)
     try:
         modules = {name: importlib.import_module(name) for name in PB2_MODULES}
-    except Exception as error:  # a protobuf runtime that cannot load this generated code
+    except Exception as error:  # noqa: BLE001 -- foreign generated code: protobuf raises TypeError, ImportError or its VersionError(Exception)
         raise ImageError(f"cannot check CRIU images: loading CRIU's message definitions from {images_dir} "
                          f"failed: {error}") from None
     finally:
@@ -235,7 +235,7 @@ def image_limit(name: str) -> int:
 # --- the entries ------------------------------------------------------------------------------
 
 
-def _entries(data: bytes, where: str, kind: str, message: type[Message], messages: _Messages,
+def _entries(data: bytes, where: str, kind: str, message: type[Message], messages: _Messages, *,
              limit: int) -> list[Message]:
     """An image file's protobuf entries: magic(s), then (u32 size, message) up to `limit` of them."""
     expected = messages.magic[kind]
@@ -274,7 +274,7 @@ def _entries(data: bytes, where: str, kind: str, message: type[Message], message
 def _one(data: bytes | None, where: str, kind: str, message: type[Message], messages: _Messages) -> Message:
     if data is None:
         raise ImageError(f"{where}: missing")
-    entries = _entries(data, where, kind, message, messages, 1)
+    entries = _entries(data, where, kind, message, messages, limit=1)
     if not entries:
         raise ImageError(f"{where}: holds no entry")
     return entries[0]
@@ -337,7 +337,7 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
     pstree_data = read("pstree.img", MAX_FILE_BYTES)
     if pstree_data is None:
         raise ImageError(f"{at('pstree.img')}: missing")
-    tree = _entries(pstree_data, at("pstree.img"), "PSTREE", messages.pstree, messages, MAX_TASKS)
+    tree = _entries(pstree_data, at("pstree.img"), "PSTREE", messages.pstree, messages, limit=MAX_TASKS)
     if not tree:
         raise ImageError(f"{at('pstree.img')}: holds no process")
     seccomp_entry = _optional(read("seccomp.img", MAX_SECCOMP_BYTES), at("seccomp.img"), "SECCOMP",
@@ -357,43 +357,50 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
             # restore_one_zombie: no thread's core is opened), and dumps one whose thread ids it may never have
             # read (a task that ended mid-dump): its listed threads are not looked for.
             tids = [process.pid]
-        state, comm = 0, ""
-        threads: list[ThreadImage] = []
-        namespaces: list[dict[str, int]] = []
-        old_seccomp = False  # CRIU's per-task fields of before per-thread seccomp
-        for tid in tids:
-            name = f"core-{tid}.img"
-            core = _one(read(name, MAX_FILE_BYTES), at(name), "CORE", messages.core, messages)
-            old_seccomp |= core.HasField("tc") and (core.tc.HasField("old_seccomp_mode")
-                                                    or core.tc.HasField("old_seccomp_filter"))
-            images.arch = images.arch or core.mtype
-            if tid == process.pid or not threads:
-                state = core.tc.task_state if core.HasField("tc") else state
-                comm = core.tc.comm if core.HasField("tc") else comm
-                if core.HasField("ids"):
-                    namespaces.append(_namespaces(core.ids))
-            threads.append(_thread(tid, core, filters, at(name)))
-        if len(tids) > 1 and old_seccomp:
-            raise ImageError(f"{at('pstree.img')}: process {process.pid} has several threads and per-task seccomp "
-                             "fields in a thread's core, which CRIU applies to every thread: refused")
-        threads = _propagate_tsync(process.pid, threads, filters, at("seccomp.img"))
-        legacy = read(f"creds-{process.pid}.img", MAX_FILE_BYTES)
-        if legacy is not None:
-            entry = _one(legacy, at(f"creds-{process.pid}.img"), "CREDS", messages.creds, messages)
-            # CRIU takes these for a task whose core holds none
-            threads = [thread if thread.creds is not None else
-                       ThreadImage(thread.tid, _creds(entry, at(f"creds-{process.pid}.img")), thread.seccomp_mode,
-                                   thread.seccomp_chain) for thread in threads]
-        ids = _optional(read(f"ids-{process.pid}.img", MAX_FILE_BYTES), at(f"ids-{process.pid}.img"), "IDS",
-                        messages.ids, messages)
-        if ids is not None:
-            namespaces.append(_namespaces(ids))
-        if isinstance(comm, bytes):  # protobuf's Python decoder hands invalid UTF-8 back as bytes
-            comm = comm.decode("utf-8", "replace")
-        shown = "".join(char if char.isprintable() else "?" for char in comm[:64])  # it goes into one-line errors
-        images.tasks.append(TaskImage(process.pid, state, shown, tuple(threads), tuple(namespaces)))
+        images.tasks.append(_task(read, at, messages, images, pid=process.pid, tids=tids, filters=filters))
     _read_user_namespaces(read, images, messages, at)
     return images
+
+
+def _task(read: FileSource, at: Callable[[str], str], messages: _Messages, images: CheckpointImages, *, pid: int,
+          tids: list[int], filters: list[Message]) -> TaskImage:
+    """One task of the tree: its threads' cores (the architecture noted in `images`), credentials, seccomp and
+    namespaces."""
+    state, comm = 0, ""
+    threads: list[ThreadImage] = []
+    namespaces: list[dict[str, int]] = []
+    old_seccomp = False  # CRIU's per-task fields of before per-thread seccomp
+    for tid in tids:
+        name = f"core-{tid}.img"
+        core = _one(read(name, MAX_FILE_BYTES), at(name), "CORE", messages.core, messages)
+        old_seccomp |= core.HasField("tc") and (core.tc.HasField("old_seccomp_mode")
+                                                or core.tc.HasField("old_seccomp_filter"))
+        images.arch = images.arch or core.mtype
+        if tid == pid or not threads:
+            state = core.tc.task_state if core.HasField("tc") else state
+            comm = core.tc.comm if core.HasField("tc") else comm
+            if core.HasField("ids"):
+                namespaces.append(_namespaces(core.ids))
+        threads.append(_thread(tid, core, filters, at(name)))
+    if len(tids) > 1 and old_seccomp:
+        raise ImageError(f"{at('pstree.img')}: process {pid} has several threads and per-task seccomp "
+                         "fields in a thread's core, which CRIU applies to every thread: refused")
+    threads = _propagate_tsync(pid, threads, filters, at("seccomp.img"))
+    legacy = read(f"creds-{pid}.img", MAX_FILE_BYTES)
+    if legacy is not None:
+        entry = _one(legacy, at(f"creds-{pid}.img"), "CREDS", messages.creds, messages)
+        # CRIU takes these for a task whose core holds none
+        threads = [thread if thread.creds is not None else
+                   ThreadImage(thread.tid, _creds(entry, at(f"creds-{pid}.img")), thread.seccomp_mode,
+                               thread.seccomp_chain) for thread in threads]
+    ids = _optional(read(f"ids-{pid}.img", MAX_FILE_BYTES), at(f"ids-{pid}.img"), "IDS",
+                    messages.ids, messages)
+    if ids is not None:
+        namespaces.append(_namespaces(ids))
+    if isinstance(comm, bytes):  # protobuf's Python decoder hands invalid UTF-8 back as bytes
+        comm = comm.decode("utf-8", "replace")
+    shown = "".join(char if char.isprintable() else "?" for char in comm[:64])  # it goes into one-line errors
+    return TaskImage(pid, state, shown, tuple(threads), tuple(namespaces))
 
 
 def _is_zombie(read: FileSource, pid: int, at: Callable[[str], str], messages: _Messages) -> bool:
@@ -404,7 +411,7 @@ def _is_zombie(read: FileSource, pid: int, at: Callable[[str], str], messages: _
     if data is None:
         return False
     core = _one(data, at(name), "CORE", messages.core, messages)
-    return core.HasField("tc") and core.tc.task_state == TASK_DEAD
+    return bool(core.HasField("tc") and core.tc.task_state == TASK_DEAD)
 
 
 def read_cgroup_hierarchies(read: FileSource, where: str) -> list[str]:

@@ -12,6 +12,7 @@ Reading trusts nothing: digests must be sha256 hex (they name files), sizes must
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -21,7 +22,7 @@ import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING, BinaryIO, TypeVar, cast
+from typing import IO, TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 import zstandard
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -97,7 +98,7 @@ class ImageConfig(_Json):
     created: str
     architecture: str
     os: str = "linux"
-    config: dict = {}
+    config: dict[str, Any] = {}
     rootfs: RootFs
     history: list[HistoryEntry] = []
 
@@ -236,10 +237,8 @@ class CheckpointImageWriter:
         elif self.dir_fd >= 0:
             shutil.rmtree("blobs", ignore_errors=True, dir_fd=self.dir_fd)
             for name in (LAYOUT_FILE, INDEX_FILE):
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=self.dir_fd)
-                except FileNotFoundError:
-                    pass
         self._close_directories()
 
 

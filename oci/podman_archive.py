@@ -22,7 +22,7 @@ import tarfile
 import time
 import zlib
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO, cast
 
@@ -186,8 +186,8 @@ class Copied:
     names: list[str] = field(default_factory=list)
 
 
-def copy_checked(source: ByteSource, out: ByteSink | None, path: str, progress: Callable[[int], None] | None = None,
-                 kept: dict[str, bytes] | None = None,
+def copy_checked(source: ByteSource, out: ByteSink | None, path: str, *,
+                 progress: Callable[[int], None] | None = None, kept: dict[str, bytes] | None = None,
                  divert: Callable[[tarfile.TarInfo], AbstractContextManager[ByteSink] | None] | None = None,
                  trailer: tuple[tuple[str, bytes], ...] = (),
                  observe: Callable[[tarfile.TarInfo], ByteSink | None] | None = None,
@@ -204,73 +204,105 @@ def copy_checked(source: ByteSource, out: ByteSink | None, path: str, progress: 
     must have passed before any entry of checkpoint/ comes (a GPU manifest there, parsed as it
     comes, before any pages file): nothing is staged for an archive before its config is checked.
     `guard` (oci.archive.RatioGuard) bounds how far each entry's data expands."""
-    copied, written, seen = Copied(), 0, set()
-    config_checked, pages_seen = first is None, False
-
-    def moved(count: int) -> None:
-        copied.bytes += count
-        if guard is not None:
-            guard.moved(count)
-        if progress:
-            progress(copied.bytes)
-
+    copy = _CheckedCopy(out, path, progress=progress, kept=kept, divert=divert, observe=observe, first=first,
+                        guard=guard)
     try:
         for member, reader in tarstream.entries(source, path):
-            if member.name in seen:
-                raise ImageError(f"{path}: entry {member.name!r} appears twice")
-            seen.add(member.name)
-            copied.names.append(member.name)
-            if member.name.endswith(f"/{STAGING_PLACEHOLDER}") or member.name == STAGING_PLACEHOLDER:
-                raise ImageError(f"{path}: archive entry {member.name!r} is gpuckpt's own import placeholder: refused")
-            if not config_checked and member.name.partition("/")[0] == CHECKPOINT_DIR:
-                raise ImageError(f"{path}: {member.name} comes before {CONFIG_DUMP} and {SPEC_DUMP}: refused (gpuckpt "
-                                 "import checks the container config before it stages anything; podman and gpuckpt "
-                                 "export write config.dump first)")
-            if first is not None and member.name == GPU_MANIFEST and pages_seen:
-                raise ImageError(f"{path}: {GPU_MANIFEST} comes after a pages image: refused (it is checked before "
-                                 "any page is staged; podman and gpuckpt export write it first)")
-            pages_seen = pages_seen or STAGED_PAGES.fullmatch(member.name) is not None
-            if guard is not None:
-                guard.entry(member.name, member.size)
-            watch = observe(member) if observe is not None else None
-            diverted = divert(member) if divert is not None and member.isfile() else None
-            if diverted is not None:
-                copied.files += 1
-                with diverted as data_file:
-                    tarstream.copy_data(reader, member.size, data_file, moved, pad=False, watch=watch)
-                continue
-            if out is not None:
-                written += tarstream.write_header(member, out)
-            if not member.isfile():
-                continue
-            copied.files += 1
-            if kept is not None and member.name in SMALL_FILES:
-                if member.size > SMALL_FILES[member.name]:
-                    raise ImageError(f"{path}: {member.name} declares {member.size} bytes, "
-                                     f"more than {SMALL_FILES[member.name]}")
-                data = bytearray()
-                moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, out), watch=watch)
-                kept[member.name] = bytes(data[:member.size])
-                copied.bytes += member.size
-                if first is not None and not config_checked and CONFIG_DUMP in kept and SPEC_DUMP in kept:
-                    config_checked = True
-                    first(kept)
-                if first is not None and member.name == GPU_MANIFEST:
-                    parse_manifest(kept[GPU_MANIFEST], f"{path}:{GPU_MANIFEST}")
-            else:
-                moved_bytes = tarstream.copy_data(reader, member.size, out, moved, watch=watch)
-            written += moved_bytes if out is not None else 0
-        if out is not None:
-            for name, trailing in trailer:
-                written += write_small_entry(out, name, trailing)
-            tarstream.write_end(out, written)
+            copy.admit(member)
+            copy.entry(member, reader)
+        copy.end(trailer)
     except (zstandard.ZstdError, EOFError, zlib.error) as error:
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
     except OSError as error:
         if out is not None:
             raise  # the writing side: its own error (a full disk, a reader gone)
         raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
-    return copied
+    return copy.copied
+
+
+class _CheckedCopy:
+    """One pass of copy_checked: its options, what went through, and where the import's order checks stand."""
+
+    def __init__(self, out: ByteSink | None, path: str, *, progress: Callable[[int], None] | None,
+                 kept: dict[str, bytes] | None,
+                 divert: Callable[[tarfile.TarInfo], AbstractContextManager[ByteSink] | None] | None,
+                 observe: Callable[[tarfile.TarInfo], ByteSink | None] | None,
+                 first: Callable[[dict[str, bytes]], None] | None, guard: RatioGuard | None) -> None:
+        self.out, self.path, self.progress, self.kept = out, path, progress, kept
+        self.divert, self.observe, self.first, self.guard = divert, observe, first, guard
+        self.copied, self.written, self.seen = Copied(), 0, set[str]()
+        self.config_checked, self.pages_seen = first is None, False
+
+    def moved(self, count: int) -> None:
+        self.copied.bytes += count
+        if self.guard is not None:
+            self.guard.moved(count)
+        if self.progress:
+            self.progress(self.copied.bytes)
+
+    def admit(self, member: tarfile.TarInfo) -> None:
+        """The entry's name and place in the archive checked, and counted, before any of its data moves."""
+        path, name = self.path, member.name
+        if name in self.seen:
+            raise ImageError(f"{path}: entry {name!r} appears twice")
+        self.seen.add(name)
+        self.copied.names.append(name)
+        if name.endswith(f"/{STAGING_PLACEHOLDER}") or name == STAGING_PLACEHOLDER:
+            raise ImageError(f"{path}: archive entry {name!r} is gpuckpt's own import placeholder: refused")
+        if not self.config_checked and name.partition("/")[0] == CHECKPOINT_DIR:
+            raise ImageError(f"{path}: {name} comes before {CONFIG_DUMP} and {SPEC_DUMP}: refused (gpuckpt "
+                             "import checks the container config before it stages anything; podman and gpuckpt "
+                             "export write config.dump first)")
+        if self.first is not None and name == GPU_MANIFEST and self.pages_seen:
+            raise ImageError(f"{path}: {GPU_MANIFEST} comes after a pages image: refused (it is checked before "
+                             "any page is staged; podman and gpuckpt export write it first)")
+        self.pages_seen = self.pages_seen or STAGED_PAGES.fullmatch(name) is not None
+        if self.guard is not None:
+            self.guard.entry(name, member.size)
+
+    def entry(self, member: tarfile.TarInfo, reader: tarstream.EntryReader) -> None:
+        """The entry moved on: diverted, kept (a small file) or written to `out`, its data watched."""
+        watch = self.observe(member) if self.observe is not None else None
+        diverted = self.divert(member) if self.divert is not None and member.isfile() else None
+        if diverted is not None:
+            self.copied.files += 1
+            with diverted as data_file:
+                tarstream.copy_data(reader, member.size, data_file, self.moved, pad=False, watch=watch)
+            return
+        if self.out is not None:
+            self.written += tarstream.write_header(member, self.out)
+        if not member.isfile():
+            return
+        self.copied.files += 1
+        if self.kept is not None and member.name in SMALL_FILES:
+            moved_bytes = self._keep(member, reader, self.kept, watch)
+        else:
+            moved_bytes = tarstream.copy_data(reader, member.size, self.out, self.moved, watch=watch)
+        self.written += moved_bytes if self.out is not None else 0
+
+    def _keep(self, member: tarfile.TarInfo, reader: tarstream.EntryReader, kept: dict[str, bytes],
+              watch: ByteSink | None) -> int:
+        """A small file put in `kept` as it passes (config.dump and spec.dump checked by `first` once both
+        are in, a GPU manifest parsed); the bytes read."""
+        if member.size > SMALL_FILES[member.name]:
+            raise ImageError(f"{self.path}: {member.name} declares {member.size} bytes, "
+                             f"more than {SMALL_FILES[member.name]}")
+        data = bytearray()
+        moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, self.out), watch=watch)
+        kept[member.name] = bytes(data[:member.size])
+        self.copied.bytes += member.size
+        if self.first is not None and not self.config_checked and CONFIG_DUMP in kept and SPEC_DUMP in kept:
+            self.config_checked = True
+            self.first(kept)
+        if self.first is not None and member.name == GPU_MANIFEST:
+            parse_manifest(kept[GPU_MANIFEST], f"{self.path}:{GPU_MANIFEST}")
+        return moved_bytes
+
+    def end(self, trailer: tuple[tuple[str, bytes], ...]) -> None:
+        if self.out is not None:
+            for name, trailing in trailer:
+                self.written += write_small_entry(self.out, name, trailing)
+            tarstream.write_end(self.out, self.written)
 
 
 class _Collect:
@@ -318,10 +350,8 @@ class ArchiveWriter:
     def discard(self) -> None:
         close_quietly(self._zstd, self._file)
         if self.dir_fd >= 0:
-            try:
+            with suppress(FileNotFoundError):
                 os.unlink(f"{self.name}.partial", dir_fd=self.dir_fd)
-            except FileNotFoundError:
-                pass
         self._close_directory()
 
     def _close_directory(self) -> None:

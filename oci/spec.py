@@ -52,7 +52,7 @@ class Namespace(_Part):
 class Linux(_Part):
     devices: list[Device] = []
     namespaces: list[Namespace] = []
-    seccomp: dict | None = None
+    seccomp: dict[str, Any] | None = None
     maskedPaths: list[str] = []
     readonlyPaths: list[str] = []
 
@@ -83,7 +83,7 @@ class Spec(_Part):
     mounts: list[Mount] = []
     linux: Linux = Linux()
     annotations: dict[str, str] = {}
-    hooks: dict | None = None
+    hooks: dict[str, Any] | None = None
 
     def env(self, name: str) -> str | None:
         for entry in self.process.env:
@@ -184,6 +184,12 @@ def load_exact_json(data: bytes | str, what: str, models: tuple[Any, ...], spec_
         return dict(pairs)
 
     document = json.loads(data, object_pairs_hook=once)
+    _refuse_folded_keys(document, known, what)
+    return document
+
+
+def _refuse_folded_keys(document: Any, known: dict[tuple[str, ...], set[str]], what: str) -> None:
+    """Every object of `document` walked: a key that only case-folds to a name known at its place is refused."""
     pending: list[tuple[Any, tuple[str, ...]]] = [(document, ())]
     while pending:
         value, where = pending.pop()
@@ -198,7 +204,6 @@ def load_exact_json(data: bytes | str, what: str, models: tuple[Any, ...], spec_
                     raise ImageError(f"{what}: key {ascii(key)} in {place} is {folded[key.casefold()]!r} spelled "
                                      "otherwise; keys must be spelled exactly")
                 pending.append((item, (*where, key)))
-    return document
 
 
 def read_spec(bundle: str) -> Spec:

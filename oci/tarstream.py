@@ -79,7 +79,7 @@ class TruncatedStream(ImageError):
     pass
 
 
-class _Reader:
+class EntryReader:
     """Exact reads from a stream that supports readinto (a pipe, a decompressor, a file)."""
 
     def __init__(self, source: ByteSource, path: str) -> None:
@@ -123,9 +123,9 @@ def _parse(header_blocks: bytes, path: str) -> tarfile.TarInfo:
     return member
 
 
-def entries(source: ByteSource, path: str) -> Iterator[tuple[tarfile.TarInfo, _Reader]]:
+def entries(source: ByteSource, path: str) -> Iterator[tuple[tarfile.TarInfo, EntryReader]]:
     """Yield (member, reader) for each entry; the caller consumes exactly _padded(member.size) bytes."""
-    reader = _Reader(source, path)
+    reader = EntryReader(source, path)
     pending, extensions, count = b"", 0, 0
     while True:
         try:
@@ -138,12 +138,7 @@ def entries(source: ByteSource, path: str) -> Iterator[tuple[tarfile.TarInfo, _R
                 raise ImageError(f"{path}: truncated or corrupt archive: an extension header with no entry")
             _end(reader, path)
             return
-        try:
-            raw = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-        except (tarfile.HeaderError, ValueError, UnicodeError, OverflowError) as error:
-            raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
-        if raw.size < 0:
-            raise ImageError(f"{path}: truncated or corrupt archive: an entry declares {raw.size} bytes")
+        raw = _raw_header(block, path)
         if raw.type in EXTENSION_TYPES:
             extensions += 1
             if raw.size > MAX_EXTENSION_BYTES or len(pending) > MAX_EXTENSION_BYTES or extensions > MAX_EXTENSIONS:
@@ -154,18 +149,35 @@ def entries(source: ByteSource, path: str) -> Iterator[tuple[tarfile.TarInfo, _R
         count += 1
         if count > MAX_ENTRIES:
             raise ImageError(f"{path}: more than {MAX_ENTRIES} entries: refused")
-        member = _parse(pending + block, path)
+        member = _member(pending + block, path)
         pending, extensions = b"", 0
-        try:
-            member.name = checked_name(member)
-        except ImageError as error:
-            raise ImageError(f"{path}: {error}") from None
-        if member.type == tarfile.GNUTYPE_SPARSE or member.sparse is not None:
-            raise ImageError(f"{path}: archive entry {member.name!r} is a sparse file: refused")
         yield member, reader
 
 
-def _end(reader: _Reader, path: str) -> None:
+def _raw_header(block: bytes, path: str) -> tarfile.TarInfo:
+    """One header block as it stands (an extension header's own, or an entry's before its extensions)."""
+    try:
+        raw = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except (tarfile.HeaderError, ValueError, UnicodeError, OverflowError) as error:
+        raise ImageError(f"{path}: truncated or corrupt archive: {error}") from None
+    if raw.size < 0:
+        raise ImageError(f"{path}: truncated or corrupt archive: an entry declares {raw.size} bytes")
+    return raw
+
+
+def _member(header_blocks: bytes, path: str) -> tarfile.TarInfo:
+    """An entry's header with its extensions, its name checked; sparse files refused."""
+    member = _parse(header_blocks, path)
+    try:
+        member.name = checked_name(member)
+    except ImageError as error:
+        raise ImageError(f"{path}: {error}") from None
+    if member.type == tarfile.GNUTYPE_SPARSE or member.sparse is not None:
+        raise ImageError(f"{path}: archive entry {member.name!r} is a sparse file: refused")
+    return member
+
+
+def _end(reader: EntryReader, path: str) -> None:
     """After the first zero block: the second, then zeros to the end of the stream (tar pads to
     its record); reading to the end also lets a writer on a pipe finish without EPIPE."""
     try:
@@ -184,7 +196,7 @@ def _end(reader: _Reader, path: str) -> None:
                              "the end-of-archive blocks (tar pads to its record size only)")
 
 
-def copy_data(reader: _Reader, size: int, out: ByteSink | None, moved: Callable[[int], None] | None = None,
+def copy_data(reader: EntryReader, size: int, out: ByteSink | None, moved: Callable[[int], None] | None = None, *,
               pad: bool = True, watch: ByteSink | None = None) -> int:
     """Move `size` bytes of entry data and its padding from reader to out (None: drop them;
     pad=False: the data alone, for a plain file); `moved(n)` hears of each chunk, `watch.write`

@@ -10,7 +10,7 @@ import stat
 
 from ..node.hooks_d import only_gpuckpt_hooks
 from ..oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
-from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive
+from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive, PodmanConfigDump
 from ..oci.spec import Spec
 
 # podman's default capabilities (containers.conf default_capabilities, podman 4)
@@ -128,15 +128,20 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         problems.append("a privileged container")
     if config.rootfs:
         problems.append(f"a root filesystem given by path ({config.rootfs[:80]})")
-    # podman's restore replaces a pid file that starts with its run root (strings.HasPrefix) and keeps any
-    # other: kept, only the paths root's podman itself gives this very container are harmless (in its own
-    # root-only directory, named by the archive's own ID, as an archive from a node with the default run
-    # root names them on a node with another). On such a node podman never makes that directory: one with
-    # files in it is another container's (CRI-O, a second store), whose pid files conmon would replace
-    userdata = f"{default_run_root}/overlay-containers/{config.id}/userdata"
-    own = set() if _held_by_another(userdata) else {f"{userdata}/{name}" for name in ("conmon.pid", "pidfile")}
-    if pid_files := [path for path in (config.conmonPidFile, config.pid_file)
-                     if path and not (run_root and path.startswith(run_root)) and path not in own]:
+    problems += _node_resources(config, run_root, default_run_root)
+    # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary
+    # `podman run` exports the path of the one it made on its own node
+    replaced = frozenset({"network"}) if config.createNetNS else frozenset()
+    for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
+        if spec is not None:
+            problems += _spec_refusals(spec, where, own_hooks, replaced)
+    return list(dict.fromkeys(problems))
+
+
+def _node_resources(config: PodmanConfigDump, run_root: str, default_run_root: str) -> list[str]:
+    """This node's things the container config names: pid files, host directories, secrets, other containers."""
+    problems = []
+    if pid_files := _foreign_pid_files(config, run_root, default_run_root):
         problems.append(f"pid files podman would write on this node ({', '.join(p[:80] for p in pid_files)})")
     if overlays := [str(volume.get("source", "?"))[:80] for volume in config.overlayVolumes]:
         problems.append(f"host directories as overlay volumes ({', '.join(overlays[:3])})")
@@ -144,26 +149,40 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
         problems.append(f"this node's podman secrets ({', '.join(secrets[:3])})")
     if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:
         problems.append(f"the namespaces of another container ({', '.join(joined)})")
-    # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary
-    # `podman run` exports the path of the one it made on its own node
-    replaced = frozenset({"network"}) if config.createNetNS else frozenset()
-    for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
-        if spec is None:
-            continue
-        if spec.hooks and not only_gpuckpt_hooks(spec.hooks, own_hooks):
-            problems.append(f"OCI hooks in {where} ({', '.join(sorted(spec.hooks))})")
-        added = spec.process.capabilities.all() - DEFAULT_CAPABILITIES if spec.process.capabilities else set()
-        if added:
-            problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
-        host = _host_binds(spec)
-        if host:
-            problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
-        if kernel := _other_filesystems(spec):
-            problems.append(f"kernel filesystems podman run does not mount in {where} ({', '.join(kernel[:3])})")
-        # a device node is a piece of the host (a disk, a tty); the GPU's nodes are what gpuckpt moves
-        devices = sorted({device.path for device in spec.linux.devices
-                          if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})
-        if devices:
-            problems.append(f"host devices in {where} ({', '.join(devices[:3])})")
-        problems += _isolation_refusals(spec, where, replaced)
-    return list(dict.fromkeys(problems))
+    return problems
+
+
+def _foreign_pid_files(config: PodmanConfigDump, run_root: str, default_run_root: str) -> list[str]:
+    """The config's pid files podman's restore would write on this node.
+
+    podman's restore replaces a pid file that starts with its run root (strings.HasPrefix) and keeps any
+    other: kept, only the paths root's podman itself gives this very container are harmless (in its own
+    root-only directory, named by the archive's own ID, as an archive from a node with the default run
+    root names them on a node with another). On such a node podman never makes that directory: one with
+    files in it is another container's (CRI-O, a second store), whose pid files conmon would replace."""
+    userdata = f"{default_run_root}/overlay-containers/{config.id}/userdata"
+    own = set() if _held_by_another(userdata) else {f"{userdata}/{name}" for name in ("conmon.pid", "pidfile")}
+    return [path for path in (config.conmonPidFile, config.pid_file)
+            if path and not (run_root and path.startswith(run_root)) and path not in own]
+
+
+def _spec_refusals(spec: Spec, where: str, own_hooks: frozenset[str], replaced: frozenset[str]) -> list[str]:
+    """What one OCI spec of the archive (`where`: spec.dump or config.dump's) would give its container beyond
+    an ordinary `podman run`."""
+    problems = []
+    if spec.hooks and not only_gpuckpt_hooks(spec.hooks, own_hooks):
+        problems.append(f"OCI hooks in {where} ({', '.join(sorted(spec.hooks))})")
+    added = spec.process.capabilities.all() - DEFAULT_CAPABILITIES if spec.process.capabilities else set()
+    if added:
+        problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
+    host = _host_binds(spec)
+    if host:
+        problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
+    if kernel := _other_filesystems(spec):
+        problems.append(f"kernel filesystems podman run does not mount in {where} ({', '.join(kernel[:3])})")
+    # a device node is a piece of the host (a disk, a tty); the GPU's nodes are what gpuckpt moves
+    devices = sorted({device.path for device in spec.linux.devices
+                      if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})
+    if devices:
+        problems.append(f"host devices in {where} ({', '.join(devices[:3])})")
+    return problems + _isolation_refusals(spec, where, replaced)

@@ -61,6 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     notify("READY=1", f"STATUS=serving {config.socket}")
     log(f"ready on {config.socket}")
+    _watch(stop, preemption, schedule)
+    notify("STOPPING=1")
+    if config.drain_on_stop:
+        notify("STATUS=draining before stopping")
+        log(operations.drain(unheard, wait=True).message)
+    server.close()
+    log("stopped")
+    return 0
+
+
+def _watch(stop: threading.Event, preemption: PreemptionWatch, schedule: Schedule) -> None:
+    """Until `stop`: each tick, systemd's watchdog petted when due and the watchers looked at."""
     interval = watchdog_interval_s()
     next_pet = 0.0
     while not stop.wait(TICK_S):
@@ -73,15 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                 watch()
             except GpuckptError as error:  # reported; the service goes on
                 log(str(error))
-            except Exception as error:  # a bug, or an input no check foresaw: logged, and the service goes on
+            except Exception as error:  # noqa: BLE001 -- a bug, or an input no check foresaw: logged, and the service goes on
                 log(f"internal error in {getattr(watch, '__qualname__', 'a watcher')}: {type(error).__name__}: {error}")
-    notify("STOPPING=1")
-    if config.drain_on_stop:
-        notify("STATUS=draining before stopping")
-        log(operations.drain(unheard, wait=True).message)
-    server.close()
-    log("stopped")
-    return 0
 
 
 if __name__ == "__main__":

@@ -230,18 +230,19 @@ class Operations:
             outcomes[record.id] = "done"
             with counted:
                 restored, restored_bytes = restored + 1, restored_bytes + record.bytes
-                notify(_status("restore", restored, len(waiting), "restored", restored_bytes, waiting_bytes))
+                notify(_status("restore", restored, len(waiting), "restored", restored_bytes,
+                               total_bytes=waiting_bytes))
             log("restored", **facts(record, "restore"), BYTES=record.bytes, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "bytes": record.bytes, "seconds": seconds}))
 
         emit(Plan(phase="restore", containers=len(waiting), bytes=waiting_bytes))
-        notify(_status("restore", 0, len(waiting), "restored", 0, waiting_bytes))
+        notify(_status("restore", 0, len(waiting), "restored", 0, total_bytes=waiting_bytes))
         with ThreadPoolExecutor(max_workers=self.config.drain_parallel, thread_name_prefix="restore") as pool:
             list(pool.map(one, waiting))
         return _result("restore", outcomes, time.monotonic() - started)
 
 
-def _status(what: str, done: int, total: int, verb: str, done_bytes: int, total_bytes: int | None = None) -> str:
+def _status(what: str, done: int, total: int, verb: str, done_bytes: int, *, total_bytes: int | None = None) -> str:
     """systemd's STATUS= line for an operation under way: containers done of all, and their bytes
     (of all, where known: a drain's checkpoints are only known once written)."""
     of_bytes = f" of {total_bytes / 2**30:.1f}" if total_bytes is not None else ""

@@ -52,7 +52,7 @@ def _azure_vm_name(url: str) -> str | None:
         headers={"Metadata": "true"})
     try:
         with urllib.request.urlopen(request, timeout=2) as answer:
-            name = answer.read(256).decode("ascii", "replace").strip()
+            name: str = answer.read(256).decode("ascii", "replace").strip()
     except (OSError, urllib.error.URLError, http.client.HTTPException):
         return None
     if not re.fullmatch(r"[A-Za-z0-9._-]{1,80}", name):
@@ -114,7 +114,7 @@ class PreemptionWatch:
         while self._polled is None:
             try:
                 self._polled = poll_url(self.config.preemption_url)
-            except Exception as error:  # an answer no check foresaw: logged, and polled again
+            except Exception as error:  # noqa: BLE001 -- the poller's thread must not die: an answer no check foresaw is logged, and polled again
                 log(f"preemption: polling {self.config.preemption_url}: {type(error).__name__}: {error}")
             time.sleep(self.config.preemption_poll_s)
 

@@ -3,6 +3,7 @@ with SO_PEERCRED), one JSON request line in, JSON event lines out as the work go
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import stat
@@ -20,7 +21,8 @@ SEND_TIMEOUT_S = 10.0
 
 
 def _peer_uid(connection: socket.socket) -> int:
-    return _UCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1]
+    uid: int = _UCRED.unpack(connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))[1]
+    return uid
 
 
 def _read_line(connection: socket.socket) -> bytes:
@@ -56,10 +58,8 @@ class Server:
 
     def close(self) -> None:
         self.listener.close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
 
     def _accept(self) -> None:
         while True:
@@ -102,6 +102,6 @@ class Server:
                 emit(Result(ok=False, message=str(error)))
             except TimeoutError:
                 emit(Result(ok=False, message=f"gpuckptd: no request line within {REQUEST_TIMEOUT_S:g} s"))
-            except Exception as error:  # a bug: the client gets a line, the journal the detail
+            except Exception as error:  # noqa: BLE001 -- one request's bug must not end the service: the client gets a line, the journal the detail
                 log(f"internal error serving a request: {type(error).__name__}: {error}")
                 emit(Result(ok=False, message=f"gpuckptd internal error: {type(error).__name__}: {error}"))

@@ -8,6 +8,7 @@ run through host/process.py; its last line of error is the container's report.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 
@@ -92,10 +93,8 @@ def discard(drained: DrainedContainer) -> None:
         shutil.rmtree(drained.checkpoint, ignore_errors=True)
     else:
         for path in (drained.checkpoint, f"{drained.checkpoint}.sig"):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-            except FileNotFoundError:
-                pass
 
 
 def checkpoint_live(record: ContainerRecord, directory: str, name: str) -> tuple[str, int]:

@@ -6,6 +6,7 @@ its status on. Pass-through (exec) is shim/resolve.py's, which loads none of thi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,10 +56,8 @@ class DelegateRun:
         if signal.Signals(signum).name in TERMINATING_SIGNALS and self.interrupted_by is None:
             self.interrupted_by = signum
         if self._child is not None and self._child.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 self._child.send_signal(signum)
-            except ProcessLookupError:
-                pass
 
     def start(self) -> None:
         """Start the child; from now until finish() our signals go to it."""
@@ -204,10 +203,8 @@ class PidsQuery:
     def close(self) -> None:
         """Its end waited for, unread (the verb stopped before it needed the PIDs)."""
         if self._running is not None:
-            try:
+            with contextlib.suppress(DelegateError):
                 self._output()
-            except DelegateError:
-                pass
 
 
 def kill_container(delegate: str, global_argv: Sequence[str], container_id: str) -> None:

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None, gpus: NodeGpus | None = None, resident: 
             add_hook(args, resolved.hook)
         exec_delegate(delegate, argv)
         return 1  # not reached: exec replaced us
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 -- the process edge: the engine gets one line and runc's status, never a trace
         return _report(args, error)
 
 
@@ -114,7 +114,7 @@ def work_owned(argv: list[str], delegate: str, hook: str) -> int:
     args = parse_runtime_args(argv)
     try:
         return _run_owned(args, delegate, hook, None)
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 -- the process edge: the engine gets one line and runc's status, never a trace
         return _report(args, error)
 
 

@@ -7,6 +7,7 @@ the config; every other container's pause and resume go to the delegate unchange
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING
 
 from ..errors import DelegateError, GpuckptError
@@ -30,10 +31,8 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     verb = parse_verb_args(args.command_args, frozenset())
     container_id, state = verb.container_id, None
     if container_id is not None:
-        try:
+        with contextlib.suppress(DelegateError):
             state = container_state(delegate, args.global_argv, container_id)
-        except DelegateError:
-            pass
     if container_id is None or state is None or not _opted_in(state):
         exec_delegate(delegate, args.argv)
     # Deferred: the GPU side (the driver binding, NVML, ptrace) only for containers that opted

@@ -84,7 +84,7 @@ def _ended_within(program: Background, seconds: float) -> bool:
     return not program.running()
 
 
-def checkpoint_into(store: Store, container: str, name: str | None, flags: list[str], threads: int = 0,
+def checkpoint_into(store: Store, container: str, name: str | None, flags: list[str], *, threads: int = 0,
                     progress: Progress = _quiet) -> StoredCheckpoint:
     """podman's checkpoint of `container` (with podman's `flags`), chunked into the store as `name`."""
     if name is not None and store.has_checkpoint(check_name(name)):
@@ -101,7 +101,7 @@ def checkpoint_into(store: Store, container: str, name: str | None, flags: list[
             if fd is not None:
                 widen(fd)
                 with os.fdopen(fd, "rb", buffering=0) as stream, progress(f"storing {container}", None) as moved:
-                    copied = copy_checked(stream, None, what, moved, kept, observe=writer.observe)
+                    copied = copy_checked(stream, None, what, progress=moved, kept=kept, observe=writer.observe)
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the checkpoint of {container}")
@@ -137,7 +137,7 @@ class Restored:
     phases: list[str]
 
 
-def restore_from(store: Store, name: str, flags: list[str], trust_config: bool = False, threads: int = 0,
+def restore_from(store: Store, name: str, flags: list[str], *, trust_config: bool = False, threads: int = 0,
                  progress: Progress = _quiet) -> Restored:
     """The stored checkpoint `name` restored by podman (`flags`: podman's restore options)."""
     program = podman()
@@ -166,7 +166,7 @@ def restore_from(store: Store, name: str, flags: list[str], trust_config: bool =
             kept: dict[str, bytes] = {}
             with progress(f"restoring {name}", stored.logical_bytes) as moved:
                 copied = copy_checked(StoredStream(store, stored, threads), staging.light(), what,
-                                      moved, kept, divert=staging.divert if through_shim else None,
+                                      progress=moved, kept=kept, divert=staging.divert if through_shim else None,
                                       trailer=(staging.placeholder(),) if through_shim else ())
         staging.close_light()
         checked = described(what, kept, copied.names, copied.files, copied.bytes)
@@ -206,8 +206,8 @@ def export_from(store: Store, name: str, output: str, threads: int = 0,
             stored, what = _readable(store, name)
             kept: dict[str, bytes] = {}
             with progress(f"exporting {name}", stored.logical_bytes) as moved:
-                copied = copy_checked(StoredStream(store, stored, threads), writer.layer(), what, moved, kept,
-                                      observe=signing.observe)
+                copied = copy_checked(StoredStream(store, stored, threads), writer.layer(), what, progress=moved,
+                                      kept=kept, observe=signing.observe)
         writer.finish(described(where, kept, copied.names, copied.files, copied.bytes))
         signed = signing.finish(writer)
     except BaseException:

@@ -117,7 +117,7 @@ def export_into(tmp_path: Path, archive: Path) -> int:
     podman_export(bundle, stream)
     writer, kept = ArchiveWriter(str(archive)), dict[str, bytes]()
     with open(stream, "rb", buffering=0) as source:
-        copied = exported(source, writer, "web", str(bundle), kept, None)
+        copied = exported(source, writer, "web", str(bundle), kept=kept, observe=None)
     writer.finish(described(str(archive), kept, copied.names, copied.files, copied.bytes))
     assert copied.bytes == exported_bytes(str(bundle))  # the bar's total is what the copy counts
     return copied.bytes
@@ -135,7 +135,8 @@ def import_pass(tmp_path: Path, archive: Path) -> None:
         held.release(staging.light())
 
     try:
-        copied, _, _ = checking_pass(str(archive), Unsigned(), held, staging, ImportConfig(), config_read)
+        copied, _, _ = checking_pass(str(archive), Unsigned(), held, staging, limits=ImportConfig(),
+                                     config_read=config_read)
         staging.close_light()
         assert "checkpoint/pages-1.img" in copied.names
     finally:

@@ -19,6 +19,7 @@ restore with one line.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import queue
@@ -143,15 +144,11 @@ class Staging:
 
     def remove(self) -> None:
         if self.recorded:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(_record_path(self.token))
-            except FileNotFoundError:
-                pass
         if self._light is not None:
-            try:
+            with contextlib.suppress(OSError):  # already failing: that error is the one reported
                 self._light.out.close()
-            except OSError:
-                pass  # already failing: that error is the one reported
             self._light = None
         if self._dir_fd >= 0:
             os.close(self._dir_fd)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import ErrorDetails
 
 from ..errors import ConfigError
 from ..host.safefiles import create_new, replace_file
@@ -113,7 +114,7 @@ def checked_source(value: str) -> str:
     return value
 
 
-def _describe(error: dict) -> str:
+def _describe(error: ErrorDetails) -> str:
     key = ".".join(str(part) for part in error["loc"])
     if error["type"] == "extra_forbidden":
         return f"unknown key {key!r} (allowed: schema_version, [[key]] name/public_key/added, " \
