@@ -42,6 +42,7 @@ from ...trust.signature import SignedEntry, Signer, TrustedKey, open_envelope
 from .. import main as shim_main
 from ..argv import (
     OWNED_VALUE_FLAGS,
+    OWNED_VERBS,
     RuntimeArgs,
     hidden_checkpoint_or_restore,
     owned_verb_is_only_asked_about,
@@ -97,7 +98,7 @@ def _hello(connection: socket.socket) -> tuple[tuple, list[int]]:
 def _not_owned(args: RuntimeArgs) -> str:
     """Why the call is not one shim/main.py works as an owned verb ("" when it is): the caller's own parse
     decided to send it (the compiled launcher's in C), ours decides whether a worker takes it."""
-    if args.command not in shim_main.OWNED_VERBS or args.unknown_global is not None or \
+    if args.command not in OWNED_VERBS or args.unknown_global is not None or \
             owned_verb_is_only_asked_about(args) or hidden_checkpoint_or_restore(args):
         return f"{args.command or 'no verb'} is not an owned verb's call"
     return ""
