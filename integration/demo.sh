@@ -3,12 +3,13 @@
 # through gpuckpt-runtime, showing that it continues from its checkpointed state.
 # With an NVIDIA GPU present, the GPU scenarios run too (pytest -m gpu integration/gpu).
 #
-# Phases, each timed ("demo.sh: STEP took N s", then the total): the container test bed
-# (testbed/install-system.sh: podman, crun and CRIU 4.2, the test image) and, beside it, gpuckpt
-# from this tree (packaging/install.sh: /opt/gpuckpt/venv, launchers in /usr/local/bin); the runtime
-# registered with podman (the default) and docker; gpuckpt doctor; the container steps
-# (demo-steps.sh). What only the tests need stays in the test command (testbed/setup.sh, run by
-# integration/test.sh): the .deb and its lintian, containerd 2.1, the tests' tools, forky's engines.
+# Phases, each timed ("demo.sh: STEP took N s", then the total): the demo's container set-up
+# (testbed/install-system.sh with GPUCKPT_TESTBED=demo: podman, runc, crun and CRIU 4.2, the test
+# image; no docker) and, beside it, gpuckpt from this tree (packaging/install.sh: /opt/gpuckpt/venv,
+# launchers in /usr/local/bin); the runtime registered with podman (the default); gpuckpt doctor;
+# the container steps (demo-steps.sh). What only the tests need stays in the test command
+# (testbed/setup.sh, run by integration/test.sh): docker and its engines' image, the .deb and its
+# lintian, containerd 2.1, the tests' tools, forky's engines.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 testbed=$repo/integration/testbed
@@ -46,7 +47,7 @@ show_install() {
     cat "$install_log"
     [ ! -s "$install_status" ] || { echo "demo.sh: packaging/install.sh failed (status $(cat "$install_status"))" >&2; exit 1; }
 }
-test_bed() { timed "the test bed (testbed/install-system.sh)" bash "$testbed/install-system.sh"; }
+test_bed() { timed "the container set-up (testbed/install-system.sh, demo)" env GPUCKPT_TESTBED=demo bash "$testbed/install-system.sh"; }
 order=beside
 for package in python3-venv gcc libc6-dev zlib1g-dev; do
     dpkg-query -W -f='${Status}\n' "$package" 2>/dev/null | grep -q '^install ok installed$' || order=after
@@ -55,7 +56,7 @@ done
 case $order in
     first) install_gpuckpt; show_install; test_bed;;
     beside)
-        echo "== gpuckpt from this tree (packaging/install.sh), beside the test bed"
+        echo "== gpuckpt from this tree (packaging/install.sh), beside the container set-up"
         install_gpuckpt &
         install_pid=$!
         test_bed
@@ -64,12 +65,12 @@ case $order in
     after) test_bed; install_gpuckpt; show_install;;
 esac
 
-echo "== gpuckpt-runtime registered with podman (the default) and docker"
-# No dockerd restart: install-system.sh started it with "experimental" on, and `gpuckpt install
-# --engine docker` makes it reload its runtimes (SIGHUP).
+echo "== gpuckpt-runtime registered with podman (the default)"
+# podman: the container steps run through it. docker only where it was installed before (the demo's
+# set-up has none): gpuckpt doctor checks every engine it finds.
 register() {
     gpuckpt install --engine podman --default
-    gpuckpt install --engine docker
+    if command -v dockerd >/dev/null; then gpuckpt install --engine docker; fi
 }
 timed "registering the runtime" register
 echo "== gpuckpt doctor"
