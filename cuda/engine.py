@@ -20,6 +20,7 @@ and the error says the process may stay locked.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -86,10 +87,8 @@ class Watchdog:
 
 
 def _signal(pid: int, signum: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # gone already: nothing left to stop or continue
         os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 class _Call(threading.Thread):
@@ -104,7 +103,7 @@ class _Call(threading.Thread):
     def run(self) -> None:
         try:
             self.action(self.pid)
-        except BaseException as error:  # handed to the caller, which reports it per pid
+        except BaseException as error:  # noqa: BLE001 -- a thread's edge: all of it goes to the caller, per pid
             self.error = error
 
 
@@ -127,7 +126,7 @@ def _wait_whatever_arrives(calls: list[_Call], watchdog: Watchdog | None) -> Non
         try:
             _wait(calls, watchdog)
             return
-        except BaseException:  # the first interruption is the one the caller re-raises
+        except BaseException:  # noqa: BLE001 -- any interruption: the caller re-raises the first
             continue
 
 
@@ -203,7 +202,7 @@ class CudaSession:
         self.abandoned: set[int] = set()  # pids whose driver call never returned: not touched again
         self.timings: dict[str, float] = {}
 
-    def _timed(self, name: str, action: Callable[[int], None], pids: Sequence[int], step: str,
+    def _timed(self, name: str, action: Callable[[int], None], pids: Sequence[int], step: str, *,
                leads_to: ProcessState, watchdog: Watchdog | None = None) -> None:
         started = time.monotonic()
         watchdog = watchdog or Watchdog(act_after_s=WATCHDOG_MARGIN_S)
@@ -252,21 +251,22 @@ class CudaSession:
     def lock(self, timeout_ms: int) -> None:
         after_s = timeout_ms / 1000 + WATCHDOG_MARGIN_S
         self._timed("lock_s", lambda pid: self.driver.lock(pid, timeout_ms), self.pids, "lock",
-                    ProcessState.LOCKED, Watchdog(act_after_s=after_s, give_up_after_s=after_s + GIVE_UP_S))
+                    leads_to=ProcessState.LOCKED,
+                    watchdog=Watchdog(act_after_s=after_s, give_up_after_s=after_s + GIVE_UP_S))
 
     def checkpoint(self) -> None:
         """Move each process's device memory into its host memory; the GPU is released."""
         self._timed("device_checkpoint_s", self.driver.checkpoint, self.pids, "device checkpoint",
-                    ProcessState.CHECKPOINTED)
+                    leads_to=ProcessState.CHECKPOINTED)
 
     def restore(self, gpu_pairs: Sequence[GpuPair] = ()) -> None:
         """Put checkpointed processes back on the GPU (remapped by `gpu_pairs`); they stay locked."""
         self.driver.init()
         self._timed("device_restore_s", lambda pid: self.driver.restore(pid, gpu_pairs), self.pids,
-                    "device restore", ProcessState.LOCKED)
+                    "device restore", leads_to=ProcessState.LOCKED)
 
     def unlock(self) -> None:
-        self._timed("unlock_s", self.driver.unlock, self.pids, "unlock", ProcessState.RUNNING)
+        self._timed("unlock_s", self.driver.unlock, self.pids, "unlock", leads_to=ProcessState.RUNNING)
 
     def _resume_one(self, pid: int) -> None:
         state = self.driver.state(pid)

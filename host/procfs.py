@@ -6,6 +6,7 @@ Processes come and go while we look: anything that vanished is skipped, never an
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 from collections.abc import Iterable, Iterator
@@ -90,7 +91,7 @@ def named_mappings(pid: int) -> list[str]:
     "anon_inode:[io_uring]", ...; [] if it is gone."""
     try:
         with open(f"/proc/{pid}/maps") as maps:
-            lines = [line for _, line in zip(range(MAX_MAPPINGS), maps)]
+            lines = list(itertools.islice(maps, MAX_MAPPINGS))
     except OSError:
         return []
     found = []

@@ -97,6 +97,11 @@ def criu_config_file_problem(path: str, allowed_dirs: Iterable[str], storage: It
         return "not in a directory the operator lists"
     if any(_under(path, directory) for directory in storage if directory):
         return "inside container storage"
+    return _walked_file_problem(path)
+
+
+def _walked_file_problem(path: str) -> str | None:
+    """criu_config_file_problem's walk of an absolute, normalised `path`: each directory, then the file."""
     parts = path.strip("/").split("/")
     fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

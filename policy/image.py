@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -45,6 +46,7 @@ from ..host.safefiles import read_bounded
 from ..oci import tarstream
 from ..oci.criu_images import (
     CheckpointImages,
+    Creds,
     IdMap,
     TaskImage,
     ThreadImage,
@@ -139,7 +141,7 @@ class SpecLinux(_Part):
     namespaces: list[SpecNamespace] = []
     uidMappings: list[SpecIdMapping] = []
     gidMappings: list[SpecIdMapping] = []
-    seccomp: dict | None = None
+    seccomp: dict[str, Any] | None = None  # JSON as the spec has it: _denied_by reads what it knows
 
 
 class SpecGrant(_Part):
@@ -216,10 +218,16 @@ def check_images(images: CheckpointImages, spec: SpecGrant, what: str) -> None:
 
 
 def _thread_problems(thread: ThreadImage, grant: Grant, filters: _Filters) -> list[str]:
-    creds, problems = thread.creds, []
+    creds = thread.creds
     if creds is None:
         return ["no credentials in its core image (CRIU would leave it the restorer's, root's): "
                 "the spec grants only its own"]
+    return [*_capability_problems(creds, grant), *_identity_problems(creds, grant),
+            *_privilege_problems(thread, creds, grant, filters)]
+
+
+def _capability_problems(creds: Creds, grant: Grant) -> list[str]:
+    problems: list[str] = []
     if grant.limits_caps:
         for label, held, allowed, allowed_as in (
                 ("effective", creds.cap_eff, grant.reachable, _reach_words(grant)),
@@ -231,6 +239,12 @@ def _thread_problems(thread: ThreadImage, grant: Grant, filters: _Filters) -> li
             if extra := held - allowed:
                 problems.append(f"{label} capabilities hold {_names(extra)}; the spec allows at most "
                                 f"{_names(allowed)} ({allowed_as})")
+    return problems
+
+
+def _identity_problems(creds: Creds, grant: Grant) -> list[str]:
+    """The uids and gids (and groups) it holds beyond the spec's user, where it could not take them itself."""
+    problems = []
     user = grant.spec.process.user
     if not grant.uids_free:
         uids = {creds.uid, creds.euid, creds.suid, creds.fsuid} - {user.uid}
@@ -243,21 +257,27 @@ def _thread_problems(thread: ThreadImage, grant: Grant, filters: _Filters) -> li
         if gids or groups:
             problems.append(f"gid/groups {', '.join(map(str, sorted(gids | groups)))}, the spec gives gid {user.gid} "
                             f"and groups {user.additionalGids} with noNewPrivileges and without CAP_SETGID")
+    return problems
+
+
+def _privilege_problems(thread: ThreadImage, creds: Creds, grant: Grant, filters: _Filters) -> list[str]:
+    """Securebits, no_new_privs and seccomp: what the spec sets that the thread does without."""
+    problems = []
     if creds.secbits and not grant.secbits_free:
         problems.append(f"securebits {creds.secbits:#x}, the spec gives none and no CAP_SETPCAP to set them")
     if grant.no_new_privs and not creds.no_new_privs:
         problems.append("no_new_privs off, the spec sets noNewPrivileges")
     if grant.spec.linux.seccomp is not None and thread.seccomp_mode == SECCOMP_DISABLED:
         problems.append("no seccomp filter, the spec gives the container one (linux.seccomp)")
-    elif thread.seccomp_mode == SECCOMP_FILTER and grant.denied_syscalls and filters.checkable:
-        if permitted := filters.allowed(thread.seccomp_chain, grant.denied_syscalls):
-            problems.append(f"its seccomp filters allow {', '.join(permitted[:MAX_SHOWN])}"
-                            f"{f' (+{len(permitted) - MAX_SHOWN} more)' if len(permitted) > MAX_SHOWN else ''}, "
-                            "which the spec's linux.seccomp denies")
+    elif (thread.seccomp_mode == SECCOMP_FILTER and grant.denied_syscalls and filters.checkable
+            and (permitted := filters.allowed(thread.seccomp_chain, grant.denied_syscalls))):
+        problems.append(f"its seccomp filters allow {', '.join(permitted[:MAX_SHOWN])}"
+                        f"{f' (+{len(permitted) - MAX_SHOWN} more)' if len(permitted) > MAX_SHOWN else ''}, "
+                        "which the spec's linux.seccomp denies")
     return problems
 
 
-def _denied_by(seccomp: dict) -> dict[str, int]:
+def _denied_by(seccomp: dict[str, Any]) -> dict[str, int]:
     """The guarded syscalls the spec's seccomp denies whatever their arguments (x86_64)."""
     rules = seccomp.get("syscalls") or []
     arches = seccomp.get("architectures") or []

@@ -21,6 +21,7 @@ written to the container's journal on disk before it starts; a shim killed outri
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import time
@@ -102,7 +103,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
                 state = container_state(delegate, args.global_argv, container_id)
             except DelegateError:
                 return run_delegate(delegate, args.argv)  # no such container: runc's own error (the query closed below)
-            status = _attempts(args, verb, container_id, delegate, state, gpus, pids_query)
+            status = _attempts(args, verb, container_id, delegate, state=state, gpus=gpus, first_query=pids_query)
         finally:
             pids_query.close()
             remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
@@ -115,7 +116,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     return status
 
 
-def _attempts(args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, state: ContainerState,
+def _attempts(args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, *, state: ContainerState,
               gpus: NodeGpus, first_query: PidsQuery) -> int:
     """The checkpoint, taken once more if a process began holding the GPU driver during the first attempt
     (rolled back completely by then): what the failed dump left in the image directory removed, CRIU's
@@ -127,7 +128,8 @@ def _attempts(args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: st
     try:
         for attempt in range(1, ATTEMPTS + 1):
             try:
-                return Checkpoint(args, verb, container_id, delegate, state, gpus, query).run()
+                return Checkpoint(args, verb, container_id, delegate=delegate, state=state, gpus=gpus,
+                                  pids_query=query).run()
             except DriverTakenMeanwhile as error:
                 if attempt == ATTEMPTS:
                     raise
@@ -153,7 +155,7 @@ def _image_files(image_dir: str) -> set[str]:
     """The CRIU images (*.img) in `image_dir`, at most MAX_IMAGE_ENTRIES looked at."""
     try:
         with os.scandir(image_dir) as entries:
-            return {entry.name for _, entry in zip(range(MAX_IMAGE_ENTRIES), entries) if entry.name.endswith(".img")}
+            return {entry.name for entry in itertools.islice(entries, MAX_IMAGE_ENTRIES) if entry.name.endswith(".img")}
     except OSError:
         return set()
 
@@ -161,7 +163,7 @@ def _image_files(image_dir: str) -> set[str]:
 class Checkpoint:
     """One checkpoint through the shim, from policy to manifest."""
 
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, state: ContainerState,
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, *, delegate: str, state: ContainerState,
                  gpus: NodeGpus, pids_query: PidsQuery) -> None:
         self.args, self.verb, self.delegate, self.state, self.gpus = args, verb, delegate, state, gpus
         self.pids_query = pids_query
@@ -287,7 +289,8 @@ class Checkpoint:
         # The session remembers what its own calls did to each process: its undo resumes those alone.
         rollback.done("gpu", lambda: self._resume(session, freezer))
         with hugepages_always(self.plan.config.cuda.wants_hugepages), deferred_signals() as signals:
-            return self._lock_checkpoint_dump(session, rollback, freezer, signals, inventory, cuda_pids, started)
+            return self._lock_checkpoint_dump(session, rollback, freezer, signals=signals, inventory=inventory,
+                                              cuda_pids=cuda_pids, started=started)
 
     def _refuse_unrestorable(self, cuda_pids: list[int], inventory: Inventory) -> None:
         # NCCL's P2P paths exist only between GPUs: a job on one GPU has none.
@@ -300,7 +303,7 @@ class Checkpoint:
         for reason in filter(None, reasons.values()):
             log(self.args, "warning", f"{reason} (allowed by the operator)")
 
-    def _lock_checkpoint_dump(self, session: CudaSession, rollback: Rollback, freezer: Freezer | None,
+    def _lock_checkpoint_dump(self, session: CudaSession, rollback: Rollback, freezer: Freezer | None, *,
                               signals: SignalFlag, inventory: Inventory, cuda_pids: list[int], started: float) -> int:
         """Lock and checkpoint the CUDA processes, dump; with --leave-running put them back. Until the dump
         succeeded, any exception rolls back every step `rollback` was told of."""
@@ -327,7 +330,7 @@ class Checkpoint:
             if self._choose_staging():
                 rollback.done("staging", self._drop_staging)
             dump_s = self._dump(signals)
-        except BaseException as error:  # whatever it was, the rollback journal says what to undo
+        except BaseException as error:  # noqa: BLE001 -- whatever it was: undone by the journal, raised as one line
             newcomers = self._new_driver_holders(cuda_pids) if isinstance(error, DelegateError) else []
             self._roll_back(rollback, error, newcomers, signals)
         if signals.signum is not None:  # the dump had succeeded: the container's state is in the image
@@ -340,7 +343,7 @@ class Checkpoint:
                 with thawed(freezer):
                     session.restore()
                     session.unlock()
-            except BaseException as error:
+            except BaseException as error:  # noqa: BLE001 -- as above: _roll_back raises
                 self._roll_back(rollback, error)
             rollback.forget()  # the processes run again: what follows fails without undoing the checkpoint
             downtime_s = time.monotonic() - first_lock

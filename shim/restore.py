@@ -88,12 +88,12 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     with lock:
         finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
         try:
-            return _restore(args, delegate, verb, container_id, gpus, lock)
+            return _restore(args, delegate, verb, container_id, gpus=gpus, lock=lock)
         finally:
             remove_journal(container_id)
 
 
-def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, gpus: NodeGpus,
+def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, gpus: NodeGpus,
              lock: ContainerLock) -> int:
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
@@ -128,17 +128,24 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
 
     argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
-        try:  # for the loopback after the restore; an unreadable spec is the delegate's to refuse, in its words
-            spec: Spec | None = read_spec(bundle)
-        except ImageError:
-            spec = None
-        status = run_delegate(delegate, argv)  # no GPU state to bring back
-        if status == 0:
-            free_images_later(args, delegate, verb, container_id)
-        if spec and status == 0 and detached(verb):  # a foreground one returns at its end
-            loopback_as_created(args, delegate, verb, container_id, spec)
-        return status
-    return GpuRestore(args, verb, container_id, delegate, config, manifest, argv, gpus, lock).run()
+        return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv)
+    return GpuRestore(args, verb, container_id, delegate, config=config, manifest=manifest, argv=argv, gpus=gpus,
+                      lock=lock).run()
+
+
+def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, bundle: str,
+                         argv: list[str]) -> int:
+    """The delegate's restore alone: no GPU state to bring back."""
+    try:  # for the loopback after the restore; an unreadable spec is the delegate's to refuse, in its words
+        spec: Spec | None = read_spec(bundle)
+    except ImageError:
+        spec = None
+    status = run_delegate(delegate, argv)
+    if status == 0:
+        free_images_later(args, delegate, verb, container_id)
+    if spec and status == 0 and detached(verb):  # a foreground one returns at its end
+        loopback_as_created(args, delegate, verb, container_id, spec)
+    return status
 
 
 def verify_dump_or_say_unfinished(image_dir: str, what: str) -> tuple[str, bool]:
@@ -193,7 +200,7 @@ def loopback_as_created(args: RuntimeArgs, delegate: str, verb: VerbArgs, contai
         pid = restored_pid(args, delegate, verb, container_id)
         if in_netns_of(pid, loopback_up):
             log(args, "info", f"{container_id}: loopback set up in the restored network namespace, as at create")
-    except Exception as error:  # the restore itself succeeded: this step never turns it into a failure
+    except Exception as error:  # noqa: BLE001 -- the restore succeeded: this step never turns it into a failure
         log(args, "warning", f"{container_id}: loopback of the restored network namespace left as it is: "
                              f"{one_line(error)}")
 
@@ -223,7 +230,7 @@ def refuse_crun_killing_the_node(delegate: str, container_id: str, image_dir: st
 class GpuRestore:
     """The GPU side of one restore: node check, the delegate's restore, then the CUDA processes back."""
 
-    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, config: Config,
+    def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, *, config: Config,
                  manifest: Manifest, argv: list[str], gpus: NodeGpus, lock: ContainerLock) -> None:
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
         self.config, self.gpus, self.lock = config, gpus, lock
@@ -297,7 +304,7 @@ class GpuRestore:
             signals.check()
             initialising.result()
             self._restore_gpu(driver, pairs, signals)
-        except BaseException as error:  # whatever it was, the container must not stay with locked processes
+        except BaseException as error:  # noqa: BLE001 -- whatever it was, no container left locked
             kill_container(self.delegate, self.args.global_argv, self.container_id)
             self._ended()
             if not self.detach:

@@ -20,6 +20,10 @@ from ...node.paths import state_dir
 from . import messages
 from .messages import PeerGone, peer_refusal
 
+TYPE_CHECKING = False  # typing costs an import on every owned verb's start
+if TYPE_CHECKING:
+    from .messages import Message
+
 SOCKET_NAME = "runtime.sock"
 PROTOCOL = 1
 FORWARDED = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
@@ -95,13 +99,14 @@ def _inherited_fds(keep: list[int]) -> list[int]:
     return fds
 
 
-def _spawn(request: tuple, fds: list[int]) -> tuple[tuple, list[int]]:
+def _spawn(request: Message, fds: list[int]) -> tuple[Message, list[int]]:
     """Start the program a worker asked for; ("spawned", pid) and its pidfd, or ("failed", errno, text).
     A program it runs for its output gets only its stdio (subprocess's close_fds), the delegate every fd
     of ours (the engine's for it); each its signals at their defaults, as subprocess gives them."""
     _, argv, env, targets, close_others = request
     try:
-        actions: list[tuple] = [(os.POSIX_SPAWN_DUP2, fd, target) for fd, target in zip(fds, targets, strict=True)]
+        actions: list[tuple[int, ...]] = [(os.POSIX_SPAWN_DUP2, fd, target)
+                                          for fd, target in zip(fds, targets, strict=True)]
         if close_others:
             actions += [(os.POSIX_SPAWN_CLOSE, fd) for fd in _inherited_fds(targets)]
         pid = os.posix_spawnp(argv[0], argv, env, file_actions=actions,
@@ -169,6 +174,15 @@ def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
     connection = _connect()
     if connection is None:
         return None
+    worker = _hand_over(connection, argv, delegate, hook)
+    if worker is None:
+        return None
+    return _serve_forwarding(connection, worker, argv)
+
+
+def _hand_over(connection: _socket.socket, argv: list[str], delegate: str, hook: str) -> int | None:
+    """The call sent with our stdio and working directory; the worker's PID, or None where the helper
+    leaves the verb to us (nothing was done)."""
     umask = os.umask(0o022)
     os.umask(umask)
     try:
@@ -194,12 +208,15 @@ def call_resident(argv: list[str], delegate: str, hook: str) -> int | None:
         os.close(fd)
     if message[0] != "worker" or len(message) != 2:
         return None  # ("local", why): the helper cannot work this call in our place
-    worker = int(message[1])
+    return int(message[1])
 
+
+def _serve_forwarding(connection: _socket.socket, worker: int, argv: list[str]) -> int:
+    """The worker's requests served, our signals passed on to it, until it reports the verb's exit status."""
     def forward(signum: int, _frame: object) -> None:
-        try:
+        try:  # noqa: SIM105 -- contextlib is not imported on the pass-through path
             os.kill(worker, signum)
-        except OSError:
+        except OSError:  # gone already
             pass
 
     for name in FORWARDED:

@@ -17,17 +17,21 @@ or ("failed", errno, text); ("wait", pid) answered ("waited", returncode as subp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from ...host import process
 from ...host.programs import CommandError
 from . import messages
+
+if TYPE_CHECKING:
+    from .messages import Message
 
 
 class CallerGone(CommandError):
@@ -43,7 +47,7 @@ class Caller:
     def __init__(self, connection: socket.socket) -> None:
         self.connection = connection
 
-    def ask(self, message: tuple, fds: Sequence[int] = ()) -> tuple[tuple, list[int]]:
+    def ask(self, message: Message, fds: Sequence[int] = ()) -> tuple[Message, list[int]]:
         try:
             messages.send(self.connection, message, fds)
             return messages.receive(self.connection)
@@ -105,10 +109,8 @@ class CallerChild:
 
     def send_signal(self, signum: int) -> None:
         if self.returncode is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):  # the program has ended already
                 signal.pidfd_send_signal(self.pidfd, signum)
-            except ProcessLookupError:
-                pass
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
@@ -122,28 +124,10 @@ class CallerChild:
         read_fds = [stream.fileno() if stream is not None else -1 for stream in (self.stdout, self.stderr)]
         outputs: dict[int, list[bytes]] = {fd: [] for fd in read_fds}
         readers = [fd for fd in read_fds if fd >= 0]
-        writers = [self.stdin.fileno()] if self.stdin is not None and pending else []
         if self.stdin is not None and not pending:
             self.stdin.close()
         try:
-            while readers or writers:
-                readable, writable, _ = select.select(readers, writers, [], max(deadline - time.monotonic(), 0))
-                if not readable and not writable:
-                    raise TimeoutError(self.pid)
-                for fd in readable:
-                    chunk = os.read(fd, 65536)
-                    if chunk:
-                        outputs[fd].append(chunk)
-                    else:
-                        readers.remove(fd)
-                for fd in writable:
-                    try:
-                        pending = pending[os.write(fd, pending[:65536]):]
-                    except BrokenPipeError:
-                        pending = b""
-                    if not pending and self.stdin is not None:
-                        self.stdin.close()
-                        writers = []
+            self._exchange(readers, pending, outputs, deadline)
             self.wait(max(deadline - time.monotonic(), 0))
         except TimeoutError:
             self.kill()
@@ -154,6 +138,29 @@ class CallerChild:
                 if stream is not None and not stream.closed:
                     stream.close()
         return b"".join(outputs[read_fds[0]]), b"".join(outputs[read_fds[1]])
+
+    def _exchange(self, readers: list[int], pending: bytes, outputs: dict[int, list[bytes]], deadline: float) -> None:
+        """communicate()'s loop: `pending` written to stdin, `readers` read into `outputs` (by fd), until each
+        is done; TimeoutError past `deadline`."""
+        writers = [self.stdin.fileno()] if self.stdin is not None and pending else []
+        while readers or writers:
+            readable, writable, _ = select.select(readers, writers, [], max(deadline - time.monotonic(), 0))
+            if not readable and not writable:
+                raise TimeoutError(self.pid)
+            for fd in readable:
+                chunk = os.read(fd, 65536)
+                if chunk:
+                    outputs[fd].append(chunk)
+                else:
+                    readers.remove(fd)
+            for fd in writable:
+                try:
+                    pending = pending[os.write(fd, pending[:65536]):]
+                except BrokenPipeError:
+                    pending = b""
+                if not pending and self.stdin is not None:
+                    self.stdin.close()
+                    writers = []
 
 
 def work_for(caller: Caller) -> None:

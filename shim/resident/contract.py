@@ -132,7 +132,7 @@ def render(modules: dict[str, ModuleType]) -> str:
         "",
         "#endif",
     ]
-    if call.FIRST_ANSWER_TIMEOUT_S != int(call.FIRST_ANSWER_TIMEOUT_S):
+    if int(call.FIRST_ANSWER_TIMEOUT_S) != call.FIRST_ANSWER_TIMEOUT_S:
         raise SystemExit("shim/resident/contract.py: call.FIRST_ANSWER_TIMEOUT_S must be whole seconds for the C side")
     return "\n".join(lines) + "\n"
 

@@ -17,6 +17,10 @@ import sys
 TYPE_CHECKING = False  # typing costs an import on every owned verb's start
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from typing import Any, TypeAlias
+
+    # A marshal'd tuple: its fields are whatever the peer sent, each checked where it is read
+    Message: TypeAlias = tuple[Any, ...]
 
 # Version 2 writes no back-references: the compiled launcher (shim/resident/resident_call.c) reads what we send
 MARSHAL_VERSION = 2
@@ -55,11 +59,11 @@ def unpack_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
     return fds
 
 
-def send(sock: _socket.socket, message: tuple, fds: Sequence[int] = ()) -> None:
+def send(sock: _socket.socket, message: Message, fds: Sequence[int] = ()) -> None:
     sock.sendmsg([marshal.dumps(message, MARSHAL_VERSION)], pack_fds(fds))
 
 
-def receive(sock: _socket.socket) -> tuple[tuple, list[int]]:
+def receive(sock: _socket.socket) -> tuple[Message, list[int]]:
     """The next message and the fds it carried (close-on-exec); PeerGone at the end, a timeout, or garbage."""
     try:
         data, ancillary, _flags, _ = sock.recvmsg(MAX_MESSAGE, _socket.CMSG_SPACE(FD_BYTES * MAX_FDS),

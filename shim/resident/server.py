@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ...errors import GpuckptError
 from ...host.netns import in_netns_of
@@ -53,6 +54,9 @@ from . import caller, messages
 from .call import PROTOCOL, SOCKET_NAME, package_identity
 from .messages import peer_refusal
 
+if TYPE_CHECKING:
+    from .messages import Message
+
 # What the owned verbs load, imported before the first fork (each worker then starts with it).
 PRELOADED = ("gpuckpt.shim.checkpoint", "gpuckpt.shim.restore", "gpuckpt.shim.delete", "gpuckpt.shim.pause",
              "gpuckpt.shim.create", "gpuckpt.shim.log", "gpuckpt.oci.state", "gpuckpt.oci.problems",
@@ -76,7 +80,7 @@ def check_peer(connection: socket.socket) -> None:
         raise Refused(why)
 
 
-def _hello(connection: socket.socket) -> tuple[tuple, list[int]]:
+def _hello(connection: socket.socket) -> tuple[Message, list[int]]:
     connection.settimeout(HELLO_TIMEOUT_S)
     try:
         message, fds = messages.receive(connection)
@@ -113,7 +117,7 @@ def _strings(values: object) -> bool:
     return isinstance(values, list) and all(isinstance(value, str) for value in values)
 
 
-def _take_on(message: tuple, fds: list[int]) -> tuple[list[str], str, str]:
+def _take_on(message: Message, fds: list[int]) -> tuple[list[str], str, str]:
     """Become the caller: its stdio, working directory, umask, environment and argv[0]."""
     _, _, _identity, argv0, argv, environment, umask, delegate, hook = message
     for target, fd in enumerate(fds[:3]):
@@ -153,10 +157,8 @@ def work(connection: socket.socket, identity: str) -> int:
     except (Refused, OSError) as refused:
         if str(refused):
             _journal_line(f"a call left to its caller: {refused}")
-        try:
+        with contextlib.suppress(OSError):  # the caller gone: nobody to tell
             messages.send(connection, ("local", str(refused)))
-        except OSError:
-            pass
         return 0
     argv, delegate, hook = _take_on(message, fds)
     messages.send(connection, ("worker", os.getpid()))
@@ -201,10 +203,8 @@ def _listener() -> socket.socket:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a socket left by an earlier helper: nobody listens on it any more
-    except FileNotFoundError:
-        pass
     old_umask = os.umask(0o177)
     try:
         listener.bind(path)
@@ -219,10 +219,8 @@ def _listener() -> socket.socket:
 def _preload(modules: Sequence[str]) -> None:
     for name in modules:
         importlib.import_module(name)
-    try:
+    with contextlib.suppress(GpuckptError):  # no python3-pycriu: each restore's check says so
         criu_images.criu_messages()  # CRIU's message modules, cached: a restore's image check reads them (~40 ms)
-    except GpuckptError:
-        pass  # no python3-pycriu: each restore's check says so
     gc.collect()
     gc.freeze()  # the loaded code stays shared with the workers instead of copied at their first collection
 
