@@ -33,13 +33,11 @@ from ..errors import ImageError
 from ..host.safefiles import create_private_at, open_directory
 from . import tarstream
 from .archive import HashingWriter, RatioGuard, close_quietly, decompressed, open_archive, zstd_compressor
+from .image_names import PAGES_FILE, STAGING_PLACEHOLDER
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from .spec import Spec, load_exact_json
 from .tarstream import ByteSink, ByteSource, Data
 
-# gpuckpt's own: the import placeholder inside the image directory, and the page files an import stages itself
-STAGING_PLACEHOLDER = "gpuckpt-import.json"
-PAGES_FILE = re.compile(r"pages-[0-9]{1,9}\.img")
 CONFIG_DUMP = "config.dump"
 SPEC_DUMP = "spec.dump"
 CHECKPOINT_DIR = "checkpoint"

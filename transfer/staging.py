@@ -37,8 +37,8 @@ from pydantic import BaseModel, Field, ValidationError
 from ..errors import ImageError
 from ..host.safefiles import read_bounded, replace_file
 from ..node.paths import state_dir
-from ..oci.podman_archive import PAGES_FILE
-from ..oci.podman_archive import STAGING_PLACEHOLDER as PLACEHOLDER
+from ..oci.image_names import PAGES_FILE
+from ..oci.image_names import STAGING_PLACEHOLDER as PLACEHOLDER
 from ..oci.tarstream import ByteSink, Data
 from ..oci.timestamps import utc_now
 from .bounds import StagedFile, StagingBudget

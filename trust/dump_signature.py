@@ -18,7 +18,7 @@ import os
 import stat
 
 from ..host.safefiles import read_bounded, replace_file
-from ..oci.podman_archive import PAGES_FILE
+from ..oci.image_names import PAGES_FILE
 from .keys import Trust, load_node_key, log_unsigned_use
 from .signature import MAX_ENVELOPE_BYTES, SignatureError, SignedEntry, open_envelope
 
