@@ -96,9 +96,10 @@ class Processes:
 
 def read_process(pid: int, children: Iterable[int] | None = None) -> Process:
     """One process as /proc shows it now (`children` when they were read already)."""
-    files = tuple(OpenFile(int(fd), target, procfs.fd_file_locks(pid, fd)) for fd, target in procfs.open_fds(pid))
+    fds = procfs.open_fds(pid)
+    files = tuple(OpenFile(int(fd), target, procfs.fd_file_locks(pid, fd)) for fd, target in fds)
     deleted = tuple(DeletedFile(path, status.st_size, status.st_nlink > 0)
-                    for path, status in procfs.deleted_files(pid))
+                    for path, status in procfs.deleted_files(pid, fds))
     return Process(pid=pid, container_pid=procfs.container_pid(pid), files=files,
                    mappings=tuple(dict.fromkeys(procfs.named_mappings(pid))), deleted_files=deleted,
                    children=tuple(procfs.children(pid) if children is None else children))

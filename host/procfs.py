@@ -64,21 +64,29 @@ def file_locks_held(pids: Iterable[int]) -> int:
 _NOT_GHOSTS = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage")
 
 
-def deleted_files(pid: int) -> list[tuple[str, os.stat_result]]:
-    """(path it had, stat) of every regular file `pid` holds open or mapped after its name was removed."""
+def deleted_files(pid: int, fds: list[tuple[str, str]] | None = None) -> list[tuple[str, os.stat_result]]:
+    """(path it had, stat) of every regular file `pid` holds open or mapped after its name was removed;
+    `fds`: its open_fds() when they were read already (their links are not read again)."""
     found = []
     for kind in ("fd", "map_files"):
-        try:
-            entries = os.listdir(f"/proc/{pid}/{kind}")
-        except OSError:
-            continue
-        for entry in entries[:MAX_FDS]:
-            link = f"/proc/{pid}/{kind}/{entry}"
+        if kind == "fd" and fds is not None:
+            links = fds
+        else:
             try:
-                target = os.readlink(link)
-                if not target.endswith(" (deleted)") or target.startswith(_NOT_GHOSTS):
-                    continue
-                status = os.stat(link)  # the open file itself, reachable though unlinked
+                entries = os.listdir(f"/proc/{pid}/{kind}")
+            except OSError:
+                continue
+            links = []
+            for entry in entries[:MAX_FDS]:
+                try:
+                    links.append((entry, os.readlink(f"/proc/{pid}/{kind}/{entry}")))
+                except OSError:
+                    continue  # closed or unmapped meanwhile
+        for entry, target in links:
+            if not target.endswith(" (deleted)") or target.startswith(_NOT_GHOSTS):
+                continue
+            try:
+                status = os.stat(f"/proc/{pid}/{kind}/{entry}")  # the open file itself, reachable though unlinked
             except OSError:
                 continue
             if stat.S_ISREG(status.st_mode):
