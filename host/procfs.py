@@ -54,12 +54,6 @@ def fd_file_locks(pid: int, fd: str) -> int:
         return 0  # closed meanwhile
 
 
-def file_locks_held(pids: Iterable[int]) -> int:
-    """How many file locks (POSIX, OFD, flock) `pids` hold, from the "lock:" lines of their files' fdinfo.
-    /proc/locks says it for the whole node, and its first read in a process costs milliseconds on its own."""
-    return sum(fd_file_locks(pid, fd) for pid, fd, _target in fd_entries(pids))
-
-
 # Deleted files that CRIU handles by other means than copying them ("ghost files").
 _NOT_GHOSTS = ("/memfd:", "/SYSV", "/dev/zero", "/anon_hugepage")
 
@@ -108,13 +102,6 @@ def named_mappings(pid: int) -> list[str]:
         if len(fields) == 6:
             found.append(fields[5].rstrip("\n"))
     return found
-
-
-def mapped_targets(pids: Iterable[int]) -> Iterator[tuple[int, str]]:
-    """(pid, pathname) for every named mapping of `pids`: "/usr/lib/libc.so.6", "anon_inode:[io_uring]", ..."""
-    for pid in pids:
-        for target in named_mappings(pid):
-            yield pid, target
 
 
 def container_pid(host_pid: int) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from ..errors import ConfigError
-from ..host.processes import Processes, read_processes
+from ..host.processes import Processes
 from ..oci.manifest import NetworkOption, NetworkPolicy
 from .annotations import tightened
 
@@ -94,11 +94,6 @@ def inspect_sockets(init_pid: int, processes: Processes) -> SocketsFound:
         found = SocketsFound(unreadable=f"{type(error).__name__}: {error}")
     found.file_locks = processes.file_locks
     return found
-
-
-def inspect_container(init_pid: int, pids: list[int]) -> SocketsFound:
-    """inspect_sockets of the processes `pids` as they are now."""
-    return inspect_sockets(init_pid, read_processes(pids))
 
 
 def choose(found: SocketsFound, engine_flags: set[str], policy: CriuConfig) -> NetworkPolicy:

@@ -10,17 +10,12 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ..host.processes import Processes, read_processes
+from ..host.processes import Processes
 from ..host.safefiles import replace_file
 from ..node.paths import state_dir
 
 CRIU_DEFAULT_GHOST_LIMIT = 1 << 20
 SHM_DIR = "/dev/shm/"
-
-
-def ghost_limit(setting: str | int, pids: list[int]) -> tuple[int, str]:
-    """ghost_limit_of the processes `pids` as they are now."""
-    return ghost_limit_of(setting, read_processes(pids) if setting == "auto" else Processes(()))
 
 
 def ghost_limit_of(setting: str | int, processes: Processes) -> tuple[int, str]:

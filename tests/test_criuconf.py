@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from gpuckpt.shim.criuconf import ghost_limit, network_lock_lines, use_criu_config
+from gpuckpt.host.processes import read_processes
+from gpuckpt.shim.criuconf import ghost_limit_of, network_lock_lines, use_criu_config
 
 HOLDER = """
 import mmap, os, sys, time
@@ -50,26 +51,26 @@ def holder(tmp_path):
 
 def test_auto_raises_the_limit_to_the_largest_deleted_file_in_whole_mib(holder) -> None:
     pids = [holder(3 << 20), holder((5 << 20) + 1, "open")]
-    limit, why = ghost_limit("auto", pids)
+    limit, why = ghost_limit_of("auto", read_processes(pids))
     assert limit == 6 << 20
     assert "deleted file(s) still held, the largest" in why and "segment1 of 5 MiB" in why, why
 
 
 def test_auto_leaves_small_files_to_criu_default(holder) -> None:
-    assert ghost_limit("auto", [holder(512 << 10)]) == (0, "")
+    assert ghost_limit_of("auto", read_processes([holder(512 << 10)])) == (0, "")
 
 
 def test_memfd_is_not_a_ghost_file(holder) -> None:
-    assert ghost_limit("auto", [holder(8 << 20, "memfd")]) == (0, "")
+    assert ghost_limit_of("auto", read_processes([holder(8 << 20, "memfd")])) == (0, "")
 
 
 def test_the_operator_setting_wins(holder) -> None:
-    assert ghost_limit(0, [holder(8 << 20)]) == (0, "set by criu.ghost_limit")
-    assert ghost_limit(64 << 20, []) == (64 << 20, "set by criu.ghost_limit")
+    assert ghost_limit_of(0, read_processes([holder(8 << 20)])) == (0, "set by criu.ghost_limit")
+    assert ghost_limit_of(64 << 20, read_processes([])) == (64 << 20, "set by criu.ghost_limit")
 
 
 def test_vanished_processes_are_skipped() -> None:
-    assert ghost_limit("auto", [2**22 + 1]) == (0, "")
+    assert ghost_limit_of("auto", read_processes([2**22 + 1])) == (0, "")
 
 
 def test_config_file_is_named_by_its_content_and_root_only(node, monkeypatch) -> None:

@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from gpuckpt.errors import ConfigError
-from gpuckpt.host.procfs import file_locks_held
+from gpuckpt.host.processes import read_processes
 from gpuckpt.node.config import CriuConfig
-from gpuckpt.policy.network import SocketsFound, choose, container_policy, inspect_container, missing_option_hint
+from gpuckpt.policy.network import SocketsFound, choose, container_policy, inspect_sockets, missing_option_hint
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="sock_diag in another netns needs CAP_SYS_ADMIN (setns)")
 
@@ -26,7 +26,7 @@ def test_finds_our_established_and_listening_tcp_and_locks(tmp_path) -> None:
     lock_file = open(tmp_path / "lock", "w")
     fcntl.flock(lock_file, fcntl.LOCK_EX)
     try:
-        found = inspect_container(os.getpid(), [os.getpid()])
+        found = inspect_sockets(os.getpid(), read_processes([os.getpid()]))
         assert not found.unreadable
         port = server.getsockname()[1]
         assert any(f":{port}" in where for where in found.tcp_listening)
@@ -41,7 +41,7 @@ def test_finds_our_established_and_listening_tcp_and_locks(tmp_path) -> None:
 def test_sockets_of_other_processes_are_not_counted() -> None:
     server = socket.create_server(("127.0.0.1", 0))
     try:
-        found = inspect_container(os.getpid(), [1])  # PID 1's sockets only
+        found = inspect_sockets(os.getpid(), read_processes([1]))  # PID 1's sockets only
         assert not any(f":{server.getsockname()[1]}" in where for where in found.tcp_listening)
     finally:
         server.close()
@@ -68,7 +68,7 @@ def test_loopback_connections_are_told_apart() -> None:
     client = socket.create_connection(server.getsockname())
     peer, _ = server.accept()
     try:
-        found = inspect_container(os.getpid(), [os.getpid()])
+        found = inspect_sockets(os.getpid(), read_processes([os.getpid()]))
         assert found.tcp_connected and found.tcp_remote == 0
     finally:
         for each in (client, peer, server):
@@ -112,8 +112,8 @@ def test_each_kind_of_file_lock_a_process_holds_is_counted(tmp_path) -> None:
         "time.sleep(30)\n")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
-        assert file_locks_held([holder.pid]) == 2
-        assert file_locks_held([os.getpid()]) == 0
+        assert read_processes([holder.pid]).file_locks == 2
+        assert read_processes([os.getpid()]).file_locks == 0
     finally:
         holder.kill()
         holder.wait()

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from gpuckpt.errors import CheckpointRefusedError
-from gpuckpt.host.procfs import fd_targets, mapped_targets
+from gpuckpt.host.processes import read_process
+from gpuckpt.host.procfs import fd_targets
 from gpuckpt.policy.undumpable import io_uring_holders, refuse_undumpable
 
 # io_uring_setup(2) through libc's syscall(); params is struct io_uring_params (120 bytes).
@@ -71,6 +72,6 @@ def test_ordinary_processes_pass(ordinary_holder) -> None:
     pids = [os.getpid(), os.getppid(), ordinary_holder]
     held = {target for pid, target in fd_targets([ordinary_holder])}
     assert {"anon_inode:[eventfd]", "anon_inode:[eventpoll]"} <= held  # what the check reads, seen
-    assert any(target.startswith("/memfd:ring") for _, target in mapped_targets([ordinary_holder]))
+    assert any(target.startswith("/memfd:ring") for target in read_process(ordinary_holder).mappings)
     assert io_uring_holders(pids) == []
     refuse_undumpable("ctr", pids)  # no CheckpointRefusedError
