@@ -4,7 +4,8 @@ locks, its named mappings, sockets, deleted files and children, read at the star
 The policies judge this one snapshot (io_uring, sockets, file locks, ghost files, link-remap) and
 the manifest records from it, instead of each going back to /proc for its own pass. Processes
 come and go while it is read: one that vanished is recorded with what was read of it, never an
-error. Every read is bounded and no link is followed (host/procfs.py).
+error. No link is followed, and every fd and mapping is read: one past a cut-off could hide what a
+policy refuses (host/procfs.py).
 """
 
 from __future__ import annotations
