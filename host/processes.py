@@ -20,13 +20,6 @@ SOCKET_LINK = re.compile(r"^socket:\[(\d+)\]$")
 
 
 @dataclass(frozen=True)
-class OpenFile:
-    fd: int
-    target: str  # the fd's link as read, never followed: "/dev/nvidia0", "socket:[1234]", "/x (deleted)"
-    file_locks: int  # POSIX, OFD and flock locks it holds (its fdinfo's "lock:" lines)
-
-
-@dataclass(frozen=True)
 class DeletedFile:
     """A regular file held open or mapped after its name was removed (CRIU's "ghost file")."""
 
@@ -39,22 +32,21 @@ class DeletedFile:
 class Process:
     pid: int
     container_pid: int  # its PID in its own PID namespace
-    files: tuple[OpenFile, ...]
+    # What its open fds point at, each target once (links as read, never followed: "/dev/nvidia0",
+    # "socket:[1234]", "/x (deleted)"): a process that dups one fd a million times is held as one
+    fd_targets: frozenset[str]
+    file_locks: int  # POSIX, OFD and flock locks its files hold (their fdinfo's "lock:" lines)
     mappings: tuple[str, ...]  # the pathnames of its named mappings, each once
     deleted_files: tuple[DeletedFile, ...]
     children: tuple[int, ...]
 
     @property
     def socket_inodes(self) -> frozenset[int]:
-        return frozenset(int(match.group(1)) for file in self.files if (match := SOCKET_LINK.match(file.target)))
-
-    @property
-    def file_locks(self) -> int:
-        return sum(file.file_locks for file in self.files)
+        return frozenset(int(match.group(1)) for target in self.fd_targets if (match := SOCKET_LINK.match(target)))
 
     def holds(self, target: str) -> bool:
         """Whether it has `target` open or mapped."""
-        return target in self.mappings or any(file.target == target for file in self.files)
+        return target in self.mappings or target in self.fd_targets
 
 
 @dataclass(frozen=True)
@@ -98,10 +90,11 @@ class Processes:
 def read_process(pid: int, children: Iterable[int] | None = None) -> Process:
     """One process as /proc shows it now (`children` when they were read already)."""
     fds = procfs.open_fds(pid)
-    files = tuple(OpenFile(int(fd), target, procfs.fd_file_locks(pid, fd)) for fd, target in fds)
     deleted = tuple(DeletedFile(path, status.st_size, status.st_nlink > 0)
                     for path, status in procfs.deleted_files(pid, fds))
-    return Process(pid=pid, container_pid=procfs.container_pid(pid), files=files,
+    return Process(pid=pid, container_pid=procfs.container_pid(pid),
+                   fd_targets=frozenset(target for _, target in fds),
+                   file_locks=sum(procfs.fd_file_locks(pid, fd) for fd, _ in fds),
                    mappings=tuple(dict.fromkeys(procfs.named_mappings(pid))), deleted_files=deleted,
                    children=tuple(procfs.children(pid) if children is None else children))
 

@@ -54,5 +54,6 @@ def test_one_read_holds_files_locks_sockets_deleted_files_and_children(tmp_path)
 
 def test_a_vanished_process_is_read_as_holding_nothing() -> None:
     (gone,) = read_processes([2**22 + 1])
-    assert gone.files == () and gone.mappings == () and gone.deleted_files == () and gone.children == ()
+    assert gone.fd_targets == frozenset() and gone.file_locks == 0
+    assert gone.mappings == () and gone.deleted_files == () and gone.children == ()
     assert os.getpid() in read_processes([os.getpid()]).pids
