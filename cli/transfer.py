@@ -21,7 +21,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING
 
 from ..errors import ImageError, UsageError
 from ..host.direct_read import file_kind
@@ -29,23 +29,40 @@ from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
 from ..host.programs import find_program
 from ..node.config import ImportConfig, load_config
-from ..node.engines import own_hook_paths
+from ..node.engines import PODMAN_CONF, RUNTIME_NAME, own_hook_paths, podman_registration
+from ..node.paths import config_path
 from ..oci.archive import READ_BYTES, RatioGuard, decompressed, open_archive
-from ..oci.image_layout import CheckpointImageWriter, parse_target
-from ..oci.podman_archive import ArchiveWriter, copy_checked, described, described_dumps, exported_bytes
+from ..oci.image_layout import CheckpointImageWriter, parse_target, read_layout
+from ..oci.podman_archive import (
+    CONFIG_DUMP,
+    ArchiveWriter,
+    NestedChecks,
+    copy_checked,
+    described,
+    described_dumps,
+    exported_bytes,
+    with_runtime,
+)
+from ..policy.annotations import refuse_runtime_annotations
 from ..policy.archive_import import import_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
 from ..transfer.staging import HeldOutput, Staging
 from ..trust.keys import load_trust, require_node_key
-from ..trust.provenance import ArchiveVerification, ExportSigning, Unsigned, verify_archive_signature
+from ..trust.provenance import (
+    ExportSigning,
+    LayerVerification,
+    Verification,
+    verify_archive_signature,
+    verify_image_signature,
+)
 from .progress import byte_bar, moved_to, watched
 from .signals import termination_deferred
 
 if TYPE_CHECKING:
     import tarfile
 
-    from ..oci.podman_archive import Copied, PodmanArchive
+    from ..oci.podman_archive import Copied
     from ..oci.tarstream import ByteSink, ByteSource
 
 
@@ -59,7 +76,8 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument("--threads", type=int, default=0, help="compression threads (default: one per CPU)")
     export.set_defaults(handler=run_export)
     restore = commands.add_parser("import", help="restore a podman container from an archive (ours or podman's)")
-    restore.add_argument("archive", help="an archive written by gpuckpt export or podman checkpoint --export")
+    restore.add_argument("archive", help="an archive written by gpuckpt export or podman checkpoint --export, or "
+                                         "oci:DIR[:TAG], a checkpoint image layout (gpuckpt export -o oci:...)")
     restore.add_argument("--name", help="name of the restored container (default: the checkpointed one's)")
     restore.add_argument("--tcp-established", action="store_true", help="restore established TCP connections")
     restore.add_argument("--trust-config", action="store_true",
@@ -166,14 +184,17 @@ def _require_archive_file(path: str) -> None:
 
 
 def run_import(options: argparse.Namespace) -> int:
-    """Staged when podman will restore through gpuckpt-runtime (the pages go beside podman's
-    storage once, podman imports the rest); streamed through a FIFO otherwise. The archive's
-    config is checked before anything is staged, and nothing is staged past the operator's
-    bounds (transfer.bounds)."""
-    _require_archive_file(options.archive)
+    """The archive is read once, every byte checked (config.dump and spec.dump before anything is
+    staged, the tars inside and deleted.files as they pass), nothing staged past the operator's
+    bounds (transfer.bounds). podman gets the rest of the archive with config.dump naming
+    gpuckpt-runtime, whatever runtime the archive named: the shim's checks run at restore, it moves
+    the staged pages in and applies the root filesystem diff and deletions inside the container's
+    root (transfer.root_files); podman never sees them."""
     podman = _podman()
-    limits = load_config().import_
-    verification = verify_archive_signature(options.archive, load_trust(), options.signature)  # before any staging
+    _require_registered()
+    config = load_config()
+    limits = config.import_
+    source, verification = _verified_source(options.archive, options.signature)  # before any staging
     started = time.monotonic()
     flags = ["--name", options.name] if options.name else []
     flags += ["--tcp-established"] if options.tcp_established else []
@@ -187,33 +208,29 @@ def run_import(options: argparse.Namespace) -> int:
     held = HeldOutput(spill=staging.light)  # what comes before config.dump (podman: devshm-checkpoint.tar)
 
     def config_read(kept: dict[str, bytes]) -> None:
-        """config.dump and spec.dump, checked before anything is staged; then where the rest goes."""
+        """config.dump and spec.dump, checked before anything is staged."""
         dumps = described_dumps(options.archive, kept)
         if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
                              "(give --trust-config if you trust where the archive comes from)")
-        if os.path.basename(dumps.config.runtime) == "gpuckpt-runtime":
-            staging.start()  # the pages are staged; otherwise podman reads them from the archive
+        if dumps.spec is not None:  # what the shim refuses at restore, refused before podman makes anything
+            refuse_runtime_annotations(dumps.spec.annotations, dumps.config.id[:12], config.criu, config_path())
+        staging.start()
         held.release(staging.light())
 
     try:
-        copied, kept, checked_file = checking_pass(options.archive, verification, held, staging, limits=limits,
-                                                   config_read=config_read)
+        copied, kept = checking_pass(source, verification, held, staging, limits=limits, config_read=config_read,
+                                     what=options.archive)
         staging.close_light()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
-        light = staging.light_path
-        check_archive(light, checked.spec_bytes, options.archive)  # CRIU's images against spec.dump, trusted or not
+        check_archive(staging.light_path, checked.spec_bytes, options.archive)  # CRIU's images against spec.dump
         phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
-        if staging.active:
-            staging.record()  # from here the shim may take the pages
-            with termination_deferred():  # podman killed mid-restore could leave the container half made
-                finished = run([podman, "container", "restore", "--import", light, *flags], timeout_s=3600)
-        else:
-            phases = [f"checked in {time.monotonic() - started:.1f} s; runtime {checked.config.runtime}"]
-            copy = _stage_checked_copy(checked, checked_file, staging, verification, limits=limits, phases=phases)
-            staging.budget.take("the archive unpacked by podman", copied.bytes)
-            with termination_deferred():
-                finished = run([podman, "container", "restore", "--import", copy, *flags], timeout_s=3600)
+        if checked.config.runtime != RUNTIME_NAME:
+            phases.append(f"the archive's runtime {checked.config.runtime[:40] or 'default'!r} replaced by "
+                          f"{RUNTIME_NAME}")
+        staging.record()  # from here the shim may take the pages
+        with termination_deferred():  # podman killed mid-restore could leave the container half made
+            finished = run([podman, "container", "restore", "--import", staging.light_path, *flags], timeout_s=3600)
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
@@ -222,79 +239,49 @@ def run_import(options: argparse.Namespace) -> int:
     return 0
 
 
-def checking_pass(archive: str, verification: ArchiveVerification | Unsigned, held: HeldOutput, staging: Staging,
-                  *, limits: ImportConfig, config_read: Callable[[dict[str, bytes]], None],
-                  ) -> tuple[Copied, dict[str, bytes], tuple[int, ...]]:
+def _verified_source(target: str, signature: str | None) -> tuple[str, Verification]:
+    """The file to read (an archive, or a checkpoint image's layer) and how what is read is verified:
+    an archive's signature, or the image manifest's signature and then its layer's digest."""
+    trust = load_trust()
+    if (image := parse_target(target)) is not None:
+        if signature:
+            raise UsageError(f"--signature {signature}: a checkpoint image carries its signature in its manifest")
+        layout = read_layout(*image)
+        verify_image_signature(layout.manifest, trust, target)
+        return layout.layer_path, LayerVerification(layout.layer.digest, target)
+    _require_archive_file(target)
+    return target, verify_archive_signature(target, trust, signature)
+
+
+def _require_registered() -> None:
+    """podman knows gpuckpt-runtime: the import names it in config.dump, and only through it are the staged
+    files applied and the restore's checks run."""
+    paths, _ = podman_registration()
+    if not paths:
+        raise UsageError(f"{RUNTIME_NAME} is not registered with podman ({PODMAN_CONF}): run `gpuckpt install "
+                         "--engine podman` first; gpuckpt import restores through it")
+
+
+def checking_pass(archive: str, verification: Verification, held: HeldOutput, staging: Staging,
+                  *, limits: ImportConfig, config_read: Callable[[dict[str, bytes]], None], what: str = "",
+                  ) -> tuple[Copied, dict[str, bytes]]:
     """The archive read once, every entry checked (config_read: config.dump and spec.dump, before
-    anything is staged), the pages staged; what it held, its small files, and the identity of the
-    file read. The bar counts the archive's own bytes as read: a compressed one's time left is true."""
+    anything is staged; the tars inside and deleted.files), the pages and root files staged, config.dump
+    given to podman naming gpuckpt-runtime; what it held and its small files. The bar counts the
+    archive's own bytes as read: a compressed one's time left is true."""
     kept: dict[str, bytes] = {}
+    what = what or archive
     with open_archive(archive) as raw:
         archive_bytes = os.fstat(raw.fileno()).st_size
-        with byte_bar(f"importing {os.path.basename(archive)}", archive_bytes) as bar:
-            copied = copy_checked(decompressed(verification.reader(raw)), held, archive,
+        with byte_bar(f"importing {os.path.basename(what)}", archive_bytes) as bar:
+            copied = copy_checked(decompressed(verification.reader(raw)), held, what,
                                   progress=lambda _: moved_to(bar, raw.tell()), kept=kept,
                                   divert=staging.divert, trailer=(staging.placeholder(),),
                                   observe=verification.observe, first=config_read,
-                                  guard=RatioGuard(archive, raw.tell, limits.max_entry_ratio, READ_BYTES,
-                                                   archive_bytes))
+                                  guard=RatioGuard(what, raw.tell, limits.max_entry_ratio, READ_BYTES,
+                                                   archive_bytes),
+                                  nested=NestedChecks(limits.allow_setuid_files),
+                                  rewrite={CONFIG_DUMP: lambda data: with_runtime(data, RUNTIME_NAME)})
             verification.finish()
             moved_to(bar, raw.tell())
-        return copied, kept, file_identity(os.fstat(raw.fileno()))  # the file this pass read and checked
-
-
-def file_identity(status: os.stat_result) -> tuple[int, ...]:
-    """What changes when a file is replaced or written: device, inode, size, and the change time,
-    which its owner cannot set back."""
-    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns
-
-
-def _stage_checked_copy(checked: PodmanArchive, checked_file: tuple[int, ...], staging: Staging,
-                        verification: ArchiveVerification | Unsigned, *, limits: ImportConfig,
-                        phases: list[str]) -> str:
-    """The archive read again, checked again (signature, bounds, no more than the checked pass
-    held) and written compressed into the staging directory, which podman then imports as a
-    file. A FIFO served podman 4.3's three opens, but podman >= 5.8.2 reads the first one to its
-    end and waits, which a FIFO held open for the next pass never gives: a file serves both.
-    The file must be the one the first pass checked, unchanged before and after this read: an
-    unsigned archive's config is not checked again here."""
-    pass_started = time.monotonic()
-    staging.budget.take("the checked copy for podman", os.path.getsize(checked.path))  # about its size again
-    writer = ArchiveWriter(os.path.join(staging.directory, CHECKED_COPY))
-    try:
-        with open(checked.path, "rb") as raw:
-            _require_unchanged(raw, checked_file, checked.path)
-            again = verification.again()  # the file is read anew: checked anew
-            archive_bytes = os.fstat(raw.fileno()).st_size
-            guard = RatioGuard(checked.path, raw.tell, limits.max_entry_ratio, READ_BYTES, archive_bytes)
-            with byte_bar("copying for podman", archive_bytes) as bar:
-
-                def moved(done: int) -> None:
-                    _no_more_than(checked, done)
-                    moved_to(bar, raw.tell())
-
-                copy_checked(decompressed(raw), writer.layer(), checked.path, progress=moved,
-                             observe=again.observe if again else None, guard=guard)
-            if again:
-                again.finish()
-            _require_unchanged(raw, checked_file, checked.path)
-        writer.finish(checked)
-    except BaseException:
-        writer.discard()
-        raise
-    phases.append(f"checked copy for podman in {time.monotonic() - pass_started:.1f} s")
-    return writer.path
-
-
-CHECKED_COPY = "checked-archive.tar.zst"
-
-
-def _require_unchanged(raw: BinaryIO, checked_file: tuple[int, ...], path: str) -> None:
-    if file_identity(os.fstat(raw.fileno())) != checked_file:
-        raise ImageError(f"{path}: replaced or written since it was checked: refused")
-
-
-def _no_more_than(checked: PodmanArchive, done: int) -> None:
-    if done > checked.bytes:
-        raise ImageError(f"{checked.path}: holds more than the {checked.bytes} bytes it held when checked: "
-                         "changed since; refused")
+        return copied, kept

@@ -1,4 +1,4 @@
-"""The one ctypes binding of libc: the calls Python's os module lacks (ptrace; setns before 3.12)."""
+"""The one ctypes binding of libc: the calls Python's os module lacks (ptrace; setns before 3.12; openat2)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ def _loaded() -> ctypes.CDLL:
         loaded.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         loaded.setns.restype = ctypes.c_int
         loaded.setns.argtypes = [ctypes.c_int, ctypes.c_int]
+        loaded.syscall.restype = ctypes.c_long
         _libc = loaded
     return _libc
 
@@ -37,3 +38,18 @@ def setns(fd: int, nstype: int) -> None:
         os.setns(fd, nstype)
     else:
         _checked(_loaded().setns(fd, nstype))
+
+
+SYS_OPENAT2 = 437  # the same number on every architecture (added after the tables were unified)
+RESOLVE_NO_XDEV, RESOLVE_NO_MAGICLINKS, RESOLVE_IN_ROOT = 0x01, 0x02, 0x10
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def openat2(dir_fd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
+    """openat2(2) (Linux 5.6): `path` opened from `dir_fd` under the `resolve` rules; a new descriptor."""
+    how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
+    return _checked(_loaded().syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), os.fsencode(path),
+                                      ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))

@@ -99,6 +99,9 @@ class ImportConfig(_Section):
     # all-zero memory reaches ~30000 with zstd, so a checkpoint that is almost nothing but
     # zeroed memory needs this raised.
     max_entry_ratio: int = Field(default=4096, ge=1, le=1 << 20)
+    # Files of the archive's root filesystem diff and volumes that are setuid or setgid, or carry
+    # file capabilities: refused unless allowed (they run with privileges the archive chose).
+    allow_setuid_files: bool = False
 
 
 class HookConfig(_Section):

@@ -15,13 +15,14 @@ entry, so what reaches podman has passed the same checks as what we unpack.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 import tarfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO, cast
@@ -35,6 +36,14 @@ from . import tarstream
 from .archive import HashingWriter, RatioGuard, close_quietly, decompressed, open_archive, zstd_compressor
 from .image_names import PAGES_FILE, STAGING_PLACEHOLDER
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from .nested_tar import (
+    DELETED_FILES,
+    MAX_DELETED_FILES_BYTES,
+    ROOTFS_DIFF,
+    NestedTarCheck,
+    is_nested_tar,
+    parse_deleted_files,
+)
 from .spec import Spec, load_exact_json
 from .tarstream import ByteSink, ByteSource, Data
 
@@ -132,6 +141,18 @@ def described_dumps(path: str, kept: dict[str, bytes]) -> PodmanArchive:
     return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], None, spec=spec)
 
 
+def with_runtime(config_dump: bytes, runtime: str) -> bytes:
+    """config.dump with its "runtime" (podman's OCIRuntime) set to `runtime`, every other key as it was."""
+    try:
+        config = json.loads(config_dump)
+    except (ValueError, RecursionError) as error:
+        raise ImageError(f"{CONFIG_DUMP} is not valid JSON: {str(error)[:120]}") from None
+    if not isinstance(config, dict):
+        raise ImageError(f"{CONFIG_DUMP} is not a JSON object")
+    config["runtime"] = runtime
+    return json.dumps(config).encode()
+
+
 def write_small_entry(out: ByteSink, name: str, data: bytes) -> int:
     """One root-only file entry made here; returns the bytes written."""
     info = tarfile.TarInfo(name)
@@ -189,7 +210,9 @@ def copy_checked(source: ByteSource, out: ByteSink | None, path: str, *,
                  divert: Callable[[tarfile.TarInfo], AbstractContextManager[ByteSink] | None] | None = None,
                  trailer: tuple[tuple[str, bytes], ...] = (),
                  observe: Callable[[tarfile.TarInfo], ByteSink | None] | None = None,
-                 first: Callable[[dict[str, bytes]], None] | None = None, guard: RatioGuard | None = None) -> Copied:
+                 first: Callable[[dict[str, bytes]], None] | None = None, guard: RatioGuard | None = None,
+                 nested: NestedChecks | None = None,
+                 rewrite: Mapping[str, Callable[[bytes], bytes]] | None = None) -> Copied:
     """Re-emit the tar read from `source` into `out` (both streams; None: only check), each entry
     checked (oci.tarstream), owned by root. `source` must have readinto().
 
@@ -201,9 +224,13 @@ def copy_checked(source: ByteSource, out: ByteSink | None, path: str, *,
     For an import: `first(kept)` checks config.dump and spec.dump as soon as both are read, and
     must have passed before any entry of checkpoint/ comes (a GPU manifest there, parsed as it
     comes, before any pages file): nothing is staged for an archive before its config is checked.
-    `guard` (oci.archive.RatioGuard) bounds how far each entry's data expands."""
+    `guard` (oci.archive.RatioGuard) bounds how far each entry's data expands. With `nested`, the
+    tars inside (rootfs-diff.tar, volumes, /dev/shm) and deleted.files are checked too (oci.nested_tar):
+    what podman would unpack into the container's root before any runtime runs. `rewrite[name]`
+    makes the data `out` gets of a small file from what was read (and checked: `first` sees the original)."""
     copy = _CheckedCopy(out, path, progress=progress, kept=kept, divert=divert, observe=observe, first=first,
-                        guard=guard)
+                        guard=guard, nested=nested)
+    copy.rewrite = dict(rewrite or {})
     try:
         for member, reader in tarstream.entries(source, path):
             copy.admit(member)
@@ -225,11 +252,13 @@ class _CheckedCopy:
                  kept: dict[str, bytes] | None,
                  divert: Callable[[tarfile.TarInfo], AbstractContextManager[ByteSink] | None] | None,
                  observe: Callable[[tarfile.TarInfo], ByteSink | None] | None,
-                 first: Callable[[dict[str, bytes]], None] | None, guard: RatioGuard | None) -> None:
+                 first: Callable[[dict[str, bytes]], None] | None, guard: RatioGuard | None,
+                 nested: NestedChecks | None) -> None:
         self.out, self.path, self.progress, self.kept = out, path, progress, kept
-        self.divert, self.observe, self.first, self.guard = divert, observe, first, guard
+        self.divert, self.observe, self.first, self.guard, self.nested = divert, observe, first, guard, nested
         self.copied, self.written, self.seen = Copied(), 0, set[str]()
         self.config_checked, self.pages_seen = first is None, False
+        self.rewrite: dict[str, Callable[[bytes], bytes]] = {}
 
     def moved(self, count: int) -> None:
         self.copied.bytes += count
@@ -247,7 +276,8 @@ class _CheckedCopy:
         self.copied.names.append(name)
         if name.endswith(f"/{STAGING_PLACEHOLDER}") or name == STAGING_PLACEHOLDER:
             raise ImageError(f"{path}: archive entry {name!r} is gpuckpt's own import placeholder: refused")
-        if not self.config_checked and name.partition("/")[0] == CHECKPOINT_DIR:
+        if not self.config_checked and (name.partition("/")[0] == CHECKPOINT_DIR or name in (ROOTFS_DIFF,
+                                                                                              DELETED_FILES)):
             raise ImageError(f"{path}: {name} comes before {CONFIG_DUMP} and {SPEC_DUMP}: refused (gpuckpt "
                              "import checks the container config before it stages anything; podman and gpuckpt "
                              "export write config.dump first)")
@@ -261,32 +291,55 @@ class _CheckedCopy:
     def entry(self, member: tarfile.TarInfo, reader: tarstream.EntryReader) -> None:
         """The entry moved on: diverted, kept (a small file) or written to `out`, its data watched."""
         watch = self.observe(member) if self.observe is not None else None
+        check = self._nested_check(member)
+        if check is not None:
+            watch = check if watch is None else _Both(watch, check)
         diverted = self.divert(member) if self.divert is not None and member.isfile() else None
         if diverted is not None:
             self.copied.files += 1
             with diverted as data_file:
                 tarstream.copy_data(reader, member.size, data_file, self.moved, pad=False, watch=watch)
+            if check is not None:
+                check.finish()
             return
-        if self.out is not None:
+        rewritten = self.rewrite.get(member.name) if self.out is not None and member.isfile() else None
+        if self.out is not None and rewritten is None:
             self.written += tarstream.write_header(member, self.out)
         if not member.isfile():
             return
         self.copied.files += 1
         if self.kept is not None and member.name in SMALL_FILES:
-            moved_bytes = self._keep(member, reader, self.kept, watch)
+            moved_bytes = self._keep(member, reader, self.kept, watch, self.out if rewritten is None else None)
+            if rewritten is not None and self.out is not None:
+                moved_bytes = write_small_entry(self.out, member.name, rewritten(self.kept[member.name]))
         else:
             moved_bytes = tarstream.copy_data(reader, member.size, self.out, self.moved, watch=watch)
         self.written += moved_bytes if self.out is not None else 0
+        if check is not None:
+            check.finish()
+
+    def _nested_check(self, member: tarfile.TarInfo) -> NestedTarCheck | _DeletedFiles | None:
+        """The check of a nested tar or deleted.files as its data passes, where imports ask for it."""
+        if self.nested is None or not member.isfile():
+            return None
+        where = f"{self.path}: {member.name}"
+        if is_nested_tar(member.name):
+            return NestedTarCheck(where, self.nested.allow_setuid)
+        if member.name == DELETED_FILES:
+            if member.size > MAX_DELETED_FILES_BYTES:
+                raise ImageError(f"{where} declares {member.size} bytes, more than {MAX_DELETED_FILES_BYTES}")
+            return _DeletedFiles(where)
+        return None
 
     def _keep(self, member: tarfile.TarInfo, reader: tarstream.EntryReader, kept: dict[str, bytes],
-              watch: ByteSink | None) -> int:
+              watch: ByteSink | None, out: ByteSink | None) -> int:
         """A small file put in `kept` as it passes (config.dump and spec.dump checked by `first` once both
         are in, a GPU manifest parsed); the bytes read."""
         if member.size > SMALL_FILES[member.name]:
             raise ImageError(f"{self.path}: {member.name} declares {member.size} bytes, "
                              f"more than {SMALL_FILES[member.name]}")
         data = bytearray()
-        moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, self.out), watch=watch)
+        moved_bytes = tarstream.copy_data(reader, member.size, _Collect(data, out), watch=watch)
         kept[member.name] = bytes(data[:member.size])
         self.copied.bytes += member.size
         if self.first is not None and not self.config_checked and CONFIG_DUMP in kept and SPEC_DUMP in kept:
@@ -301,6 +354,37 @@ class _CheckedCopy:
             for name, trailing in trailer:
                 self.written += write_small_entry(self.out, name, trailing)
             tarstream.write_end(self.out, self.written)
+
+
+@dataclass(frozen=True)
+class NestedChecks:
+    """An import's checks of what is inside the archive's entries (oci.nested_tar)."""
+
+    allow_setuid: bool = False
+
+
+class _Both:
+    """Two watchers of one entry's data."""
+
+    def __init__(self, first: ByteSink, second: ByteSink) -> None:
+        self.first, self.second = first, second
+
+    def write(self, chunk: Data) -> None:
+        self.first.write(chunk)
+        self.second.write(chunk)
+
+
+class _DeletedFiles:
+    """deleted.files, collected as it passes (bounded at its header) and parsed at its end."""
+
+    def __init__(self, where: str) -> None:
+        self.where, self.data = where, bytearray()
+
+    def write(self, chunk: Data) -> None:
+        self.data += chunk
+
+    def finish(self) -> None:
+        parse_deleted_files(bytes(self.data), self.where)
 
 
 class _Collect:

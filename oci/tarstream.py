@@ -103,12 +103,13 @@ class EntryReader:
         return bytes(self.fill(BLOCK))
 
 
-def _padded(size: int) -> int:
+def padded(size: int) -> int:
     return -(-size // BLOCK) * BLOCK
 
 
-def _parse(header_blocks: bytes, path: str) -> tarfile.TarInfo:
-    """One member's header, extensions resolved, by tarfile itself."""
+def parse_header(header_blocks: bytes, path: str) -> tarfile.TarInfo:
+    """One member's header, extensions resolved, by tarfile itself; PAX records beyond PAX_KEYS
+    and xattrs refused."""
     try:
         with tarfile.open(fileobj=io.BytesIO(header_blocks + bytes(2 * BLOCK)), mode="r:") as tar:
             member = tar.next()
@@ -123,8 +124,10 @@ def _parse(header_blocks: bytes, path: str) -> tarfile.TarInfo:
     return member
 
 
-def entries(source: ByteSource, path: str) -> Iterator[tuple[tarfile.TarInfo, EntryReader]]:
-    """Yield (member, reader) for each entry; the caller consumes exactly _padded(member.size) bytes."""
+def entries(source: ByteSource, path: str, *, links: bool = False) -> Iterator[tuple[tarfile.TarInfo, EntryReader]]:
+    """Yield (member, reader) for each entry; the caller consumes exactly padded(member.size) bytes
+    of a regular file's and none of any other entry's. With `links`, names, links and special files
+    are the caller's to check (oci.nested_tar's rules), sparse files still refused."""
     reader = EntryReader(source, path)
     pending, extensions, count = b"", 0, 0
     while True:
@@ -138,23 +141,23 @@ def entries(source: ByteSource, path: str) -> Iterator[tuple[tarfile.TarInfo, En
                 raise ImageError(f"{path}: truncated or corrupt archive: an extension header with no entry")
             _end(reader, path)
             return
-        raw = _raw_header(block, path)
+        raw = raw_header(block, path)
         if raw.type in EXTENSION_TYPES:
             extensions += 1
             if raw.size > MAX_EXTENSION_BYTES or len(pending) > MAX_EXTENSION_BYTES or extensions > MAX_EXTENSIONS:
                 raise ImageError(f"{path}: extension headers of {len(pending) + raw.size} bytes "
                                  f"({extensions}) before one entry: refused")
-            pending += block + bytes(reader.fill(_padded(raw.size)))
+            pending += block + bytes(reader.fill(padded(raw.size)))
             continue
         count += 1
         if count > MAX_ENTRIES:
             raise ImageError(f"{path}: more than {MAX_ENTRIES} entries: refused")
-        member = _member(pending + block, path)
+        member = _member(pending + block, path, links)
         pending, extensions = b"", 0
         yield member, reader
 
 
-def _raw_header(block: bytes, path: str) -> tarfile.TarInfo:
+def raw_header(block: bytes, path: str) -> tarfile.TarInfo:
     """One header block as it stands (an extension header's own, or an entry's before its extensions)."""
     try:
         raw = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
@@ -165,11 +168,12 @@ def _raw_header(block: bytes, path: str) -> tarfile.TarInfo:
     return raw
 
 
-def _member(header_blocks: bytes, path: str) -> tarfile.TarInfo:
-    """An entry's header with its extensions, its name checked; sparse files refused."""
-    member = _parse(header_blocks, path)
+def _member(header_blocks: bytes, path: str, links: bool = False) -> tarfile.TarInfo:
+    """An entry's header with its extensions, its name checked (unless `links`); sparse files refused."""
+    member = parse_header(header_blocks, path)
     try:
-        member.name = checked_name(member)
+        if not links:
+            member.name = checked_name(member)
     except ImageError as error:
         raise ImageError(f"{path}: {error}") from None
     if member.type == tarfile.GNUTYPE_SPARSE or member.sparse is not None:
@@ -201,7 +205,7 @@ def copy_data(reader: EntryReader, size: int, out: ByteSink | None, moved: Calla
     """Move `size` bytes of entry data and its padding from reader to out (None: drop them;
     pad=False: the data alone, for a plain file); `moved(n)` hears of each chunk, `watch.write`
     sees the data too (never the padding: a digest, say). Returns the bytes read."""
-    left = total = _padded(size)
+    left = total = padded(size)
     while left:
         chunk = reader.fill(min(left, BUFFER_BYTES))
         data_part = max(0, min(len(chunk), size))

@@ -49,7 +49,8 @@ from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations
 from ..policy.crun import crun_restore_refusals
 from ..policy.image import check_restore
-from ..transfer.staging import claim_staged_pages
+from ..transfer.root_files import apply_root_files
+from ..transfer.staging import ClaimedImport, claim_staged
 from ..trust.dump_signature import DUMP_SIGNATURE, verify_dump
 from ..trust.keys import load_trust
 from ..trust.signature import SignatureError
@@ -106,8 +107,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
         # no dump here (CRIU reads inventory.img first, and restores nothing without it), nor any of ours:
         # nothing of the directory is read, the delegate says what is wrong in its own words
         return run_delegate(delegate, delegate_argv(delegate, args, []))
-    if staged := claim_staged_pages(image_dir_of(verb)):  # before the check of the pages' signed sizes
-        log(args, "info", f"{container_id}: {len(staged)} pages image(s) staged by gpuckpt import moved in")
+    if staged := claim_staged(image_dir_of(verb)):  # before the check of the pages' signed sizes
+        log(args, "info", f"{container_id}: {len(staged.pages)} pages image(s) staged by gpuckpt import moved in")
 
     # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote
     # them, checked before any of them is parsed (the manifest, CRIU's images)
@@ -126,11 +127,29 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
         # CRIU restores TCP connections, external unix sockets and locks only when asked again.
         again = [option for option in manifest.network.added_options if option.lstrip("-") not in verb.flags]
 
+    if staged is not None:  # every check passed: the container's own files, inside its root only
+        _apply_staged_root_files(args, staged, bundle, container_id, config)
     argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
         return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv)
     return GpuRestore(args, verb, container_id, delegate, config=config, manifest=manifest, argv=argv, gpus=gpus,
                       lock=lock).run()
+
+
+def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: str, container_id: str,
+                             config: Config) -> None:
+    """The imported archive's changed and deleted files (podman was not given them), made inside the root
+    podman mounted for the container, no link followed out of it (transfer.root_files)."""
+    if staged.rootfs_diff is None and staged.deleted_files is None:
+        return
+    root = read_spec(bundle).rootfs(bundle)
+    if not root:
+        raise ImageError(f"restore of {container_id}: its bundle names no root filesystem for the imported files")
+    applied, removed = apply_root_files(root, staged.rootfs_diff, staged.deleted_files,
+                                        allow_setuid=config.import_.allow_setuid_files,
+                                        what=f"restore of {container_id}")
+    log(args, "info", f"{container_id}: {applied} changed file(s) and {removed} deletion(s) of the imported archive "
+                      "applied inside its root")
 
 
 def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, bundle: str,

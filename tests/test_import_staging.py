@@ -16,7 +16,7 @@ from gpuckpt.errors import ImageError
 from gpuckpt.node.config import ImportConfig
 from gpuckpt.oci.podman_archive import check_podman_archive, copy_checked
 from gpuckpt.transfer.bounds import StagingBudget
-from gpuckpt.transfer.staging import PLACEHOLDER, ParallelFile, Staging, claim_staged_pages
+from gpuckpt.transfer.staging import PLACEHOLDER, ParallelFile, Staging, claim_staged
 
 
 def stage(node, source: bytes) -> tuple[Staging, bytes]:
@@ -49,7 +49,8 @@ def test_pages_go_beside_and_come_back_through_the_record(node) -> None:
     image_dir.mkdir(parents=True)
     unpack(light, image_dir)
     staging.record()
-    assert claim_staged_pages(str(image_dir)) == ["pages-1.img"]
+    claimed = claim_staged(str(image_dir))
+    assert claimed is not None and claimed.pages == ["pages-1.img"]
     with tarfile.open(fileobj=io.BytesIO(source)) as tar:
         assert (image_dir / "pages-1.img").read_bytes() == tar.extractfile("checkpoint/pages-1.img").read()
     assert not (image_dir / PLACEHOLDER).exists()
@@ -61,13 +62,13 @@ def test_pages_go_beside_and_come_back_through_the_record(node) -> None:
 def test_no_placeholder_no_work_and_a_placeholder_without_record_fails_the_restore(node) -> None:
     image_dir = node / "checkpoint"
     image_dir.mkdir()
-    assert claim_staged_pages(str(image_dir)) == []
+    assert claim_staged(str(image_dir)) is None
     (image_dir / PLACEHOLDER).write_text(json.dumps({"kind": "gpuckpt-staged-import", "token": "a" * 32}))
     with pytest.raises(ImageError, match="staged by a gpuckpt import that has ended"):
-        claim_staged_pages(str(image_dir))
+        claim_staged(str(image_dir))
     (image_dir / PLACEHOLDER).write_text(json.dumps({"kind": "gpuckpt-staged-import", "token": "../../etc/x"}))
     with pytest.raises(ImageError, match="not a gpuckpt import placeholder"):
-        claim_staged_pages(str(image_dir))
+        claim_staged(str(image_dir))
 
 
 def test_a_record_naming_other_files_is_refused(node) -> None:
@@ -78,7 +79,7 @@ def test_a_record_naming_other_files_is_refused(node) -> None:
     image_dir.mkdir()
     unpack(light, image_dir)
     with pytest.raises(ImageError, match="is not a pages image name"):
-        claim_staged_pages(str(image_dir))
+        claim_staged(str(image_dir))
     staging.remove()
 
 

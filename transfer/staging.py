@@ -12,6 +12,10 @@ Nothing is staged before the archive's config.dump and spec.dump are checked, an
 the operator's bounds (transfer.bounds): each pages file's declared size is taken from the
 budget before it is reserved (fallocate), every other byte before it is written.
 
+The container's changed files (`rootfs-diff.tar`) and its deletions (`deleted.files`) are
+staged too and never given to podman, which would apply them as root outside the container's
+root (podman 4.3 follows links out of it): the shim applies them inside it (host/rooted.py).
+
 Only the shim's own record, written by `gpuckpt import` as root, says where pages come from: an
 archive that carries a placeholder is refused on reading, and a token with no record fails the
 restore with one line.
@@ -29,6 +33,7 @@ import tarfile
 import tempfile
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Literal
 
@@ -39,6 +44,7 @@ from ..host.safefiles import read_bounded, replace_file
 from ..node.paths import state_dir
 from ..oci.image_names import PAGES_FILE
 from ..oci.image_names import STAGING_PLACEHOLDER as PLACEHOLDER
+from ..oci.nested_tar import DELETED_FILES, ROOTFS_DIFF
 from ..oci.tarstream import ByteSink, Data
 from ..oci.timestamps import utc_now
 from .bounds import StagedFile, StagingBudget
@@ -47,6 +53,7 @@ TOKEN_PATTERN = r"[0-9a-f]{32}"
 MAX_RECORD_BYTES = 1 << 20
 LIGHT_ARCHIVE = "archive.tar"  # what podman imports: everything but the pages
 HELD_BYTES = 64 << 20  # before the config: podman's default /dev/shm size, which devshm-checkpoint.tar holds
+ROOT_FILES = (ROOTFS_DIFF, DELETED_FILES)  # staged for the shim to apply inside the container's root
 
 
 class Placeholder(BaseModel):
@@ -61,6 +68,17 @@ class StagedImport(BaseModel):
     pages_dir: str
     pages: list[str]
     created: str
+    root_files: list[Literal["rootfs-diff.tar", "deleted.files"]] = []  # in pages_dir, applied by the shim
+
+
+@dataclass(frozen=True)
+class ClaimedImport:
+    """What a staged import left for the shim: the pages moved into the image, and the files it applies
+    to the container's root itself (paths in the staging directory; None where the archive had none)."""
+
+    pages: list[str]
+    rootfs_diff: str | None
+    deleted_files: str | None
 
 
 def _records_dir() -> str:
@@ -82,6 +100,7 @@ class Staging:
         self.directory = ""
         self.active = False  # the pages are staged here (the restore goes through the shim)
         self.pages: list[str] = []
+        self.root_files: list[Literal["rootfs-diff.tar", "deleted.files"]] = []
         self.recorded = False
         self._dir_fd = -1
         self._light: StagedFile | None = None
@@ -114,16 +133,20 @@ class Staging:
             self._light.out.close()
 
     def divert(self, member: tarfile.TarInfo) -> ParallelFile | _Dropped | None:
-        """A file for a pages image's data (closed by the copy), None for any other entry; when the
-        pages are not staged (podman will read the archive itself), a stream that drops them."""
+        """A file for a pages image's data or a root file's (closed by the copy), None for any other
+        entry; when nothing is staged (the check alone), a stream that drops them."""
         directory, _, name = member.name.rpartition("/")
-        if directory != "checkpoint" or not PAGES_FILE.fullmatch(name):
+        if member.name in ROOT_FILES:
+            if self.active:
+                self.root_files.append(ROOTFS_DIFF if member.name == ROOTFS_DIFF else DELETED_FILES)
+        elif directory != "checkpoint" or not PAGES_FILE.fullmatch(name):
             return None
+        elif self.active:
+            self.pages.append(name)
         if not self.active:
             return _Dropped()
         self.budget.take(member.name, member.size)  # checked before a byte is reserved for it
         fd = self._create(name)
-        self.pages.append(name)
         try:
             if member.size:
                 os.posix_fallocate(fd, 0, member.size)  # a full disk fails here, not after GiBs
@@ -138,7 +161,7 @@ class Staging:
     def record(self) -> None:
         os.makedirs(_records_dir(), mode=0o700, exist_ok=True)
         record = StagedImport(token=self.token, pages_dir=self.directory, pages=self.pages,
-                              created=utc_now())
+                              created=utc_now(), root_files=self.root_files)
         replace_file(_record_path(self.token), record.model_dump_json())
         self.recorded = True
 
@@ -261,13 +284,13 @@ class ParallelFile:
             # already failing: that error is the one to report
 
 
-def claim_staged_pages(image_dir: str) -> list[str]:
-    """Move pages staged by `gpuckpt import` into the image directory; the names moved.
+def claim_staged(image_dir: str) -> ClaimedImport | None:
+    """Move pages staged by `gpuckpt import` into the image directory; what was staged.
 
     Nothing to do (and one stat) when the image holds no placeholder."""
     marker = os.path.join(image_dir, PLACEHOLDER)
     if not os.path.lexists(marker):
-        return []
+        return None
     try:
         token = Placeholder.model_validate_json(read_bounded(marker, 4096, marker)).token
     except ValidationError:
@@ -296,4 +319,5 @@ def claim_staged_pages(image_dir: str) -> list[str]:
             # after entering the container's mount namespace, where the link would not resolve.
             shutil.copyfile(staged, target, follow_symlinks=False)
     os.unlink(marker)
-    return record.pages
+    root_files = {name: os.path.join(record.pages_dir, name) for name in record.root_files}
+    return ClaimedImport(record.pages, root_files.get(ROOTFS_DIFF), root_files.get(DELETED_FILES))

@@ -246,8 +246,6 @@ class ArchiveVerification:
             raise SignatureError(f"{self.what}: the archive's sha256 is {str(digest)[:16]}…, signed "
                                  f"{str(self.content.archive_sha256)[:16]}…: changed after signing: refused")
 
-    def again(self) -> EntryCheck:
-        return EntryCheck(self.content, self.what)
 
 
 class Unsigned:
@@ -270,8 +268,29 @@ class Unsigned:
     def finish(self) -> None:
         pass
 
-    def again(self) -> None:
-        return None
+
+class LayerVerification:
+    """`gpuckpt import oci:`'s check of a checkpoint image's one layer: what is read must hash to the
+    digest its manifest names (and the manifest's signature covers: verify_image_signature)."""
+
+    observe = None
+
+    def __init__(self, digest: str, what: str) -> None:
+        self.digest, self.what = digest, what
+        self._reader: HashingReader | None = None
+
+    def reader(self, raw: RawArchive) -> HashingReader:
+        self._reader = HashingReader(raw)
+        return self._reader
+
+    def finish(self) -> None:
+        digest = self._reader.hexdigest() if self._reader is not None else None
+        if f"sha256:{digest}" != self.digest:
+            raise SignatureError(f"{self.what}: its layer's sha256 is {str(digest)[:16]}…, the manifest names "
+                                 f"{self.digest[7:23]}…: changed since: refused")
+
+
+Verification = ArchiveVerification | Unsigned | LayerVerification  # what `gpuckpt import` reads through
 
 
 def unsigned_refusal(what: str, source: str, why: str) -> SignatureError:

@@ -1,0 +1,288 @@
+"""Host root through what podman unpacks before any runtime runs: a real export whose
+rootfs-diff.tar, deleted.files or config.dump was edited.
+
+podman applies `rootfs-diff.tar` and `deleted.files` to the container's root as root on the host
+before it calls the runtime; podman 4.3 (Debian 12's) does it unconfined: a link the tar makes,
+or one the image has (Debian's `/var/run -> /run`), is followed onto the host, and `/../..` in
+deleted.files removes host files. Each attack is first shown to work through podman's own
+`restore --import` (the path gpuckpt cannot check), then to fail through `gpuckpt import`, for the
+reason it must, with nothing written on the host, no container left, nothing staged left.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import zstandard
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+
+Edit = Callable[[str, bytes | None], bytes | None]  # (entry name, data or None when absent) -> new data or None
+
+
+def podman_major() -> int:
+    return int(sh("podman", "version", "--format", "{{.Client.Version}}").stdout.split(".")[0])
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Iterator[tuple[Path, str]]:
+    """A counter container's signed export (it changed /tmp/state and deleted /etc/issue.net), the
+    container removed; the archive and the container's name."""
+    directory = tmp_path_factory.mktemp("content")
+    name = f"gpuckpt-content-{os.getpid()}"
+    archive = directory / "counter.tar.zst"
+    try:
+        source = "import os\nos.remove('/etc/issue.net')\n" + COUNTER_SOURCE
+        sh("podman", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none", PODMAN_IMAGE,
+           "python3", "-c", source)
+        read_state = lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout  # noqa: E731
+        wait_counter(read_state, 2)
+        sh(GPUCKPT, "export", name, "-o", str(archive), "--leave-running")
+        sh(GPUCKPT, "export", name, "-o", f"oci:{directory / 'image'}:v1")
+        sh("podman", "rm", "-f", "-t", "0", name)
+        yield archive, name
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+@pytest.fixture(scope="module")
+def unsigned_allowed(exported) -> Iterator[None]:
+    """Edited archives and images are unsigned: explicit exceptions while these tests run (archives
+    in their directory, images by restore:any), so what refuses them is the content check."""
+    sources = [f"archive:{exported[0].parent}/", "restore:any"]
+    for source in sources:
+        sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test: archive content")
+    yield
+    for source in sources:
+        sh(GPUCKPT, "trust", "disallow-unsigned", source)
+
+
+def moved(archive: Path, out: str, edit: Edit, added: tuple[str, ...] = (), form: str = "tar") -> str:
+    """The export edited by `edit`, as `gpuckpt import` takes it: an archive, or (form "oci") the
+    checkpoint image exported beside it with its layer edited (the signature, which no longer
+    matches, left out); the argument to give import."""
+    if form == "tar":
+        return str(edited(archive, archive.parent / f"{out}.tar.zst", edit, added))
+    source, target = archive.parent / "image", archive.parent / f"{out}-image"
+    sh("rm", "-rf", str(target))
+    sh("cp", "-a", str(source), str(target))
+    blobs = target / "blobs" / "sha256"
+    index = json.loads((target / "index.json").read_text())
+    manifest = json.loads((blobs / index["manifests"][0]["digest"][7:]).read_text())
+    layer = manifest["layers"][0]
+    layer_file = blobs / layer["digest"][7:]
+    new_layer = edited(layer_file, target / "layer.new", edit, added)
+    layer["digest"], layer["size"] = blob(blobs, new_layer.read_bytes()), new_layer.stat().st_size
+    new_layer.unlink()
+    manifest["annotations"].pop("io.gpuckpt.signature", None)
+    manifest_bytes = json.dumps(manifest).encode()
+    index["manifests"][0]["digest"], index["manifests"][0]["size"] = blob(blobs, manifest_bytes), len(manifest_bytes)
+    (target / "index.json").write_text(json.dumps(index))
+    return f"oci:{target}:v1"
+
+
+def blob(blobs: Path, data: bytes) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    (blobs / digest).write_bytes(data)
+    return f"sha256:{digest}"
+
+
+def edited(archive: Path, out: Path, edit: Edit, added: tuple[str, ...] = ()) -> Path:
+    """The archive with each entry's data passed through `edit` (None: left out); `added` entries are
+    asked for at the end."""
+    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as source, \
+            tarfile.open(fileobj=source, mode="r|") as tar_in, open(out, "wb") as sink, \
+            zstandard.ZstdCompressor().stream_writer(sink) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar_out:
+        for member in tar_in:
+            data = tar_in.extractfile(member).read() if member.isfile() else None
+            if member.isfile():
+                data = edit(member.name, data)
+                if data is None:
+                    continue
+                member.size = len(data)
+            tar_out.addfile(member, io.BytesIO(data) if data is not None else None)
+        for name in added:
+            data = edit(name, None)
+            if data is not None:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o600
+                tar_out.addfile(info, io.BytesIO(data))
+    return out
+
+
+def with_diff_entries(diff: bytes, entries: list[tuple[str, str, str]]) -> bytes:
+    """podman's rootfs-diff.tar with entries (name, "symlink"|"file", target or content) added at its end."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(diff)) as tar_in, tarfile.open(fileobj=out, mode="w",
+                                                                          format=tarfile.PAX_FORMAT) as tar_out:
+        for member in tar_in:
+            tar_out.addfile(member, tar_in.extractfile(member) if member.isfile() else None)
+        for name, kind, value in entries:
+            info = tarfile.TarInfo(name)
+            if kind == "symlink":
+                info.type, info.linkname = tarfile.SYMTYPE, value
+                tar_out.addfile(info)
+            else:
+                info.size, info.mode = len(value), 0o755
+                tar_out.addfile(info, io.BytesIO(value.encode()))
+    return out.getvalue()
+
+
+def imported(archive: Path | str, name: str) -> str:
+    """`gpuckpt import` expected to refuse: its one line; no container and nothing staged left."""
+    result = sh(GPUCKPT, "import", str(archive), "--name", name, check=False)
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1, line
+    assert containers_named(name) == ""
+    assert staging_leftovers() == []
+    return line
+
+
+def podman_import(archive: Path, name: str) -> None:
+    """podman's own restore --import (whatever its outcome), the container removed after."""
+    sh("podman", "container", "restore", "--import", str(archive), "--name", name, check=False, timeout=300)
+    sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+def staging_leftovers() -> list[str]:
+    imports = Path("/run/gpuckpt/imports")
+    return ([p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")]
+            + (os.listdir(imports) if imports.exists() else []))
+
+
+def containers_named(name: str) -> str:
+    return sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.Status}}").stdout.strip()
+
+
+@pytest.fixture
+def host_scratch(tmp_path) -> Iterator[Path]:
+    """A host directory an attack aims at, outside every container root."""
+    target = Path(f"/var/tmp/gpuckpt-content-{os.getpid()}-{time.monotonic_ns() % 10**8}")
+    target.mkdir()
+    yield target
+    sh("rm", "-rf", str(target))
+
+
+@pytest.mark.hostile("real export (archive or image) whose rootfs-diff.tar makes a link to a host directory and "
+                     "writes a file through it")
+@pytest.mark.parametrize("form", ["tar", "oci"])
+def test_a_file_written_through_a_link_in_the_diff_is_refused(exported, unsigned_allowed, host_scratch, form) -> None:
+    archive, name = exported
+    attack = moved(archive, "link", lambda entry, data: with_diff_entries(
+        data, [("tmp/out", "symlink", str(host_scratch)), ("tmp/out/planted", "file", "#!/bin/sh\nid\n")])
+        if entry == "rootfs-diff.tar" else data, form=form)
+    if podman_major() < 5 and form == "tar":  # podman 4.3 follows the link on the host: the attack is real
+        podman_import(Path(attack), f"{name}-podman")
+        assert (host_scratch / "planted").exists(), "podman 4.3's own --import no longer follows the link"
+        (host_scratch / "planted").unlink()
+    line = imported(attack, f"{name}-gpuckpt")
+    assert "rootfs-diff.tar: entry 'tmp/out/planted' is written through the link 'tmp/out'" in line, line
+    assert not (host_scratch / "planted").exists()
+
+
+@pytest.mark.hostile("real export (archive or image) whose deleted.files names /../../../../var/tmp/VICTIM")
+@pytest.mark.parametrize("form", ["tar", "oci"])
+def test_a_deletion_outside_the_root_is_refused(exported, unsigned_allowed, host_scratch, form) -> None:
+    archive, name = exported
+    victim = host_scratch / "victim"
+    victim.write_text("the host's")
+    path = f"/../../../../../../..{victim}"
+    attack = moved(archive, "deleted",
+                   lambda entry, data: json.dumps(["/etc/issue.net", path]).encode() if entry == "deleted.files"
+                   else data, added=("deleted.files",) if not has_entry(archive, "deleted.files") else (), form=form)
+    if podman_major() < 5 and form == "tar":
+        podman_import(Path(attack), f"{name}-podman")
+        assert not victim.exists(), "podman 4.3's own --import no longer removes outside the root"
+        victim.write_text("the host's")
+    line = imported(attack, f"{name}-gpuckpt")
+    assert f"deleted.files: the path {path!r} is not a file inside the container's root" in line, line
+    assert victim.read_text() == "the host's"
+
+
+def has_entry(archive: Path, name: str) -> bool:
+    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as source, \
+            tarfile.open(fileobj=source, mode="r|") as tar:
+        return any(member.name == name for member in tar)
+
+
+@pytest.mark.hostile("real export whose rootfs-diff.tar writes var/run/NAME (the image's own var/run -> /run link) "
+                     "and whose deleted.files removes var/run/VICTIM")
+def test_the_images_own_links_lead_inside_the_root_only(exported, unsigned_allowed, tmp_path) -> None:
+    archive, name = exported
+    tag = f"gpuckpt-content-{os.getpid()}-{time.monotonic_ns() % 10**8}"
+    planted, victim = Path("/run") / tag, Path("/run") / f"{tag}-victim"
+    attack = edited(archive, archive.parent / "image-link.tar.zst", lambda entry, data: (
+        with_diff_entries(data, [(f"var/run/{tag}", "file", "planted\n")]) if entry == "rootfs-diff.tar"
+        else json.dumps(["/etc/issue.net", f"/var/run/{tag}-victim"]).encode() if entry == "deleted.files"
+        else data), added=("deleted.files",) if not has_entry(archive, "deleted.files") else ())
+    victim.write_text("the host's")
+    restored = f"{name}-inside"
+    try:
+        if podman_major() < 5:
+            podman_import(attack, f"{name}-podman")
+            assert planted.exists() and not victim.exists(), "podman 4.3 no longer follows the image's own link"
+            planted.unlink()
+            victim.write_text("the host's")
+        result = sh(GPUCKPT, "import", str(attack), "--name", restored)
+        assert "the archive's runtime" not in result.stdout
+        # the files went where the container sees them, the host's /run untouched
+        assert sh("podman", "exec", restored, "cat", f"/run/{tag}").stdout == "planted\n"
+        assert sh("podman", "exec", restored, "test", "!", "-e", "/etc/issue.net", check=False).returncode == 0
+        assert not planted.exists() and victim.read_text() == "the host's"
+        read_state = lambda: sh("podman", "exec", restored, "cat", "/tmp/state").stdout  # noqa: E731
+        assert_continues(wait_counter(read_state, 1), read_state)
+        assert staging_leftovers() == []
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False)
+        planted.unlink(missing_ok=True)
+        victim.unlink(missing_ok=True)
+
+
+@pytest.mark.hostile("real export (archive or image) whose rootfs-diff.tar is a small zstd stream of 2 GiB of zeros")
+@pytest.mark.parametrize("form", ["tar", "oci"])
+def test_a_compressed_diff_is_refused_before_it_expands(exported, unsigned_allowed, form) -> None:
+    archive, name = exported
+    with io.BytesIO() as bomb:
+        with zstandard.ZstdCompressor(level=19).stream_writer(bomb, closefd=False) as writer:
+            chunk = bytes(64 << 20)
+            for _ in range(32):
+                writer.write(chunk)
+        data = bomb.getvalue()
+    assert len(data) < 200_000
+    attack = moved(archive, "bomb", lambda entry, old: data if entry == "rootfs-diff.tar" else old, form=form)
+    started = time.monotonic()
+    line = imported(attack, f"{name}-bomb")
+    assert "rootfs-diff.tar: is compressed (zstd)" in line, line
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.hostile("real export (archive or image) whose config.dump names the runtime runc (podman would never "
+                     "call the shim)")
+@pytest.mark.parametrize("form", ["tar", "oci"])
+def test_an_archive_naming_another_runtime_restores_through_the_shim(exported, unsigned_allowed, form) -> None:
+    archive, name = exported
+
+    def runc(entry: str, data: bytes | None) -> bytes | None:
+        if entry != "config.dump" or data is None:
+            return data
+        return json.dumps({**json.loads(data), "runtime": "runc"}).encode()
+
+    attack = moved(archive, "runc", runc, form=form)
+    restored = f"{name}-runc"
+    try:
+        result = sh(GPUCKPT, "import", attack, "--name", restored)
+        assert "the archive's runtime 'runc' replaced by gpuckpt-runtime" in result.stdout, result.stdout
+        assert sh("podman", "inspect", "--format", "{{.OCIRuntime}}", restored).stdout.strip() == "gpuckpt-runtime"
+        read_state = lambda: sh("podman", "exec", restored, "cat", "/tmp/state").stdout  # noqa: E731
+        assert_continues(wait_counter(read_state, 1), read_state)
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False)
