@@ -14,6 +14,7 @@ import signal
 from ..errors import UsageError
 from ..host.programs import find_program
 from ..node import engines
+from ..node.config import load_config
 from ..node.config_edit import turn_hook_on
 from ..node.containerd import CONTAINERD_CONFIG, HANDLER, register_containerd
 from ..node.hook_entry import hook_beside
@@ -53,6 +54,16 @@ def _reload_dockerd() -> str:
     return f"dockerd (pid {pid}) reloaded its runtimes"
 
 
+def _stand_in(default: bool) -> str | None:
+    """With --default, the delegate's own name (runc or crun): an archive naming it would otherwise reach
+    it straight through podman's own `restore --import`, past every check the shim makes."""
+    delegate = os.path.basename(load_config().runtime.delegate)
+    return delegate if default and delegate in STAND_IN_NAMES else None
+
+
+STAND_IN_NAMES = ("runc", "crun")  # the runtimes the shim delegates to, by podman's names for them
+
+
 def _install_hook(engine: str, runtime_path: str) -> str:
     """gpuckpt-hook for this engine's containers: podman reads hooks.d, docker and containerd get it from the runtime's
     create."""
@@ -75,8 +86,13 @@ def run(options: argparse.Namespace) -> int:
         raise UsageError(f"--default: containerd's pods choose gpuckpt through a RuntimeClass whose handler is "
                          f"{HANDLER!r} (packaging/kubernetes/runtimeclass.yaml); give no --default")
     if options.engine == "podman":
+        stand_in = _stand_in(options.default)
         change = engines.register_podman(runtime_path, default=options.default,
-                                         conf_path=options.config or engines.PODMAN_CONF, hooks=not options.no_hook)
+                                         conf_path=options.config or engines.PODMAN_CONF, hooks=not options.no_hook,
+                                         stand_in_for=stand_in)
+        if stand_in is not None and change.changed:
+            print(f"podman's runtime {stand_in!r} now resolves to {runtime_path} too: a container or archive naming "
+                  f"it goes through gpuckpt-runtime's checks, which runs {stand_in} as before")
     elif options.engine == "containerd":
         change = register_containerd(runtime_path, config_path=options.config or CONTAINERD_CONFIG)
     else:

@@ -50,6 +50,7 @@ from ..transfer.bounds import StagingBudget
 from ..transfer.staging import HeldOutput, Staging
 from ..trust.keys import load_trust, require_node_key
 from ..trust.provenance import (
+    ArchiveVerification,
     ExportSigning,
     LayerVerification,
     Verification,
@@ -194,7 +195,7 @@ def run_import(options: argparse.Namespace) -> int:
     _require_registered()
     config = load_config()
     limits = config.import_
-    source, verification = _verified_source(options.archive, options.signature)  # before any staging
+    source, verification, vouched = _verified_source(options.archive, options.signature)  # before any staging
     started = time.monotonic()
     flags = ["--name", options.name] if options.name else []
     flags += ["--tcp-established"] if options.tcp_established else []
@@ -204,7 +205,7 @@ def run_import(options: argparse.Namespace) -> int:
     near = os.path.dirname(graph_root)
     if os.stat(near).st_dev != os.stat(graph_root).st_dev:
         near = graph_root  # the storage is a filesystem of its own
-    staging = Staging(near, StagingBudget(options.archive, near, limits))
+    staging = Staging(near, StagingBudget(options.archive, near, limits), limits.allow_setuid_files)
     held = HeldOutput(spill=staging.light)  # what comes before config.dump (podman: devshm-checkpoint.tar)
 
     def config_read(kept: dict[str, bytes]) -> None:
@@ -228,6 +229,7 @@ def run_import(options: argparse.Namespace) -> int:
         if checked.config.runtime != RUNTIME_NAME:
             phases.append(f"the archive's runtime {checked.config.runtime[:40] or 'default'!r} replaced by "
                           f"{RUNTIME_NAME}")
+        staging.vouched = f"gpuckpt import verified {options.archive}: {vouched}"
         staging.record()  # from here the shim may take the pages
         with termination_deferred():  # podman killed mid-restore could leave the container half made
             finished = run([podman, "container", "restore", "--import", staging.light_path, *flags], timeout_s=3600)
@@ -239,18 +241,22 @@ def run_import(options: argparse.Namespace) -> int:
     return 0
 
 
-def _verified_source(target: str, signature: str | None) -> tuple[str, Verification]:
-    """The file to read (an archive, or a checkpoint image's layer) and how what is read is verified:
-    an archive's signature, or the image manifest's signature and then its layer's digest."""
+def _verified_source(target: str, signature: str | None) -> tuple[str, Verification, str]:
+    """The file to read (an archive, or a checkpoint image's layer), how what is read is verified (an
+    archive's signature, or the image manifest's signature and then its layer's digest), and by whom."""
     trust = load_trust()
     if (image := parse_target(target)) is not None:
         if signature:
             raise UsageError(f"--signature {signature}: a checkpoint image carries its signature in its manifest")
         layout = read_layout(*image)
-        verify_image_signature(layout.manifest, trust, target)
-        return layout.layer_path, LayerVerification(layout.layer.digest, target)
+        signed = verify_image_signature(layout.manifest, trust, target)
+        by = f"signed by {signed[1]}" if signed else "unsigned, the trust policy allows restore:any"
+        return layout.layer_path, LayerVerification(layout.layer.digest, target), by
     _require_archive_file(target)
-    return target, verify_archive_signature(target, trust, signature)
+    verification = verify_archive_signature(target, trust, signature)
+    by = (f"signed by {verification.signer_name}" if isinstance(verification, ArchiveVerification)
+          else "unsigned, allowed by the trust policy")
+    return target, verification, by
 
 
 def _require_registered() -> None:

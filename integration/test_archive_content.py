@@ -17,6 +17,7 @@ import json
 import os
 import tarfile
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -180,10 +181,10 @@ def test_a_file_written_through_a_link_in_the_diff_is_refused(exported, unsigned
     attack = moved(archive, "link", lambda entry, data: with_diff_entries(
         data, [("tmp/out", "symlink", str(host_scratch)), ("tmp/out/planted", "file", "#!/bin/sh\nid\n")])
         if entry == "rootfs-diff.tar" else data, form=form)
-    if podman_major() < 5 and form == "tar":  # podman 4.3 follows the link on the host: the attack is real
+    if form == "tar":  # podman 4.3 follows the link on the host: the attack is real; podman 5 confines it
         podman_import(Path(attack), f"{name}-podman")
-        assert (host_scratch / "planted").exists(), "podman 4.3's own --import no longer follows the link"
-        (host_scratch / "planted").unlink()
+        assert (host_scratch / "planted").exists() == (podman_major() < 5), "podman's exposure changed: docs too"
+        (host_scratch / "planted").unlink(missing_ok=True)
     line = imported(attack, f"{name}-gpuckpt")
     assert "rootfs-diff.tar: entry 'tmp/out/planted' is written through the link 'tmp/out'" in line, line
     assert not (host_scratch / "planted").exists()
@@ -199,9 +200,9 @@ def test_a_deletion_outside_the_root_is_refused(exported, unsigned_allowed, host
     attack = moved(archive, "deleted",
                    lambda entry, data: json.dumps(["/etc/issue.net", path]).encode() if entry == "deleted.files"
                    else data, added=("deleted.files",) if not has_entry(archive, "deleted.files") else (), form=form)
-    if podman_major() < 5 and form == "tar":
+    if form == "tar":
         podman_import(Path(attack), f"{name}-podman")
-        assert not victim.exists(), "podman 4.3's own --import no longer removes outside the root"
+        assert victim.exists() == (podman_major() >= 5), "podman's exposure changed: docs too"
         victim.write_text("the host's")
     line = imported(attack, f"{name}-gpuckpt")
     assert f"deleted.files: the path {path!r} is not a file inside the container's root" in line, line
@@ -227,11 +228,11 @@ def test_the_images_own_links_lead_inside_the_root_only(exported, unsigned_allow
     victim.write_text("the host's")
     restored = f"{name}-inside"
     try:
-        if podman_major() < 5:
-            podman_import(attack, f"{name}-podman")
-            assert planted.exists() and not victim.exists(), "podman 4.3 no longer follows the image's own link"
-            planted.unlink()
-            victim.write_text("the host's")
+        podman_import(attack, f"{name}-podman")
+        exposed = podman_major() < 5
+        assert (planted.exists(), victim.exists()) == (exposed, not exposed), "podman's exposure changed: docs too"
+        planted.unlink(missing_ok=True)
+        victim.write_text("the host's")
         result = sh(GPUCKPT, "import", str(attack), "--name", restored)
         assert "the archive's runtime" not in result.stdout
         # the files went where the container sees them, the host's /run untouched
@@ -286,3 +287,36 @@ def test_an_archive_naming_another_runtime_restores_through_the_shim(exported, u
         assert_continues(wait_counter(read_state, 1), read_state)
     finally:
         sh("podman", "rm", "-f", "-t", "0", restored, check=False)
+
+
+def criu_config_annotation(entry: str, data: bytes | None) -> bytes | None:
+    """config.dump naming runc, and both specs annotated with a CRIU configuration of the archive's choosing."""
+    if data is None or entry not in ("config.dump", "spec.dump"):
+        return data
+    document = json.loads(data)
+    spec = document["spec"] if entry == "config.dump" else document
+    spec.setdefault("annotations", {})["org.criu.config"] = "/etc/hostname"
+    if entry == "config.dump":
+        document["runtime"] = "runc"
+    return json.dumps(document).encode()
+
+
+@pytest.mark.hostile("real export whose config.dump names runc and whose spec carries an org.criu.config annotation, "
+                     "through podman's own restore --import and gpuckpt import")
+def test_an_archive_naming_runc_meets_the_shims_checks_under_podmans_own_import(exported, unsigned_allowed) -> None:
+    archive, name = exported
+    runtimes = tomllib.loads(Path("/etc/containers/containers.conf").read_text())["engine"]["runtimes"]
+    assert runtimes.get("runc") == runtimes["gpuckpt-runtime"], \
+        "podman's runc is not the shim: this node was not set up with `gpuckpt install --engine podman --default`"
+    attack = edited(archive, archive.parent / "criu-config.tar.zst", criu_config_annotation)
+    restored = f"{name}-annotated"
+    try:
+        result = sh("podman", "container", "restore", "--import", str(attack), "--name", restored, check=False)
+        assert result.returncode != 0
+        assert "carries the annotation org.criu.config='/etc/hostname'" in result.stderr, result.stderr
+        assert sh("podman", "inspect", "--format", "{{.State.Pid}}", restored).stdout.strip() == "0"  # never ran
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False)
+    line = imported(attack, restored)
+    assert "carries the annotation org.criu.config='/etc/hostname': a CRIU configuration chosen by the container " \
+           "is refused" in line, line

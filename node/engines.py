@@ -78,10 +78,13 @@ class Change:
         self.path, self.changed, self.backup = path, changed, backup
 
 
-def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN_CONF, hooks: bool = False) -> Change:
+def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN_CONF, hooks: bool = False,
+                    stand_in_for: str | None = None) -> Change:
     """Add `[engine.runtimes] gpuckpt-runtime = [PATH]` (and make it the default; with `hooks`, have
     podman read PODMAN_HOOKS_DIR too: a podman without containers-common reads only its built-in
-    /usr/share/containers/oci/hooks.d)."""
+    /usr/share/containers/oci/hooks.d). With `stand_in_for` (the shim's delegate, runc or crun), that
+    name resolves to PATH too: a container or archive that names it (podman's own `restore --import`)
+    goes through the shim, which runs the delegate as before."""
     old_text = read_engine_file(conf_path)
     try:
         document = tomlkit.parse(old_text or "")
@@ -92,6 +95,8 @@ def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN
     if not isinstance(engine, dict) or not isinstance(runtimes, dict):
         raise EngineConfigError(f"{conf_path}: [engine] and [engine.runtimes] must be tables")
     runtimes[RUNTIME_NAME] = [runtime_path]
+    if stand_in_for is not None:
+        runtimes[stand_in_for] = [runtime_path]
     json_runtimes = list(engine.get("runtime_supports_json", PODMAN_JSON_RUNTIMES))
     if RUNTIME_NAME not in json_runtimes:
         engine["runtime_supports_json"] = [*json_runtimes, RUNTIME_NAME]

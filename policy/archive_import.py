@@ -116,14 +116,13 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
     for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
-    mounts, device nodes other than the NVIDIA ones, a runtime given by path, a root filesystem given by path,
+    mounts, device nodes other than the NVIDIA ones, a root filesystem given by path,
     less isolation (namespaces, seccomp, masked and read-only paths), another container's namespaces, pid
-    files outside `run_root` (podman's on this node). podman's own --import trusts all of it."""
+    files outside `run_root` (podman's on this node). podman's own --import trusts all of it. The runtime
+    it names is never asked: podman is given gpuckpt-runtime (cli/transfer.py)."""
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
-    if "/" in config.runtime:
-        problems.append(f"runtime given as a path ({config.runtime})")
     if config.privileged:
         problems.append("a privileged container")
     if config.rootfs:

@@ -112,7 +112,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
 
     # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote
     # them, checked before any of them is parsed (the manifest, CRIU's images)
-    verified, signed = verify_dump_or_say_unfinished(image_dir_of(verb), f"restore of {container_id}")
+    verified, signed = verify_dump_or_say_unfinished(image_dir_of(verb), f"restore of {container_id}",
+                                                     staged.vouched if staged else "")
     log(args, "debug" if signed else "warning", verified)
     manifest = read_manifest(image_dir_of(verb))
     if manifest is not None:
@@ -128,7 +129,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
         again = [option for option in manifest.network.added_options if option.lstrip("-") not in verb.flags]
 
     if staged is not None:  # every check passed: the container's own files, inside its root only
-        _apply_staged_root_files(args, staged, bundle, container_id, config)
+        _apply_staged_root_files(args, staged, bundle, container_id)
     argv = delegate_argv(delegate, args, again)
     if manifest is None or not manifest.processes:
         return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv)
@@ -136,8 +137,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
                       lock=lock).run()
 
 
-def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: str, container_id: str,
-                             config: Config) -> None:
+def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: str, container_id: str) -> None:
     """The imported archive's changed and deleted files (podman was not given them), made inside the root
     podman mounted for the container, no link followed out of it (transfer.root_files)."""
     if staged.rootfs_diff is None and staged.deleted_files is None:
@@ -146,7 +146,7 @@ def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: s
     if not root:
         raise ImageError(f"restore of {container_id}: its bundle names no root filesystem for the imported files")
     applied, removed = apply_root_files(root, staged.rootfs_diff, staged.deleted_files,
-                                        allow_setuid=config.import_.allow_setuid_files,
+                                        allow_setuid=staged.allow_setuid_files,
                                         what=f"restore of {container_id}")
     log(args, "info", f"{container_id}: {applied} changed file(s) and {removed} deletion(s) of the imported archive "
                       "applied inside its root")
@@ -167,11 +167,11 @@ def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, conta
     return status
 
 
-def verify_dump_or_say_unfinished(image_dir: str, what: str) -> tuple[str, bool]:
+def verify_dump_or_say_unfinished(image_dir: str, what: str, vouched: str = "") -> tuple[str, bool]:
     """verify_dump; a dump left unsigned because it never completed (a checkpoint that failed or was cut
     short signs nothing) is refused as that, which the user can act on, not as a stranger's image."""
     try:
-        return verify_dump(image_dir, load_trust(), what)
+        return verify_dump(image_dir, load_trust(), what, vouched)
     except SignatureError as refusal:
         if os.path.lexists(os.path.join(image_dir, DUMP_SIGNATURE)):
             raise

@@ -27,16 +27,18 @@ from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
 from ..host.programs import find_program
 from ..node.config import load_config
-from ..node.engines import own_hook_paths
+from ..node.engines import RUNTIME_NAME, own_hook_paths
 from ..oci.image_layout import CheckpointImageWriter, parse_target
 from ..oci.podman_archive import (
     CONFIG_DUMP,
     MAX_DUMP_BYTES,
     SPEC_DUMP,
     ArchiveWriter,
+    NestedChecks,
     copy_checked,
     described,
     described_dumps,
+    with_runtime,
 )
 from ..policy.archive_import import import_refusals
 from ..policy.image import check_archive
@@ -49,7 +51,6 @@ from .reader import StoredStream, entry_bytes, missing_chunks
 from .repository import Store
 from .writer import CheckpointWriter
 
-SHIM = "gpuckpt-runtime"
 # What shows a long pass to a person (cli.progress's bars): (what, total bytes) -> a context whose value
 # hears of the bytes done so far; the default shows nothing.
 Progress = Callable[[str, int | None], AbstractContextManager[Callable[[int], None] | None]]
@@ -159,21 +160,21 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
             if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root)):
                 raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "
                                  "(give --trust-config if you trust it)")
-            staging = Staging(near, StagingBudget(what, near, limits))
-            through_shim = os.path.basename(dumps.config.runtime) == SHIM
-            if through_shim:
-                staging.start()  # the pages go beside podman's storage for the shim; podman imports the rest
+            # this node's own container's files: setuid ones it had are its own, every other rule holds
+            staging = Staging(near, StagingBudget(what, near, limits), allow_setuid_files=True)
+            staging.start()  # pages and root files beside podman's storage for the shim; podman imports the rest
             kept: dict[str, bytes] = {}
             with progress(f"restoring {name}", stored.logical_bytes) as moved:
                 copied = copy_checked(StoredStream(store, stored, threads), staging.light(), what,
-                                      progress=moved, kept=kept, divert=staging.divert if through_shim else None,
-                                      trailer=(staging.placeholder(),) if through_shim else ())
+                                      progress=moved, kept=kept, divert=staging.divert,
+                                      trailer=(staging.placeholder(),), nested=NestedChecks(allow_setuid=True),
+                                      rewrite={CONFIG_DUMP: lambda data: with_runtime(data, RUNTIME_NAME)})
         staging.close_light()
         checked = described(what, kept, copied.names, copied.files, copied.bytes)
         check_archive(staging.light_path, checked.spec_bytes, what)  # CRIU's images against spec.dump
         phases = [f"{stored.logical_bytes / 2**20:.0f} MiB read and verified in {time.monotonic() - started:.1f} s"]
-        if through_shim:
-            staging.record()  # from here the shim may take the pages
+        staging.vouched = f"stored checkpoint {name} on this node, every chunk verified"
+        staging.record()  # from here the shim may take the pages
         podman_started = time.monotonic()
         finished = run([program, "container", "restore", "--import", staging.light_path, *flags], timeout_s=3600)
         phases.append(f"podman's restore {time.monotonic() - podman_started:.1f} s")

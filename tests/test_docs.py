@@ -59,6 +59,7 @@ README_MAX_LINES = 300
 FILE_SUFFIXES = frozenset({
     "json", "py", "toml", "dump", "img", "md", "sh", "c", "h", "log", "tar", "zst", "gz", "sig", "txt",
     "pub", "conf", "yaml", "service", "socket", "sock", "key", "lock", "holders", "partial", "so", "d", "proto",
+    "files",
 })
 
 OPTION = re.compile(r"^--?[A-Za-z][\w-]*(=.*)?$")

@@ -1,6 +1,7 @@
 """Registering the runtime in podman's and docker's own config files."""
 
 import json
+import tomllib
 
 import pytest
 
@@ -39,3 +40,15 @@ def test_broken_daemon_json_is_refused_untouched(tmp_path) -> None:
     with pytest.raises(EngineConfigError, match=f"{daemon}: not valid JSON"):
         engines.register_docker("/x", default=False, daemon_json=str(daemon))
     assert daemon.read_text() == "{not json"
+
+
+def test_podman_registration_can_stand_in_for_the_delegates_name(tmp_path) -> None:
+    """With --default, podman's own name for the delegate resolves to the shim too: an archive naming runc
+    goes through the shim's checks under podman's own restore --import."""
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[engine.runtimes]\ncrun = ["/usr/bin/crun"]\n')
+    assert engines.register_podman("/usr/bin/gpuckpt-runtime", default=True, conf_path=str(conf),
+                                   stand_in_for="runc").changed
+    runtimes = tomllib.loads(conf.read_text())["engine"]["runtimes"]
+    assert runtimes == {"crun": ["/usr/bin/crun"], "gpuckpt-runtime": ["/usr/bin/gpuckpt-runtime"],
+                        "runc": ["/usr/bin/gpuckpt-runtime"]}

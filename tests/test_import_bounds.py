@@ -127,11 +127,13 @@ def test_the_config_is_checked_before_any_entry_of_checkpoint(tmp_path) -> None:
     copied = checking.run(zstd(podman43_tar()))
     # what the check had seen: podman's devshm before config.dump, held in memory, nothing staged yet
     assert checking.seen_at_check == ["artifacts", "devshm-checkpoint.tar", "config.dump", "spec.dump"]
-    assert sorted(os.listdir(checking.staging.directory)) == ["archive.tar", "pages-1.img"]
+    # the pages and the root filesystem diff staged for the shim, never given to podman
+    assert sorted(os.listdir(checking.staging.directory)) == ["archive.tar", "pages-1.img", "rootfs-diff.tar"]
     with open(os.path.join(checking.staging.directory, "pages-1.img"), "rb") as staged:
         assert staged.read() == PAGES
     with tarfile.open(checking.staging.light_path) as light:
         assert "devshm-checkpoint.tar" in light.getnames() and "checkpoint/pages-1.img" not in light.getnames()
+        assert "rootfs-diff.tar" not in light.getnames()
     assert "checkpoint/pages-1.img" in copied.names
     checking.staging.remove()
     assert checking.staged() == []

@@ -250,7 +250,7 @@ def podman_spec(**changes) -> dict:
 @pytest.mark.parametrize("config_changes, spec_changes, refusal", [
     ({}, {}, None),
     ({"privileged": True}, {}, "a privileged container"),
-    ({"runtime": "/tmp/x/gpuckpt-runtime"}, {}, "runtime given as a path"),
+    ({"runtime": "/tmp/x/gpuckpt-runtime"}, {}, None),  # never asked: podman is given gpuckpt-runtime
     ({"id": "../../x"}, {}, "a container ID that is not podman's"),
     ({}, {"hooks": {"prestart": [{"path": "/tmp/evil"}]}}, "OCI hooks in spec.dump (prestart)"),
     ({}, {"process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}}, "capabilities beyond podman's default"),

@@ -135,7 +135,7 @@ def import_pass(tmp_path: Path, archive: Path) -> None:
         held.release(staging.light())
 
     try:
-        copied, _, _ = checking_pass(str(archive), Unsigned(), held, staging, limits=ImportConfig(),
+        copied, _ = checking_pass(str(archive), Unsigned(), held, staging, limits=ImportConfig(),
                                      config_read=config_read)
         staging.close_light()
         assert "checkpoint/pages-1.img" in copied.names

@@ -69,6 +69,8 @@ class StagedImport(BaseModel):
     pages: list[str]
     created: str
     root_files: list[Literal["rootfs-diff.tar", "deleted.files"]] = []  # in pages_dir, applied by the shim
+    allow_setuid_files: bool = False  # what the diff was checked with (oci.nested_tar), checked again with
+    vouched: str = ""  # what verified the archive (its signer, or the trust policy's unsigned exception)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class ClaimedImport:
     pages: list[str]
     rootfs_diff: str | None
     deleted_files: str | None
+    allow_setuid_files: bool = False
+    vouched: str = ""  # for a dump the archive carried unsigned (trust.dump_signature.verify_dump)
 
 
 def _records_dir() -> str:
@@ -94,13 +98,14 @@ class Staging:
     it is written or reserved; the directory is made on first use, once the archive's config is
     checked (or to hold more than HELD_BYTES before it); remove() leaves nothing behind."""
 
-    def __init__(self, near: str, budget: StagingBudget) -> None:
-        self.near, self.budget = near, budget
+    def __init__(self, near: str, budget: StagingBudget, allow_setuid_files: bool = False) -> None:
+        self.near, self.budget, self.allow_setuid_files = near, budget, allow_setuid_files
         self.token = secrets.token_hex(16)
         self.directory = ""
         self.active = False  # the pages are staged here (the restore goes through the shim)
         self.pages: list[str] = []
         self.root_files: list[Literal["rootfs-diff.tar", "deleted.files"]] = []
+        self.vouched = ""  # set once the archive is verified (its signer, or the policy's unsigned exception)
         self.recorded = False
         self._dir_fd = -1
         self._light: StagedFile | None = None
@@ -161,7 +166,8 @@ class Staging:
     def record(self) -> None:
         os.makedirs(_records_dir(), mode=0o700, exist_ok=True)
         record = StagedImport(token=self.token, pages_dir=self.directory, pages=self.pages,
-                              created=utc_now(), root_files=self.root_files)
+                              created=utc_now(), root_files=self.root_files,
+                              allow_setuid_files=self.allow_setuid_files, vouched=self.vouched)
         replace_file(_record_path(self.token), record.model_dump_json())
         self.recorded = True
 
@@ -320,4 +326,5 @@ def claim_staged(image_dir: str) -> ClaimedImport | None:
             shutil.copyfile(staged, target, follow_symlinks=False)
     os.unlink(marker)
     root_files = {name: os.path.join(record.pages_dir, name) for name in record.root_files}
-    return ClaimedImport(record.pages, root_files.get(ROOTFS_DIFF), root_files.get(DELETED_FILES))
+    return ClaimedImport(record.pages, root_files.get(ROOTFS_DIFF), root_files.get(DELETED_FILES),
+                         record.allow_setuid_files, record.vouched)

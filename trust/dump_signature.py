@@ -80,12 +80,15 @@ def sign_dump(image_dir: str) -> str | None:
     return path
 
 
-def verify_dump(image_dir: str, trust: Trust, what: str) -> tuple[str, bool]:
+def verify_dump(image_dir: str, trust: Trust, what: str, vouched: str = "") -> tuple[str, bool]:
     """A CRIU image directory checked against its dump signature before anything restores from it;
     the line to log, and whether it was signed. A file not signed, missing, or of another size or
     content is a SignatureError; so is an unsigned directory, unless the trust policy allows
-    `restore:any` (logged)."""
+    `restore:any` (logged) or `vouched` says what verified it (gpuckpt import's record of the archive
+    it came in: a dump that plain runc made travels unsigned in a signed or allowed archive)."""
     path = os.path.join(image_dir, DUMP_SIGNATURE)
+    if not os.path.lexists(path) and vouched:
+        return f"{what}: unsigned dump restored: {vouched}", False
     if not os.path.lexists(path):
         rule = trust.unsigned_rule("restore:any")
         if rule is None:
