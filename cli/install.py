@@ -57,7 +57,7 @@ def _reload_dockerd() -> str:
 def _stand_in(default: bool) -> str | None:
     """With --default, the delegate's own name (runc or crun): an archive naming it would otherwise reach
     it straight through podman's own `restore --import`, past every check the shim makes."""
-    delegate = os.path.basename(load_config().runtime.delegate)
+    delegate = os.path.basename(load_config().delegate)
     return delegate if default and delegate in STAND_IN_NAMES else None
 
 
