@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import PODMAN_IMAGE, sh
+from bed import COUNTER_SOURCE, PODMAN_IMAGE, assert_continues, sh, wait_counter
 
 GPU_DIR = Path(__file__).resolve().parent / "gpu"
 sys.path.insert(0, str(GPU_DIR))
@@ -167,3 +167,38 @@ def test_harness_cdi_mode_run_args(monkeypatch: pytest.MonkeyPatch) -> None:
     mounts = [args[i + 1] for i, arg in enumerate(args) if arg == "--mount"]
     assert [m.split("target=")[1].split(",")[0] for m in mounts] == ["/work", "/state"]
     assert not any("LD_LIBRARY_PATH" in arg or "/dev/nvidia" in arg for arg in args)
+
+
+def test_podman_checkpoints_a_cdi_container(spec_file: tuple[str, Path], tmp_path: Path) -> None:
+    """A container started with the CDI device, checkpointed and restored, exported with --leave-running and
+    imported through gpuckpt: the same workload goes on, and the restored container still has the spec's driver
+    files (bind mounts made again) and the hook's links (in its own layer: no hook runs at a restore)."""
+    kind, _ = spec_file
+    name = f"gpuckpt-cdi-ckpt-{os.getpid()}"
+    archive = tmp_path / f"{name}.tar.zst"
+
+    def read_state() -> str:
+        return sh("podman", "exec", name, "cat", "/tmp/state").stdout
+
+    def driver_view() -> list[str]:
+        return sh("podman", "exec", name, "python3", "-c", "import os; lib = '/usr/local/nvidia/lib64'; "
+                  "print(os.readlink(lib + '/libcuda.so.1')); print(open(lib + '/libcuda.so.1').read().strip())"
+                  ).stdout.splitlines()
+
+    try:
+        sh("podman", "run", "-d", "--name", name, "--network", "none", "--device", f"{kind}=0", PODMAN_IMAGE,
+           "python3", "-c", COUNTER_SOURCE)
+        before = wait_counter(read_state, 3)
+        sh("podman", "container", "checkpoint", name)
+        sh("podman", "container", "restore", name)
+        before = assert_continues(before, read_state)
+        assert driver_view() == [f"libcuda.so.{VERSION}", f"fake libcuda {VERSION}"]
+        sh("gpuckpt", "export", "--leave-running", name, "-o", str(archive))
+        at_export = before
+        assert_continues(before, read_state)
+        sh("podman", "rm", "-f", name)
+        sh("gpuckpt", "import", "--trust-config", str(archive))
+        assert_continues(at_export, read_state)
+        assert driver_view() == [f"libcuda.so.{VERSION}", f"fake libcuda {VERSION}"]
+    finally:
+        sh("podman", "rm", "-f", name, check=False)
