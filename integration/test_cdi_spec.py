@@ -5,7 +5,9 @@ engines `--device nvidia.com/gpu=N` and the self-contained image instead of devi
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Iterator
@@ -111,7 +113,7 @@ def test_apply_to_a_bundle_config(driver_root: Path) -> None:
 
 
 @pytest.fixture
-def spec_file(driver_root: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+def spec_file(driver_root: Path, tmp_path: Path) -> Iterator[tuple[str, dict]]:
     """The fake node's spec where podman reads specs, under a kind of this test's own. The GPU nodes' container
     paths are renamed: this node's gpuckpt-hook refuses a container given /dev/nvidiaN without a driver loaded."""
     kind = f"gpuckpt-cdi-{os.getpid()}.example.com/gpu"
@@ -123,12 +125,12 @@ def spec_file(driver_root: Path, tmp_path: Path) -> Iterator[tuple[str, Path]]:
             node["path"] = node["path"].replace("/dev/nvidia", "/dev/fake-nvidia")
     path = cdi.write_spec(spec, Path(f"/var/run/cdi/gpuckpt-cdi-test-{os.getpid()}.yaml"))
     try:
-        yield kind, path
+        yield kind, spec
     finally:
         path.unlink()
 
 
-def test_podman_reads_the_spec(spec_file: tuple[str, Path]) -> None:
+def test_podman_reads_the_spec(spec_file: tuple[str, dict]) -> None:
     kind, _ = spec_file
     name = f"gpuckpt-cdi-{os.getpid()}"
     script = ("import os; lib = '/usr/local/nvidia/lib64'; "
@@ -149,7 +151,7 @@ def test_podman_reads_the_spec(spec_file: tuple[str, Path]) -> None:
         "True True True"], ran.stdout
 
 
-def test_podman_refuses_an_unknown_device(spec_file: tuple[str, Path]) -> None:
+def test_podman_refuses_an_unknown_device(spec_file: tuple[str, dict]) -> None:
     kind, _ = spec_file
     refused = sh("podman", "run", "--rm", "--network", "none", "--device", f"{kind}=9", PODMAN_IMAGE, "true",
                  check=False)
@@ -169,7 +171,7 @@ def test_harness_cdi_mode_run_args(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not any("LD_LIBRARY_PATH" in arg or "/dev/nvidia" in arg for arg in args)
 
 
-def test_podman_checkpoints_a_cdi_container(spec_file: tuple[str, Path], tmp_path: Path) -> None:
+def test_podman_checkpoints_a_cdi_container(spec_file: tuple[str, dict], tmp_path: Path) -> None:
     """A container started with the CDI device, checkpointed and restored, exported with --leave-running and
     imported through gpuckpt: the same workload goes on, and the restored container still has the spec's driver
     files (bind mounts made again) and the hook's links (in its own layer: no hook runs at a restore)."""
@@ -202,3 +204,29 @@ def test_podman_checkpoints_a_cdi_container(spec_file: tuple[str, Path], tmp_pat
         assert driver_view() == [f"libcuda.so.{VERSION}", f"fake libcuda {VERSION}"]
     finally:
         sh("podman", "rm", "-f", name, check=False)
+
+
+def test_harness_cdi_bundle(spec_file: tuple[str, dict], rootfs: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The harness's runc bundle in CDI mode (what the bundle scenarios run in): an overlay of the image's root,
+    the spec's edits applied as a CDI-aware engine applies them; run, checkpointed (the dump ends it) and restored
+    by gpuckpt-runtime, the workload goes on with the hook's links in place."""
+    _, fake_spec = spec_file
+    monkeypatch.setattr(harness, "INJECT", "cdi")
+    monkeypatch.setattr(harness, "IMAGE_ROOT", rootfs)
+    monkeypatch.setattr(harness, "WORK", tmp_path / "work")
+    monkeypatch.setattr(harness, "RUNTIME", shutil.which("gpuckpt-runtime"))
+    monkeypatch.setattr(harness, "cdi_spec", lambda: fake_spec)
+    bundle = harness.Bundle("cdi-cpu", ["python3", "-c", COUNTER_SOURCE.replace("/tmp/state", "/tmp/cdi-state")], {})
+    try:
+        config = json.loads((bundle.dir / "config.json").read_text())
+        assert not any(mount["destination"] in ("/usr", "/opt/torch", "/etc") for mount in config["mounts"])
+        bundle.start()
+        before = wait_counter(lambda: bundle.read("cdi-state"), 3)
+        bundle.checkpoint(tmp_path / "images")
+        bundle.restore(tmp_path / "images")
+        assert_continues(before, lambda: bundle.read("cdi-state"))
+        assert os.readlink(bundle.rootfs / "usr/local/nvidia/lib64/libcuda.so.1") == f"libcuda.so.{VERSION}"
+    finally:
+        bundle.destroy()
+
