@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+import cdi
 import harness
 import pytest
 from harness import CLI, COUNTER, assert_continues, log, sh, wait_counters
@@ -34,7 +35,9 @@ def injected(podman: harness.Podman, name: str, spec: dict) -> dict:
     """What the container got from the CDI spec, and proof that nothing of the host's userland is bound in."""
     mounts = container_mounts(container_pid(podman, name))
     targets = {target for _, target in mounts}
-    driver_files = [m["containerPath"] for m in spec["containerEdits"]["mounts"]]
+    # where each lands in this image (runc follows its links: /lib/firmware/... is mounted at /usr/lib/firmware/...)
+    driver_files = ["/" + str(cdi.inside(harness.IMAGE_ROOT, m["containerPath"]).relative_to(harness.IMAGE_ROOT))
+                    for m in spec["containerEdits"]["mounts"]]
     libcuda = next(path for path in driver_files if os.path.basename(path).startswith("libcuda.so."))
     link = podman.cli("exec", name, "python3", "-c",
                       f"import os; print(os.readlink({os.path.join(os.path.dirname(libcuda), 'libcuda.so.1')!r}))")
