@@ -5,6 +5,8 @@ hook program that spec names. Phases: discover (driver version, its files, devic
 The shape follows github:NVIDIA/nvidia-container-toolkit (v1.20.0-27-gd34b3046):
   pkg/nvcdi/common-nvml.go     control nodes /dev/nvidia-modeset, -uvm-tools, -uvm, nvidiactl in the common edits
   pkg/nvcdi/full-gpu-nvml.go   one device per GPU ("0", its UUID) holding /dev/nvidiaN; "all" merges them
+                               (/dev/nvidia-caps/* come only with MIG devices and the management spec,
+                               pkg/nvcdi/management.go: none for a whole GPU)
   pkg/nvcdi/driver-nvml.go     libraries `*.so.<driver version>` (ldcache), binaries (nvidia-smi, ...), GSP
                                firmware `nvidia/<version>/gsp*.bin` under the firmware search paths, env
                                NVIDIA_CTK_LIBCUDA_DIR

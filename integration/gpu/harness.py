@@ -398,8 +398,8 @@ class Bundle:
 
     def destroy(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
-        if INJECT == "cdi":
-            sh("umount", str(self.rootfs), check=False)
+        if INJECT == "cdi" and sh("umount", str(self.rootfs), check=False).returncode != 0:
+            sh("umount", "--lazy", str(self.rootfs), check=False)  # a runtime that failed may hold it a while
         if self.netns:
             from pyroute2 import netns
             netns.remove(self.name)
