@@ -55,6 +55,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--gpu-results", metavar="DIR", default=None,
                      help="where the GPU scenarios write their JSON results (default: $GPUCKPT_GPU_RESULTS, "
                           "else $OUT, else /tmp/gpuckpt-gpu/results)")
+    parser.addoption("--inject", choices=harness.INJECT_MODES, default=None,
+                     help="how the GPU reaches the containers: binds (device nodes and the host's userland bound "
+                          "in) or cdi (the self-contained image, the driver from the node's CDI spec); default "
+                          "$GPUCKPT_GPU_INJECT, else binds")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    chosen = config.getoption("inject", default=None) or harness.INJECT
+    if chosen not in harness.INJECT_MODES:
+        raise pytest.UsageError(f"GPUCKPT_GPU_INJECT={chosen!r}: expected one of {', '.join(harness.INJECT_MODES)}")
+    harness.INJECT = chosen
 
 
 def not_here() -> str | None:
@@ -87,7 +98,7 @@ class GpuRun:
     def __init__(self, out: Path, facts: dict, gpus: list[dict]) -> None:
         self.out, self.tag = out, harness.machine_tag(gpus)
         # "machine" as the earlier results have it (nvidia-smi's line), "gpus" each card's name, driver and UUID
-        self.machine = {"machine": facts["nvidia_smi"], "gpus": gpus, "facts": facts}
+        self.machine = {"machine": facts["nvidia_smi"], "gpus": gpus, "facts": facts, "inject": harness.INJECT}
         self.all: dict = {**self.machine, "passed": [], "failed": {}, "not_run": {}}
 
     def record(self, item: pytest.Item, found: dict) -> None:
@@ -128,7 +139,7 @@ def gpu_run(pytestconfig: pytest.Config) -> Iterator[GpuRun]:
     facts = harness.install()
     run = GpuRun(out, facts, harness.gpus())
     harness.MACHINE_TAG = run.tag
-    harness.log(f"GPU scenarios on {facts['nvidia_smi']}, results in {out}")
+    harness.log(f"GPU scenarios on {facts['nvidia_smi']} ({harness.INJECT}), results in {out}")
     yield run
     run.finish()
 
@@ -149,6 +160,8 @@ def docker(results: dict) -> harness.Docker:
     """The carried docker engine (not started); skipped where this call's carry pack has none."""
     if not (harness.CARRY / "docker" / "bin" / "dockerd").exists():
         pytest.skip("the carry pack has no docker engine (integration/gpu/pack-carry.sh docker)")
+    if harness.INJECT == "cdi":
+        pytest.skip("--inject cdi: the carried docker is 20.10, which has no CDI devices (docker >= 25 has)")
     return harness.Docker()
 
 

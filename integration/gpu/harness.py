@@ -36,6 +36,15 @@ GPU_DIR = REPO / "integration" / "gpu"
 OUT: Path | None = None  # where CRIU's logs of a failed checkpoint/restore are kept (set by the runner)
 MACHINE_TAG = "gpu"  # the machine in the names of the files written to OUT (conftest.py sets it: "h100", "h200x2")
 COUNTER = ["python3", "/work/gpu_counter.py"]  # the counter workload, as a bundle sees integration/gpu (/work)
+# How the GPU reaches a container: "binds" (device nodes, the host's /usr, /usr/local/nvidia and /opt/torch bound
+# into a bare rootfs) or "cdi" (the self-contained image of image.py, the driver brought by the node's CDI spec
+# alone, cdi.py: `--device nvidia.com/gpu=N` for the engines, the spec's edits applied to runc bundles). Set by
+# $GPUCKPT_GPU_INJECT or conftest.py's --inject.
+INJECT = os.environ.get("GPUCKPT_GPU_INJECT", "binds")
+INJECT_MODES = ("binds", "cdi")
+CDI_SPEC = Path("/etc/cdi/nvidia.yaml")
+CDI_HOOK = Path("/usr/local/bin/gpuckpt-cdi-hook")
+IMAGE_ROOT = Path("/var/tmp/gpuckpt-gpu-image")  # image.py's root: the engines' image and the bundles' lower layer
 NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
 # torch.distributed's TCPStore server runs on libuv, whose io_uring CRIU cannot dump (torch's
 # libuv ignored UV_USE_IO_URING=0 on 2x H200); USE_LIBUV=0 takes TCPStore's plain backend.
@@ -114,8 +123,35 @@ def install() -> dict:
         ).stdout.strip(),
         "thp": Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text().strip(),
     }
+    if INJECT == "cdi":
+        facts["cdi"] = install_cdi()
     log(f"installed: {json.dumps(facts)}")
     return facts
+
+
+def install_cdi() -> dict:
+    """CDI mode's node: the hook program, the CDI spec from this node's driver files (as `nvidia-ctk cdi generate`
+    would write it), the self-contained image's root (kept on a warm machine)."""
+    import cdi
+    import image
+
+    cdi.write_hook_launcher(CDI_HOOK, TORCH_PYTHON)
+    spec = cdi_spec()
+    cdi.write_spec(spec, CDI_SPEC)
+    started = time.monotonic()
+    built = image.build(IMAGE_ROOT, TORCH_PYTHON)
+    return {"spec": str(CDI_SPEC), "driver_version": cdi.driver_version(),
+            "devices": [device["name"] for device in spec["devices"]],
+            "mounts": [m["containerPath"] for m in spec["containerEdits"]["mounts"]],
+            "image_bytes": built["bytes"], "image_build_s": round(time.monotonic() - started, 1),
+            "toolchain_packages": built["toolchain_packages"]}
+
+
+def cdi_spec() -> dict:
+    """This node's CDI spec (the one install_cdi() writes), as a dict."""
+    import cdi
+
+    return cdi.build_spec(cdi.discover(uuids=cdi.node_uuids()), str(CDI_HOOK))
 
 
 def gpus() -> list[dict]:
@@ -232,13 +268,20 @@ class Bundle:
         self.last_messages = ""
         self.rootfs = self.dir / "rootfs"
         if self.dir.exists():
+            sh("umount", str(self.rootfs), check=False)
             shutil.rmtree(self.dir)
-        for sub in ("usr", "opt/torch", "etc", "proc", "dev", "sys", "tmp", "work", "root"):
-            (self.rootfs / sub).mkdir(parents=True, exist_ok=True)
-        # Ubuntu's /lib, /bin... are links into /usr: CRIU restores links, not bind mounts of them.
-        for link in ("lib", "lib64", "bin", "sbin"):
-            target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else f"usr/{link}"
-            (self.rootfs / link).symlink_to(target)
+        if INJECT == "cdi":  # the image's root as the lower layer of an overlay, as the engines mount an image
+            for sub in ("rootfs", "upper", "overlay-work"):
+                (self.dir / sub).mkdir(parents=True)
+            sh("mount", "-t", "overlay", "overlay", "-o", f"lowerdir={IMAGE_ROOT},upperdir={self.dir / 'upper'},"
+               f"workdir={self.dir / 'overlay-work'}", str(self.rootfs))
+        else:
+            for sub in ("usr", "opt/torch", "etc", "proc", "dev", "sys", "tmp", "work", "root"):
+                (self.rootfs / sub).mkdir(parents=True, exist_ok=True)
+            # Ubuntu's /lib, /bin... are links into /usr: CRIU restores links, not bind mounts of them.
+            for link in ("lib", "lib64", "bin", "sbin"):
+                target = os.readlink(f"/{link}") if os.path.islink(f"/{link}") else f"usr/{link}"
+                (self.rootfs / link).symlink_to(target)
         sh(RUNTIME, "spec", cwd=self.dir)
         spec = json.loads((self.dir / "config.json").read_text())
         spec["root"] = {"path": str(self.rootfs), "readonly": False}
@@ -246,13 +289,11 @@ class Bundle:
         process["terminal"] = False
         process["args"] = args
         process["cwd"] = "/work"
-        base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
-                    "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
-        process["env"] = [f"{k}={v}" for k, v in {**base_env, **env}.items()]
+        process["env"] = [f"{k}={v}" for k, v in {**container_env(), **env}.items()]
         for mount in spec["mounts"]:
             if mount["destination"] == "/dev/shm":  # NCCL's SHM transport needs more than 64 MiB
                 mount["options"] = [o for o in mount["options"] if not o.startswith("size=")] + ["size=4g"]
-        spec["mounts"] += [
+        userland = [
             {"destination": "/usr", "type": "bind", "source": "/usr", "options": ["bind", "ro"]},
             # its own mount: through a recursive bind of /usr, CRIU refuses to dump it (LAB)
             {
@@ -263,8 +304,9 @@ class Bundle:
             },
             {"destination": "/opt/torch", "type": "bind", "source": "/opt/torch", "options": ["rbind", "ro"]},
             {"destination": "/etc", "type": "bind", "source": "/etc", "options": ["bind", "ro"]},
-            {"destination": "/work", "type": "bind", "source": str(GPU_DIR), "options": ["bind", "ro"]},
         ]
+        spec["mounts"] += [*(userland if INJECT == "binds" else []),
+                           {"destination": "/work", "type": "bind", "source": str(GPU_DIR), "options": ["bind", "ro"]}]
         linux = spec["linux"]
         # Host network unless asked: no network namespace, so CRIU needs no network lock (no
         # iptables here). With its own, loopback TCP inside it is dumped with --tcp-established.
@@ -276,8 +318,13 @@ class Bundle:
         if self.netns:
             make_netns(self.name)
             linux["namespaces"].append({"type": "network", "path": self.netns})
-        linux["devices"] = nvidia_devices(gpu_minors)
         linux.setdefault("resources", {})["devices"] = [{"allow": True, "access": "rwm"}]
+        if INJECT == "cdi":  # what a CDI-aware engine does with `nvidia.com/gpu=N` (containerd's CRI, podman)
+            import cdi
+
+            cdi.apply(cdi_spec(), [str(minor) for minor in gpu_minors], spec)
+        else:
+            linux["devices"] = nvidia_devices(gpu_minors)
         if annotations:  # e.g. org.criu.config, which runc hands to CRIU (bench_engine.py's peer)
             spec["annotations"] = {**spec.get("annotations", {}), **annotations}
         (self.dir / "config.json").write_text(json.dumps(spec, indent=1))
@@ -351,6 +398,8 @@ class Bundle:
 
     def destroy(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "--force", self.name, check=False)
+        if INJECT == "cdi" and sh("umount", str(self.rootfs), check=False).returncode != 0:
+            sh("umount", "--lazy", str(self.rootfs), check=False)  # a runtime that failed may hold it a while
         if self.netns:
             from pyroute2 import netns
             netns.remove(self.name)
@@ -579,7 +628,13 @@ class Engine:
         raise NotImplementedError
 
     def import_rootfs(self) -> None:
-        self.cli("import", str(rootfs_tar()), self.IMAGE)
+        """The engine's GPU image: the bare rootfs (binds), or the self-contained image (cdi)."""
+        if INJECT == "cdi":
+            import image
+
+            image.podman_import([self.podman], IMAGE_ROOT, self.IMAGE, env=self.env)  # type: ignore[attr-defined]
+        else:
+            self.cli("import", str(rootfs_tar()), self.IMAGE)
 
     def run_gpu(self, name: str, args: list[str], env: dict[str, str], state: StateDir) -> None:
         self.cli("run", "-d", "--name", name, *self.RUN_FLAGS, *gpu_run_args(args, env, state.directory, self.IMAGE))
@@ -682,15 +737,25 @@ def rootfs_tar() -> Path:
     return path
 
 
+def container_env() -> dict[str, str]:
+    """The workloads' environment: in CDI mode no LD_LIBRARY_PATH (the spec's update-ldcache hook lists the
+    driver's folder in the container's ld cache, as nvidia-ctk's does)."""
+    base = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root", "PYTHONUNBUFFERED": "1"}
+    return base if INJECT == "cdi" else {**base, "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64"}
+
+
 def gpu_run_args(
     args: list[str], env: dict[str, str], state_dir: Path, image: str, gpu_minors: list[int] = [0]
 ) -> list[str]:
-    """`run` arguments shared by docker and podman: GPU devices, the host userland read-only,
-    STATE written into `state_dir`, no network."""
+    """`run` arguments shared by docker and podman: GPU devices, the host userland read-only (binds) or the
+    CDI devices and the self-contained image (cdi), STATE written into `state_dir`, no network."""
+    env_args = [arg for key, value in {**container_env(), **env}.items() for arg in ("-e", f"{key}={value}")]
+    if INJECT == "cdi":
+        return ["--network", "none", *[arg for minor in gpu_minors for arg in ("--device", f"nvidia.com/gpu={minor}")],
+                "--mount", f"type=bind,source={GPU_DIR},target=/work,readonly",
+                "--mount", f"type=bind,source={state_dir},target=/state",
+                "-w", "/work", *env_args, image, *args]
     devices = [arg for rule in nvidia_devices(gpu_minors) for arg in ("--device", rule["path"])]
-    base_env = {"PATH": "/opt/torch/.venv/bin:/usr/bin:/bin", "HOME": "/root",
-                "LD_LIBRARY_PATH": "/usr/local/nvidia/lib64", "PYTHONUNBUFFERED": "1"}
-    env_args = [arg for key, value in {**base_env, **env}.items() for arg in ("-e", f"{key}={value}")]
     return ["--network", "none", *devices,
             # /usr/local/nvidia as its own mount, not inside a recursive bind of /usr (LAB)
             "--mount", "type=bind,source=/usr,target=/usr,readonly,bind-nonrecursive=true",
@@ -707,11 +772,14 @@ class Podman(Engine):
     here), no network backend: containers run with --network none."""
 
     IMAGE = "localhost/gpuckpt-gpu-rootfs:latest"
+    CDI_IMAGE = "localhost/gpuckpt-gpu-cdi:latest"  # image.py's self-contained image
     # podman raises the container's limits (and --ulimit host its own) beyond what this sandbox
     # lets a process raise them to; lowering them is always allowed
     RUN_FLAGS = ("--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096")
 
     def __init__(self) -> None:
+        if INJECT == "cdi":  # read when the run is configured (conftest.py's --inject), not at import
+            self.IMAGE = self.CDI_IMAGE
         carried = CARRY / "podman"
         if not (carried / "bin" / "podman").exists():
             raise RuntimeError(f"no podman in {carried}: run integration/gpu/pack-carry.sh podman before the call")

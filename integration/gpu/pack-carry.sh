@@ -5,7 +5,8 @@
 # in one call). harness.install() unpacks it there into .carry/. Run as root after
 # integration/testbed/setup.sh.   Usage: pack-carry.sh [docker|podman|containerd|none]   (default docker;
 # none: runc and CRIU only, for the runc-level scenarios; containerd: containerd 2.1 and the CRI client's
-# grpcio-tools, for cri_gpu.py)
+# grpcio-tools, for cri_gpu.py). `--inject cdi` needs nothing more here: conftest.py's install writes the CDI
+# spec (cdi.py) and builds the self-contained image (image.py) there, from the machine's own driver and torch.
 set -euo pipefail
 engine=${1:-docker}
 case $engine in docker|podman|containerd|none) ;; *) echo "usage: $0 [docker|podman|containerd|none]" >&2; exit 2;; esac

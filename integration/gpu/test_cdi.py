@@ -1,0 +1,107 @@
+"""GPU containers as users start them: `podman run --device nvidia.com/gpu=0` from a self-contained image (its own
+Python, PyTorch and CUDA runtime libraries: image.py), the driver brought only by the node's CDI spec in
+nvidia-ctk's shape (cdi.py). Each workload (PyTorch's gpu_counter.py, and driver_counter.py: the driver API through
+ctypes, a JIT-compiled PTX kernel) is checkpointed and restored, exported with --leave-running while it goes on,
+removed and imported: the same process each time, its device data intact. Run with `--inject cdi`."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import cdi
+import harness
+import pytest
+from harness import CLI, COUNTER, assert_continues, log, sh, wait_counters
+
+pytestmark = pytest.mark.gpu
+
+WORKLOADS = {"torch": COUNTER, "ctypes": ["python3", "/work/driver_counter.py"]}
+
+
+def container_mounts(pid: int) -> list[tuple[str, str]]:
+    """(source within its filesystem, mount point) of each mount the container's init sees."""
+    return [(fields[3], fields[4]) for fields in
+            (line.split() for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines())]
+
+
+def container_pid(podman: harness.Podman, name: str) -> int:
+    return int(podman.cli("inspect", "--format", "{{.State.Pid}}", name).stdout.strip())
+
+
+def injected(podman: harness.Podman, name: str, spec: dict) -> dict:
+    """What the container got from the CDI spec, and proof that nothing of the host's userland is bound in."""
+    mounts = container_mounts(container_pid(podman, name))
+    targets = {target for _, target in mounts}
+    # where each lands in this image (runc follows its links: /lib/firmware/... is mounted at /usr/lib/firmware/...)
+    driver_files = ["/" + str(cdi.inside(harness.IMAGE_ROOT, m["containerPath"]).relative_to(harness.IMAGE_ROOT))
+                    for m in spec["containerEdits"]["mounts"]]
+    libcuda = next(path for path in driver_files if os.path.basename(path).startswith("libcuda.so."))
+    link = podman.cli("exec", name, "python3", "-c",
+                      f"import os; print(os.readlink({os.path.join(os.path.dirname(libcuda), 'libcuda.so.1')!r}))")
+    found = {"driver_files_mounted": sorted(targets & set(driver_files)),
+             "driver_files_missing": sorted(set(driver_files) - targets),
+             "libcuda_so_1": link.stdout.strip(),
+             "host_userland_bound": sorted(t for t in targets if t in ("/usr", "/opt/torch", "/usr/local/nvidia"))}
+    assert not found["driver_files_missing"], found
+    assert not found["host_userland_bound"], found
+    assert found["libcuda_so_1"] == os.path.basename(libcuda), found  # the create-symlinks hook's link
+    return found
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+@harness.nftables_network_lock()  # podman gives even --network none a netns; no iptables there
+def test_cdi_podman(results: dict, podman: harness.Podman, workload: str) -> None:
+    if harness.INJECT != "cdi":
+        pytest.skip("CDI scenarios run with --inject cdi (or GPUCKPT_GPU_INJECT=cdi)")
+    name = f"gpu-cdi-{workload}-{os.getpid()}"
+    state = harness.StateDir(name, harness.WORK / f"{name}-state")
+    archive = Path("/var/tmp") / f"{name}.tar.zst"
+    spec = harness.cdi_spec()
+    found: dict = {"spec_kind": spec["kind"], "devices": [d["name"] for d in spec["devices"]]}
+    results[f"cdi_podman_{workload}"] = found
+    try:
+        started = time.monotonic()
+        podman.import_rootfs()
+        found["image_import_s"] = round(time.monotonic() - started, 1)
+        podman.run_gpu(name, WORKLOADS[workload], {"GIB": "1", "STATE": "/state/state"}, state)
+        before = wait_counters(state, 1, 3, timeout_s=180)
+        found["injected"] = injected(podman, name, spec)
+
+        started = time.monotonic()
+        podman.cli("container", "checkpoint", name)
+        checkpoint_s = time.monotonic() - started
+        podman.cli("container", "restore", name)
+        found["checkpoint_s"] = round(checkpoint_s, 2)
+        found["restore_s"] = round(time.monotonic() - started - checkpoint_s, 2)
+        before = assert_continues(state, before)
+        found["after_restore"] = before
+        # the restored container keeps the hook's link and the driver files at their host paths (no hook runs at
+        # a restore: the link lives in the container's own layer, the files are bind mounts runc makes again)
+        found["injected_after_restore"] = injected(podman, name, spec)
+        log(f"cdi {workload}: checkpoint {checkpoint_s:.1f} s, restore {found['restore_s']} s, {before}")
+
+        started = time.monotonic()
+        sh(CLI, "export", "--leave-running", name, "-o", str(archive), env=podman.env)
+        found["export_leave_running_s"] = round(time.monotonic() - started, 2)
+        at_export = before
+        before = assert_continues(state, before)  # the original goes on
+        inside = json.loads(sh(CLI, "inspect", "--json", str(archive), env=podman.env).stdout)
+        assert inside["manifest"]["processes"], inside["manifest"]
+        podman.cli("rm", "-f", name)
+        (state.directory / "state.0").unlink()  # only the imported process may write it again
+        started = time.monotonic()
+        # --trust-config: the CDI spec's per-file driver mounts are host paths, which an import refuses unless told
+        imported = sh(CLI, "import", "--trust-config", str(archive), env=podman.env)
+        found["import_s"] = round(time.monotonic() - started, 2)
+        found["after_import"] = assert_continues(state, at_export)
+        found["import_output"] = imported.stdout.strip()[-300:]
+        found["injected_after_import"] = injected(podman, name, spec)
+        log(f"cdi {workload}: export --leave-running {found['export_leave_running_s']} s, import "
+            f"{found['import_s']} s, {found['after_import']}")
+    finally:
+        podman.cli("rm", "-f", name, check=False)
+        archive.unlink(missing_ok=True)
+        Path(f"{archive}.sig").unlink(missing_ok=True)
