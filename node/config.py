@@ -7,6 +7,7 @@ the file, the key and what is allowed. No file means the defaults.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from collections.abc import Callable
 from typing import Annotated, Literal, TypeVar, cast
@@ -102,6 +103,19 @@ class ImportConfig(_Section):
     # Files of the archive's root filesystem diff and volumes that are setuid or setgid, or carry
     # file capabilities: refused unless allowed (they run with privileges the archive chose).
     allow_setuid_files: bool = False
+    # Devices an imported container may be given beyond this node's own NVIDIA devices (as its
+    # /dev/nvidia* are) and the nodes runc gives every container: "c MAJOR:MINOR" or "b MAJOR:MINOR",
+    # by number, as `ls -l /dev` shows them (a name says nothing: /dev/nvidia-rt can be 1:11, /dev/kmsg).
+    allowed_devices: tuple[str, ...] = ()
+
+    @field_validator("allowed_devices")
+    @classmethod
+    def _device_numbers(cls, devices: tuple[str, ...]) -> tuple[str, ...]:
+        for device in devices:
+            if not re.fullmatch(r"[cb] [0-9]{1,4}:[0-9]{1,7}", device):
+                raise ValueError(f"{device!r} is not 'c MAJOR:MINOR' or 'b MAJOR:MINOR' (numbers as `ls -l /dev` "
+                                 "shows them)")
+        return devices
 
 
 class HookConfig(_Section):

@@ -22,6 +22,14 @@ def state_dir() -> str:
     return os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
 
 
+DEV_DIR_ENV = "GPUCKPT_DEV_DIR"
+
+
+def dev_dir() -> str:
+    """The node's /dev, whose nvidia* say which devices are this node's GPUs; tests give a directory of their own."""
+    return os.environ.get(DEV_DIR_ENV) or "/dev"
+
+
 THP_ENABLED_PATH = "/sys/kernel/mm/transparent_hugepage/enabled"
 THP_ENABLED_ENV = "GPUCKPT_THP_ENABLED"
 

@@ -49,8 +49,23 @@ class Namespace(_Part):
     path: str = ""  # given: the container joins that namespace instead of getting its own
 
 
+class DeviceRule(_Part):
+    """A cgroup device rule (linux.resources.devices): no type means every type ("a"), no major or
+    minor (or -1, runc's wildcard) every number, no access all of "rwm"."""
+    allow: bool = False
+    type: str | None = None
+    major: int | None = None
+    minor: int | None = None
+    access: str | None = None
+
+
+class Resources(_Part):
+    devices: list[DeviceRule] = []
+
+
 class Linux(_Part):
     devices: list[Device] = []
+    resources: Resources = Resources()
     namespaces: list[Namespace] = []
     seccomp: dict[str, Any] | None = None
     maskedPaths: list[str] = []

@@ -9,9 +9,9 @@ import re
 import stat
 
 from ..node.hooks_d import only_gpuckpt_hooks
-from ..oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
 from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive, PodmanConfigDump
 from ..oci.spec import Spec
+from .devices import device_refusals
 
 # podman's default capabilities (containers.conf default_capabilities, podman 4)
 DEFAULT_CAPABILITIES = frozenset(f"CAP_{name}" for name in (
@@ -179,9 +179,6 @@ def _spec_refusals(spec: Spec, where: str, own_hooks: frozenset[str], replaced: 
         problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
     if kernel := _other_filesystems(spec):
         problems.append(f"kernel filesystems podman run does not mount in {where} ({', '.join(kernel[:3])})")
-    # a device node is a piece of the host (a disk, a tty); the GPU's nodes are what gpuckpt moves
-    devices = sorted({device.path for device in spec.linux.devices
-                      if not device.path.startswith(NVIDIA_DEVICE_PREFIX)})
-    if devices:
-        problems.append(f"host devices in {where} ({', '.join(devices[:3])})")
+    # a device node is a piece of the host (a disk, a tty); the GPU's nodes, by number, are what gpuckpt moves
+    problems += device_refusals(spec, where)
     return problems + _isolation_refusals(spec, where, replaced)

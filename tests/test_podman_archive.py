@@ -255,10 +255,11 @@ def podman_spec(**changes) -> dict:
     ({}, {"hooks": {"prestart": [{"path": "/tmp/evil"}]}}, "OCI hooks in spec.dump (prestart)"),
     ({}, {"process": {"capabilities": {"bounding": ["CAP_SYS_ADMIN"]}}}, "capabilities beyond podman's default"),
     ({}, {"linux": PODMAN_LINUX | {"devices": [{"path": "/dev/hostdisk", "type": "b", "major": 254, "minor": 0}]}},
-     "host devices in spec.dump (/dev/hostdisk)"),
+     "host devices in spec.dump (/dev/hostdisk (b 254:0)"),
+    # this node (its /dev below) has no GPU: NVIDIA's numbers are no one's (tests/test_device_identity.py: a node with)
     ({}, {"linux": PODMAN_LINUX | {"devices": [{"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0},
                                                {"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}]}},
-     None),
+     "host devices in spec.dump (/dev/nvidia0 (c 195:0), /dev/nvidiactl (c 195:255)"),
     ({"rootfs": "/"}, {}, "a root filesystem given by path (/)"),
     ({}, {"linux": PODMAN_LINUX | {"namespaces": [{"type": "mount"}, {"type": "ipc"}, {"type": "uts"}]}},
      "the host's network, pid namespace(s) in spec.dump"),
@@ -274,8 +275,10 @@ def podman_spec(**changes) -> dict:
     ({}, {"mounts": [{"destination": "/x", "source": f"{USERDATA}/../../../../../../etc", "options": ["bind"]}]},
      "host bind mounts in spec.dump (/var/lib/containers/storage/overlay-containers/"),
 ])
-def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, config_changes, spec_changes,
-                                                                   refusal) -> None:
+def test_import_refuses_what_gives_the_container_more_of_the_node(tmp_path, node, monkeypatch, config_changes,
+                                                                   spec_changes, refusal) -> None:
+    (tmp_path / "dev").mkdir()
+    monkeypatch.setenv("GPUCKPT_DEV_DIR", str(tmp_path / "dev"))
     config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec()} | config_changes
     path = tmp_path / "a.tar"
     path.write_bytes(
