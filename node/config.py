@@ -78,9 +78,12 @@ class CriuConfig(_Section):
     network_lock: Literal["iptables", "nftables"] = "iptables"
     # CRIU copies files that are deleted but still open or mapped ("ghost files") into the
     # image, and refuses any above 1 MiB by default; NCCL's shared-memory transport keeps
-    # tens of MiB so. "auto" raises the limit to the container's largest such file; a
-    # number of bytes sets it (0: CRIU's default).
+    # tens of MiB so. "auto" raises the limit to the container's largest such file, up to
+    # max_ghost_bytes (a larger one refuses the checkpoint before anything is frozen: every byte
+    # lands in the image, which the restoring node writes back); a number of bytes sets it
+    # (0: CRIU's default).
     ghost_limit: Literal["auto"] | Annotated[int, Field(ge=0)] = "auto"
+    max_ghost_bytes: int = Field(default=512 << 20, ge=1 << 20, le=1 << 40)
     # A file held under a name since removed while still linked elsewhere (a POSIX named
     # semaphore: multiprocessing's locks with the "spawn" start method) needs CRIU's
     # link-remap, which links it under a temporary name for the dump. "auto" allows that for

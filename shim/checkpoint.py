@@ -207,7 +207,11 @@ class Checkpoint:
         options that must carry one of them as well."""
         options: list[str] = []
         lines = network_lock_lines(self.plan.config.criu.network_lock)
-        limit, why = ghost_limit_of(self.plan.config.criu.ghost_limit, self.processes)
+        try:
+            limit, why = ghost_limit_of(self.plan.config.criu.ghost_limit, self.processes,
+                                        self.plan.config.criu.max_ghost_bytes)
+        except CheckpointRefusedError as refusal:
+            raise CheckpointRefusedError(f"checkpoint of {self.container_id} refused: {refusal}") from None
         if limit:
             lines.append(f"ghost-limit {limit}")
             if why:

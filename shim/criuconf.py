@@ -10,23 +10,29 @@ from __future__ import annotations
 import hashlib
 import os
 
+from ..errors import CheckpointRefusedError
 from ..host.processes import Processes
 from ..host.safefiles import replace_file
-from ..node.paths import state_dir
+from ..node.paths import config_path, state_dir
 
 CRIU_DEFAULT_GHOST_LIMIT = 1 << 20
 SHM_DIR = "/dev/shm/"
 
 
-def ghost_limit_of(setting: str | int, processes: Processes) -> tuple[int, str]:
+def ghost_limit_of(setting: str | int, processes: Processes, max_bytes: int) -> tuple[int, str]:
     """The ghost-limit to give CRIU (0: leave its default) and why, from the setting and the
-    container's deleted-but-held files."""
+    container's deleted-but-held files; "auto" refuses a file above `max_bytes` (criu.max_ghost_bytes)."""
     if setting != "auto":
         return int(setting), "set by criu.ghost_limit"
     ghosts = processes.deleted_file_sizes()
     if not ghosts or max(ghosts.values()) <= CRIU_DEFAULT_GHOST_LIMIT:
         return 0, ""
     path, size = max(ghosts.items(), key=lambda item: item[1])
+    if size > max_bytes:
+        raise CheckpointRefusedError(
+            f"{path[:200]!r} is deleted but still held, {size} bytes ({size >> 20} MiB), above criu.max_ghost_bytes "
+            f"({max_bytes} bytes) in {config_path()}: CRIU would copy it whole into the image (raise the key to "
+            "allow it)")
     limit = -(-size // (1 << 20)) << 20  # whole MiB, at least the largest file
     return limit, f"{len(ghosts)} deleted file(s) still held, the largest {path} of {size >> 20} MiB"
 
