@@ -140,6 +140,8 @@ class ServiceConfig(_Section):
     # (GCE's instance/preempted, AWS's spot/instance-action, Azure's scheduledevents, or any 200
     # whose body is TRUE), a file whose existence is the notice, or SIGUSR1.
     preemption_url: str = ""
+    # The poll reads no http_proxy/https_proxy variable and follows no redirect; a proxy, only where named here.
+    preemption_proxy: str = ""
     preemption_file: str = ""
     preemption_poll_s: float = Field(default=5.0, ge=0.5, le=3600)
     preemption_deadline_s: float = Field(default=30.0, gt=0, le=86_400)  # when the notice names no time
@@ -156,7 +158,7 @@ class ServiceConfig(_Section):
     # showed 0 % utilization (NVML) that long is suspended (gpuckpt suspend); at least this long.
     idle_min_minutes: float = Field(default=10, ge=0.01, le=525_600)
 
-    @field_validator("preemption_url")
+    @field_validator("preemption_url", "preemption_proxy")
     @classmethod
     def _http(cls, value: str) -> str:
         if value and not value.startswith(("http://", "https://")):

@@ -26,13 +26,33 @@ MARGIN_S = 3.0  # what the drain leaves of the notice's time for the last checkp
 HEADERS = {"Metadata-Flavor": "Google", "Metadata": "true"}
 
 
-def _aws_token(url: str) -> str | None:
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A redirect answered is an HTTPError of its 3xx, never followed: a metadata service never redirects, and
+    a redirect would carry its headers (and AWS's token) elsewhere."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: object, code: int, msg: str,  # noqa: PLR0917 -- urllib's
+                         headers: object, newurl: str) -> None:
+        return None
+
+
+def metadata_opener(proxy: str = "") -> urllib.request.OpenerDirector:
+    """An opener that follows no redirect and reads no proxy variable (http_proxy, https_proxy, no_proxy: any
+    process's environment could send the poll elsewhere); `proxy` (service.preemption_proxy) where the operator
+    names one."""
+    proxies = {"http": proxy, "https": proxy} if proxy else {}
+    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies), _NoRedirect())
+
+
+_redirects_logged: set[str] = set()
+
+
+def _aws_token(url: str, opener: urllib.request.OpenerDirector) -> str | None:
     """IMDSv2's session token, where the URL is AWS's metadata service and it hands one out."""
     parts = urlsplit(url)
     request = urllib.request.Request(f"{parts.scheme}://{parts.netloc}/latest/api/token", method="PUT",
                                      headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
     try:
-        with urllib.request.urlopen(request, timeout=2) as answer:
+        with opener.open(request, timeout=2) as answer:
             return answer.read(4096).decode("ascii", "replace").strip() or None
     except (OSError, urllib.error.URLError):
         return None
@@ -41,7 +61,7 @@ def _aws_token(url: str) -> str | None:
 _azure_vm_names: dict[str, str] = {}  # by scheduled-events URL, once known
 
 
-def _azure_vm_name(url: str) -> str | None:
+def _azure_vm_name(url: str, opener: urllib.request.OpenerDirector) -> str | None:
     """This VM's name from Azure's instance metadata (beside the scheduled events); None if it does not say,
     and then every losing event counts: a needless drain costs less than a missed one."""
     if url in _azure_vm_names:
@@ -51,7 +71,7 @@ def _azure_vm_name(url: str) -> str | None:
         f"{parts.scheme}://{parts.netloc}/metadata/instance/compute/name?api-version=2021-02-01&format=text",
         headers={"Metadata": "true"})
     try:
-        with urllib.request.urlopen(request, timeout=2) as answer:
+        with opener.open(request, timeout=2) as answer:
             name: str = answer.read(256).decode("ascii", "replace").strip()
     except (OSError, urllib.error.URLError, http.client.HTTPException):
         return None
@@ -61,15 +81,21 @@ def _azure_vm_name(url: str) -> str | None:
     return name
 
 
-def poll_url(url: str) -> Notice | None:
+def poll_url(url: str, proxy: str = "") -> Notice | None:
+    opener = metadata_opener(proxy)
     headers = dict(HEADERS)
-    if "/latest/meta-data/" in url and (token := _aws_token(url)):
+    if "/latest/meta-data/" in url and (token := _aws_token(url, opener)):
         headers["X-aws-ec2-metadata-token"] = token
-    vm_name = _azure_vm_name(url) if "/metadata/scheduledevents" in url else None
+    vm_name = _azure_vm_name(url, opener) if "/metadata/scheduledevents" in url else None
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=2) as answer:
+        with opener.open(urllib.request.Request(url, headers=headers), timeout=2) as answer:
             return parse_notice(answer.status, answer.read(MAX_NOTICE_BYTES + 1), vm_name=vm_name)
     except urllib.error.HTTPError as error:
+        if 300 <= error.code < 400 and url not in _redirects_logged:
+            _redirects_logged.add(url)  # once: it is polled every few seconds
+            where = str(error.headers.get("Location", "?"))[:200] if error.headers else "?"
+            log(f"preemption: {url} answered {error.code}, a redirect to {where!r}: not followed (a metadata "
+                "service answers itself); no notice is read from it", PHASE="preemption")
         return parse_notice(error.code, b"")
     except (OSError, urllib.error.URLError, http.client.HTTPException):
         return None  # the metadata service not answering (or not speaking HTTP) is not a notice
@@ -113,7 +139,7 @@ class PreemptionWatch:
     def _poll(self) -> None:
         while self._polled is None:
             try:
-                self._polled = poll_url(self.config.preemption_url)
+                self._polled = poll_url(self.config.preemption_url, self.config.preemption_proxy)
             except Exception as error:  # noqa: BLE001 -- the poller's thread must not die: an answer no check foresaw is logged, and polled again
                 log(f"preemption: polling {self.config.preemption_url}: {type(error).__name__}: {error}")
             time.sleep(self.config.preemption_poll_s)
