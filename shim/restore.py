@@ -48,10 +48,11 @@ from ..oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_compl
 from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations
 from ..policy.crun import crun_restore_refusals
+from ..policy.devices import device_refusals
 from ..policy.image import check_restore
 from ..transfer.root_files import apply_root_files
 from ..transfer.staging import ClaimedImport, claim_staged
-from ..trust.dump_signature import DUMP_SIGNATURE, verify_dump
+from ..trust.dump_signature import DUMP_SIGNATURE, dumped_here, verify_dump
 from ..trust.keys import load_trust
 from ..trust.signature import SignatureError
 from .argv import (
@@ -115,6 +116,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     verified, signed = verify_dump_or_say_unfinished(image_dir_of(verb), f"restore of {container_id}",
                                                      staged.vouched if staged else "")
     log(args, "debug" if signed else "warning", verified)
+    if not dumped_here(image_dir_of(verb), load_trust()):
+        refuse_foreign_devices(bundle, container_id)
     manifest = read_manifest(image_dir_of(verb))
     if manifest is not None:
         require_completed(manifest, image_dir_of(verb))
@@ -239,6 +242,15 @@ def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id:
         if text.isdigit() and 0 < int(text) < 1 << 22:  # the kernel's PID_MAX_LIMIT
             return int(text)
     return container_state(delegate, args.global_argv, container_id).pid
+
+
+def refuse_foreign_devices(bundle: str, container_id: str) -> None:
+    """A dump from elsewhere (another node's, or unsigned) restores only with the devices an import allows: its
+    bundle may be an archive's spec.dump as podman's own --import took it. This node's own dumps restore the
+    container's own spec, whatever devices the operator gave it."""
+    for refusal in device_refusals(read_spec(bundle), "the restore bundle's config.json"):
+        raise ImageError(f"restore of {container_id}: a checkpoint not dumped on this node asks for {refusal}: "
+                         "refused")
 
 
 def refuse_crun_killing_the_node(delegate: str, container_id: str, image_dir: str) -> None:

@@ -10,14 +10,23 @@ import stat
 from pathlib import Path
 
 import pytest
+import test_gpu_verbs
 from podman_tars import CONFIG, PODMAN_LINUX, podman_tar
+from test_gpu_verbs import checkpointed_node, restore_args
 
-from gpuckpt.errors import ConfigError
+from gpuckpt.cuda.node import NodeGpus
+from gpuckpt.errors import ConfigError, ImageError
 from gpuckpt.node.config import load_config
 from gpuckpt.oci.podman_archive import check_podman_archive
 from gpuckpt.oci.spec import Spec
 from gpuckpt.policy.archive_import import import_refusals
 from gpuckpt.policy.devices import DeviceAllowance, DeviceId, device_refusals, node_nvidia_devices
+from gpuckpt.shim import restore
+from gpuckpt.trust.dump_signature import DUMP_SIGNATURE, sign_dump
+from gpuckpt.trust.keys import KeyEntry, TrustPolicy, UnsignedSource, ensure_node_key, save_policy
+from gpuckpt.trust.signature import public_key_line
+
+make_node = test_gpu_verbs.make_node  # the fake node, its runtime and its driver (fixtures)
 
 PODMAN_ID = "cd" * 32
 DENY_ALL = {"allow": False, "access": "rwm"}  # what podman 4.3 and 5 write for a plain `podman run`
@@ -138,3 +147,64 @@ def test_an_allow_list_entry_not_by_number_is_a_config_error(tmp_path, node, ent
     (tmp_path / "config.toml").write_text(f'[import]\nallowed_devices = ["{entry}"]\n')
     with pytest.raises(ConfigError, match=r"'import.allowed_devices': .* is not 'c MAJOR:MINOR' or 'b MAJOR:MINOR'"):
         load_config()
+
+
+# -- the shim's restore: podman's own --import hands it the archive's spec.dump as the bundle --------------------
+
+
+@pytest.fixture
+def restorable(make_node, monkeypatch, dev):
+    """A checkpointed fake GPU container (signed by this node's key), its bundle given `devices` and `rules`."""
+    node = checkpointed_node(make_node, monkeypatch, 1)
+
+    def bundle_with(devices: list[dict], rules: list[dict]):
+        spec = json.loads((node.bundle / "config.json").read_text())
+        spec["linux"] = {"devices": devices, "resources": {"devices": rules}}
+        (node.bundle / "config.json").write_text(json.dumps(spec))
+        return node
+    return bundle_with
+
+
+def restore_refusal(node) -> str | None:
+    before = len(node.calls())
+    try:
+        assert restore.run(restore_args(node), str(node.runtime), NodeGpus(**node.gpus)) == 0
+    except ImageError as refused:
+        assert len(node.calls()) == before  # the delegate never ran
+        return str(refused)
+    return None
+
+
+@pytest.mark.hostile("a dump from another node (unsigned, under restore:any; or signed by another trusted node) "
+                     "restored with a bundle giving /dev/nvidia-rt c 1:11 and its cgroup rule (podman --import)")
+def test_a_foreign_dumps_bundle_devices_are_checked_by_identity(restorable, tmp_path, monkeypatch) -> None:
+    node = restorable([KMSG_NODE], [DENY_ALL, KMSG_RULE])
+    assert restore_refusal(node) is None  # this node's own dump: its container's own spec, whatever it holds
+
+    node = restorable([KMSG_NODE], [DENY_ALL, KMSG_RULE])
+    (node.images / DUMP_SIGNATURE).unlink()
+    save_policy(TrustPolicy(allow_unsigned=[UnsignedSource(source="restore:any", note="test")]))
+    line = restore_refusal(node)
+    assert line is not None and line.startswith(
+        "restore of ctr: a checkpoint not dumped on this node asks for host devices in the restore bundle's "
+        "config.json (/dev/nvidia-rt (c 1:11), cgroup rule allow c 1:11 rwm; allowed: this node's NVIDIA devices "
+        "(none on this node)"), line
+    assert line.endswith(": refused") and "\n" not in line
+
+    own_trust = os.environ["GPUCKPT_TRUST_DIR"]
+    monkeypatch.setenv("GPUCKPT_TRUST_DIR", str(tmp_path / "node-b"))  # node B, trusted here, signed this dump
+    other, _ = ensure_node_key()
+    assert sign_dump(str(node.images)) is not None
+    monkeypatch.setenv("GPUCKPT_TRUST_DIR", own_trust)
+    save_policy(TrustPolicy(key=[KeyEntry(name="node-b", public_key=public_key_line(other.public))]))
+    assert "host devices in the restore bundle's config.json (/dev/nvidia-rt (c 1:11)" in restore_refusal(node)
+
+
+def test_a_foreign_dump_restores_with_this_nodes_nvidia_devices(restorable, dev) -> None:
+    if not os.path.exists("/dev/kmsg"):
+        pytest.skip("needs /dev/kmsg as a real character device to stand for NVIDIA's")
+    (dev / "nvidia0").symlink_to("/dev/kmsg")
+    node = restorable([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 11}], [DENY_ALL, KMSG_RULE])
+    (node.images / DUMP_SIGNATURE).unlink()
+    save_policy(TrustPolicy(allow_unsigned=[UnsignedSource(source="restore:any", note="test")]))
+    assert restore_refusal(node) is None

@@ -20,7 +20,7 @@ import stat
 from ..host.safefiles import read_bounded, replace_file
 from ..oci.image_names import PAGES_FILE
 from .keys import Trust, load_node_key, log_unsigned_use
-from .signature import MAX_ENVELOPE_BYTES, SignatureError, SignedEntry, open_envelope
+from .signature import MAX_ENVELOPE_BYTES, SignatureError, SignedEntry, open_envelope, parse_envelope
 
 DUMP_SIGNATURE = "gpuckpt-dump.sig"
 # Written around a dump or restore by CRIU, runc or the engine, read by none of them at restore:
@@ -114,3 +114,12 @@ def verify_dump(image_dir: str, trust: Trust, what: str, vouched: str = "") -> t
         raise SignatureError(f"{what}: {image_dir} lacks {', '.join(missing[:3])}, signed at dump: refused")
     return (f"{what}: checkpoint signed at dump by {signer.name} (key {content.key_id}), {len(files)} files verified",
             True)
+
+
+def dumped_here(image_dir: str, trust: Trust) -> bool:
+    """Whether the dump in `image_dir`, verified by verify_dump before, was signed by this node's own key
+    (not another trusted node's, not unsigned under restore:any)."""
+    path = os.path.join(image_dir, DUMP_SIGNATURE)
+    if trust.node_key_id is None or not os.path.lexists(path):
+        return False
+    return parse_envelope(read_bounded(path, MAX_ENVELOPE_BYTES, path), path).key_id == trust.node_key_id
