@@ -116,7 +116,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     verified, signed = verify_dump_or_say_unfinished(image_dir_of(verb), f"restore of {container_id}",
                                                      staged.vouched if staged else "")
     log(args, "debug" if signed else "warning", verified)
-    if not dumped_here(image_dir_of(verb), load_trust()):
+    if staged is None and not dumped_here(image_dir_of(verb), load_trust()):
+        # a staged import's config was checked by `gpuckpt import`, or trusted there (--trust-config)
         refuse_foreign_devices(bundle, container_id)
     manifest = read_manifest(image_dir_of(verb))
     if manifest is not None:
