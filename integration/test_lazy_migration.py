@@ -10,9 +10,11 @@ same as runc's, and through the shim never a refusal of its own.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -38,21 +40,24 @@ class LazyOutcome:
     restore_status: int
     restore_words: str
     checkpoint_status: int
-    criu_restore_error: str  # CRIU's first error line of the restore, if it failed
+    criu_restore_error: str  # CRIU's error lines of the restore, if it failed
 
 
-def first_criu_error(log: Path) -> str:
+def criu_errors(log: Path) -> str:
+    """CRIU's error lines in `log`, joined ("" when it has none or does not exist)."""
     if not log.exists():
         return ""
-    return next((line for line in log.read_text(errors="replace").splitlines() if "Error (" in line), "")
+    return " | ".join(line for line in log.read_text(errors="replace").splitlines() if "Error (" in line)
 
 
 def lazy_migration(runtime: str, rootfs: Path, work: Path, name: str) -> LazyOutcome:
     """runc's checkpoint.bats lazy test, by `runtime`, on a container of the test bed's rootfs."""
     work.mkdir()
     bundle = make_bundle(rootfs, work)
-    images, dump_work, restore_work = work / "images", work / "dump-work", work / "restore-work"
-    for directory in (images, dump_work, restore_work):
+    # the restore works in the image directory, as runc's test has it: CRIU's restore finds the lazy-pages
+    # daemon's socket in its work directory, and the daemon makes it in the directory it serves
+    images, dump_work = work / "images", work / "dump-work"
+    for directory in (images, dump_work):
         directory.mkdir(mode=0o700)
     base = [runtime, "--root", RUNTIME_ROOT]
     with open(os.devnull, "r+b") as null:
@@ -66,7 +71,7 @@ def lazy_migration(runtime: str, rootfs: Path, work: Path, name: str) -> LazyOut
         [*base, "checkpoint", "--lazy-pages", "--page-server", f"127.0.0.1:{port}", "--status-fd", str(status_write),
          "--work-path", str(dump_work), "--image-path", str(images), name],
         pass_fds=(status_write,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        text=True, cwd=bundle)
+        text=True, cwd=bundle, start_new_session=True)  # its group: the runc and criu under it go with it
     os.close(status_write)
     daemon = None
     try:
@@ -77,10 +82,11 @@ def lazy_migration(runtime: str, rootfs: Path, work: Path, name: str) -> LazyOut
         signed_then = (images / DUMP_SIGNATURE).exists()
         daemon = subprocess.Popen(["criu", "lazy-pages", "--page-server", "--address", "127.0.0.1", "--port",
                                    str(port), "-D", str(images), "-o", str(work / "lazy-pages.log")],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  start_new_session=True)
         with open(os.devnull, "r+b") as null:
             restored = subprocess.run(
-                [*base, "restore", "-d", "--lazy-pages", "--work-path", str(restore_work), "--image-path", str(images),
+                [*base, "restore", "-d", "--lazy-pages", "--work-path", str(images), "--image-path", str(images),
                  "--bundle", str(bundle), f"{name}-migrated"],
                 stdin=null, stdout=null, stderr=subprocess.PIPE, text=True, cwd=bundle, timeout=120)
         try:  # a dump whose pages nobody takes waits: runc's ends once the restore side failed
@@ -88,12 +94,13 @@ def lazy_migration(runtime: str, rootfs: Path, work: Path, name: str) -> LazyOut
         except subprocess.TimeoutExpired:
             checkpoint_status = -1
         return LazyOutcome(status_byte, manifest_state, signed_then, restored.returncode, restored.stderr,
-                           checkpoint_status, first_criu_error(restore_work / "restore.log"))
+                           checkpoint_status, criu_errors(images / "restore.log"))
     finally:
         os.close(status_read)
-        for child in (checkpoint, daemon):
-            if child is not None and child.poll() is None:
-                child.kill()
+        for child in (checkpoint, daemon):  # a dump still waiting for its pages: with its runc and criu
+            if child is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
                 child.wait()
         for container in (name, f"{name}-migrated"):
             sh(RUNC, "--root", RUNTIME_ROOT, "delete", "-f", container, check=False)
