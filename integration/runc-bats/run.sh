@@ -140,10 +140,10 @@ table=$out/$machine-$bats_file.md
     echo
     echo "| # | test | runc | gpuckpt-runtime |"
     echo "|---|------|------|-----------------|"
-    total=$(awk -F.. 'NR == 1 && /^1\.\./ { print $2 }' "$out/$machine-runc.tap")
+    total=$(awk 'NR == 1 && sub(/^1\.\./, "") { print }' "$out/$machine-runc.tap")
     for n in $(seq 1 "${total:-0}"); do
         name=$(awk -v n="$n" '($1 == "ok" && $2 == n) || ($1 == "not" && $3 == n) {
-            sub(/^(not )?ok [0-9]+ /, ""); sub(/ # skip.*/, ""); print; exit }' "$out/$machine-runc.tap")
+            sub(/^(not )?ok [0-9]+ /, ""); sub(/ # (skip|timeout).*/, ""); print; exit }' "$out/$machine-runc.tap")
         echo "| $n | $name | $(result_of "$out/$machine-runc.tap" "$n") | $(result_of "$out/$machine-shim.tap" "$n") |"
     done
 } >"$table"
