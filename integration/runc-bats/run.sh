@@ -11,7 +11,8 @@
 #   - recvtty: integration/runc-bats/recvtty.py (the Go one is built from runc's tree; this one
 #     does what helpers.bash asks of it: --pid-file, --mode null);
 #   - the operator's config for the shim: the node's config plus [criu] allow_container_config
-#     for /tmp, where checkpoint.bats puts its org.criu.config file.
+#     for /tmp, where checkpoint.bats puts its org.criu.config file, and the plain run's runc as
+#     its delegate.
 # Usage: run.sh [OUT [BATS_FILE]]   (env: GPUCKPT_RUNC_BATS_CACHE, GPUCKPT_DEBIAN_MIRROR,
 #        RUNC_PLAIN, RUNC_SHIM, BATS_TEST_TIMEOUT)
 set -euo pipefail
@@ -98,7 +99,9 @@ node_config=${GPUCKPT_CONFIG:-/etc/gpuckpt/config.toml}
 if [ -f "$node_config" ] && grep -qE '^\s*\[criu\]' "$node_config"; then
     echo "run.sh: $node_config already has a [criu] table: set allow_container_config there" >&2; exit 2
 fi
-{ cat "$node_config" 2>/dev/null || true
+# the delegate is the runc of the plain run, whatever the node's is: the two runs differ by the shim alone
+{ printf 'delegate = "%s"\n' "$runc_plain"
+  grep -vE '^\s*delegate\s*=' "$node_config" 2>/dev/null || true
   printf '\n[criu]\nallow_container_config = true\ncontainer_config_dirs = ["/etc/criu", "/tmp"]\n'; } >"$config"
 chmod 0644 "$config"
 
