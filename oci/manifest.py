@@ -131,18 +131,39 @@ class Manifest(_Record):
     # final write) never finished is refused rather than restored with its processes locked. A
     # manifest without the field comes from a gpuckpt that wrote it only after a successful dump.
     dump_completed: bool = True
+    # A lazy dump (--lazy-pages): true once every image but the memory pages is written and CRIU's page
+    # server is ready; the pages stay with the source until a lazy restore has taken them all. With
+    # dump_completed false that is "lazy, completing": only a lazy restore can take the image then.
+    lazy_pages: bool = False
+
+
+DUMP_INCOMPLETE, DUMP_LAZY_COMPLETING, DUMP_COMPLETED = "incomplete", "lazy, completing", "completed"
+
+
+def dump_state(manifest: Manifest) -> str:
+    """The dump as its manifest says: completed, "lazy, completing" (a lazy restore may begin), or incomplete."""
+    if manifest.dump_completed:
+        return DUMP_COMPLETED
+    return DUMP_LAZY_COMPLETING if manifest.lazy_pages else DUMP_INCOMPLETE
 
 
 def write_manifest(image_dir: str, manifest: Manifest) -> str:
     """Write atomically, readable by root only (the image holds process memory anyway)."""
     path = os.path.join(image_dir, MANIFEST_NAME)
-    replace_file(path, manifest.model_dump_json(indent=2))
+    # lazy_pages left out unless set: a gpuckpt that predates it still reads every other manifest
+    replace_file(path, manifest.model_dump_json(indent=2, exclude=None if manifest.lazy_pages else {"lazy_pages"}))
     return path
 
 
-def require_completed(manifest: Manifest, image_dir: str) -> None:
-    """Refuse an image whose dump never completed (its CUDA processes would stay locked)."""
-    if not manifest.dump_completed:
+def require_completed(manifest: Manifest, image_dir: str, *, lazy_restore: bool = False) -> None:
+    """Refuse an image whose dump never completed (its CUDA processes would stay locked); a lazy dump still
+    completing is accepted by a lazy restore (`lazy_restore`: --lazy-pages), which takes the pages from it."""
+    state = dump_state(manifest)
+    if state == DUMP_LAZY_COMPLETING and not lazy_restore:
+        raise ImageError(f"{os.path.join(image_dir, MANIFEST_NAME)}: the dump of {manifest.container_id} is lazy, "
+                         "completing (its memory pages are still served by CRIU's page server): only a restore "
+                         "with --lazy-pages can take it until the dump completes")
+    if state == DUMP_INCOMPLETE:
         raise ImageError(f"{os.path.join(image_dir, MANIFEST_NAME)}: the dump of {manifest.container_id} never "
                          "completed (the checkpoint failed or was cut short): this image cannot be restored")
 

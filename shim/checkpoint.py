@@ -6,7 +6,9 @@ read once (host/processes.py) and judged (policy/); CRIU's network options and c
 added to the plan; the CUDA processes found and what the driver could not restore refused;
 the manifest written marked incomplete (shim/checkpoint_manifest.py); lock and checkpoint
 them (thawing a frozen container for that); the delegate's dump; with --leave-running
-restore and unlock them; the manifest marked complete and signed. Each step that changes
+restore and unlock them; the manifest marked complete and signed. A lazy dump (--lazy-pages, CPU
+containers only: shim/checkpoint_lazy.py) is marked "lazy, completing" and signed when its page
+server is ready, before the engine hears of it. Each step that changes
 something registers its undo as it is done (shim/rollback.py): until the dump succeeded, any
 exception or a SIGTERM/SIGINT/SIGHUP (a flag, checked between phases) runs them; the
 container keeps running and the engine gets one line. After it, a signal is noted and the
@@ -55,7 +57,14 @@ from .argv import (
     image_dir_of,
     image_path_given,
 )
-from .checkpoint_manifest import begin_manifest, complete_manifest, write_checkpoint_manifest
+from .checkpoint_lazy import LazyHandshake, lazy_dump, refuse_lazy_gpu
+from .checkpoint_manifest import (
+    begin_manifest,
+    complete_manifest,
+    lazy_dump_failed,
+    lazy_manifest,
+    write_checkpoint_manifest,
+)
 from .checkpoint_plan import plan_checkpoint
 from .criu_log import dump_failure
 from .criuconf import ghost_limit_of, link_remap_files, network_lock_lines, use_criu_config
@@ -177,6 +186,8 @@ class Checkpoint:
 
     def run(self) -> int:
         started = time.monotonic()
+        if self.plan.lazy_pages and self.plan.gpu:
+            refuse_lazy_gpu(self.container_id)  # before the processes are even read
         # Discover: the container's processes, read once; the policies below judge this snapshot.
         self.processes = read_container(self.pids_query.pids(), self.state.pid)
         for refusal in undumpable_refusals(self.container_id, self.processes):
@@ -256,7 +267,7 @@ class Checkpoint:
     def _dump_plain(self, started: float, gpu: bool) -> int:
         inventory = self.gpus.describe_container_gpus(self.plan.spec, []) if gpu else Inventory("", 0, [])
         self._begin_manifest(inventory, started, "the container keeps running")
-        status = self._start_dump().finish()
+        status = self._lazy_dump(inventory, started) if self.plan.lazy_pages else self._start_dump().finish()
         if status != 0:
             cause, hint = self._criu_cause(), self._failure_hint()
             if cause or hint:
@@ -400,13 +411,31 @@ class Checkpoint:
             raise DelegateError(f"{delegate} checkpoint exited {dump_status}{cause}", dump_status)
         return time.monotonic() - dump_started
 
-    def _start_dump(self) -> DelegateRun:
+    def _lazy_dump(self, inventory: Inventory, started: float) -> int:
+        """--lazy-pages: the dump with the shim between the delegate's --status-fd and the engine's
+        (shim/checkpoint_lazy.py); its exit status, once the pages were taken or it failed."""
+        handshake = LazyHandshake(self.verb)
+
+        def page_server_ready() -> None:
+            if not lazy_manifest(self.plan, inventory, started):
+                log(self.args, "warning", f"{self.container_id}: lazy checkpoint not signed: this node has no key "
+                    "(gpuckpt install makes one); a restore of it needs the trust policy's restore:any")
+            log(self.args, "info", f"{self.container_id}: lazy dump ready, its pages served by CRIU's page server")
+
+        status = lazy_dump(self._start_dump(handshake), handshake, page_server_ready)
+        if status != 0 and handshake.ready:
+            lazy_dump_failed(self.plan, inventory, started)
+        return status
+
+    def _start_dump(self, handshake: LazyHandshake | None = None) -> DelegateRun:
         """The delegate's dump, started, with the journal naming it (a dump goes on if we are killed)."""
         self._journal("dump", dump_began=time.time(), staging_dir=self.staging)
         argv = self.plan.argv
         if self.staging:
             argv = staged_argv(self.plan.argv, self.args.command_index or 0, self.staging, self.plan.image_dir,
                                self.plan.work_path)
+        if handshake is not None:
+            argv = handshake.argv(argv, self.args.command_index or 0)
         dump = DelegateRun(self.delegate, argv, hold_stderr=True)
         dump.start()
         if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:

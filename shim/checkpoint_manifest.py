@@ -1,5 +1,6 @@
 """The checkpoint's manifest: written marked incomplete before the dump (an image cut short is refused
-at restore), marked complete once the dump succeeded, then the dump signed with the node's key.
+at restore), marked complete once the dump succeeded, then the dump signed with the node's key. A
+lazy dump is marked "lazy, completing" and signed in between, when its page server is ready.
 
 What it records comes from the plan (the delegate's argv, CRIU's network options and config lines),
 the node's GPU inventory and the processes as the checkpoint found them.
@@ -7,6 +8,8 @@ the node's GPU inventory and the processes as the checkpoint found them.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 
 from ..cuda.engine import one_line
@@ -15,15 +18,16 @@ from ..cuda.plugin import gpu_handler
 from ..errors import GpuCheckpointError
 from ..oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
 from ..oci.timestamps import utc_now
-from ..trust.dump_signature import sign_dump
+from ..trust.dump_signature import DUMP_SIGNATURE, sign_dump
 from .checkpoint_plan import CheckpointPlan
 
 
 def write_checkpoint_manifest(plan: CheckpointPlan, inventory: Inventory, pid_in_container: dict[int, int],
                               started: float, *, dump_s: float, completed: bool, downtime_s: float | None = None,
-                              timings: dict[str, float] | None = None) -> None:
+                              timings: dict[str, float] | None = None, lazy_ready: bool = False) -> None:
     """The manifest of `plan`'s checkpoint of the CUDA processes `pid_in_container` names (host PID ->
-    container PID; none for a plain dump), `started` at that time.monotonic()."""
+    container PID; none for a plain dump), `started` at that time.monotonic(). A lazy plan's dump is
+    marked lazy once its page server was ready (`lazy_ready`) and when it completed."""
     timings = timings or {}
     manifest = Manifest(
         created=utc_now(),
@@ -46,6 +50,7 @@ def write_checkpoint_manifest(plan: CheckpointPlan, inventory: Inventory, pid_in
                         device_checkpoint_s=timings.get("device_checkpoint_s", 0.0),
                         dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
         dump_completed=completed,
+        lazy_pages=plan.lazy_pages and (completed or lazy_ready),
     )
     write_manifest(plan.image_dir, manifest)
 
@@ -74,3 +79,24 @@ def complete_manifest(plan: CheckpointPlan, inventory: Inventory, pid_in_contain
                                  f"could not be completed ({one_line(error)}): restore refuses the image; the "
                                  f"container {container}") from None
     return sign_dump(plan.image_dir) is not None
+
+
+def lazy_manifest(plan: CheckpointPlan, inventory: Inventory, started: float) -> bool:
+    """A lazy dump's page server is ready: the manifest marked "lazy, completing" and the images written so far
+    signed, before the engine starts the lazy restore; whether they were signed."""
+    try:
+        write_checkpoint_manifest(plan, inventory, {}, started, dump_s=time.monotonic() - started, completed=False,
+                                  lazy_ready=True)
+    except OSError as error:
+        raise GpuCheckpointError(f"checkpoint of {plan.container_id} failed: the lazy dump's manifest could not "
+                                 f"be written ({one_line(error)}): restore refuses the image") from None
+    return sign_dump(plan.image_dir) is not None
+
+
+def lazy_dump_failed(plan: CheckpointPlan, inventory: Inventory, started: float) -> None:
+    """A lazy dump that ended in failure after its page server was ready: marked incomplete again, its
+    signature removed, so that restore refuses it as a dump that never completed."""
+    with contextlib.suppress(OSError):
+        write_checkpoint_manifest(plan, inventory, {}, started, dump_s=time.monotonic() - started, completed=False)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(plan.image_dir, DUMP_SIGNATURE))

@@ -29,6 +29,7 @@ class CheckpointPlan:
     work_path: str | None  # --work-path as the engine gave it
     leave_running: bool  # --leave-running: the CUDA processes are restored and unlocked after the dump
     pre_dump: bool
+    lazy_pages: bool  # --lazy-pages: the pages stay with CRIU's page server until a lazy restore took them
     config: Config
     spec: Spec
     annotations: dict[str, str]
@@ -61,5 +62,6 @@ def plan_checkpoint(args: RuntimeArgs, verb: VerbArgs, container_id: str, delega
     return CheckpointPlan(container_id=container_id, delegate=delegate, image_dir=image_dir,
                           work_dir=os.path.abspath(work_path or image_dir), work_path=work_path,
                           leave_running=verb.has("leave-running"), pre_dump=verb.has("pre-dump"),
+                          lazy_pages=verb.has("lazy-pages"),
                           config=config, spec=spec, annotations=annotations,
                           frozen_by_engine=frozen_by_engine, argv=argv)

@@ -1,7 +1,8 @@
 """`gpuckpt-runtime restore`: the delegate's restore, then the GPU steps.
 
 Phases, in order: verify the dump's signature before any of its files is parsed, read the
-image's manifest (refusing an image whose dump never completed), check CRIU's images against
+image's manifest (refusing an image whose dump never completed; a lazy dump still completing
+only to a lazy restore, --lazy-pages), check CRIU's images against
 the bundle and this node against the manifest (before touching anything), the delegate's
 restore, then find the restored CUDA processes and restore (remapped if the GPUs
 changed) and unlock them in parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP
@@ -113,15 +114,16 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
 
     # CRIU and runc rebuild the processes from these files: only as this node's or a trusted node's shim wrote
     # them, checked before any of them is parsed (the manifest, CRIU's images)
+    lazy = verb.has("lazy-pages")  # a lazy restore may take a lazy dump still completing: its pages come later
     verified, signed = verify_dump_or_say_unfinished(image_dir_of(verb), f"restore of {container_id}",
-                                                     staged.vouched if staged else "")
+                                                     staged.vouched if staged else "", lazy=lazy)
     log(args, "debug" if signed else "warning", verified)
     if staged is None and not dumped_here(image_dir_of(verb), load_trust()):
         # a staged import's config was checked by `gpuckpt import`, or trusted there (--trust-config)
         refuse_foreign_devices(bundle, container_id)
     manifest = read_manifest(image_dir_of(verb))
     if manifest is not None:
-        require_completed(manifest, image_dir_of(verb))
+        require_completed(manifest, image_dir_of(verb), lazy_restore=lazy)
     refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")
@@ -171,7 +173,8 @@ def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, conta
     return status
 
 
-def verify_dump_or_say_unfinished(image_dir: str, what: str, vouched: str = "") -> tuple[str, bool]:
+def verify_dump_or_say_unfinished(image_dir: str, what: str, vouched: str = "", *,
+                                  lazy: bool = False) -> tuple[str, bool]:
     """verify_dump; a dump left unsigned because it never completed (a checkpoint that failed or was cut
     short signs nothing) is refused as that, which the user can act on, not as a stranger's image."""
     try:
@@ -184,7 +187,8 @@ def verify_dump_or_say_unfinished(image_dir: str, what: str, vouched: str = "") 
         except ImageError:
             raise refusal from None
         if written is not None:
-            require_completed(written, image_dir)  # only picks the refusal's words: it refuses either way
+            # only picks the refusal's words: it refuses either way
+            require_completed(written, image_dir, lazy_restore=lazy)
         raise
 
 

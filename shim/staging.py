@@ -71,7 +71,7 @@ def is_staging_dir(path: str, root: str = STAGING_ROOT) -> bool:
     return parent == root and name.startswith(STAGING_PREFIX) and os.path.isdir(path) and not os.path.islink(path)
 
 
-def _replace_flag(argv: list[str], start: int, names: Sequence[str], value: str) -> bool:
+def replace_flag(argv: list[str], start: int, names: Sequence[str], value: str) -> bool:
     """Set every occurrence of the flag after `start` to `value`; whether there was one."""
     found = False
     index = start
@@ -95,7 +95,7 @@ def staged_argv(argv: Sequence[str], verb_index: int, staging: str, image_dir: s
     staged = list(argv)
     at = verb_index + 1
     added: list[str] = []
-    if not _replace_flag(staged, at, IMAGE_PATH_FLAGS, staging):
+    if not replace_flag(staged, at, IMAGE_PATH_FLAGS, staging):
         added += ["--image-path", staging]
     if not work_dir:
         os.makedirs(image_dir, mode=0o700, exist_ok=True)

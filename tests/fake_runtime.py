@@ -49,6 +49,17 @@ elif verb == "checkpoint":
     if "--image-path" in argv and "checkpoint_records_criu_config" in setup:  # the config file this dump was given
         with open(here / "criu_configs.log", "a") as seen:
             seen.write(os.environ.get("CRIU_CONFIG_FILE", "-") + "\n")
+    if "--lazy-pages" in argv and "--status-fd" in argv:  # runc's handshake: \0 once the page server is ready
+        status_fd = int(argv[argv.index("--status-fd") + 1])
+        with open(here / "status_fd.log", "w") as seen:  # the descriptor it got and where that leads
+            seen.write(f"{status_fd} {os.readlink(f'/proc/self/fd/{status_fd}')}\n")
+        ready = setup.get("lazy_ready", True)  # false: CRIU failed before its page server was ready
+        if ready:
+            os.write(status_fd, b"\0")
+        os.close(status_fd)
+        deadline = time.monotonic() + 20
+        while ready and not (here / "lazy.taken").exists() and time.monotonic() < deadline:  # the pages taken
+            time.sleep(0.02)
     sys.stderr.write(setup.get("checkpoint_stderr", ""))
     if "checkpoint_leaves_helper_s" in setup and os.fork() == 0:  # a helper left running, holding stderr
         (here / "helper.pid").write_text(str(os.getpid()))
@@ -57,6 +68,9 @@ elif verb == "checkpoint":
         os._exit(0)
     sys.exit(setup.get("checkpoint_status", 0))
 elif verb == "restore":
+    if "--lazy-pages" in argv:  # the manifest as the lazy restore found it
+        image_path = argv[argv.index("--image-path") + 1]
+        (here / "lazy_restore_saw.json").write_text(Path(image_path, "gpuckpt-manifest.json").read_text())
     sys.exit(setup.get("restore_status", 0))
 elif verb in ("pause", "resume"):
     sys.exit(setup.get(f"{verb}_status", 0))

@@ -311,6 +311,15 @@ def test_a_call_from_another_install_or_not_a_call_is_left_to_the_caller(node, r
         assert hello(node, state_call, [0, 1, 2, cwd]) == ("local", "state is not an owned verb's call")
     finally:
         os.close(cwd)
+    lazy_call = marshal.dumps(("call", resident_call.PROTOCOL, resident_call.package_identity(), "gpuckpt-runtime",
+                               ["checkpoint", "--lazy-pages", "--status-fd", "7", "c1"], {"PATH": os.environ["PATH"]},
+                               0o22, str(runtime), ""))
+    cwd = os.open(node / "cwd", os.O_PATH | os.O_DIRECTORY)
+    try:  # the engine's --status-fd is the caller's descriptor: a worker could not write runc's \0 to it
+        assert hello(node, lazy_call, [0, 1, 2, cwd]) == (
+            "local", "checkpoint with --status-fd (a descriptor of the caller's) is the caller's")
+    finally:
+        os.close(cwd)
     assert not (node / "rec" / "delete.json").exists()  # none of them worked
     assert "a call left to its caller: another gpuckpt install" in (node / "helper.log").read_text()
     shim = call(node, ["delete", "c1"], REC_HELPER=str(helper.pid))  # and the helper still serves

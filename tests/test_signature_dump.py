@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import pytest
 
@@ -83,3 +84,27 @@ def test_a_node_without_a_key_signs_nothing(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("GPUCKPT_TRUST_DIR", str(tmp_path / "keyless"))
     (tmp_path / "images").mkdir()
     assert sign_dump(str(tmp_path / "images")) is None and not (tmp_path / "images" / DUMP_SIGNATURE).exists()
+
+
+def listening_socket(path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    return server
+
+
+def test_criu_lazy_pages_socket_and_log_are_neither_signed_nor_refused(image_dir) -> None:
+    """runc's lazy migration runs `criu lazy-pages -D <images>`: its socket and log appear beside the images
+    while the lazy restore reads them, and the dump is signed again when it completes."""
+    with listening_socket(image_dir / "lazy-pages.socket"):
+        (image_dir / "lazy-pages.log").write_text("the lazy-pages daemon's log\n")
+        _, signed = verify_dump(str(image_dir), load_trust(), WHAT)
+        assert signed
+        assert sign_dump(str(image_dir))  # the completed lazy dump's signature, the daemon still there
+        _, signed = verify_dump(str(image_dir), load_trust(), WHAT)
+        assert signed
+
+
+@pytest.mark.hostile("a socket planted in a dumped image directory under another name than CRIU's lazy-pages one")
+def test_any_other_socket_is_refused(image_dir) -> None:
+    with listening_socket(image_dir / "pages.socket"):
+        assert "pages.socket is not a regular file" in refused(image_dir)

@@ -25,16 +25,22 @@ from .signature import MAX_ENVELOPE_BYTES, SignatureError, SignedEntry, open_env
 DUMP_SIGNATURE = "gpuckpt-dump.sig"
 # Written around a dump or restore by CRIU, runc or the engine, read by none of them at restore:
 # neither signed nor required.
-UNSIGNED_LOGS = frozenset({"dump.log", "restore.log", "stats-dump", "stats-restore"})
+UNSIGNED_LOGS = frozenset({"dump.log", "restore.log", "stats-dump", "stats-restore", "lazy-pages.log"})
+# CRIU's lazy-pages daemon listens here (in the directory it is given, the images' for runc's lazy
+# migration) while a lazy restore takes the pages: a socket, the only non-file allowed, never signed.
+LAZY_PAGES_SOCKET = "lazy-pages.socket"
 MAX_IMAGE_FILES = 100_000
 
 
 def _image_files(image_dir: str, what: str) -> dict[str, os.stat_result]:
-    """The regular files of a CRIU image directory, by name; anything else there is refused."""
+    """The regular files of a CRIU image directory, by name; anything else there is refused (but CRIU's
+    lazy-pages socket)."""
     files: dict[str, os.stat_result] = {}
     with os.scandir(image_dir) as listing:
         for entry in listing:
             status = entry.stat(follow_symlinks=False)
+            if entry.name == LAZY_PAGES_SOCKET and stat.S_ISSOCK(status.st_mode):
+                continue
             if not stat.S_ISREG(status.st_mode):
                 raise SignatureError(f"{what}: {image_dir}/{entry.name} is not a regular file: refused "
                                      "(a checkpoint image directory holds only files)")

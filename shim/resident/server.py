@@ -105,6 +105,10 @@ def _not_owned(args: RuntimeArgs) -> str:
     if args.command not in OWNED_VERBS or args.unknown_global is not None or \
             owned_verb_is_only_asked_about(args) or hidden_checkpoint_or_restore(args):
         return f"{args.command or 'no verb'} is not an owned verb's call"
+    if any(arg == "--status-fd" or arg.startswith("--status-fd=") for arg in args.command_args):
+        # a descriptor of the caller's that a worker does not have (it gets stdio and the cwd alone):
+        # runc's lazy-migration handshake is kept in the caller's own process
+        return f"{args.command} with --status-fd (a descriptor of the caller's) is the caller's"
     return ""
 
 
