@@ -24,7 +24,7 @@ MAX_LOGGED_LINE = 64 << 10  # longer lines are not looked into
 _LOGRUS_ERROR = re.compile(r'\blevel=error msg=("(?:[^"\\]|\\.)*")')
 
 # CommandError: raised by both
-__all__ = ["Background", "CommandError", "Finished", "Running", "run", "spawn", "start_detached"]
+__all__ = ["WAIT_TIMEOUTS", "Background", "CommandError", "Finished", "Running", "run", "spawn", "start_detached"]
 
 
 class Finished:
@@ -65,6 +65,7 @@ class Starter(Protocol):
 
 
 Child = subprocess.Popen[bytes] | StartedChild  # what spawn() hands back: ours, or the starter's
+WAIT_TIMEOUTS = (subprocess.TimeoutExpired, TimeoutError)  # a Child's wait(timeout) past it: ours, the starter's
 _starter: Starter | None = None
 
 

@@ -13,11 +13,13 @@ written there as a table: each row is what the test saw, not what it expected.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +30,7 @@ import pytest
 from bed import GPUCKPT, RUNTIME, RUNTIME_ROOT, assert_continues, configured_delegate, make_bundle, sh, wait_counter
 from fake_gpu_runtime import StateFile
 
+from gpuckpt.host.procfs import descendants, live_start_time, start_time
 from gpuckpt.node.journal import DEFAULT_JOURNAL_DIR
 
 HERE = Path(__file__).parent
@@ -595,3 +598,76 @@ def test_a_reboot_mid_checkpoint(runc_case: Case, record, dump_done: bool) -> No
         assert status != 0 and "never completed" in refused
     record(f"the node reboots mid-checkpoint, {'after' if dump_done else 'before'} CRIU's dump",
            case.observed(images, result.stdout.strip()))
+
+
+# -- a peer that never comes ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def silent_page_server() -> Iterator[int]:
+    """A port that takes connections and never reads them: CRIU's dump to it blocks, as it does for a page server
+    or lazy restore that never comes; its port."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+def started_by(shim: subprocess.Popen, name: str, timeout_s: float = 60) -> dict[int, int]:
+    """The shim's descendants (pid -> start time) once one of them is `name` (criu): what it must not leave."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        below = descendants(shim.pid)[1:]
+        if any(name in _command_line(pid) for pid in below):  # the node's criu may run through its own ld.so
+            return {pid: started for pid in below if (started := start_time(pid)) is not None}
+        assert shim.poll() is None, f"the shim ended ({shim.returncode}) before {name} started"
+        time.sleep(0.05)
+    raise AssertionError(f"no {name} under the shim within {timeout_s} s")
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def still_there(processes: dict[int, int]) -> list[int]:
+    return [pid for pid, started in processes.items() if live_start_time(pid) == started]
+
+
+def test_sigterm_to_a_checkpoint_waiting_on_a_page_server_leaves_no_criu(runc_case: Case, record) -> None:
+    case = runc_case  # crun has no --page-server
+    case.run()
+    before = case.counter()
+    with silent_page_server() as port:
+        shim = case.start(*case.checkpoint_args(case.dir / "images", "--page-server", f"127.0.0.1:{port}"))
+        children = started_by(shim, "criu")
+        time.sleep(2)  # criu connected and waiting on the silent peer
+        assert shim.poll() is None, "the dump ended without its page server"
+        shim.send_signal(signal.SIGTERM)
+        status = shim.wait(timeout=30)  # the bound: REAP_WAIT_S and the rollback, well within
+        left = still_there(children)
+    assert status != 0 and not left, f"exit {status}; left running: {left}"
+    assert case.status() == "running"
+    case.continues_from(before)
+    record("SIGTERM to a checkpoint whose page server never answers",
+           case.observed(case.dir / "images", case.last_error()) + "; no runc or criu left")
+
+
+def test_a_page_server_that_never_answers_ends_the_checkpoint_at_peer_timeout_s(runc_case: Case, record) -> None:
+    case = runc_case
+    case.run()
+    before = case.counter()
+    with silent_page_server() as port, configured_delegate(str(case.delegate), "[criu]\npeer_timeout_s = 3\n"):
+        shim = case.start(*case.checkpoint_args(case.dir / "images", "--page-server", f"127.0.0.1:{port}"))
+        children = started_by(shim, "criu")
+        status = shim.wait(timeout=60)
+        left = still_there(children)
+    line = case.last_error()
+    assert status != 0 and not left, f"exit {status}; left running: {left}"
+    assert one_line(line) and "criu.peer_timeout_s" in line and "within 3 s" in line, line
+    assert case.status() == "running"
+    case.continues_from(before)
+    record("a page server that takes the connection and never answers (criu.peer_timeout_s = 3)",
+           case.observed(case.dir / "images", line) + "; no runc or criu left")

@@ -252,7 +252,7 @@ class Checkpoint:
     def _dump_plain(self, started: float, gpu: bool) -> int:
         inventory = self.gpus.describe_container_gpus(self.plan.spec, []) if gpu else Inventory("", 0, [])
         self._begin_manifest(inventory, started, "the container keeps running")
-        status = self._start_dump().finish()
+        status = self._finish_dump(self._start_dump())
         if status != 0:
             cause, hint = self._criu_cause(), self._failure_hint()
             if cause or hint:
@@ -271,7 +271,7 @@ class Checkpoint:
         self.pid_in_container = {pid: self.processes.container_pid(pid) for pid in cuda_pids}
         self._begin_manifest(inventory, started, "its CUDA processes stay suspended as the pause left them")
         dump_started = time.monotonic()
-        status = self._start_dump().finish()
+        status = self._finish_dump(self._start_dump())
         if status != 0:
             raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
                                 f"as the pause left them{self._failure_hint()}", status)
@@ -387,7 +387,7 @@ class Checkpoint:
         """The delegate's dump (our signals go to it meanwhile); its seconds."""
         dump_started = time.monotonic()
         dump = self._start_dump()
-        dump_status = dump.finish()
+        dump_status = self._finish_dump(dump)
         signals.note(dump.interrupted_by)
         if dump_status != 0 and dump.interrupted_by is not None:
             raise Interrupted(dump.interrupted_by)
@@ -403,11 +403,34 @@ class Checkpoint:
         if self.staging:
             argv = staged_argv(self.plan.argv, self.args.command_index or 0, self.staging, self.plan.image_dir,
                                self.plan.work_path)
-        dump = DelegateRun(self.delegate, argv, hold_stderr=True)
+        dump = DelegateRun(self.delegate, argv, hold_stderr=True, reap=True)
         dump.start()
         if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:
             self._journal("dump", delegate_pid=child, delegate_start_time=record.start_time)
         return dump
+
+    def _finish_dump(self, dump: DelegateRun) -> int:
+        """The dump's end, bounded where CRIU waits for a peer (criu.peer_timeout_s); a dump ended by a signal
+        or that bound leaves no criu behind (DelegateRun reaps it) and no freezer of CRIU's frozen."""
+        peer = next((f"--{flag}" for flag in ("page-server", "lazy-pages") if self.verb.has(flag)), "")
+        timeout_s = self.plan.config.criu.peer_timeout_s if peer else None
+        status = dump.finish(timeout_s)
+        if dump.interrupted_by is not None or dump.timed_out:
+            self._thaw_left_frozen()
+        if dump.timed_out:
+            raise DelegateError(f"checkpoint of {self.container_id} failed: the dump's peer ({peer}) did not "
+                                f"complete it within {timeout_s} s (criu.peer_timeout_s); "
+                                f"{os.path.basename(self.delegate)} and criu were ended", 1)
+        return status
+
+    def _thaw_left_frozen(self) -> None:
+        """CRIU freezes the container's cgroup for the dump and thaws it as it ends; a criu killed leaves it
+        frozen: thawed, unless the engine had frozen it."""
+        if self.plan.frozen_by_engine or (freezer := Freezer.of_process(self.state.pid)) is None:
+            return
+        with contextlib.suppress(OSError, GpuckptError):
+            if freezer.is_frozen():
+                freezer.set_frozen(False)
 
     def _move_staged(self) -> None:
         """The processes run again: the staged images go where the engine wants them."""
