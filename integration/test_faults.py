@@ -32,6 +32,7 @@ from fake_gpu_runtime import StateFile
 
 from gpuckpt.host.procfs import descendants, live_start_time, start_time
 from gpuckpt.node.journal import DEFAULT_JOURNAL_DIR
+from gpuckpt.node.lock import StateKey
 
 HERE = Path(__file__).parent
 FAKE_GPU_RUNTIME = HERE / "fake_gpu_runtime.py"
@@ -167,10 +168,15 @@ class Case:
     def driver_states(self) -> dict[str, str]:
         return StateFile(str(self.fake_state)).read()["processes"]
 
+    @property
+    def journal_path(self) -> Path:
+        """Its journal: named by its ID under the shim's --root (node/lock.py's StateKey)."""
+        key = StateKey.of(self.id, os.path.realpath(RUNTIME_ROOT))
+        return Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{key.name}.json"
+
     def journal(self) -> dict | None:
-        path = Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{self.id}.json"
         try:
-            return json.loads(path.read_text())
+            return json.loads(self.journal_path.read_text())
         except (FileNotFoundError, ValueError):
             return None
 
@@ -219,7 +225,7 @@ class Case:
 
     def forget_journal(self) -> None:
         """A journal a failed test left would be finished by the next test's shim: not this test's business."""
-        (Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{self.id}.json").unlink(missing_ok=True)
+        self.journal_path.unlink(missing_ok=True)
 
     def remove(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", self.id, check=False)
@@ -580,7 +586,7 @@ def test_a_reboot_mid_checkpoint(runc_case: Case, record, dump_done: bool) -> No
     else:
         os.kill(case.journal()["delegate_pid"], signal.SIGKILL)  # the node went down before CRIU ran
     case.clear()
-    journal_path = Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{case.id}.json"
+    journal_path = case.journal_path
     left = json.loads(journal_path.read_text())
     left["boot_id"] = "00000000-0000-4000-8000-000000000000"
     journal_path.write_text(json.dumps(left))
@@ -671,3 +677,43 @@ def test_a_page_server_that_never_answers_ends_the_checkpoint_at_peer_timeout_s(
     case.continues_from(before)
     record("a page server that takes the connection and never answers (criu.peer_timeout_s = 3)",
            case.observed(case.dir / "images", line) + "; no runc or criu left")
+
+
+# -- one ID under two roots -----------------------------------------------------------------------
+
+
+def test_one_id_under_two_roots_is_checkpointed_while_the_other_is_at_work(runc_case: Case, record,
+                                                                           tmp_path: Path) -> None:
+    """runc keys its containers by --root and ID: a checkpoint of ID under root B goes on while the shim works on
+    ID under root A (its dump waiting on a page server), where one lock per ID refused it ("another gpuckpt
+    process ... is working on it")."""
+    case = runc_case
+    case.run()
+    other_root = f"{RUNTIME_ROOT}-parity-b"
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other_bundle = make_bundle(case.rootfs, other_dir)
+    spec = json.loads((other_bundle / "config.json").read_text())
+    spec["linux"]["cgroupsPath"] = f"/gpuckpt-parity-b-{os.getpid()}"  # runc's default, /ID, is the other's
+    (other_bundle / "config.json").write_text(json.dumps(spec))
+    in_other = [RUNTIME, "--root", other_root, "--log", str(other_dir / "shim.log"), "--log-format", "json"]
+    with open(os.devnull, "r+b") as null:
+        started = subprocess.run([*in_other, "run", "-d", case.id], stdin=null, stdout=null, stderr=null,
+                                 cwd=other_bundle, timeout=120)
+    try:
+        assert started.returncode == 0, (other_dir / "shim.log").read_text()
+        with silent_page_server() as port:
+            holder = case.start(*case.checkpoint_args(case.dir / "held", "--page-server", f"127.0.0.1:{port}"))
+            children = started_by(holder, "criu")  # root A's checkpoint holds its lock, waiting on its peer
+            images = other_dir / "images"
+            other = sh(*in_other, "checkpoint", "--image-path", str(images), case.id, check=False, cwd=other_bundle)
+            holder.send_signal(signal.SIGTERM)
+            holder.wait(timeout=30)
+            left = still_there(children)
+        assert other.returncode == 0, other.stderr
+        assert json.loads((images / "gpuckpt-manifest.json").read_text())["dump_completed"] is True
+        assert not left and case.status() == "running"
+    finally:
+        sh(RUNTIME, "--root", other_root, "delete", "-f", case.id, check=False)
+    record("a checkpoint of the same ID under another --root while one is at work",
+           f"the other root's checkpoint completed; {case.observed(case.dir / 'held')}")

@@ -40,7 +40,7 @@ from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, 
 from ..host.processes import Processes, read_container
 from ..host.safefiles import require_image_directory_private
 from ..node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
-from ..node.lock import ContainerLock
+from ..node.lock import ContainerLock, StateKey
 from ..node.suspension import Suspension, read_suspension, remove_suspension
 from ..oci.state import ContainerState
 from ..policy.annotations import unrestorable_allowed
@@ -95,8 +95,9 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
     gpus = gpus or NodeGpus()
-    with ContainerLock(container_id, "checkpoint") as lock:
-        finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+    key = StateKey.of(container_id, args.runtime_root(delegate))
+    with ContainerLock(key, "checkpoint") as lock:
+        finish_left_journal(key, delegate, gpus, lambda line: log(args, "warning", line))
         pids_query = PidsQuery(delegate, args.global_argv, container_id)  # runs beside the state query
         try:
             try:
@@ -106,7 +107,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
             status = _attempts(args, verb, container_id, delegate, state=state, gpus=gpus, first_query=pids_query)
         finally:
             pids_query.close()
-            remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
+            remove_journal(key)  # done or rolled back, either way: nothing left to finish
         if status == 0 and not (verb.has("leave-running") or verb.has("pre-dump")):
             # The dump ended the container: the engine's delete that follows has nothing of ours to
             # remove, so the compiled launcher passes it through (shim/delete.py's one addition)
@@ -517,6 +518,7 @@ class Checkpoint:
         if self.journal is None:
             self.journal = Journal(container=self.container_id, verb="checkpoint", phase=phase, boot_id=boot_id(),
                                    shim_pid=os.getpid(), global_argv=self.args.global_argv,
+                                   root=self.args.runtime_root(self.delegate),
                                    image_dir=self.plan.image_dir, work_dir=self.plan.work_dir,
                                    leave_running=self.plan.leave_running, refreeze=self.plan.frozen_by_engine)
         self.journal = self.journal.model_copy(update={"phase": phase, **changes})
