@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
 import os
 import re
 from typing import NamedTuple
@@ -40,6 +39,8 @@ SHOWN_ID_CHARS = 160  # a longer ID is shown cut, and its digest added: a name s
 
 
 def _digest(text: str, chars: int) -> str:
+    import hashlib  # deferred: OpenSSL's load costs 5-15 ms, and `delete` (every container's end) loads this module
+
     return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()[:chars]
 
 
@@ -85,6 +86,15 @@ def _lock_name(key: StateKey) -> str:
 def has_lock_file(key: StateKey) -> bool:
     """Whether the container has a lock file (one was taken since it was created, and not removed)."""
     return os.path.exists(os.path.join(state_dir(), "locks", _lock_name(key)))
+
+
+def id_has_lock_files(container: str) -> bool:
+    """Whether any lock file of this ID exists, under any root (the compiled launcher's test, in C)."""
+    try:
+        names = os.listdir(os.path.join(state_dir(), "locks"))
+    except OSError:
+        return False
+    return any(name == f"{container}.lock" or name.startswith((f"{container}@", f"{container}~")) for name in names)
 
 
 class ContainerLock:

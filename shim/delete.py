@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import GpuckptError
-from ..node.lock import ContainerLock, StateKey, has_lock_file
+from ..node.lock import ContainerLock, StateKey, has_lock_file, id_has_lock_files
 from .argv import RuntimeArgs, parse_verb_args
 from .delegate import container_exists, run_delegate
 from .log import log
@@ -21,7 +21,7 @@ from .log import log
 def run(args: RuntimeArgs, delegate: str) -> int:
     status = run_delegate(delegate, args.argv)
     container_id = parse_verb_args(args.command_args, frozenset()).container_id
-    if status == 0 and container_id:
+    if status == 0 and container_id and id_has_lock_files(container_id):
         try:
             key = StateKey.of(container_id, args.runtime_root(delegate))
             for lock_key in (key, StateKey.legacy(container_id)):  # the layout before roots': the ID's alone
