@@ -679,6 +679,26 @@ def test_a_page_server_that_never_answers_ends_the_checkpoint_at_peer_timeout_s(
            case.observed(case.dir / "images", line) + "; no runc or criu left")
 
 
+def test_a_dump_past_dump_timeout_s_is_ended_and_the_container_keeps_running(runc_case: Case, record) -> None:
+    case = runc_case
+    case.run()
+    before = case.counter()
+    case.slow("checkpoint", 120)  # a dump stuck (the delegate sleeps first): nothing is frozen yet
+    with configured_delegate(str(case.delegate), "[criu]\ndump_timeout_s = 3\n"):
+        began = time.monotonic()
+        shim = case.start(*case.checkpoint_args(case.dir / "images"))
+        children = started_by(shim, "sleep")
+        status = shim.wait(timeout=60)
+        took_s = time.monotonic() - began
+        left = still_there(children)
+    line = case.last_error()
+    assert status != 0 and not left and took_s < 30, f"exit {status} after {took_s:.1f} s; left running: {left}"
+    assert one_line(line) and "within 3 s (criu.dump_timeout_s)" in line, line
+    assert case.status() == "running"
+    case.continues_from(before)
+    record("a dump that never ends (criu.dump_timeout_s = 3)", case.observed(case.dir / "images", line))
+
+
 # -- one ID under two roots -----------------------------------------------------------------------
 
 

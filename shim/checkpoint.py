@@ -38,6 +38,7 @@ from ..cuda.node import NodeGpus
 from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins
 from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, GpuckptError
 from ..host.processes import Processes, read_container
+from ..host.procfs import resident_bytes
 from ..host.safefiles import require_image_directory_private
 from ..node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
 from ..node.lock import ContainerLock, StateKey
@@ -76,6 +77,8 @@ from .rollback import Rollback
 from .staging import make_staging_dir, move_staged, staged_argv, staging_refusal
 
 ATTEMPTS = 2  # a checkpoint taken again once when a process took the driver during the first
+DUMP_BASE_S = 300  # criu.dump_timeout_s = "auto": this, plus a second per DUMP_BYTES_PER_S the container holds
+DUMP_BYTES_PER_S = 10 << 20
 MAX_IMAGE_ENTRIES = 65536  # entries of an image directory looked at when a failed dump's images are removed
 
 
@@ -411,17 +414,28 @@ class Checkpoint:
         return dump
 
     def _finish_dump(self, dump: DelegateRun) -> int:
-        """The dump's end, bounded where CRIU waits for a peer (criu.peer_timeout_s); a dump ended by a signal
-        or that bound leaves no criu behind (DelegateRun reaps it) and no freezer of CRIU's frozen."""
+        """The dump's end, bounded: where CRIU waits for a peer by criu.peer_timeout_s, else by criu.dump_timeout_s
+        (from the memory it has to write); a dump ended by a signal or its bound leaves no criu behind
+        (DelegateRun reaps it) and no freezer of CRIU's frozen."""
+        criu = self.plan.config.criu
         peer = next((f"--{flag}" for flag in ("page-server", "lazy-pages") if self.verb.has(flag)), "")
-        timeout_s = self.plan.config.criu.peer_timeout_s if peer else None
+        if peer:
+            timeout_s, why = criu.peer_timeout_s, f"its peer ({peer}) did not complete it within {{}} s " \
+                                                  "(criu.peer_timeout_s)"
+        elif criu.dump_timeout_s == "auto":
+            held = resident_bytes(self.processes.pids)  # now: device memory moved to the host counts
+            timeout_s = DUMP_BASE_S + held // DUMP_BYTES_PER_S
+            why = (f"it did not end within {{}} s (criu.dump_timeout_s \"auto\": {DUMP_BASE_S} s and 1 s per "
+                   f"{DUMP_BYTES_PER_S >> 20} MiB of the {held >> 20} MiB the container holds)")
+        else:
+            timeout_s, why = criu.dump_timeout_s, "it did not end within {} s (criu.dump_timeout_s)"
         status = dump.finish(timeout_s)
         if dump.interrupted_by is not None or dump.timed_out:
             self._thaw_left_frozen()
         if dump.timed_out:
-            raise DelegateError(f"checkpoint of {self.container_id} failed: the dump's peer ({peer}) did not "
-                                f"complete it within {timeout_s} s (criu.peer_timeout_s); "
-                                f"{os.path.basename(self.delegate)} and criu were ended", 1)
+            raise DelegateError(f"checkpoint of {self.container_id} failed: the dump was ended, "
+                                f"{why.format(timeout_s)}; {os.path.basename(self.delegate)} and criu were "
+                                "killed", 1)
         return status
 
     def _thaw_left_frozen(self) -> None:

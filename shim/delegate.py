@@ -126,8 +126,8 @@ class DelegateRun:
                 try:
                     left_s = None if deadline is None else max(deadline - time.monotonic(), 0.0)
                     try:
-                        code = self._child.wait(timeout=left_s)
-                    except process.WAIT_TIMEOUTS:
+                        code = process.wait_within(self._child, left_s)
+                    except TimeoutError:
                         self.timed_out, self._reap = True, True
                         self._note_started_by_it()
                         with contextlib.suppress(ProcessLookupError):
