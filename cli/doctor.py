@@ -286,7 +286,7 @@ def check_journals() -> str:
     """A journal no live gpuckpt holds was left by a killed gpuckpt-runtime (node/journal.py)."""
     if left := left_journals():
         raise CheckFailed(f"{len(left)} checkpoint(s) or restore(s) a killed gpuckpt-runtime left unfinished "
-                          f"({', '.join(name[:12] for name in left[:5])}): their CUDA processes may be locked",
+                          f"({', '.join(key.container[:12] for key in left[:5])}): their CUDA processes may be locked",
                           "gpuckpt recover")
     return "no checkpoint or restore left unfinished by a killed gpuckpt-runtime"
 

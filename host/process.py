@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -24,7 +25,7 @@ MAX_LOGGED_LINE = 64 << 10  # longer lines are not looked into
 _LOGRUS_ERROR = re.compile(r'\blevel=error msg=("(?:[^"\\]|\\.)*")')
 
 # CommandError: raised by both
-__all__ = ["Background", "CommandError", "Finished", "Running", "run", "spawn", "start_detached"]
+__all__ = ["Background", "CommandError", "Finished", "Running", "run", "spawn", "start_detached", "wait_within"]
 
 
 class Finished:
@@ -65,6 +66,22 @@ class Starter(Protocol):
 
 
 Child = subprocess.Popen[bytes] | StartedChild  # what spawn() hands back: ours, or the starter's
+
+
+def wait_within(child: Child, timeout_s: float | None) -> int:
+    """The child's returncode once it ended; TimeoutError past `timeout_s`. Its end seen through a pidfd, at once:
+    Popen.wait(timeout) polls, up to 50 ms late (a dump's end is the GPU's downtime)."""
+    if timeout_s is not None and isinstance(child, subprocess.Popen) and child.returncode is None:
+        pidfd = os.pidfd_open(child.pid)
+        try:
+            if not select.select([pidfd], [], [], timeout_s)[0]:
+                raise TimeoutError(child.pid)
+        finally:
+            os.close(pidfd)
+        return child.wait()
+    if timeout_s is None or isinstance(child, subprocess.Popen):
+        return child.wait()
+    return child.wait(timeout_s)  # the starter's child: watched through its own pidfd
 _starter: Starter | None = None
 
 

@@ -125,6 +125,13 @@ def is_stopped(pid: int) -> bool:
     return bool(fields) and fields[0] in ("T", "t")
 
 
+def live_start_time(pid: int) -> int | None:
+    """start_time() of a process still running: None once it is gone or only a zombie left for its reaper
+    (it holds nothing then; init may be slow to reap what it inherited)."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if len(fields) > 19 and fields[0] != "Z" else None
+
+
 def start_time(pid: int) -> int | None:
     """When `pid` started (clock ticks since boot, /proc/PID/stat's 22nd field); with the PID it
     names one process, as a PID alone does not once the process ended. None if it is gone."""

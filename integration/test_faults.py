@@ -13,11 +13,13 @@ written there as a table: each row is what the test saw, not what it expected.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,7 +30,9 @@ import pytest
 from bed import GPUCKPT, RUNTIME, RUNTIME_ROOT, assert_continues, configured_delegate, make_bundle, sh, wait_counter
 from fake_gpu_runtime import StateFile
 
+from gpuckpt.host.procfs import descendants, live_start_time, start_time
 from gpuckpt.node.journal import DEFAULT_JOURNAL_DIR
+from gpuckpt.node.lock import StateKey
 
 HERE = Path(__file__).parent
 FAKE_GPU_RUNTIME = HERE / "fake_gpu_runtime.py"
@@ -164,10 +168,15 @@ class Case:
     def driver_states(self) -> dict[str, str]:
         return StateFile(str(self.fake_state)).read()["processes"]
 
+    @property
+    def journal_path(self) -> Path:
+        """Its journal: named by its ID under the shim's --root (node/lock.py's StateKey)."""
+        key = StateKey.of(self.id, os.path.realpath(RUNTIME_ROOT))
+        return Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{key.name}.json"
+
     def journal(self) -> dict | None:
-        path = Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{self.id}.json"
         try:
-            return json.loads(path.read_text())
+            return json.loads(self.journal_path.read_text())
         except (FileNotFoundError, ValueError):
             return None
 
@@ -216,7 +225,7 @@ class Case:
 
     def forget_journal(self) -> None:
         """A journal a failed test left would be finished by the next test's shim: not this test's business."""
-        (Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{self.id}.json").unlink(missing_ok=True)
+        self.journal_path.unlink(missing_ok=True)
 
     def remove(self) -> None:
         sh(RUNTIME, "--root", RUNTIME_ROOT, "delete", "-f", self.id, check=False)
@@ -577,7 +586,7 @@ def test_a_reboot_mid_checkpoint(runc_case: Case, record, dump_done: bool) -> No
     else:
         os.kill(case.journal()["delegate_pid"], signal.SIGKILL)  # the node went down before CRIU ran
     case.clear()
-    journal_path = Path(os.environ.get("GPUCKPT_JOURNAL_DIR", DEFAULT_JOURNAL_DIR)) / f"{case.id}.json"
+    journal_path = case.journal_path
     left = json.loads(journal_path.read_text())
     left["boot_id"] = "00000000-0000-4000-8000-000000000000"
     journal_path.write_text(json.dumps(left))
@@ -595,3 +604,136 @@ def test_a_reboot_mid_checkpoint(runc_case: Case, record, dump_done: bool) -> No
         assert status != 0 and "never completed" in refused
     record(f"the node reboots mid-checkpoint, {'after' if dump_done else 'before'} CRIU's dump",
            case.observed(images, result.stdout.strip()))
+
+
+# -- a peer that never comes ----------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def silent_page_server() -> Iterator[int]:
+    """A port that takes connections and never reads them: CRIU's dump to it blocks, as it does for a page server
+    or lazy restore that never comes; its port."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        yield listener.getsockname()[1]
+
+
+def started_by(shim: subprocess.Popen, name: str, timeout_s: float = 60) -> dict[int, int]:
+    """The shim's descendants (pid -> start time) once one of them is `name` (criu): what it must not leave."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        below = descendants(shim.pid)[1:]
+        if any(name in _command_line(pid) for pid in below):  # the node's criu may run through its own ld.so
+            return {pid: started for pid in below if (started := start_time(pid)) is not None}
+        assert shim.poll() is None, f"the shim ended ({shim.returncode}) before {name} started"
+        time.sleep(0.05)
+    raise AssertionError(f"no {name} under the shim within {timeout_s} s")
+
+
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def still_there(processes: dict[int, int]) -> list[int]:
+    return [pid for pid, started in processes.items() if live_start_time(pid) == started]
+
+
+def test_sigterm_to_a_checkpoint_waiting_on_a_page_server_leaves_no_criu(runc_case: Case, record) -> None:
+    case = runc_case  # crun has no --page-server
+    case.run()
+    before = case.counter()
+    with silent_page_server() as port:
+        shim = case.start(*case.checkpoint_args(case.dir / "images", "--page-server", f"127.0.0.1:{port}"))
+        children = started_by(shim, "criu")
+        time.sleep(2)  # criu connected and waiting on the silent peer
+        assert shim.poll() is None, "the dump ended without its page server"
+        shim.send_signal(signal.SIGTERM)
+        status = shim.wait(timeout=30)  # the bound: REAP_WAIT_S and the rollback, well within
+        left = still_there(children)
+    assert status != 0 and not left, f"exit {status}; left running: {left}"
+    assert case.status() == "running"
+    case.continues_from(before)
+    record("SIGTERM to a checkpoint whose page server never answers",
+           case.observed(case.dir / "images", case.last_error()) + "; no runc or criu left")
+
+
+def test_a_page_server_that_never_answers_ends_the_checkpoint_at_peer_timeout_s(runc_case: Case, record) -> None:
+    case = runc_case
+    case.run()
+    before = case.counter()
+    with silent_page_server() as port, configured_delegate(str(case.delegate), "[criu]\npeer_timeout_s = 3\n"):
+        shim = case.start(*case.checkpoint_args(case.dir / "images", "--page-server", f"127.0.0.1:{port}"))
+        children = started_by(shim, "criu")
+        status = shim.wait(timeout=60)
+        left = still_there(children)
+    line = case.last_error()
+    assert status != 0 and not left, f"exit {status}; left running: {left}"
+    assert one_line(line) and "criu.peer_timeout_s" in line and "within 3 s" in line, line
+    assert case.status() == "running"
+    case.continues_from(before)
+    record("a page server that takes the connection and never answers (criu.peer_timeout_s = 3)",
+           case.observed(case.dir / "images", line) + "; no runc or criu left")
+
+
+def test_a_dump_past_dump_timeout_s_is_ended_and_the_container_keeps_running(runc_case: Case, record) -> None:
+    case = runc_case
+    case.run()
+    before = case.counter()
+    case.slow("checkpoint", 120)  # a dump stuck (the delegate sleeps first): nothing is frozen yet
+    with configured_delegate(str(case.delegate), "[criu]\ndump_timeout_s = 3\n"):
+        began = time.monotonic()
+        shim = case.start(*case.checkpoint_args(case.dir / "images"))
+        children = started_by(shim, "sleep")
+        status = shim.wait(timeout=60)
+        took_s = time.monotonic() - began
+        left = still_there(children)
+    line = case.last_error()
+    assert status != 0 and not left and took_s < 30, f"exit {status} after {took_s:.1f} s; left running: {left}"
+    assert one_line(line) and "within 3 s (criu.dump_timeout_s)" in line, line
+    assert case.status() == "running"
+    case.continues_from(before)
+    record("a dump that never ends (criu.dump_timeout_s = 3)", case.observed(case.dir / "images", line))
+
+
+# -- one ID under two roots -----------------------------------------------------------------------
+
+
+def test_one_id_under_two_roots_is_checkpointed_while_the_other_is_at_work(runc_case: Case, record,
+                                                                           tmp_path: Path) -> None:
+    """runc keys its containers by --root and ID: a checkpoint of ID under root B goes on while the shim works on
+    ID under root A (its dump waiting on a page server), where one lock per ID refused it ("another gpuckpt
+    process ... is working on it")."""
+    case = runc_case
+    case.run()
+    other_root = f"{RUNTIME_ROOT}-parity-b"
+    other_dir = tmp_path / "other"
+    other_dir.mkdir()
+    other_bundle = make_bundle(case.rootfs, other_dir)
+    spec = json.loads((other_bundle / "config.json").read_text())
+    spec["linux"]["cgroupsPath"] = f"/gpuckpt-parity-b-{os.getpid()}"  # runc's default, /ID, is the other's
+    (other_bundle / "config.json").write_text(json.dumps(spec))
+    in_other = [RUNTIME, "--root", other_root, "--log", str(other_dir / "shim.log"), "--log-format", "json"]
+    with open(os.devnull, "r+b") as null:
+        started = subprocess.run([*in_other, "run", "-d", case.id], stdin=null, stdout=null, stderr=null,
+                                 cwd=other_bundle, timeout=120)
+    try:
+        assert started.returncode == 0, (other_dir / "shim.log").read_text()
+        with silent_page_server() as port:
+            holder = case.start(*case.checkpoint_args(case.dir / "held", "--page-server", f"127.0.0.1:{port}"))
+            children = started_by(holder, "criu")  # root A's checkpoint holds its lock, waiting on its peer
+            images = other_dir / "images"
+            other = sh(*in_other, "checkpoint", "--image-path", str(images), case.id, check=False, cwd=other_bundle)
+            holder.send_signal(signal.SIGTERM)
+            holder.wait(timeout=30)
+            left = still_there(children)
+        assert other.returncode == 0, other.stderr
+        assert json.loads((images / "gpuckpt-manifest.json").read_text())["dump_completed"] is True
+        assert not left and case.status() == "running"
+    finally:
+        sh(RUNTIME, "--root", other_root, "delete", "-f", case.id, check=False)
+    record("a checkpoint of the same ID under another --root while one is at work",
+           f"the other root's checkpoint completed; {case.observed(case.dir / 'held')}")

@@ -89,6 +89,14 @@ class CriuConfig(_Section):
     # link-remap, which links it under a temporary name for the dump. "auto" allows that for
     # such files in /dev/shm only (the container's own tmpfs); "never" leaves CRIU to refuse.
     link_remap: Literal["auto", "never"] = "auto"
+    # A dump to a page server (--page-server) or for a lazy restore (--lazy-pages) waits for its
+    # peer: past this many seconds without the dump ending, the checkpoint is ended (runc and
+    # criu killed) and the container keeps running, as runc's ends once the restore side fails.
+    peer_timeout_s: int = Field(default=300, ge=1, le=86_400)
+    # Any other dump may run this long before it is ended the same way: "auto" gives 300 s plus
+    # 1 s per 10 MiB the container's processes hold when it starts (a disk 10 MiB/s slow
+    # still completes), so a dump stuck on something else never holds the container for ever.
+    dump_timeout_s: Literal["auto"] | Annotated[int, Field(ge=1, le=604_800)] = "auto"
 
 
 class ImportConfig(_Section):

@@ -2,7 +2,8 @@
 
 Before each phase that changes something (CUDA processes locked, the delegate dumping or
 restoring, the driver restoring), the shim writes what it is about to do and what it would
-take to undo or finish it into a root-only journal, one file per container. It removes the
+take to undo or finish it into a root-only journal, one file per container (its ID under its
+runtime's root: node/lock.py's StateKey names it). It removes the
 file when the verb ends, whichever way. A journal whose container's lock nobody holds was
 left by a shim that was killed (SIGKILL, OOM, a crash): shim/recover.py finishes it.
 
@@ -10,6 +11,11 @@ Journals live on disk (/var/lib/gpuckpt/journal): after a reboot the processes t
 gone, but an image the dump completed can still be marked complete. Each names the boot it
 was written in, so no process of another boot is ever touched. Locks are flock()s on files
 in the runtime state directory (/run): the kernel drops one when its holder dies.
+
+A journal of the layout before roots counted (named by the ID alone, no `root` field) is one a
+shim of an older gpuckpt left when it was killed, or one such a shim is writing during the
+upgrade: it is still listed, locked under its old name, and finished by the next owned verb on
+the container under the root its `global_argv` names (shim/recover.py).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from ..errors import ImageError
 from ..host.procfs import start_time
 from ..host.safefiles import private_directory, read_bounded, write_private_at
-from .lock import BusyError, ContainerLock, checked_container_id
+from .lock import BusyError, ContainerLock, StateKey
 
 SCHEMA_VERSION = 1
 DEFAULT_JOURNAL_DIR = "/var/lib/gpuckpt/journal"
@@ -59,6 +65,7 @@ class Journal(BaseModel):
     boot_id: str
     shim_pid: int
     global_argv: list[str] = []  # the delegate's global options (--root ...), as the engine gave them
+    root: str = ""  # the runtime's root, absolute, as StateKey has it ("": a journal of the layout before roots)
     image_dir: str
     work_dir: str = ""  # where CRIU's log is (the image directory unless --work-path)
     leave_running: bool = False
@@ -76,8 +83,12 @@ def journal_dir() -> str:
     return os.environ.get(JOURNAL_DIR_ENV) or DEFAULT_JOURNAL_DIR
 
 
-def _name(container: str) -> str:
-    return f"{checked_container_id(container)}.json"
+def _name(key: StateKey) -> str:
+    return f"{key.name}.json"
+
+
+def journal_key(journal: Journal) -> StateKey:
+    return StateKey.of(journal.container, journal.root) if journal.root else StateKey.legacy(journal.container)
 
 
 def boot_id() -> str:
@@ -100,7 +111,7 @@ def write_journal(journal: Journal) -> None:
     """Replace the container's journal at once (written beside it, then renamed)."""
     fd = private_directory(journal_dir())
     try:
-        name = _name(journal.container)
+        name = _name(journal_key(journal))
         temporary = f".{name}.{os.getpid()}.tmp"
         write_private_at(fd, temporary, journal.model_dump_json(indent=2).encode())
         os.replace(temporary, name, src_dir_fd=fd, dst_dir_fd=fd)
@@ -108,8 +119,8 @@ def write_journal(journal: Journal) -> None:
         os.close(fd)
 
 
-def read_journal(container: str) -> Journal | None:
-    path = os.path.join(journal_dir(), _name(container))
+def read_journal(key: StateKey) -> Journal | None:
+    path = os.path.join(journal_dir(), _name(key))
     if not os.path.lexists(path):
         return None
     what = f"{path}: journal"
@@ -120,30 +131,35 @@ def read_journal(container: str) -> Journal | None:
                          "is checked (its CUDA processes: gpuckpt status)") from None
 
 
-def remove_journal(container: str) -> None:
+def remove_journal(key: StateKey) -> None:
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(journal_dir(), _name(container)))
+        os.unlink(os.path.join(journal_dir(), _name(key)))
 
 
-def pending_journals() -> list[str]:
-    """The containers that have a journal (in progress, or left by a killed shim)."""
+def pending_journals() -> list[StateKey]:
+    """The containers that have a journal (in progress, or left by a killed shim); names that are not a
+    journal's are left out."""
     try:
         names = os.listdir(journal_dir())
     except FileNotFoundError:
         return []
-    return sorted(name.removesuffix(".json") for name in names
-                  if name.endswith(".json") and not name.startswith("."))
+    keys = []
+    for name in sorted(names):
+        if name.endswith(".json") and not name.startswith("."):
+            with contextlib.suppress(ImageError):
+                keys.append(StateKey.listed(name.removesuffix(".json")))
+    return keys
 
 
-def left_journals() -> list[str]:
+def left_journals() -> list[StateKey]:
     """The containers whose journal no live gpuckpt holds: left by a killed shim, to be finished."""
     left = []
-    for container in pending_journals():
+    for key in pending_journals():
         try:
-            with ContainerLock(container, "check"):
-                left.append(container)
+            with ContainerLock(key, "check"):
+                left.append(key)
         except BusyError:
             continue  # in progress
         except (ImageError, OSError):
-            left.append(container)
+            left.append(key)
     return left

@@ -101,6 +101,16 @@ class RuntimeArgs:
     def wants_version(self) -> bool:
         return "version" in self.globals_ or "v" in self.globals_
 
+    def runtime_root(self, delegate: str) -> str:
+        """The delegate's state directory for this call, absolute, as it keys its containers: --root resolved
+        (relative to the working directory, a trailing slash or a link making no other root), else the
+        delegate's default (runc, crun: /run/NAME as root, $XDG_RUNTIME_DIR/NAME rootless)."""
+        given = self.globals_.get("root")
+        if given:
+            return os.path.realpath(given)
+        runtime_dir = os.environ.get("XDG_RUNTIME_DIR", "") if os.geteuid() != 0 else ""
+        return os.path.realpath(os.path.join(runtime_dir or "/run", os.path.basename(delegate)))
+
 
 def parse_runtime_args(argv: list[str]) -> RuntimeArgs:
     """Find runc's global flags and the verb in argv (program name excluded)."""

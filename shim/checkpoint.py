@@ -40,9 +40,10 @@ from ..cuda.node import NodeGpus
 from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins
 from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, GpuckptError
 from ..host.processes import Processes, read_container
+from ..host.procfs import resident_bytes
 from ..host.safefiles import require_image_directory_private
 from ..node.journal import Journal, Phase, boot_id, process_record, remove_journal, write_journal
-from ..node.lock import ContainerLock
+from ..node.lock import ContainerLock, StateKey
 from ..node.suspension import Suspension, read_suspension, remove_suspension
 from ..oci.state import ContainerState
 from ..policy.annotations import unrestorable_allowed
@@ -85,6 +86,8 @@ from .rollback import Rollback
 from .staging import make_staging_dir, move_staged, staged_argv, staging_refusal
 
 ATTEMPTS = 2  # a checkpoint taken again once when a process took the driver during the first
+DUMP_BASE_S = 300  # criu.dump_timeout_s = "auto": this, plus a second per DUMP_BYTES_PER_S the container holds
+DUMP_BYTES_PER_S = 10 << 20
 MAX_IMAGE_ENTRIES = 65536  # entries of an image directory looked at when a failed dump's images are removed
 
 
@@ -104,8 +107,9 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
     gpus = gpus or NodeGpus()
-    with ContainerLock(container_id, "checkpoint") as lock:
-        finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+    key = StateKey.of(container_id, args.runtime_root(delegate))
+    with ContainerLock(key, "checkpoint") as lock:
+        finish_left_journal(key, delegate, gpus, lambda line: log(args, "warning", line))
         pids_query = PidsQuery(delegate, args.global_argv, container_id)  # runs beside the state query
         try:
             try:
@@ -115,7 +119,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
             status = _attempts(args, verb, container_id, delegate, state=state, gpus=gpus, first_query=pids_query)
         finally:
             pids_query.close()
-            remove_journal(container_id)  # done or rolled back, either way: nothing left to finish
+            remove_journal(key)  # done or rolled back, either way: nothing left to finish
         if status == 0 and not (verb.has("leave-running") or verb.has("pre-dump")):
             # The dump ended the container: the engine's delete that follows has nothing of ours to
             # remove, so the compiled launcher passes it through (shim/delete.py's one addition)
@@ -267,7 +271,8 @@ class Checkpoint:
     def _dump_plain(self, started: float, gpu: bool) -> int:
         inventory = self.gpus.describe_container_gpus(self.plan.spec, []) if gpu else Inventory("", 0, [])
         self._begin_manifest(inventory, started, "the container keeps running")
-        status = self._lazy_dump(inventory, started) if self.plan.lazy_pages else self._start_dump().finish()
+        lazy = self.plan.lazy_pages
+        status = self._lazy_dump(inventory, started) if lazy else self._finish_dump(self._start_dump())
         if status != 0:
             cause, hint = self._criu_cause(), self._failure_hint()
             if cause or hint:
@@ -286,7 +291,7 @@ class Checkpoint:
         self.pid_in_container = {pid: self.processes.container_pid(pid) for pid in cuda_pids}
         self._begin_manifest(inventory, started, "its CUDA processes stay suspended as the pause left them")
         dump_started = time.monotonic()
-        status = self._start_dump().finish()
+        status = self._finish_dump(self._start_dump())
         if status != 0:
             raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
                                 f"as the pause left them{self._failure_hint()}", status)
@@ -402,7 +407,7 @@ class Checkpoint:
         """The delegate's dump (our signals go to it meanwhile); its seconds."""
         dump_started = time.monotonic()
         dump = self._start_dump()
-        dump_status = dump.finish()
+        dump_status = self._finish_dump(dump)
         signals.note(dump.interrupted_by)
         if dump_status != 0 and dump.interrupted_by is not None:
             raise Interrupted(dump.interrupted_by)
@@ -422,7 +427,7 @@ class Checkpoint:
                     "(gpuckpt install makes one); a restore of it needs the trust policy's restore:any")
             log(self.args, "info", f"{self.container_id}: lazy dump ready, its pages served by CRIU's page server")
 
-        status = lazy_dump(self._start_dump(handshake), handshake, page_server_ready)
+        status = lazy_dump(self._start_dump(handshake), handshake, page_server_ready, self._finish_dump)
         if status != 0 and handshake.ready:
             lazy_dump_failed(self.plan, inventory, started)
         return status
@@ -436,11 +441,45 @@ class Checkpoint:
                                self.plan.work_path)
         if handshake is not None:
             argv = handshake.argv(argv, self.args.command_index or 0)
-        dump = DelegateRun(self.delegate, argv, hold_stderr=True)
+        dump = DelegateRun(self.delegate, argv, hold_stderr=True, reap=True)
         dump.start()
         if (child := dump.pid) is not None and (record := process_record(child, 0)) is not None:
             self._journal("dump", delegate_pid=child, delegate_start_time=record.start_time)
         return dump
+
+    def _finish_dump(self, dump: DelegateRun) -> int:
+        """The dump's end, bounded: where CRIU waits for a peer by criu.peer_timeout_s, else by criu.dump_timeout_s
+        (from the memory it has to write); a dump ended by a signal or its bound leaves no criu behind
+        (DelegateRun reaps it) and no freezer of CRIU's frozen."""
+        criu = self.plan.config.criu
+        peer = next((f"--{flag}" for flag in ("page-server", "lazy-pages") if self.verb.has(flag)), "")
+        if peer:
+            timeout_s, why = criu.peer_timeout_s, f"its peer ({peer}) did not complete it within {{}} s " \
+                                                  "(criu.peer_timeout_s)"
+        elif criu.dump_timeout_s == "auto":
+            held = resident_bytes(self.processes.pids)  # now: device memory moved to the host counts
+            timeout_s = DUMP_BASE_S + held // DUMP_BYTES_PER_S
+            why = (f"it did not end within {{}} s (criu.dump_timeout_s \"auto\": {DUMP_BASE_S} s and 1 s per "
+                   f"{DUMP_BYTES_PER_S >> 20} MiB of the {held >> 20} MiB the container holds)")
+        else:
+            timeout_s, why = criu.dump_timeout_s, "it did not end within {} s (criu.dump_timeout_s)"
+        status = dump.finish(timeout_s)
+        if dump.interrupted_by is not None or dump.timed_out:
+            self._thaw_left_frozen()
+        if dump.timed_out:
+            raise DelegateError(f"checkpoint of {self.container_id} failed: the dump was ended, "
+                                f"{why.format(timeout_s)}; {os.path.basename(self.delegate)} and criu were "
+                                "killed", 1)
+        return status
+
+    def _thaw_left_frozen(self) -> None:
+        """CRIU freezes the container's cgroup for the dump and thaws it as it ends; a criu killed leaves it
+        frozen: thawed, unless the engine had frozen it."""
+        if self.plan.frozen_by_engine or (freezer := Freezer.of_process(self.state.pid)) is None:
+            return
+        with contextlib.suppress(OSError, GpuckptError):
+            if freezer.is_frozen():
+                freezer.set_frozen(False)
 
     def _move_staged(self) -> None:
         """The processes run again: the staged images go where the engine wants them."""
@@ -527,6 +566,7 @@ class Checkpoint:
         if self.journal is None:
             self.journal = Journal(container=self.container_id, verb="checkpoint", phase=phase, boot_id=boot_id(),
                                    shim_pid=os.getpid(), global_argv=self.args.global_argv,
+                                   root=self.args.runtime_root(self.delegate),
                                    image_dir=self.plan.image_dir, work_dir=self.plan.work_dir,
                                    leave_running=self.plan.leave_running, refreeze=self.plan.frozen_by_engine)
         self.journal = self.journal.model_copy(update={"phase": phase, **changes})

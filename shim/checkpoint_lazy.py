@@ -103,14 +103,16 @@ class LazyHandshake:
                 os.close(fd)
 
 
-def lazy_dump(dump: DelegateRun, handshake: LazyHandshake, on_ready: Callable[[], None]) -> int:
-    """The started lazy `dump` to its end: `on_ready` (the manifest marked lazy, the images signed) run when
-    the page server is ready, before the engine hears of it; the delegate's exit status."""
+def lazy_dump(dump: DelegateRun, handshake: LazyHandshake, on_ready: Callable[[], None],
+              finish: Callable[[DelegateRun], int]) -> int:
+    """The started lazy `dump` to its end (`finish`: bounded by criu.peer_timeout_s): `on_ready` (the manifest
+    marked lazy, the images signed) run when the page server is ready, before the engine hears of it; the
+    delegate's exit status."""
     try:
         handshake.started()
         if handshake.wait_ready(dump):
             on_ready()
             handshake.forward()
-        return dump.finish()
+        return finish(dump)
     finally:
         handshake.close()

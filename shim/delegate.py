@@ -11,17 +11,20 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import DelegateError
 from ..host import process
+from ..host.procfs import descendants, live_start_time, start_time
 from .argv import RuntimeArgs, VerbArgs, parse_verb_args
 from .log import hold_stderr
 
 if TYPE_CHECKING:
     from ..oci.state import ContainerState
 
+REAP_WAIT_S = 10.0  # a SIGKILLed child of the delegate's (criu) waited for this long to be gone
 # Signals an engine may send to the runtime; runc forwards them to the container.
 FORWARDED_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGWINCH")
 TERMINATING_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
@@ -40,10 +43,18 @@ class DelegateRun:
     what the child writes to stderr is held (shim/log.py) and written after the shim's own
     error line, if it has one: containerd's shim passes on only the first line of a failed
     checkpoint's stderr, and runc's is "criu failed: type NOTIFY errno 0".
+
+    With `reap`, the processes the delegate started (runc's `criu swrk`, in runc's process group but
+    not killed with it) are noted when a terminating signal arrives or the deadline passes, and
+    SIGKILLed once the delegate ended: runc dies of SIGTERM and leaves a criu waiting for a page
+    server for ever.
     """
 
-    def __init__(self, delegate: str, argv: Sequence[str], hold_stderr: bool = False) -> None:
+    def __init__(self, delegate: str, argv: Sequence[str], hold_stderr: bool = False, reap: bool = False) -> None:
         self.delegate = delegate
+        self.timed_out = False
+        self._reap = reap
+        self._started_by_it: dict[int, int] = {}  # pid -> start time: what the delegate started, once noted
         self.argv = list(argv)
         self.interrupted_by: int | None = None
         self.returncode: int | None = None
@@ -55,6 +66,8 @@ class DelegateRun:
     def _forward(self, signum: int, _frame: object) -> None:
         if signal.Signals(signum).name in TERMINATING_SIGNALS and self.interrupted_by is None:
             self.interrupted_by = signum
+        if signal.Signals(signum).name in TERMINATING_SIGNALS:
+            self._note_started_by_it()
         if self._child is not None and self._child.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 self._child.send_signal(signum)
@@ -84,13 +97,45 @@ class DelegateRun:
         code = self._child.poll()
         return None if code is None else exit_status(code)
 
-    def finish(self) -> int:
-        """Wait for the child; its exit status (128+N if killed by signal N)."""
+    def _note_started_by_it(self) -> None:
+        """The delegate's descendants as they are now (it may die before it could end them)."""
+        if not self._reap or self._child is None or self._child.returncode is not None:
+            return
+        for pid in descendants(self._child.pid)[1:]:
+            if (started := start_time(pid)) is not None:
+                self._started_by_it.setdefault(pid, started)
+
+    def _reap_started_by_it(self) -> None:
+        """SIGKILL what the delegate started and left behind (still those processes), and wait until gone."""
+        left = dict(self._started_by_it)
+        for pid, started in left.items():
+            if start_time(pid) == started:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + REAP_WAIT_S
+        while any(live_start_time(pid) == started for pid, started in left.items()) and time.monotonic() < deadline:
+            time.sleep(0.02)  # not our children (runc's, reparented): the subreaper or init reaps them
+
+    def finish(self, timeout_s: float | None = None) -> int:
+        """Wait for the child; its exit status (128+N if killed by signal N). Past `timeout_s` the child and
+        what it started are killed (SIGKILL) and `timed_out` says so."""
         assert self._child is not None
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
                 try:
-                    self.returncode = exit_status(self._child.wait())
+                    left_s = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+                    try:
+                        code = process.wait_within(self._child, left_s)
+                    except TimeoutError:
+                        self.timed_out, self._reap = True, True
+                        self._note_started_by_it()
+                        with contextlib.suppress(ProcessLookupError):
+                            self._child.kill()
+                        code = self._child.wait()
+                    self.returncode = exit_status(code)
+                    if self.interrupted_by is not None or self.timed_out:
+                        self._reap_started_by_it()
                     self._ended.set()  # the reader stops at what is in the pipe, not at a helper's EOF
                     if self._reader is not None:
                         self._reader.join()

@@ -9,12 +9,10 @@ already in use". Everything else passes through unchanged. A deleted container's
 
 from __future__ import annotations
 
-import os
 import sys
 
 from ..errors import GpuckptError
-from ..node.lock import ContainerLock
-from ..node.paths import state_dir
+from ..node.lock import ContainerLock, StateKey, has_lock_file, id_has_lock_files
 from .argv import RuntimeArgs, parse_verb_args
 from .delegate import container_exists, run_delegate
 from .log import log
@@ -23,10 +21,13 @@ from .log import log
 def run(args: RuntimeArgs, delegate: str) -> int:
     status = run_delegate(delegate, args.argv)
     container_id = parse_verb_args(args.command_args, frozenset()).container_id
-    if status == 0 and container_id and os.path.exists(os.path.join(state_dir(), "locks", f"{container_id}.lock")):
+    if status == 0 and container_id and id_has_lock_files(container_id):
         try:
-            with ContainerLock(container_id, "delete") as lock:
-                lock.remove_file()
+            key = StateKey.of(container_id, args.runtime_root(delegate))
+            for lock_key in (key, StateKey.legacy(container_id)):  # the layout before roots': the ID's alone
+                if has_lock_file(lock_key):
+                    with ContainerLock(lock_key, "delete") as lock:
+                        lock.remove_file()
         except (GpuckptError, OSError):
             pass  # held by a gpuckpt at work (it stays theirs), or an ID no lock file could have
     if status == 0 or container_id is None:

@@ -38,12 +38,13 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
     # Deferred: the GPU side (the driver binding, NVML, ptrace) only for containers that opted
     # in; every other container's pause and resume is the delegate's alone (exec'd above).
     from ..cuda.node import NodeGpus
-    from ..node.lock import ContainerLock
+    from ..node.lock import ContainerLock, StateKey
     from .recover import finish_left_journal
 
     gpus = gpus or NodeGpus()
-    with ContainerLock(container_id, args.command or "pause"):  # not beside a checkpoint or restore of it
-        finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+    key = StateKey.of(container_id, args.runtime_root(delegate))
+    with ContainerLock(key, args.command or "pause"):  # not beside a checkpoint or restore of it
+        finish_left_journal(key, delegate, gpus, lambda line: log(args, "warning", line))
         if args.command == "pause":
             return _pause(args, delegate, container_id, state.pid, gpus)
         return _resume(args, delegate, container_id, gpus)

@@ -29,9 +29,10 @@ from ..node.journal import (
     remove_journal,
     same_process,
 )
-from ..node.lock import BusyError, ContainerLock
+from ..node.lock import BusyError, ContainerLock, StateKey
 from ..oci.manifest import read_manifest, write_manifest
 from ..trust.dump_signature import sign_dump
+from .argv import parse_runtime_args
 from .criu_log import dump_finished
 from .delegate import container_pids, container_state, kill_container
 from .freezer import Freezer
@@ -43,12 +44,31 @@ ORPHAN_WAIT_S = 60.0  # a dump or restore the killed shim's delegate still runs:
 Report = Callable[[str], None]
 
 
-def finish_left_journal(container: str, delegate: str, gpus: NodeGpus, report: Report) -> bool:
-    """Finish the journal a killed shim left for `container` (the caller holds its lock, so no
-    live shim owns it); whether there was one. Each thing done is one line to `report`."""
-    journal = read_journal(container)
+def finish_left_journal(key: StateKey, delegate: str, gpus: NodeGpus, report: Report) -> bool:
+    """Finish the journal a killed shim left for the container (the caller holds its lock, so no
+    live shim owns it); whether there was one. Each thing done is one line to `report`. A journal
+    of the layout before roots for the same ID is finished too when the root it names is this one,
+    under its old-named lock (a shim of the older gpuckpt may still be at work on it: BusyError)."""
+    if _finish_journal(key, delegate, gpus, report):
+        return True
+    legacy = StateKey.legacy(key.container)
+    journal = read_journal(legacy) if key.root else None
+    if journal is None or journal_root(journal, delegate) != key.root:
+        return False
+    with ContainerLock(legacy, "recover"):
+        return _finish_journal(legacy, delegate, gpus, report)
+
+
+def journal_root(journal: Journal, delegate: str) -> str:
+    """The runtime root a journal is for: its own field, or, in the layout before roots, its delegate's --root."""
+    return journal.root or parse_runtime_args([*journal.global_argv, "state"]).runtime_root(delegate)
+
+
+def _finish_journal(key: StateKey, delegate: str, gpus: NodeGpus, report: Report) -> bool:
+    journal = read_journal(key)
     if journal is None:
         return False
+    container = journal.container
     if journal.shim_pid == os.getpid():
         raise GpuckptError(f"{container}: the journal names this very process")  # a bug, not a state
     this_boot = journal.boot_id == boot_id()
@@ -59,7 +79,7 @@ def finish_left_journal(container: str, delegate: str, gpus: NodeGpus, report: R
         _finish_checkpoint(journal, delegate, gpus, this_boot, done)
     elif this_boot:
         _finish_restore(journal, delegate, gpus, done)
-    remove_journal(container)
+    remove_journal(key)
     what = "; ".join(done) or "nothing was left to undo"
     report(f"{container}: finished the {journal.verb} a killed gpuckpt-runtime (pid {journal.shim_pid}) left "
            f"at '{journal.phase}'{'' if this_boot else ' before the reboot'}: {what}")
@@ -77,17 +97,24 @@ def _wait_for_delegate(journal: Journal) -> None:
 
 
 def recover_all(report: Report, containers: list[str] | None = None) -> int:
-    """Finish each journal nobody is working on; how many could not be finished (one line each to `report`)."""
+    """Finish each journal nobody is working on (of the containers named: under any root); how many could
+    not be finished (one line each to `report`)."""
     delegate, gpus, failed = resolve_runtime().delegate, NodeGpus(), 0
-    for container in containers or pending_journals():
+    pending = pending_journals()
+    for container in containers or []:
+        if not any(key.container == container for key in pending):
+            report(f"{container}: no journal: nothing to finish")
+    for key in pending:
+        if containers and key.container not in containers:
+            continue
         try:
-            with ContainerLock(container, "recover"):
-                if not finish_left_journal(container, delegate, gpus, report):
-                    report(f"{container}: no journal: nothing to finish")
+            with ContainerLock(key, "recover"):
+                if not _finish_journal(key, delegate, gpus, report):
+                    report(f"{key.container}: no journal: nothing to finish")  # finished meanwhile
         except BusyError as error:
             report(str(error))  # a live shim's work in progress, or its delegate's: not ours to finish
         except GpuckptError as error:
-            report(f"{container}: {error}")
+            report(f"{key.container}: {error}")
             failed += 1
     return failed
 

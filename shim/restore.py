@@ -43,7 +43,7 @@ from ..node.journal import (
     remove_journal,
     write_journal,
 )
-from ..node.lock import ContainerLock
+from ..node.lock import ContainerLock, StateKey
 from ..node.paths import config_path
 from ..oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
@@ -87,13 +87,13 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
         return run_delegate(delegate, args.argv)  # usage: the delegate's own answer
     verb, container_id = owned
     gpus = gpus or NodeGpus()
-    lock = ContainerLock(container_id, "restore")
+    lock = ContainerLock(StateKey.of(container_id, args.runtime_root(delegate)), "restore")
     with lock:
-        finish_left_journal(container_id, delegate, gpus, lambda line: log(args, "warning", line))
+        finish_left_journal(lock.key, delegate, gpus, lambda line: log(args, "warning", line))
         try:
             return _restore(args, delegate, verb, container_id, gpus=gpus, lock=lock)
         finally:
-            remove_journal(container_id)
+            remove_journal(lock.key)
 
 
 def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, gpus: NodeGpus,
@@ -281,13 +281,13 @@ class GpuRestore:
         wanted = [JournalProcess(host_pid=0, start_time=0, container_pid=record.container_pid)
                   for record in manifest.processes]
         self.journal = Journal(container=container_id, verb="restore", phase="restore", boot_id=boot_id(),
-                               shim_pid=os.getpid(), global_argv=args.global_argv, image_dir=image_dir_of(verb),
-                               gpu=True, processes=wanted)
+                               shim_pid=os.getpid(), global_argv=args.global_argv, root=lock.key.root,
+                               image_dir=image_dir_of(verb), gpu=True, processes=wanted)
 
     def _ended(self) -> None:
         """Nothing of the restore is left to finish: its journal goes, then its lock (the container runs, or was
         stopped; a checkpoint of it may come while a foreground delegate still waits on it)."""
-        remove_journal(self.container_id)
+        remove_journal(self.lock.key)
         self.lock.release()
 
     def _write_journal(self, phase: Phase, **changes: object) -> None:

@@ -26,6 +26,7 @@ from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import DelegateError, GpuCheckpointError, ImageError
 from gpuckpt.host import procfs
+from gpuckpt.node.lock import StateKey
 from gpuckpt.node.suspension import read_suspension
 from gpuckpt.oci.manifest import GpuRecord, read_manifest
 from gpuckpt.shim import checkpoint, freezer, pause, restore
@@ -140,14 +141,14 @@ def test_a_checkpoint_that_ended_the_container_takes_its_lock_file_with_it(make_
     made = make_node(1)
     locks = node / "state" / "locks"
     assert made.checkpoint("--leave-running") == 0
-    assert (locks / "ctr.lock").exists()  # the container still runs: its lock file stays
+    assert (locks / f"{StateKey.of('ctr', '/r').name}.lock").exists()  # the container still runs: its lock file stays
     made.driver.fail_on[("lock", made.pids[0])] = "CUDA_ERROR_TIMEOUT"
     with pytest.raises(DelegateError):
         made.checkpoint()  # rolled back: the container keeps running, and its lock file
-    assert (locks / "ctr.lock").exists()
+    assert (locks / f"{StateKey.of('ctr', '/r').name}.lock").exists()
     del made.driver.fail_on[("lock", made.pids[0])]
     assert made.checkpoint() == 0
-    assert not (locks / "ctr.lock").exists()
+    assert not (locks / f"{StateKey.of('ctr', '/r').name}.lock").exists()
 
 
 def test_lock_timeout_unlocks_the_others_and_never_dumps(make_node) -> None:

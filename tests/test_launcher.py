@@ -13,6 +13,7 @@ from support import build_launcher, write_config
 from support import python_calls as count_python_calls
 
 import gpuckpt
+from gpuckpt.node.lock import StateKey
 
 REPO = Path(__file__).resolve().parent.parent
 # gpuckpt as the test bed installed it from this tree (the launcher inserts its folder first on sys.path)
@@ -153,6 +154,12 @@ def test_delete_passes_through_with_runc_and_no_lock_file(launcher, launcher_bui
     run(launcher, "delete", "c2")
     assert python_calls(launcher_build) == before + 1
     assert not (locks / "c2.lock").exists()  # the shim's delete removed it
+    this_root, other_root = (locks / f"{StateKey.of('c3', root).name}.lock" for root in ("/r3", "/other"))
+    this_root.write_text("")  # c3's lock under --root /r3 (node/lock.py's names); c3 under another root has one too
+    other_root.write_text("")
+    run(launcher, "--root", "/r3/", "delete", "c3")
+    assert python_calls(launcher_build) == before + 2  # a lock file of the ID: the shim's delete
+    assert not this_root.exists() and other_root.exists()  # its root's went, the other container's stays
     crun = tmp_path / "crun-bin" / "crun"
     crun.parent.mkdir()
     shutil.copy(recording_runtime, crun)

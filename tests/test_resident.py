@@ -491,6 +491,27 @@ def test_spawn_in_a_worker_is_the_callers_child_and_takes_our_signals(served) ->
     assert child.wait(timeout=5) == -signal.SIGTERM and child.poll() == -signal.SIGTERM
 
 
+def test_a_delegate_in_a_worker_past_its_deadline_ends_with_what_it_started(served, tmp_path: Path) -> None:
+    """A dump whose peer never comes, worked in the resident helper: the delegate is the caller's child, and what
+    it started (criu, here a sleep) is killed with it (shim/delegate.py)."""
+    from gpuckpt.host.procfs import live_start_time
+    from gpuckpt.shim.delegate import DelegateRun
+
+    pid_file = tmp_path / "criu.pid"
+    script = tmp_path / "runc"
+    script.write_text(f"#!/bin/sh\nsleep 1000 &\necho $! > {pid_file}.tmp\nmv {pid_file}.tmp {pid_file}\nwait\n")
+    script.chmod(0o755)
+    run = DelegateRun(str(script), [])
+    run.start()
+    assert children_of(served.pid) == [run.pid]
+    while not pid_file.exists():
+        time.sleep(0.01)
+    started_by_it = int(pid_file.read_text())
+    began = live_start_time(started_by_it)
+    assert run.finish(timeout_s=0.3) == 128 + signal.SIGKILL and run.timed_out
+    assert live_start_time(started_by_it) != began and children_of(served.pid) == []
+
+
 def test_run_in_a_worker_keeps_the_callers_fds_out_and_spawn_passes_them_on(served) -> None:
     """As subprocess.run and process.spawn in our own process: a delegate gets the engine's fds, a query none."""
     listing = "ls /proc/$$/fd"

@@ -31,7 +31,7 @@ bash integration/demo-steps.sh
 # must see first fails there), and the named cgroup hierarchy it mounts is the whole machine's.
 tests=(integration/test_podman.py integration/test_archives.py integration/test_runc_level.py
        integration/test_link_remap.py integration/test_tcp.py integration/test_registry.py
-       integration/test_signed_moves.py integration/test_archive_content.py)
+       integration/test_signed_moves.py integration/test_archive_content.py integration/test_podman_network.py)
 for arg in "$@"; do
     case $arg in integration/*) tests=();; esac    # test files named: only those
 done

@@ -30,7 +30,9 @@ cache=${GPUCKPT_FORKY_CACHE:-/var/cache/gpuckpt-testbed/forky}
 root=$cache/root
 in_forky=$here/in-forky.sh
 # libcriu2: crun loads it to checkpoint ("could not load libcriu.so.2" without it).
-packages=(podman runc crun criu libcriu2 conmon netavark checkpointctl skopeo docker-registry tini
+# nftables, aardvark-dns: netavark's firewall and DNS, which podman's default (bridge) network needs
+# ("unable to execute nft" without it); only recommended by netavark, so --no-install-recommends drops them.
+packages=(podman runc crun criu libcriu2 conmon netavark nftables aardvark-dns checkpointctl skopeo docker-registry tini
           python3 python3-venv python3-pycriu iptables zstd iproute2 procps ca-certificates)
 layout="v1 $suite ${packages[*]}"
 

@@ -13,6 +13,7 @@
  * shares with the Python side are generated from that side's (shim/resident/contract.py: resident_contract.h).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -184,6 +185,30 @@ static const char *env_or(const char *name, const char *fallback)
     return value && *value ? value : fallback;
 }
 
+/* Whether the state directory has a lock file of this ID under any runtime root (node/lock.py names them
+ * ID@DIGEST.lock, DIGEST the root's; ID.lock before roots counted). Any will do: the shim's delete then works out
+ * which one is this root's; a lock file of the ID under another root only costs the shim's start. */
+static int has_lock_file(const char *container)
+{
+    const char *state = env_or(PATHS_STATE_DIR_ENV, PATHS_DEFAULT_STATE_DIR);
+    char locks[PATH_MAX], legacy[NAME_MAX + 1];
+    size_t length = strlen(container);
+    struct dirent *entry;
+    DIR *directory;
+    int found = 0;
+    if ((size_t)snprintf(locks, sizeof locks, "%s/locks", state) >= sizeof locks ||
+        (size_t)snprintf(legacy, sizeof legacy, "%s.lock", container) >= sizeof legacy)
+        return 1; /* a name no lock could have: the shim says what is wrong */
+    if (!(directory = opendir(locks)))
+        return errno != ENOENT;
+    while (!found && (entry = readdir(directory)))
+        found = strcmp(entry->d_name, legacy) == 0 ||
+                (strncmp(entry->d_name, container, length) == 0 &&
+                 (entry->d_name[length] == '@' || entry->d_name[length] == '~'));
+    closedir(directory);
+    return found;
+}
+
 /* shim/delete.py adds two things to the delegate's delete: it removes the container's lock file (node/lock.py),
  * and where the delegate fails for a container it does not have, it says "does not exist" as runc does
  * (containerd reads those words; crun says "No such file or directory"). With runc and no lock file there is
@@ -191,8 +216,6 @@ static const char *env_or(const char *name, const char *fallback)
 static int delete_passes_through(int argc, char **argv, int verb_at, const char *delegate)
 {
     const char *container = NULL, *base = strrchr(delegate, '/');
-    char lock[PATH_MAX];
-    struct stat status;
     for (int i = verb_at + 1; i < argc && !container; i++) {
         if (strcmp(argv[i], "--") == 0)
             container = i + 1 < argc ? argv[i + 1] : NULL;
@@ -202,10 +225,7 @@ static int delete_passes_through(int argc, char **argv, int verb_at, const char 
     if (!container || !*container || strchr(container, '/') || strcmp(container, ".") == 0 ||
         strcmp(container, "..") == 0 || strcmp(base ? base + 1 : delegate, "runc") != 0)
         return 0;
-    if ((size_t)snprintf(lock, sizeof lock, "%s/locks/%s.lock", env_or(PATHS_STATE_DIR_ENV, PATHS_DEFAULT_STATE_DIR),
-                         container) >= sizeof lock)
-        return 0;
-    return lstat(lock, &status) != 0 && errno == ENOENT;
+    return !has_lock_file(container);
 }
 
 /* The delegate and hook shim/resolve.py cached for this config, PATH and launcher; 0 when there is none. */
