@@ -216,6 +216,13 @@ def run_import(options: argparse.Namespace) -> int:
                              "(give --trust-config if you trust where the archive comes from)")
         if dumps.spec is not None:  # what the shim refuses at restore, refused before podman makes anything
             refuse_runtime_annotations(dumps.spec.annotations, dumps.config.id[:12], config.criu, config_path())
+        for volume in dumps.config.namedVolumes:  # podman would give the container this node's volume of that name
+            if run([podman, "volume", "exists", volume.volumeName], check=False).returncode == 0:
+                raise ImageError(f"{options.archive}: its container config names the volume {volume.volumeName}, "
+                                 "which this node already has: refused (podman would give the container that "
+                                 "volume and its data; remove or rename it first)")
+        staging.volume_destinations = {volume.volumeName: volume.dest.rstrip("/") or "/"
+                                       for volume in dumps.config.namedVolumes}
         staging.start()
         held.release(staging.light())
 

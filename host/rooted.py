@@ -17,6 +17,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ..errors import ImageError
 from .libc import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_XDEV, openat2
 
 IN_ROOT = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV
@@ -83,6 +84,9 @@ class RootedTree:
             above = self._open_in_root("/".join(parts[:depth - 1]))
             try:
                 os.mkdir(parts[depth - 1], NEW_DIRECTORY_MODE, dir_fd=above)
+            except FileExistsError:  # a link there that leads nowhere inside the root
+                raise ImageError(f"{self.root}: {'/'.join(parts[:depth])} is a link to nothing inside it: cannot "
+                                 "make what the archive puts below it") from None
             finally:
                 os.close(above)
 

@@ -320,3 +320,110 @@ def test_an_archive_naming_runc_meets_the_shims_checks_under_podmans_own_import(
     line = imported(attack, restored)
     assert "carries the annotation org.criu.config='/etc/hostname': a CRIU configuration chosen by the container " \
            "is refused" in line, line
+
+
+@pytest.fixture(scope="module")
+def exported_with_volume(tmp_path_factory) -> Iterator[tuple[Path, str, str]]:
+    """A counter container with a named volume and files in it and in /dev/shm, exported; the container and
+    its volume removed: the archive, the container's and the volume's names."""
+    directory = tmp_path_factory.mktemp("content-volume")
+    name, volume = f"gpuckpt-contentvol-{os.getpid()}", f"gpuckpt-contentvol-{os.getpid()}"
+    archive = directory / "volume.tar.zst"
+    source = ("open('/data/kept', 'w').write('in the volume\\n')\nopen('/dev/shm/kept', 'w').write('in shm\\n')\n"
+              + COUNTER_SOURCE)
+    try:
+        sh("podman", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
+           "-v", f"{volume}:/data", PODMAN_IMAGE, "python3", "-c", source)
+        wait_counter(lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout, 2)
+        sh(GPUCKPT, "export", name, "-o", str(archive))
+        sh("podman", "rm", "-f", "-t", "0", name)
+        sh("podman", "volume", "rm", volume)
+        yield archive, name, volume
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
+        sh("podman", "volume", "rm", "-f", volume, check=False)
+
+
+@pytest.fixture(scope="module")
+def volume_archives_allowed(exported_with_volume) -> Iterator[None]:
+    source = f"archive:{exported_with_volume[0].parent}/"
+    sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test: archive content (volumes)")
+    yield
+    sh(GPUCKPT, "trust", "disallow-unsigned", source)
+
+
+def test_volumes_and_dev_shm_come_back_applied_by_the_shim(exported_with_volume) -> None:
+    archive, name, volume = exported_with_volume
+    try:
+        result = sh(GPUCKPT, "import", str(archive))
+        assert f"restored {name}" in result.stdout
+        assert sh("podman", "exec", name, "cat", "/data/kept").stdout == "in the volume\n"
+        assert sh("podman", "exec", name, "cat", "/dev/shm/kept").stdout == "in shm\n"
+        read_state = lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout  # noqa: E731
+        assert_continues(wait_counter(read_state, 1), read_state)
+        # the volume's name is this node's now: a second import naming it is refused before podman runs
+        sh("podman", "rm", "-f", "-t", "0", name)
+        line = imported(archive, name)
+        assert f"names the volume {volume}, which this node already has: refused" in line, line
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
+        sh("podman", "volume", "rm", "-f", volume, check=False)
+
+
+@pytest.mark.hostile("real export whose config.dump makes its named volume a bind of a host directory "
+                     "(volume-opt=type=none,o=bind,device=DIR)")
+def test_a_volume_bound_to_a_host_directory_is_refused(exported_with_volume, volume_archives_allowed,
+                                                       host_scratch) -> None:
+    archive, name, volume = exported_with_volume
+
+    def bind(entry: str, data: bytes | None) -> bytes | None:
+        if entry != "config.dump" or data is None:
+            return data
+        config = json.loads(data)
+        config["namedVolumes"][0]["options"] = ["volume-opt=type=none", "volume-opt=o=bind",
+                                                f"volume-opt=device={host_scratch}"]
+        return json.dumps(config).encode()
+
+    line = imported(edited(archive, archive.parent / "bind.tar.zst", bind), f"{name}-bind")
+    assert f"volume {volume} with options beyond mount flags (volume-opt=type=none" in line, line
+    assert list(host_scratch.iterdir()) == []
+
+
+def pax_then_gnu_name(python_name: str, go_name: str, data: bytes) -> bytes:
+    """One entry whose PAX record names it `python_name` and whose GNU long name (after it) names it
+    `go_name`: Python's tarfile applies the PAX record, Go's archive/tar the long name."""
+    def extension(kind: bytes, name: str, payload: bytes) -> bytes:
+        info = tarfile.TarInfo(name)
+        info.type, info.size = kind, len(payload)
+        return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict") + payload + bytes(-len(payload) % 512)
+    record = f" path={python_name}\n".encode()
+    length = len(record) + 1
+    while len(str(length)) + len(record) != length:
+        length += 1
+    out = extension(tarfile.XHDTYPE, "././@PaxHeader", str(length).encode() + record)
+    out += extension(tarfile.GNUTYPE_LONGNAME, "././@LongLink", go_name.encode() + b"\0")
+    info = tarfile.TarInfo(python_name)
+    info.size = len(data)
+    return out + info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict") + data + bytes(-len(data) % 512)
+
+
+@pytest.mark.hostile("real export whose devshm-checkpoint.tar links a to a host directory, then has an entry Python "
+                     "reads as 'safe' and Go (podman's untar) as 'a/planted'")
+def test_dev_shm_is_read_by_one_parser_only(exported, unsigned_allowed, host_scratch) -> None:
+    archive, name = exported
+    link = tarfile.TarInfo("a")
+    link.type, link.linkname = tarfile.SYMTYPE, str(host_scratch)
+    shm = link.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict") + pax_then_gnu_name("safe", "a/planted", b"x\n")
+    shm += bytes(1024 + (-(len(shm) + 1024) % 10240))
+    attack = edited(archive, archive.parent / "shm.tar.zst",
+                    lambda entry, data: shm if entry == "devshm-checkpoint.tar" else data)
+    podman_import(attack, f"{name}-podman")
+    assert (host_scratch / "planted").exists() == (podman_major() < 5), "podman's exposure changed: docs too"
+    (host_scratch / "planted").unlink(missing_ok=True)
+    restored = f"{name}-shm"
+    try:
+        sh(GPUCKPT, "import", str(attack), "--name", restored)
+        assert not (host_scratch / "planted").exists()
+        assert sh("podman", "exec", restored, "cat", "/dev/shm/safe").stdout == "x\n"  # what our one parser read
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False)

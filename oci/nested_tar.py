@@ -28,7 +28,8 @@ from .tarstream import Data
 ROOTFS_DIFF: Final = "rootfs-diff.tar"
 DELETED_FILES: Final = "deleted.files"
 DEVSHM = "devshm-checkpoint.tar"
-VOLUME_TAR = re.compile(r"volumes/[^/]+\.tar")
+VOLUME_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}"  # podman's volume names (libpod define.NameRegex), bounded
+VOLUME_TAR = re.compile(rf"volumes/({VOLUME_NAME})\.tar")
 MAX_DELETED_FILES_BYTES = 16 << 20
 # A container that installed a framework changes ~100k files; each kept path costs ~100 bytes here.
 MAX_NESTED_ENTRIES = 1_000_000
@@ -45,7 +46,13 @@ ALLOW_KEY = "import.allow_setuid_files"
 
 
 def is_nested_tar(name: str) -> bool:
-    return name in (ROOTFS_DIFF, DEVSHM) or VOLUME_TAR.fullmatch(name) is not None
+    return name in (ROOTFS_DIFF, DEVSHM) or name.startswith("volumes/")
+
+
+def volume_of(name: str) -> str | None:
+    """The volume a `volumes/NAME.tar` entry fills, if its name is one podman could have written."""
+    match = VOLUME_TAR.fullmatch(name)
+    return match.group(1) if match else None
 
 
 def _kind(member: tarfile.TarInfo) -> str:
@@ -65,6 +72,7 @@ class EntryRules:
     allow_setuid: bool = False
     links: dict[str, str] = field(default_factory=dict)  # symlinks the tar made so far: path -> target
     files: set[str] = field(default_factory=set)  # regular files it made so far
+    directories: set[str] = field(default_factory=set)  # directories it made so far
     count: int = 0
 
     def _refused(self, name: str, what: str) -> ImageError:
@@ -84,12 +92,17 @@ class EntryRules:
         self._ancestors(name, path)
         self._type(member, path)
         self._xattrs(member)
+        if path in self.directories and not member.isdir():
+            # what the tar put below it would be gone, and a hard link or a write could still name it
+            raise self._refused(name, "replaces a directory the tar made earlier")
         self.links.pop(path, None)  # a later entry replaces what was at its path (podman removes it first)
         self.files.discard(path)
         if member.issym():
             self.links[path] = member.linkname
         elif member.isreg() or member.islnk():
             self.files.add(path)
+        elif member.isdir():
+            self.directories.add(path)
         return path
 
     def _type(self, member: tarfile.TarInfo, path: str) -> None:
@@ -164,6 +177,7 @@ class NestedTarCheck:
         self.seen = 0
         self.zero_blocks = 0
         self.extension_data = False  # the bytes awaited are a PAX or GNU extension's data
+        self.kinds: list[bytes] = []  # the extension headers before the entry being read
         self.ended = False
         self.trailing = 0
 
@@ -218,7 +232,10 @@ class NestedTarCheck:
         if self.zero_blocks:
             raise ImageError(f"{self.where}: an entry after an end-of-archive block: refused")
         raw = tarstream.raw_header(block, self.where)
+        tarstream.refuse_old_header(block, self.where)
         if raw.type in tarstream.EXTENSION_TYPES:
+            self.kinds.append(raw.type)
+            tarstream.refuse_ambiguous_extensions(self.kinds, self.where)
             if len(self.header) + raw.size > tarstream.MAX_EXTENSION_BYTES:
                 raise ImageError(f"{self.where}: extension headers of more than {tarstream.MAX_EXTENSION_BYTES} "
                                  "bytes before one entry: refused")
@@ -229,6 +246,7 @@ class NestedTarCheck:
         if member.type == tarfile.GNUTYPE_SPARSE or member.sparse is not None:
             raise ImageError(f"{self.where}: entry {member.name!r} is a sparse file: refused")
         self.rules.admit(member)
+        self.kinds.clear()
         self.header.clear()
         self.wanted = tarstream.BLOCK
         self.skip = tarstream.padded(member.size) if member.isreg() else 0

@@ -57,6 +57,16 @@ REQUIRED = (CONFIG_DUMP, SPEC_DUMP, CRIU_INVENTORY)
 STAGED_PAGES = re.compile(f"{CHECKPOINT_DIR}/{PAGES_FILE.pattern}")  # what an import stages itself
 
 
+class NamedVolume(BaseModel):
+    """One of config.dump's named volumes (libpod ContainerNamedVolume)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    volumeName: str
+    dest: str
+    options: list[str] = []
+
+
 class PodmanConfigDump(BaseModel):
     """The fields of podman's `config.dump` that gpuckpt shows; podman reads the rest itself."""
 
@@ -88,6 +98,8 @@ class PodmanConfigDump(BaseModel):
     userNsCtr: str = ""
     utsNsCtr: str = ""
     cgroupNsCtr: str = ""
+    # named volumes (`-v NAME:DEST:OPTIONS`): made, or taken if this node has one of that name, at --import
+    namedVolumes: list[NamedVolume] = []
     spec: Spec | None = None
 
 
@@ -142,7 +154,9 @@ def described_dumps(path: str, kept: dict[str, bytes]) -> PodmanArchive:
 
 
 def with_runtime(config_dump: bytes, runtime: str) -> bytes:
-    """config.dump with its "runtime" (podman's OCIRuntime) set to `runtime`, every other key as it was."""
+    """config.dump as an import gives it to podman: its "runtime" (podman's OCIRuntime) set to `runtime`,
+    and no "mounts" (paths podman unmounts on the host when the container goes: podman adds its own
+    /dev/shm); every other key as it was."""
     try:
         config = json.loads(config_dump)
     except (ValueError, RecursionError) as error:
@@ -150,6 +164,7 @@ def with_runtime(config_dump: bytes, runtime: str) -> bytes:
     if not isinstance(config, dict):
         raise ImageError(f"{CONFIG_DUMP} is not a JSON object")
     config["runtime"] = runtime
+    config["mounts"] = []
     return json.dumps(config).encode()
 
 

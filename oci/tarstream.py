@@ -130,6 +130,7 @@ def entries(source: ByteSource, path: str, *, links: bool = False) -> Iterator[t
     are the caller's to check (oci.nested_tar's rules), sparse files still refused."""
     reader = EntryReader(source, path)
     pending, extensions, count = b"", 0, 0
+    kinds: list[bytes] = []
     while True:
         try:
             block = reader.block()
@@ -142,7 +143,12 @@ def entries(source: ByteSource, path: str, *, links: bool = False) -> Iterator[t
             _end(reader, path)
             return
         raw = raw_header(block, path)
+        if links:
+            refuse_old_header(block, path)
         if raw.type in EXTENSION_TYPES:
+            kinds.append(raw.type)
+            if links:
+                refuse_ambiguous_extensions(kinds, path)
             extensions += 1
             if raw.size > MAX_EXTENSION_BYTES or len(pending) > MAX_EXTENSION_BYTES or extensions > MAX_EXTENSIONS:
                 raise ImageError(f"{path}: extension headers of {len(pending) + raw.size} bytes "
@@ -153,8 +159,28 @@ def entries(source: ByteSource, path: str, *, links: bool = False) -> Iterator[t
         if count > MAX_ENTRIES:
             raise ImageError(f"{path}: more than {MAX_ENTRIES} entries: refused")
         member = _member(pending + block, path, links)
-        pending, extensions = b"", 0
+        pending, extensions, kinds = b"", 0, []
         yield member, reader
+
+
+def refuse_old_header(block: bytes, path: str) -> None:
+    """A header without ustar's magic (a V7 header): tarfile reads its prefix field, Go's archive/tar does
+    not, so the two see different names; Go and GNU tar write the magic. Refused."""
+    if block[257:263] not in (b"ustar\0", b"ustar "):
+        raise ImageError(f"{path}: a tar header without ustar's magic (V7): refused (readers disagree on its name)")
+
+
+def refuse_ambiguous_extensions(kinds: list[bytes], path: str) -> None:
+    """The extension headers before one entry of a tar that another reader will unpack: a global header
+    (tarfile folds it into the next entry, Go's archive/tar returns it as an entry of its own) or a PAX
+    record with a GNU long name (each reader lets a different one win) name two things: refused."""
+    if tarfile.XGLTYPE in kinds or tarfile.SOLARIS_XHDTYPE in kinds:
+        raise ImageError(f"{path}: a PAX global header: refused (readers disagree on what it names)")
+    if tarfile.XHDTYPE in kinds and (tarfile.GNUTYPE_LONGNAME in kinds or tarfile.GNUTYPE_LONGLINK in kinds):
+        raise ImageError(f"{path}: an entry named by both a PAX record and a GNU long name: refused (readers "
+                         "disagree on which wins)")
+    if len(kinds) != len(set(kinds)):
+        raise ImageError(f"{path}: an entry with two extension headers of one kind: refused")
 
 
 def raw_header(block: bytes, path: str) -> tarfile.TarInfo:

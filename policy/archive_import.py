@@ -9,6 +9,7 @@ import re
 import stat
 
 from ..node.hooks_d import only_gpuckpt_hooks
+from ..oci.nested_tar import VOLUME_NAME
 from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive, PodmanConfigDump
 from ..oci.spec import Spec
 from .devices import device_refusals
@@ -148,6 +149,28 @@ def _node_resources(config: PodmanConfigDump, run_root: str, default_run_root: s
         problems.append(f"this node's podman secrets ({', '.join(secrets[:3])})")
     if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:
         problems.append(f"the namespaces of another container ({', '.join(joined)})")
+    return problems + _volume_refusals(config)
+
+
+# What `-v NAME:DEST:OPTIONS` puts in a named volume's options: mount flags. Anything else (podman's
+# `volume-opt=type=none,o=bind,device=/etc`, a driver's options) would make the volume a host directory.
+VOLUME_OPTIONS = frozenset({"rw", "ro", "z", "Z", "U", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "bind",
+                            "rbind", "private", "rprivate", "shared", "rshared", "slave", "rslave", "copy", "nocopy"})
+
+
+def _volume_refusals(config: PodmanConfigDump) -> list[str]:
+    """Named volumes podman would make (or take) for the container: by a name it could have written, at an
+    absolute place, with mount flags only."""
+    problems = []
+    for volume in config.namedVolumes:
+        name = volume.volumeName[:80]
+        if not re.fullmatch(VOLUME_NAME, volume.volumeName):
+            problems.append(f"a volume name podman does not make ({name!r})")
+        if not volume.dest.startswith("/") or posixpath.normpath(volume.dest) != volume.dest.rstrip("/") or \
+                "\0" in volume.dest:
+            problems.append(f"volume {name} mounted at {volume.dest[:80]!r}, not an absolute normalized path")
+        if extra := [option[:60] for option in volume.options if option not in VOLUME_OPTIONS]:
+            problems.append(f"volume {name} with options beyond mount flags ({', '.join(extra[:3])})")
     return problems
 
 

@@ -51,7 +51,7 @@ from ..policy.annotations import refuse_runtime_annotations
 from ..policy.crun import crun_restore_refusals
 from ..policy.devices import device_refusals
 from ..policy.image import check_restore
-from ..transfer.root_files import apply_root_files
+from ..transfer.root_files import apply_staged
 from ..transfer.staging import ClaimedImport, claim_staged
 from ..trust.dump_signature import DUMP_SIGNATURE, dumped_here, verify_dump
 from ..trust.keys import load_trust
@@ -144,18 +144,11 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
 
 
 def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: str, container_id: str) -> None:
-    """The imported archive's changed and deleted files (podman was not given them), made inside the root
-    podman mounted for the container, no link followed out of it (transfer.root_files)."""
-    if staged.rootfs_diff is None and staged.deleted_files is None:
-        return
-    root = read_spec(bundle).rootfs(bundle)
-    if not root:
-        raise ImageError(f"restore of {container_id}: its bundle names no root filesystem for the imported files")
-    applied, removed = apply_root_files(root, staged.rootfs_diff, staged.deleted_files,
-                                        allow_setuid=staged.allow_setuid_files,
-                                        what=f"restore of {container_id}")
-    log(args, "info", f"{container_id}: {applied} changed file(s) and {removed} deletion(s) of the imported archive "
-                      "applied inside its root")
+    """The imported archive's changed and deleted files, /dev/shm and volumes (podman was not given them),
+    made inside where the engine mounted each, no link followed out of it (transfer.root_files)."""
+    if staged.root_files:
+        done = apply_staged(read_spec(bundle), bundle, staged, f"restore of {container_id}")
+        log(args, "info", f"{container_id}: the imported archive's files applied: {done}")
 
 
 def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, bundle: str,

@@ -147,7 +147,7 @@ def test_podman_gets_config_dump_naming_the_shim() -> None:
                  rewrite={"config.dump": lambda data: with_runtime(data, "gpuckpt-runtime")})
     with tarfile.open(fileobj=io.BytesIO(out.getvalue())) as tar:
         given = json.loads(tar.extractfile("config.dump").read())
-    assert given == {"id": "c" * 64, "name": "x", "runtime": "gpuckpt-runtime", "lockID": 3}
+    assert given == {"id": "c" * 64, "name": "x", "runtime": "gpuckpt-runtime", "lockID": 3, "mounts": []}
     assert json.loads(kept["config.dump"])["runtime"] == "runc"  # checked as the archive has it
 
 
@@ -219,3 +219,48 @@ def test_the_shim_refuses_what_the_import_would_have(root, tmp_path) -> None:
     with pytest.raises(ImageError, match="written through the link"):
         apply(root, tmp_path, HOSTILE[0][1])
     assert not os.path.lexists(root / "evil")  # checked whole before anything is made
+
+
+@pytest.mark.hostile("archive whose volume tar makes a directory and a file in it, replaces the directory by a link "
+                     "to a host directory, then hard-links the file (podman 4.3 linked and chowned the host file)")
+def test_a_directory_replaced_after_its_files_is_refused() -> None:
+    with pytest.raises(ImageError, match="replaces a directory the tar made earlier"):
+        checked(nested_tar([("a", "dir", None), ("a/shadow", "file", b"x"), ("a", "symlink", "/etc"),
+                            ("x", "hardlink", "a/shadow")]))
+
+
+def _symlink_block(name: str, target: str) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.SYMTYPE, target
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")
+
+
+def _extension(kind: bytes, payload: bytes) -> bytes:
+    info = tarfile.TarInfo("././@Ext")
+    info.type, info.size = kind, len(payload)
+    return info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict") + payload + bytes(-len(payload) % 512)
+
+
+def _file_block(name: str, data: bytes, magic: bool = True) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    block = bytearray(info.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict")[:512])
+    if not magic:  # a V7 header with a prefix: tarfile reads "zzz/NAME", Go's archive/tar "NAME"
+        block[257:265], block[345:500] = bytes(8), b"zzz".ljust(155, b"\0")
+        block[148:156] = b"        "
+        block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block) + data + bytes(-len(data) % 512)
+
+
+@pytest.mark.hostile("nested tar entries that Python's tarfile and Go's archive/tar (podman) name differently: a PAX "
+                     "path with a GNU long name, a PAX global header, a V7 header with a prefix")
+@pytest.mark.parametrize(("body", "reason"), [
+    (_extension(tarfile.XHDTYPE, b"17 path=safe/xyz\n") + _extension(tarfile.GNUTYPE_LONGNAME, b"a/planted\0")
+     + _file_block("safe", b"x"), "both a PAX record and a GNU long name"),
+    (_extension(tarfile.XGLTYPE, b"15 comment=xyz\n") + _file_block("safe", b"x"), "a PAX global header"),
+    (_file_block("a/planted", b"x", magic=False), "without ustar's magic"),
+], ids=["pax-and-gnu-name", "global-header", "v7-prefix"])
+def test_entries_two_readers_name_differently_are_refused(body, reason) -> None:
+    data = _symlink_block("a", "/var/tmp") + body + bytes(1024)
+    with pytest.raises(ImageError, match=reason):
+        checked(data)

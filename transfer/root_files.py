@@ -1,5 +1,7 @@
-"""A staged import's root filesystem diff and deletions, applied by the shim inside the
-container's root (host/rooted.py) before CRIU restores its processes; podman never sees them.
+"""A staged import's root filesystem diff and deletions, /dev/shm and named volumes, applied by
+the shim, each inside its own directory (host/rooted.py: the container's root, the tmpfs podman
+mounted for /dev/shm, each volume's directory) before CRIU restores its processes; podman never
+sees them.
 
 The diff is read with the same parse and the same rules as the import checked it with
 (oci.nested_tar.EntryRules): whatever the check passed is what is applied, and what it would
@@ -11,18 +13,60 @@ from __future__ import annotations
 import os
 import tarfile
 
+from ..errors import ImageError
 from ..host.rooted import Owner, RootedTree
 from ..host.safefiles import read_bounded
 from ..oci import tarstream
 from ..oci.nested_tar import (
     ALLOWED_XATTRS,
     CAPABILITY_XATTR,
+    DELETED_FILES,
+    DEVSHM,
     MAX_DELETED_FILES_BYTES,
+    ROOTFS_DIFF,
     XATTR_PREFIXES,
     EntryRules,
     parse_deleted_files,
+    volume_of,
 )
+from ..oci.spec import Spec
 from ..oci.tarstream import Data
+from .staging import ClaimedImport
+
+SHM = "/dev/shm"
+
+
+def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str) -> str:
+    """Every root file a staged import left, each where podman would have unpacked it; what was done."""
+    files, done = staged.root_files, []
+    if ROOTFS_DIFF in files or DELETED_FILES in files:
+        root = spec.rootfs(bundle)
+        if not root:
+            raise ImageError(f"{what}: its bundle names no root filesystem for the imported files")
+        applied, removed = apply_root_files(root, files.get(ROOTFS_DIFF), files.get(DELETED_FILES),
+                                            allow_setuid=staged.allow_setuid_files, what=what)
+        done.append(f"{applied} changed file(s) and {removed} deletion(s) inside its root")
+    for entry, path in sorted(files.items()):
+        volume = volume_of(entry)
+        if entry != DEVSHM and volume is None:
+            continue
+        destination = SHM if volume is None else staged.volume_destinations.get(volume)
+        if destination is None:
+            raise ImageError(f"{what}: {entry} names no volume of the container: refused")
+        directory = _bind_source(spec, destination)
+        if directory is None:
+            raise ImageError(f"{what}: {entry}: the container has no mount at {destination} to restore it into")
+        with RootedTree(directory) as tree:
+            count = _apply_diff(tree, path, staged.allow_setuid_files, f"{what}: {entry}")
+        done.append(f"{count} entries of {entry} in {destination}")
+    return "; ".join(done)
+
+
+def _bind_source(spec: Spec, destination: str) -> str | None:
+    """Where the engine's bind mount at `destination` comes from (the last one there wins, as mounts stack)."""
+    sources = [mount.source for mount in spec.mounts
+               if os.path.normpath(mount.destination) == destination and mount.is_bind() and mount.source]
+    return sources[-1] if sources else None
 
 
 def apply_root_files(root: str, rootfs_diff: str | None, deleted_files: str | None, *, allow_setuid: bool,

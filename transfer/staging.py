@@ -12,9 +12,11 @@ Nothing is staged before the archive's config.dump and spec.dump are checked, an
 the operator's bounds (transfer.bounds): each pages file's declared size is taken from the
 budget before it is reserved (fallocate), every other byte before it is written.
 
-The container's changed files (`rootfs-diff.tar`) and its deletions (`deleted.files`) are
-staged too and never given to podman, which would apply them as root outside the container's
-root (podman 4.3 follows links out of it): the shim applies them inside it (host/rooted.py).
+The container's changed files (`rootfs-diff.tar`), its deletions (`deleted.files`), its
+/dev/shm (`devshm-checkpoint.tar`) and its named volumes (`volumes/NAME.tar`) are staged too and
+never given to podman, which would unpack them as root with its own tar reader, following links
+out of where they go (podman 4.3): the shim applies them, each inside its own directory
+(host/rooted.py, transfer/root_files.py).
 
 Only the shim's own record, written by `gpuckpt import` as root, says where pages come from: an
 archive that carries a placeholder is refused on reading, and a token with no record fails the
@@ -35,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -44,7 +46,7 @@ from ..host.safefiles import read_bounded, replace_file
 from ..node.paths import state_dir
 from ..oci.image_names import PAGES_FILE
 from ..oci.image_names import STAGING_PLACEHOLDER as PLACEHOLDER
-from ..oci.nested_tar import DELETED_FILES, ROOTFS_DIFF
+from ..oci.nested_tar import DELETED_FILES, DEVSHM, ROOTFS_DIFF, VOLUME_NAME, volume_of
 from ..oci.tarstream import ByteSink, Data
 from ..oci.timestamps import utc_now
 from .bounds import StagedFile, StagingBudget
@@ -53,7 +55,13 @@ TOKEN_PATTERN = r"[0-9a-f]{32}"
 MAX_RECORD_BYTES = 1 << 20
 LIGHT_ARCHIVE = "archive.tar"  # what podman imports: everything but the pages
 HELD_BYTES = 64 << 20  # before the config: podman's default /dev/shm size, which devshm-checkpoint.tar holds
-ROOT_FILES = (ROOTFS_DIFF, DELETED_FILES)  # staged for the shim to apply inside the container's root
+# staged for the shim to apply inside the container's root, its /dev/shm and its volumes
+ROOT_FILE = rf"rootfs-diff\.tar|deleted\.files|devshm-checkpoint\.tar|volumes/{VOLUME_NAME}\.tar"
+
+
+def staged_name(entry: str) -> str:
+    """The file an archive entry is staged as (one directory, no '/')."""
+    return entry.replace("/", "-")
 
 
 class Placeholder(BaseModel):
@@ -68,7 +76,8 @@ class StagedImport(BaseModel):
     pages_dir: str
     pages: list[str]
     created: str
-    root_files: list[Literal["rootfs-diff.tar", "deleted.files"]] = []  # in pages_dir, applied by the shim
+    root_files: list[Annotated[str, Field(pattern=f"^({ROOT_FILE})$")]] = []  # staged in pages_dir for the shim
+    volume_destinations: dict[Annotated[str, Field(pattern=f"^{VOLUME_NAME}$")], str] = {}  # config.dump's
     allow_setuid_files: bool = False  # what the diff was checked with (oci.nested_tar), checked again with
     vouched: str = ""  # what verified the archive (its signer, or the trust policy's unsigned exception)
 
@@ -79,8 +88,8 @@ class ClaimedImport:
     to the container's root itself (paths in the staging directory; None where the archive had none)."""
 
     pages: list[str]
-    rootfs_diff: str | None
-    deleted_files: str | None
+    root_files: dict[str, str]  # archive entry -> its staged file
+    volume_destinations: dict[str, str]  # volume name -> where the container mounts it
     allow_setuid_files: bool = False
     vouched: str = ""  # for a dump the archive carried unsigned (trust.dump_signature.verify_dump)
 
@@ -104,7 +113,8 @@ class Staging:
         self.directory = ""
         self.active = False  # the pages are staged here (the restore goes through the shim)
         self.pages: list[str] = []
-        self.root_files: list[Literal["rootfs-diff.tar", "deleted.files"]] = []
+        self.root_files: list[str] = []
+        self.volume_destinations: dict[str, str] = {}  # from the checked config.dump
         self.vouched = ""  # set once the archive is verified (its signer, or the policy's unsigned exception)
         self.recorded = False
         self._dir_fd = -1
@@ -139,17 +149,18 @@ class Staging:
 
     def divert(self, member: tarfile.TarInfo) -> ParallelFile | _Dropped | None:
         """A file for a pages image's data or a root file's (closed by the copy), None for any other
-        entry; when nothing is staged (the check alone), a stream that drops them."""
+        entry; pages before start() (the check alone), a stream that drops them. A root file is staged
+        whenever it comes (podman writes devshm-checkpoint.tar before config.dump), within the budget."""
         directory, _, name = member.name.rpartition("/")
-        if member.name in ROOT_FILES:
-            if self.active:
-                self.root_files.append(ROOTFS_DIFF if member.name == ROOTFS_DIFF else DELETED_FILES)
+        if member.name in (ROOTFS_DIFF, DELETED_FILES, DEVSHM) or volume_of(member.name) is not None:
+            name = staged_name(member.name)
+            self.root_files.append(member.name)
         elif directory != "checkpoint" or not PAGES_FILE.fullmatch(name):
             return None
-        elif self.active:
-            self.pages.append(name)
-        if not self.active:
+        elif not self.active:
             return _Dropped()
+        else:
+            self.pages.append(name)
         self.budget.take(member.name, member.size)  # checked before a byte is reserved for it
         fd = self._create(name)
         try:
@@ -167,6 +178,7 @@ class Staging:
         os.makedirs(_records_dir(), mode=0o700, exist_ok=True)
         record = StagedImport(token=self.token, pages_dir=self.directory, pages=self.pages,
                               created=utc_now(), root_files=self.root_files,
+                              volume_destinations=self.volume_destinations,
                               allow_setuid_files=self.allow_setuid_files, vouched=self.vouched)
         replace_file(_record_path(self.token), record.model_dump_json())
         self.recorded = True
@@ -325,6 +337,6 @@ def claim_staged(image_dir: str) -> ClaimedImport | None:
             # after entering the container's mount namespace, where the link would not resolve.
             shutil.copyfile(staged, target, follow_symlinks=False)
     os.unlink(marker)
-    root_files = {name: os.path.join(record.pages_dir, name) for name in record.root_files}
-    return ClaimedImport(record.pages, root_files.get(ROOTFS_DIFF), root_files.get(DELETED_FILES),
-                         record.allow_setuid_files, record.vouched)
+    root_files = {name: os.path.join(record.pages_dir, staged_name(name)) for name in record.root_files}
+    return ClaimedImport(record.pages, root_files, record.volume_destinations, record.allow_setuid_files,
+                         record.vouched)
