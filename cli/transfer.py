@@ -289,7 +289,7 @@ def checking_pass(archive: str, verification: Verification, held: HeldOutput, st
         with byte_bar(f"importing {os.path.basename(what)}", archive_bytes) as bar:
             copied = copy_checked(decompressed(verification.reader(raw)), held, what,
                                   progress=lambda _: moved_to(bar, raw.tell()), kept=kept,
-                                  divert=staging.divert, trailer=(staging.placeholder(),),
+                                  divert=staging.divert, trailer=staging.trailer,
                                   observe=verification.observe, first=config_read,
                                   guard=RatioGuard(what, raw.tell, limits.max_entry_ratio, READ_BYTES,
                                                    archive_bytes),

@@ -22,7 +22,7 @@ import stat
 import tarfile
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO, cast
@@ -223,7 +223,7 @@ class Copied:
 def copy_checked(source: ByteSource, out: ByteSink | None, path: str, *,
                  progress: Callable[[int], None] | None = None, kept: dict[str, bytes] | None = None,
                  divert: Callable[[tarfile.TarInfo], AbstractContextManager[ByteSink] | None] | None = None,
-                 trailer: tuple[tuple[str, bytes], ...] = (),
+                 trailer: Sequence[tuple[str, bytes]] = (),
                  observe: Callable[[tarfile.TarInfo], ByteSink | None] | None = None,
                  first: Callable[[dict[str, bytes]], None] | None = None, guard: RatioGuard | None = None,
                  nested: NestedChecks | None = None,
@@ -233,7 +233,8 @@ def copy_checked(source: ByteSource, out: ByteSink | None, path: str, *,
 
     With `kept`, the small files (config.dump, spec.dump, the GPU manifests) are also put there.
     `divert(member)` may return a stream for a file's bare data instead (the entry is then left
-    out of `out`); `trailer` entries (name, bytes) are added at the end. `observe(member)` hears
+    out of `out`); `trailer` entries (name, bytes) are added at the end (read then: a list may grow
+    while the copy goes). `observe(member)` hears
     of every entry first and may return a stream that sees a file's data too (transfer.provenance).
 
     For an import: `first(kept)` checks config.dump and spec.dump as soon as both are read, and
@@ -364,7 +365,7 @@ class _CheckedCopy:
             parse_manifest(kept[GPU_MANIFEST], f"{self.path}:{GPU_MANIFEST}")
         return moved_bytes
 
-    def end(self, trailer: tuple[tuple[str, bytes], ...]) -> None:
+    def end(self, trailer: Sequence[tuple[str, bytes]]) -> None:
         if self.out is not None:
             for name, trailing in trailer:
                 self.written += write_small_entry(self.out, name, trailing)

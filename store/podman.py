@@ -169,7 +169,7 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
             with progress(f"restoring {name}", stored.logical_bytes) as moved:
                 copied = copy_checked(StoredStream(store, stored, threads), staging.light(), what,
                                       progress=moved, kept=kept, divert=staging.divert,
-                                      trailer=(staging.placeholder(),), nested=NestedChecks(allow_setuid=True),
+                                      trailer=staging.trailer, nested=NestedChecks(allow_setuid=True),
                                       rewrite={CONFIG_DUMP: lambda data: with_runtime(data, RUNTIME_NAME)})
         staging.close_light()
         checked = described(what, kept, copied.names, copied.files, copied.bytes)

@@ -59,6 +59,9 @@ HELD_BYTES = 64 << 20  # before the config: podman's default /dev/shm size, whic
 ROOT_FILE = rf"rootfs-diff\.tar|deleted\.files|devshm-checkpoint\.tar|volumes/{VOLUME_NAME}\.tar"
 
 
+EMPTY_TAR = bytes(10 * 1024)  # the end blocks, padded to tar's record: no entry
+
+
 def staged_name(entry: str) -> str:
     """The file an archive entry is staged as (one directory, no '/')."""
     return entry.replace("/", "-")
@@ -115,6 +118,9 @@ class Staging:
         self.pages: list[str] = []
         self.root_files: list[str] = []
         self.volume_destinations: dict[str, str] = {}  # from the checked config.dump
+        # what podman gets at the end of the rest: the placeholder, and an empty tar for each volume and
+        # /dev/shm staged here (podman 4.3 fails an import that lacks a volume's tar)
+        self.trailer: list[tuple[str, bytes]] = [self.placeholder()]
         self.vouched = ""  # set once the archive is verified (its signer, or the policy's unsigned exception)
         self.recorded = False
         self._dir_fd = -1
@@ -155,6 +161,8 @@ class Staging:
         if member.name in (ROOTFS_DIFF, DELETED_FILES, DEVSHM) or volume_of(member.name) is not None:
             name = staged_name(member.name)
             self.root_files.append(member.name)
+            if member.name == DEVSHM or volume_of(member.name) is not None:
+                self.trailer.append((member.name, EMPTY_TAR))
         elif directory != "checkpoint" or not PAGES_FILE.fullmatch(name):
             return None
         elif not self.active:
