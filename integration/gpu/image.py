@@ -41,7 +41,7 @@ except ImportError:
 def key(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 wanted, left_out = json.loads(sys.argv[1]), {key(name) for name in json.loads(sys.argv[2])}
-taken, missing, files, pending = [], [], [], [key(name) for name in wanted]
+taken, missing, unlisted, files, pending = [], [], [], [], [key(name) for name in wanted]
 while pending:
     name = pending.pop()
     if name in taken or name in missing or name in left_out:
@@ -52,13 +52,15 @@ while pending:
         missing.append(name)
         continue
     taken.append(name)
+    if dist.files is None:  # no RECORD: its files cannot be told apart from the rest of site-packages
+        unlisted.append(name)
     files += [os.path.normpath(dist.locate_file(f)) for f in dist.files or []]
     for line in dist.requires or []:
         requirement = Requirement(line)
         if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
             pending.append(key(requirement.name))
 print(json.dumps({"prefix": sys.prefix, "distributions": sorted(taken), "not_installed": sorted(missing),
-                  "files": files}))
+                  "no_record": sorted(unlisted), "files": files}))
 """
 
 
@@ -97,6 +99,9 @@ def site_packages(python: str, compile_: bool) -> dict:
         raise RuntimeError(f"{python}: walking the requirements of {', '.join(wanted)} failed: "
                            f"{walked.stderr.strip()[-500:]}")
     found: dict = json.loads(walked.stdout)
+    if found["no_record"]:
+        raise RuntimeError(f"{python}: {', '.join(found['no_record'])} installed without a RECORD file: which "
+                           f"files are theirs is unknown (reinstall them with pip or uv)")
     if absent := [name for name in wanted if name in found["not_installed"]]:
         raise RuntimeError(f"{python} has no {', '.join(absent)} distribution: the image needs "
                            f"{', '.join(wanted)}")
