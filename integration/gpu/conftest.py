@@ -66,6 +66,11 @@ def pytest_configure(config: pytest.Config) -> None:
     if chosen not in harness.INJECT_MODES:
         raise pytest.UsageError(f"GPUCKPT_GPU_INJECT={chosen!r}: expected one of {', '.join(harness.INJECT_MODES)}")
     harness.INJECT = chosen
+    config.addinivalue_line("markers", "torch_compile: runs torch.compile (CDI mode's image then holds Triton and gcc)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    harness.IMAGE_COMPILE = any(item.get_closest_marker("torch_compile") for item in session.items)
 
 
 def not_here() -> str | None:

@@ -45,6 +45,8 @@ INJECT_MODES = ("binds", "cdi")
 CDI_SPEC = Path("/etc/cdi/nvidia.yaml")
 CDI_HOOK = Path("/usr/local/bin/gpuckpt-cdi-hook")
 IMAGE_ROOT = Path("/var/tmp/gpuckpt-gpu-image")  # image.py's root: the engines' image and the bundles' lower layer
+# whether that image holds Triton and gcc: only when a selected scenario is marked torch_compile (conftest.py)
+IMAGE_COMPILE = False
 NCCL_SAFE = {"NCCL_P2P_DISABLE": "1", "NCCL_CUMEM_ENABLE": "0"}
 # torch.distributed's TCPStore server runs on libuv, whose io_uring CRIU cannot dump (torch's
 # libuv ignored UV_USE_IO_URING=0 on 2x H200); USE_LIBUV=0 takes TCPStore's plain backend.
@@ -139,11 +141,12 @@ def install_cdi() -> dict:
     spec = cdi_spec()
     cdi.write_spec(spec, CDI_SPEC)
     started = time.monotonic()
-    built = image.build(IMAGE_ROOT, TORCH_PYTHON)
+    built = image.build(IMAGE_ROOT, TORCH_PYTHON, IMAGE_COMPILE)
     return {"spec": str(CDI_SPEC), "driver_version": cdi.driver_version(),
             "devices": [device["name"] for device in spec["devices"]],
             "mounts": [m["containerPath"] for m in spec["containerEdits"]["mounts"]],
             "image_bytes": built["bytes"], "image_build_s": round(time.monotonic() - started, 1),
+            "image_compile": built["compile"], "image_distributions": built["distributions"],
             "toolchain_packages": built["toolchain_packages"]}
 
 
@@ -627,14 +630,15 @@ class Engine:
     def cli(self, *argv: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
         raise NotImplementedError
 
-    def import_rootfs(self) -> None:
-        """The engine's GPU image: the bare rootfs (binds), or the self-contained image (cdi)."""
+    def import_rootfs(self) -> dict:
+        """The engine's GPU image: the bare rootfs (binds), or the self-contained image (cdi); how it went."""
         if INJECT == "cdi":
             import image
 
-            image.podman_import([self.podman], IMAGE_ROOT, self.IMAGE, env=self.env)  # type: ignore[attr-defined]
-        else:
-            self.cli("import", str(rootfs_tar()), self.IMAGE)
+            return image.podman_import([self.podman], IMAGE_ROOT, self.IMAGE,  # type: ignore[attr-defined]
+                                       env=self.env)  # type: ignore[attr-defined]
+        self.cli("import", str(rootfs_tar()), self.IMAGE)
+        return {}
 
     def run_gpu(self, name: str, args: list[str], env: dict[str, str], state: StateDir) -> None:
         self.cli("run", "-d", "--name", name, *self.RUN_FLAGS, *gpu_run_args(args, env, state.directory, self.IMAGE))

@@ -1,11 +1,15 @@
-"""The self-contained GPU image's root, built on the GPU machine from what it has: its torch interpreter (the venv
-and the Python it was made from), the CUDA runtime libraries that come with torch, a C toolchain for Triton's
-launcher stubs (torch.compile), ldconfig, and every shared library those need, each at the path it has on the host.
-The driver is left out (libcuda, libnvidia-*): in CDI mode only the CDI spec brings it, as on a node running
-`pytorch/pytorch` or `nvcr.io/nvidia/*` images. Phases: interpreter trees, toolchain packages, shared-library
-closure, /etc, then `podman import` of it as an image (engines) or an overlay lower layer (runc bundles).
+"""The self-contained GPU image's root, built on the GPU machine from what it has: its torch interpreter (the venv's
+own files and the Python it was made from), of the venv's site-packages only what the workloads import (torch and
+the distributions it requires, walked from their metadata: the CUDA runtime wheels among them; numpy for
+Tensor.numpy()), ldconfig, and every shared library those need, each at the path it has on the host. Triton and a
+C toolchain for its launcher stubs come only when a selected scenario runs torch.compile (`--compile`): the venv
+holds ~20 GB (scipy, jupyter, ...) that no workload loads, and a root that size overflowed the GPU machine's disk
+in `podman import`. The driver is left out (libcuda, libnvidia-*): in CDI mode only the CDI spec brings it, as on
+a node running `pytorch/pytorch` or `nvcr.io/nvidia/*` images. Phases: interpreter trees, site-packages closure,
+toolchain packages, shared-library closure, /etc, then `podman import` of it as an image (engines) or an overlay
+lower layer (runc bundles).
 
-    python3 image.py ROOT [PYTHON]    build ROOT (default PYTHON: /opt/torch/.venv/bin/python3)
+    python3 image.py ROOT [PYTHON] [--compile]   build ROOT (default PYTHON: /opt/torch/.venv/bin/python3)
 """
 
 from __future__ import annotations
@@ -16,11 +20,48 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # the driver's files: the node's, never the image's (the CDI spec mounts them; cdi.py)
 DRIVER_LIBRARY = re.compile(r"lib(cuda|nvidia-[a-z0-9-]+|cudadebugger|nvcuvid|nvoptix)\.so")
 STAMP = ".gpuckpt-image.json"
+# what the workloads import (gpu_counter.py, train*.py: torch, Tensor.numpy()); their requirements come with them
+WORKLOAD_PACKAGES = ("torch", "numpy")
+# torch requires Triton on Linux, but loads it only for torch.compile: left out unless a scenario compiles
+COMPILE_PACKAGES = ("triton",)
+# The venv's distributions named and those they require (markers evaluated for this interpreter, extras not
+# taken), each file from its RECORD: run by the venv's own python, which knows its metadata.
+CLOSURE = r"""
+import importlib.metadata as metadata, json, os, re, sys
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+def key(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+wanted, left_out = json.loads(sys.argv[1]), {key(name) for name in json.loads(sys.argv[2])}
+taken, missing, unlisted, files, pending = [], [], [], [], [key(name) for name in wanted]
+while pending:
+    name = pending.pop()
+    if name in taken or name in missing or name in left_out:
+        continue
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        missing.append(name)
+        continue
+    taken.append(name)
+    if dist.files is None:  # no RECORD: its files cannot be told apart from the rest of site-packages
+        unlisted.append(name)
+    files += [os.path.normpath(dist.locate_file(f)) for f in dist.files or []]
+    for line in dist.requires or []:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            pending.append(key(requirement.name))
+print(json.dumps({"prefix": sys.prefix, "distributions": sorted(taken), "not_installed": sorted(missing),
+                  "no_record": sorted(unlisted), "files": files}))
+"""
 
 
 def interpreter_trees(python: str) -> list[str]:
@@ -39,12 +80,32 @@ def interpreter_trees(python: str) -> list[str]:
     # the venv's python links name the base interpreter by an absolute path: those links come too
     trees += [os.readlink(link) for link in Path(facts["prefix"], "bin").glob("python*")
               if link.is_symlink() and os.path.isabs(os.readlink(link))]
-    if facts["prefix"] != facts["base"]:  # a venv: the whole of it (torch and the CUDA runtime wheels)
-        trees.insert(0, facts["prefix"])
+    if facts["prefix"] != facts["base"]:  # a venv: its own files (site-packages: site_packages())
+        prefix = Path(facts["prefix"])
+        trees[:0] = [str(path) for path in (prefix / "pyvenv.cfg", prefix / "bin") if path.exists()]
     if facts["base"] not in ("/usr", "/usr/local"):  # a standalone Python (uv's, pyenv's): take its whole prefix
         trees.append(facts["base"])
     libpython = sorted(Path(facts["libdir"]).glob("libpython3*.so*")) if facts["libdir"] else []
     return trees + [str(path) for path in libpython]
+
+
+def site_packages(python: str, compile_: bool) -> dict:
+    """The files of the venv's distributions the workloads need (CLOSURE), and which those are."""
+    wanted = [*WORKLOAD_PACKAGES, *(COMPILE_PACKAGES if compile_ else ())]
+    left_out = [] if compile_ else list(COMPILE_PACKAGES)
+    walked = subprocess.run([python, "-I", "-c", CLOSURE, json.dumps(wanted), json.dumps(left_out)],
+                            capture_output=True, text=True, check=False)
+    if walked.returncode != 0:
+        raise RuntimeError(f"{python}: walking the requirements of {', '.join(wanted)} failed: "
+                           f"{walked.stderr.strip()[-500:]}")
+    found: dict = json.loads(walked.stdout)
+    if found["no_record"]:
+        raise RuntimeError(f"{python}: {', '.join(found['no_record'])} installed without a RECORD file: which "
+                           f"files are theirs is unknown (reinstall them with pip or uv)")
+    if absent := [name for name in wanted if name in found["not_installed"]]:
+        raise RuntimeError(f"{python} has no {', '.join(absent)} distribution: the image needs "
+                           f"{', '.join(wanted)}")
+    return found
 
 
 def toolchain_packages() -> list[str]:
@@ -96,7 +157,10 @@ def copy_path(source: str, root: Path) -> None:
                 shutil.rmtree(target, ignore_errors=True)
                 subprocess.run(["cp", "-a", str(path), str(target)], check=True)
         elif path.exists():
-            shutil.copy2(path, target)
+            try:  # the same filesystem: a hard link, no copy (the root is only ever read)
+                os.link(path, target)
+            except OSError:
+                shutil.copy2(path, target)
         return
 
 
@@ -152,13 +216,16 @@ def write_etc(root: Path) -> None:
     (etc / "ld.so.conf.d").mkdir(exist_ok=True)
 
 
-def build(root: Path, python: str) -> dict:
-    """ROOT made (or kept, when its stamp says it was made from the same interpreter): what went in."""
+def build(root: Path, python: str, compile_: bool = False) -> dict:
+    """ROOT made (or kept, when its stamp says it was made from the same interpreter for the same scenarios): what
+    went in. `compile_`: with Triton and gcc, for torch.compile."""
     stamp = root / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()).get("python") == python:
-        return json.loads(stamp.read_text())
+    if stamp.is_file() and (kept := json.loads(stamp.read_text())).get("python") == python and \
+            kept.get("compile") == compile_:
+        return kept
     if root.exists():
         shutil.rmtree(root)
+    started = time.monotonic()
     for sub in ("proc", "dev", "sys", "tmp", "work", "root", "state", "run"):
         (root / sub).mkdir(parents=True, exist_ok=True)
     (root / "tmp").chmod(0o1777)
@@ -168,11 +235,18 @@ def build(root: Path, python: str) -> dict:
     trees = interpreter_trees(python)
     for tree in trees:
         copy_path(tree, root)
-    packages = toolchain_packages()
+    sites = site_packages(python, compile_)
+    for path in sites["files"]:
+        copy_path(path, root)
+    venv_lib64 = Path(sites["prefix"], "lib64")  # a venv's lib64 -> lib: the link alone (copy_path follows it)
+    if venv_lib64.is_symlink() and not os.path.lexists(under(root, venv_lib64)):
+        under(root, venv_lib64).symlink_to(os.readlink(venv_lib64))
+    packages = toolchain_packages() if compile_ else []
     for path in package_files(packages):
         copy_path(path, root)
-    programs = (shutil.which("gcc"), shutil.which("cc"), "/usr/sbin/ldconfig", "/usr/sbin/ldconfig.real",
-                "/usr/bin/dash", "/usr/bin/sh")  # gcc/cc: Triton's launcher stubs; ldconfig -p: Triton finds libcuda
+    compilers = (shutil.which("gcc"), shutil.which("cc")) if compile_ else ()  # Triton's launcher stubs
+    programs = (*compilers, "/usr/sbin/ldconfig", "/usr/sbin/ldconfig.real", "/usr/bin/dash",
+                "/usr/bin/sh")  # ldconfig -p: Triton finds libcuda
     for program in programs:
         if program and os.path.lexists(program):
             copy_path(program, root)
@@ -189,28 +263,46 @@ def build(root: Path, python: str) -> dict:
     # a wheel's stub libcuda would be no driver: noted, for the reader of the results
     driver_like = [str(p.relative_to(root)) for p in root.rglob("libcuda.so*")]
     size = int(subprocess.run(["du", "-sb", str(root)], capture_output=True, text=True).stdout.split()[0])
-    facts = {"python": python, "trees": trees, "toolchain_packages": packages, "bytes": size,
-             "libcuda_named_files": driver_like[:8]}
+    facts = {"python": python, "compile": compile_, "trees": trees, "distributions": sites["distributions"],
+             "not_installed": sites["not_installed"], "toolchain_packages": packages, "bytes": size,
+             "build_s": round(time.monotonic() - started, 1), "libcuda_named_files": driver_like[:8]}
     stamp.write_text(json.dumps(facts, indent=1))
     return facts
 
 
-def podman_import(podman: list[str], root: Path, image: str, env: dict[str, str] | None = None) -> None:
-    """ROOT as the engine's image `image` (tar streamed, no copy on disk), unless it is there already."""
-    if subprocess.run([*podman, "image", "exists", image], env=env, check=False).returncode == 0:
-        return
+def podman_import(podman: list[str], root: Path, image: str, env: dict[str, str] | None = None) -> dict:
+    """ROOT as the engine's image `image` (a tar streamed, no copy of it on disk), unless the image there was
+    imported from this very root (its label holds the stamp's build). podman 4.3 copies stdin to a file in TMPDIR,
+    then the blob again to its image-copy folder (TMPDIR too), then unpacks the layer: the two copies go to
+    /dev/shm where it has room, so the disk takes the layer alone. What it took."""
+    built = json.loads((root / STAMP).read_text())
+    label = f"{built['bytes']}-{int(built['compile'])}-{built.get('build_s', 0)}"
+    present = subprocess.run([*podman, "image", "inspect", "--format", '{{index .Labels "io.gpuckpt.image-root"}}',
+                              image], env=env, capture_output=True, text=True, check=False)
+    if present.returncode == 0 and present.stdout.strip() == label:
+        return {"image_import": "kept"}
+    if present.returncode == 0:
+        subprocess.run([*podman, "rmi", "-f", image], env=env, capture_output=True, check=False)
+    env = dict(env if env is not None else os.environ)
+    room = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
+    if room > 2 * built["bytes"] + (4 << 30):  # two copies, and room left for the workloads' own /dev/shm
+        env["TMPDIR"] = "/dev/shm"
+    started = time.monotonic()
     tar = subprocess.Popen(["tar", "-C", str(root), "--exclude", f"./{STAMP}", "-cf", "-", "."],
                            stdout=subprocess.PIPE)
-    imported = subprocess.run([*podman, "import", "-", image], stdin=tar.stdout, env=env, capture_output=True,
-                              text=True, check=False)
+    imported = subprocess.run([*podman, "import", "--change", f"LABEL io.gpuckpt.image-root={label}", "-", image],
+                              stdin=tar.stdout, env=env, capture_output=True, text=True, check=False)
     assert tar.stdout is not None
     tar.stdout.close()
     if tar.wait() != 0 or imported.returncode != 0:
         raise RuntimeError(f"podman import of {root} as {image} failed: {imported.stderr.strip()[-500:]}")
+    return {"image_import": "imported", "image_import_tmpdir": env.get("TMPDIR", "(podman's default)"),
+            "image_import_s": round(time.monotonic() - started, 1), "image_bytes": built["bytes"]}
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__.split("\n\n")[1].strip())
-    print(json.dumps(build(Path(sys.argv[1]), sys.argv[2] if len(sys.argv) == 3 else "/opt/torch/.venv/bin/python3"),
-                     indent=1))
+    arguments = [arg for arg in sys.argv[1:] if arg != "--compile"]
+    if len(arguments) not in (1, 2) or any(arg.startswith("-") for arg in arguments):
+        sys.exit(__doc__.split("\n\n")[-1].strip())
+    print(json.dumps(build(Path(arguments[0]), arguments[1] if len(arguments) == 2 else "/opt/torch/.venv/bin/python3",
+                           "--compile" in sys.argv[1:]), indent=1))

@@ -124,6 +124,7 @@ def test_late_driver(results: dict, podman: harness.Podman) -> None:
         podman.cli("rm", "-f", name, check=False)
 
 
+@pytest.mark.torch_compile  # CDI mode's image holds Triton and gcc only when one is selected
 def test_server_twice(results: dict, podman: harness.Podman) -> None:
     """The compiled inference server (torch.compile with CUDA graphs, inductor's compile workers beside it)
     checkpointed and restored twice by podman through gpuckpt-runtimed: after each restore it answers with

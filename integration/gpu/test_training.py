@@ -83,6 +83,7 @@ def test_dataloader_spawn(results: dict) -> None:
                        {"WORKERS": "2", "PIN_MEMORY": "1", "START_METHOD": "spawn"})
 
 
+@pytest.mark.torch_compile  # CDI mode's image holds Triton and gcc only when one is selected
 def test_compiled(results: dict) -> None:
     """The DataLoader loop with torch.compile: inductor's compile workers beside the forked data workers."""
     bit_exact_training(results, "compiled", "train_loader.py", {"WORKERS": "2", "PIN_MEMORY": "1", "COMPILE": "1"})
