@@ -30,8 +30,8 @@ STAMP = ".gpuckpt-image.json"
 WORKLOAD_PACKAGES = ("torch", "numpy")
 # torch requires Triton on Linux, but loads it only for torch.compile: left out unless a scenario compiles
 COMPILE_PACKAGES = ("triton",)
-# The venv's distributions named and those they require (markers evaluated for this interpreter, extras not
-# taken), each file from its RECORD: run by the venv's own python, which knows its metadata.
+# The venv's distributions named and those they require (markers evaluated for this interpreter, with the
+# extras each requirement asks for), each file from its RECORD: run by the venv's own python.
 CLOSURE = r"""
 import importlib.metadata as metadata, json, os, re, sys
 try:
@@ -41,24 +41,28 @@ except ImportError:
 def key(name):
     return re.sub(r"[-_.]+", "-", name).lower()
 wanted, left_out = json.loads(sys.argv[1]), {key(name) for name in json.loads(sys.argv[2])}
-taken, missing, unlisted, files, pending = [], [], [], [], [key(name) for name in wanted]
+taken, missing, unlisted, files = [], [], [], []
+pending, done = [(key(name), "") for name in wanted], set()
 while pending:
-    name = pending.pop()
-    if name in taken or name in missing or name in left_out:
+    name, extra = pending.pop()
+    if (name, extra) in done or name in missing or name in left_out:
         continue
+    done.add((name, extra))
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
         missing.append(name)
         continue
-    taken.append(name)
-    if dist.files is None:  # no RECORD: its files cannot be told apart from the rest of site-packages
-        unlisted.append(name)
-    files += [os.path.normpath(dist.locate_file(f)) for f in dist.files or []]
+    if name not in taken:
+        taken.append(name)
+        if dist.files is None:  # no RECORD: its files cannot be told apart from the rest of site-packages
+            unlisted.append(name)
+        files += [os.path.normpath(dist.locate_file(f)) for f in dist.files or []]
     for line in dist.requires or []:
         requirement = Requirement(line)
-        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-            pending.append(key(requirement.name))
+        if requirement.marker is None or requirement.marker.evaluate({"extra": extra}):
+            # torch requires cuda-toolkit[cudart,nvrtc,...]: the CUDA runtime wheels come through its extras
+            pending += [(key(requirement.name), "")] + [(key(requirement.name), e) for e in requirement.extras]
 print(json.dumps({"prefix": sys.prefix, "distributions": sorted(taken), "not_installed": sorted(missing),
                   "no_record": sorted(unlisted), "files": files}))
 """
