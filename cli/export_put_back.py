@@ -1,0 +1,57 @@
+"""A failed or interrupted `gpuckpt export` puts its container back: no workload left down in silence.
+
+podman writes its export into our FIFO opened read-write (Go's os.Create), so closing our end never
+fails its write: it blocks for ever, holding the container's lock. So the stream is drained to nowhere
+until podman ends (its checkpoint completes and is recorded), then the container, if stopped, is
+restored from the checkpoint podman keeps; where that fails, the one command that does is said.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shlex
+import time
+
+from ..host.process import Background, run
+from .signals import Terminated, termination_deferred
+
+DRAIN_READ_BYTES = 1 << 20
+
+
+def drain_until_ended(fifo: str, podman_run: Background) -> None:
+    """Read podman's export into nothing until podman ends; before it opens the FIFO (CRIU dumping), wait."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # opens at once, writer or not
+    try:
+        while podman_run.running():
+            chunk = b""
+            if select.select([fd], [], [], 0.2)[0]:
+                with contextlib.suppress(BlockingIOError):
+                    chunk = os.read(fd, DRAIN_READ_BYTES)
+            if not chunk:
+                time.sleep(0.05)  # no writer yet, or one that left: a FIFO then reads as ended at once
+    finally:
+        os.close(fd)
+
+
+def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, tcp_established: bool) -> str:
+    """podman wound down and `container` running again where podman stopped it; what became of it, as a clause."""
+    try:
+        drain_until_ended(fifo, podman_run)
+    except KeyboardInterrupt:  # asked again while podman finishes: stop waiting, say how to finish by hand
+        podman_run.kill()
+    podman_run.popen.wait()
+    inspected = run([podman, "container", "inspect", "--format", "{{.State.Running}} {{.State.CheckpointPath}}",
+                     container], check=False)
+    running, _, checkpoint = inspected.stdout.strip().partition(" ")
+    if inspected.returncode == 0 and running == "true":
+        return f"{container} is still running"
+    restore = ["podman", "container", "restore", *(["--tcp-established"] if tcp_established else []), container]
+    restored = None
+    with contextlib.suppress(Terminated), termination_deferred():  # a podman restore killed mid-way is worse
+        restored = run([podman, *restore[1:]], check=False)
+    if restored is not None and restored.returncode == 0:
+        return f"{container} restored from podman's checkpoint and running again"
+    kept = f" (its checkpoint is kept in {checkpoint})" if checkpoint else ""
+    return f"{container} is stopped: `{shlex.join(restore)}` brings it back{kept}"
