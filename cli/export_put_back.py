@@ -42,9 +42,11 @@ def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, 
     except KeyboardInterrupt:  # asked again while podman finishes: stop waiting, say how to finish by hand
         podman_run.kill()
     podman_run.popen.wait()
-    inspected = run([podman, "container", "inspect", "--format", "{{.State.Running}} {{.State.CheckpointPath}}",
-                     container], check=False)
-    running, _, checkpoint = inspected.stdout.strip().partition(" ")
+    # podman keeps a checkpoint in its userdata (StaticDir); 4.3's .State.CheckpointPath may be empty
+    inspected = run([podman, "container", "inspect", "--format", "{{.State.Running}} {{.StaticDir}}", container],
+                    check=False)
+    running, _, userdata = inspected.stdout.strip().partition(" ")
+    checkpoint = os.path.join(userdata, "checkpoint") if userdata else ""
     if inspected.returncode == 0 and running == "true":
         return f"{container} is still running"
     restore = ["podman", "container", "restore", *(["--tcp-established"] if tcp_established else []), container]

@@ -44,6 +44,11 @@ def wait_for(condition, what: str, timeout_s: float = 60) -> None:
         time.sleep(0.02)
 
 
+def dumping(checkpoint_dir: Path) -> bool:
+    """CRIU writes images into podman's checkpoint directory (podman may make it, empty, before)."""
+    return checkpoint_dir.exists() and any(image.suffix == ".img" for image in checkpoint_dir.iterdir())
+
+
 def streaming(partial: Path) -> bool:
     return partial.exists() and partial.stat().st_size > 0
 
@@ -54,12 +59,13 @@ def test_interrupted_export_puts_the_container_back(big_counter, tmp_path, phase
     name, archive = big_counter, tmp_path / "interrupted.tar.zst"
     partial = Path(f"{archive}.partial")
     before = wait_counter(read_state(name), minimum=3)
-    checkpoint_dir = Path(sh("podman", "inspect", "--format", "{{.State.CheckpointPath}}", name).stdout.strip())
+    # podman 4.3's inspect leaves .State.CheckpointPath empty until a checkpoint is made: its userdata, then
+    checkpoint_dir = Path(sh("podman", "inspect", "--format", "{{.StaticDir}}", name).stdout.strip()) / "checkpoint"
     export = subprocess.Popen([GPUCKPT, "export", name, "-o", str(archive)], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
         if phase == "checkpointing":  # podman made its checkpoint directory: CRIU is dumping, no stream yet
-            wait_for(checkpoint_dir.exists, f"podman to start checkpointing into {checkpoint_dir}")
+            wait_for(lambda: dumping(checkpoint_dir), f"CRIU to start dumping into {checkpoint_dir}")
             assert not partial.exists(), "the stream began before the signal: the checkpointing phase was missed"
         else:
             wait_for(lambda: streaming(partial), f"{partial} to grow")
