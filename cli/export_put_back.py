@@ -12,6 +12,7 @@ import contextlib
 import os
 import select
 import shlex
+import sys
 import time
 
 from ..host.process import Background, run
@@ -20,27 +21,37 @@ from .signals import Terminated, termination_deferred
 DRAIN_READ_BYTES = 1 << 20
 
 
-def drain_until_ended(fifo: str, podman_run: Background) -> None:
-    """Read podman's export into nothing until podman ends; before it opens the FIFO (CRIU dumping), wait."""
+def drain_until_ended(fifo: str, podman_run: Background, container: str) -> None:
+    """Read podman's export into nothing until podman ends; before it opens the FIFO (CRIU dumping), wait.
+    Asked again meanwhile, it still waits: a podman killed mid-checkpoint leaves runc and CRIU to stop the
+    container unrecorded, the very state this module is for; the shim's own dump timeouts bound the wait."""
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # opens at once, writer or not
+    told = False
     try:
         while podman_run.running():
-            chunk = b""
-            if select.select([fd], [], [], 0.2)[0]:
-                with contextlib.suppress(BlockingIOError):
-                    chunk = os.read(fd, DRAIN_READ_BYTES)
-            if not chunk:
-                time.sleep(0.05)  # no writer yet, or one that left: a FIFO then reads as ended at once
+            try:
+                _drain_once(fd)
+            except KeyboardInterrupt:
+                if not told:
+                    print(f"gpuckpt export: waiting for podman to finish its checkpoint of {container}, "
+                          "to put it back", file=sys.stderr)
+                    told = True
     finally:
         os.close(fd)
 
 
+def _drain_once(fd: int) -> None:
+    chunk = b""
+    if select.select([fd], [], [], 0.2)[0]:
+        with contextlib.suppress(BlockingIOError):
+            chunk = os.read(fd, DRAIN_READ_BYTES)
+    if not chunk:
+        time.sleep(0.05)  # no writer yet, or one that left: a FIFO then reads as ended at once
+
+
 def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, tcp_established: bool) -> str:
     """podman wound down and `container` running again where podman stopped it; what became of it, as a clause."""
-    try:
-        drain_until_ended(fifo, podman_run)
-    except KeyboardInterrupt:  # asked again while podman finishes: stop waiting, say how to finish by hand
-        podman_run.kill()
+    drain_until_ended(fifo, podman_run, container)
     podman_run.popen.wait()
     # podman keeps a checkpoint in its userdata (StaticDir); 4.3's .State.CheckpointPath may be empty
     inspected = run([podman, "container", "inspect", "--format", "{{.State.Running}} {{.StaticDir}}", container],

@@ -125,3 +125,30 @@ def test_interrupted_export_with_leave_running_leaves_it_running(big_counter, tm
     assert stderr.strip() == f"gpuckpt export: interrupted; no archive written; {name} is still running", stderr
     assert os.listdir(tmp_path) == []
     assert_continues(before, read_state(name))
+
+
+def test_a_second_ctrl_c_still_puts_it_back(big_counter, tmp_path) -> None:
+    """Ctrl-C twice while CRIU dumps: podman is not abandoned mid-checkpoint (killed, it left the container
+    stopped and unrecorded); one more line says why gpuckpt waits, and the container is put back."""
+    name, archive = big_counter, tmp_path / "twice.tar.zst"
+    before = wait_counter(read_state(name), minimum=3)
+    checkpoint_dir = Path(sh("podman", "inspect", "--format", "{{.StaticDir}}", name).stdout.strip()) / "checkpoint"
+    export = subprocess.Popen([GPUCKPT, "export", name, "-o", str(archive)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: dumping(checkpoint_dir), f"CRIU to start dumping into {checkpoint_dir}")
+        export.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        assert export.poll() is None, "the export ended before the second Ctrl-C"
+        export.send_signal(signal.SIGINT)
+        _, stderr = export.communicate(timeout=300)
+    finally:
+        if export.poll() is None:
+            export.kill()
+    assert export.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [
+        f"gpuckpt export: waiting for podman to finish its checkpoint of {name}, to put it back",
+        f"gpuckpt export: interrupted; no archive written; {name} restored from podman's checkpoint and running again"]
+    assert os.listdir(tmp_path) == []
+    assert running(name)
+    assert_continues(before, read_state(name))
