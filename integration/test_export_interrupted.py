@@ -152,3 +152,23 @@ def test_a_second_ctrl_c_still_puts_it_back(big_counter, tmp_path) -> None:
     assert os.listdir(tmp_path) == []
     assert running(name)
     assert_continues(before, read_state(name))
+
+
+def test_interrupted_export_to_an_image_layout_leaves_no_blobs(big_counter, tmp_path) -> None:
+    name, layout = big_counter, tmp_path / "layout"
+    before = wait_counter(read_state(name), minimum=3)
+    export = subprocess.Popen([GPUCKPT, "export", name, "-o", f"oci:{layout}:interrupted"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: any(blob.is_file() and blob.stat().st_size > 0 for blob in layout.glob("blobs/*/*")),
+                 "the layout's layer blob to grow")
+        export.send_signal(signal.SIGINT)
+        _, stderr = export.communicate(timeout=300)
+    finally:
+        if export.poll() is None:
+            export.kill()
+    assert export.returncode == 130, stderr
+    assert stderr.strip() == f"gpuckpt export: interrupted; no archive written; {name} restored from podman's " \
+                             "checkpoint and running again", stderr
+    assert os.listdir(tmp_path) == [], "the layout's partial blobs were left"
+    assert_continues(before, read_state(name))
