@@ -49,8 +49,9 @@ def _drain_once(fd: int) -> None:
         time.sleep(0.05)  # no writer yet, or one that left: a FIFO then reads as ended at once
 
 
-def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, tcp_established: bool) -> str:
-    """podman wound down and `container` running again where podman stopped it; what became of it, as a clause."""
+def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, tcp_established: bool) -> str | None:
+    """podman wound down and `container` running again where podman stopped it; what became of it, as a clause
+    (None where podman knows no such container: nothing was stopped)."""
     drain_until_ended(fifo, podman_run, container)
     podman_run.popen.wait()
     # podman keeps a checkpoint in its userdata (StaticDir); 4.3's .State.CheckpointPath may be empty
@@ -58,6 +59,8 @@ def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, 
                     check=False)
     running, _, userdata = inspected.stdout.strip().partition(" ")
     checkpoint = os.path.join(userdata, "checkpoint") if userdata else ""
+    if inspected.returncode != 0 and run([podman, "container", "exists", container], check=False).returncode == 1:
+        return None
     if inspected.returncode == 0 and running == "true":
         return f"{container} is still running"
     restore = ["podman", "container", "restore", *(["--tcp-established"] if tcp_established else []), container]

@@ -148,17 +148,17 @@ def run_export(options: argparse.Namespace) -> int:
             signed = signing.finish(writer)
         except BaseException as failure:  # noqa: BLE001 -- every failure, Ctrl-C too, puts it back; re-raised
             writer.discard()
-            outcome = "no archive written; " + put_back(podman, options.container, podman_run, fifo,
-                                                        tcp_established=options.tcp_established)
+            outcome = put_back(podman, options.container, podman_run, fifo, tcp_established=options.tcp_established)
             _raise_with_outcome(failure, outcome, where, podman_run, podman_waited)
     print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
           f"{time.monotonic() - started:.1f} s, signed by key {signing.signer.key_id} ({signed})")
     return 0
 
 
-def _raise_with_outcome(failure: BaseException, outcome: str, where: str, podman_run: Background,
+def _raise_with_outcome(failure: BaseException, put_back_said: str | None, where: str, podman_run: Background,
                         podman_waited: bool) -> NoReturn:
     """The export's failure as one line that also says what became of the container."""
+    outcome = "no archive written" + (f"; {put_back_said}" if put_back_said else "")
     if isinstance(failure, KeyboardInterrupt):  # main prints nothing for these: their line is ours
         print(f"gpuckpt export: interrupted; {outcome}", file=sys.stderr)
         raise failure
