@@ -13,8 +13,9 @@ import signal
 from collections.abc import Iterator
 from types import FrameType
 
-# Commands whose files a kill would leave behind (an import's staging directory)
-UNWOUND_AT_TERM = frozenset({"import"})
+# Commands whose files a kill would leave behind (an import's staging directory), or whose container it
+# would leave stopped (an export: put back from its checkpoint)
+UNWOUND_AT_TERM = frozenset({"import", "export"})
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
-from ..errors import ImageError, UsageError
+from ..errors import GpuckptError, ImageError, UsageError
 from ..host.direct_read import file_kind
 from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
@@ -57,6 +58,7 @@ from ..trust.provenance import (
     verify_archive_signature,
     verify_image_signature,
 )
+from .export_put_back import put_back
 from .progress import byte_bar, moved_to, watched
 from .signals import termination_deferred
 
@@ -103,13 +105,6 @@ def _bundle(podman: str, container: str) -> str | None:
     return os.path.dirname(config_path) if inspected.returncode == 0 and os.path.isabs(config_path) else None
 
 
-def _ended_within(program: Background, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while program.running() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not program.running()
-
-
 def _writer(output: str, threads: int) -> tuple[CheckpointImageWriter | ArchiveWriter, str]:
     image = parse_target(output)
     if image is not None:
@@ -134,8 +129,10 @@ def run_export(options: argparse.Namespace) -> int:
     bundle = _bundle(podman, options.container) if watched() else None  # only a bar needs it
     started = time.monotonic()
     with private_fifo("gpuckpt-export-") as fifo:
+        # its own process group: a Ctrl-C reaches us only, and podman is wound down in order (put_back)
         podman_run = Background([podman, "container", "checkpoint", "--export", fifo, "--compress", "none",
-                                 *flags, options.container])
+                                 *flags, options.container], own_group=True)
+        podman_waited = False
         try:
             fd = open_when_peer(fifo, writing=False, peer_alive=podman_run.running)
             if fd is not None:
@@ -143,25 +140,40 @@ def run_export(options: argparse.Namespace) -> int:
                 widen(fd)
                 with os.fdopen(fd, "rb", buffering=0) as stream:
                     copied = exported(stream, writer, options.container, bundle, kept=kept, observe=signing.observe)
+            podman_waited = True
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the archive of {options.container}")
             writer.finish(described(where, kept, copied.names, copied.files, copied.bytes))
             signed = signing.finish(writer)
-        except ImageError as error:
+        except BaseException as failure:  # noqa: BLE001 -- every failure, Ctrl-C too, puts it back; re-raised
             writer.discard()
-            # a stream cut short is most often podman failing: then its message is the one to show
-            if _ended_within(podman_run, 30):
-                podman_run.wait(check=True)
-            podman_run.kill()
-            raise error
-        except BaseException:
-            podman_run.kill()
-            writer.discard()
-            raise
+            outcome = put_back(podman, options.container, podman_run, fifo, tcp_established=options.tcp_established)
+            _raise_with_outcome(failure, outcome, where, podman_run, podman_waited)
     print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
           f"{time.monotonic() - started:.1f} s, signed by key {signing.signer.key_id} ({signed})")
     return 0
+
+
+def _raise_with_outcome(failure: BaseException, put_back_said: str | None, where: str, podman_run: Background,
+                        podman_waited: bool) -> NoReturn:
+    """The export's failure as one line that also says what became of the container."""
+    outcome = "no archive written" + (f"; {put_back_said}" if put_back_said else "")
+    if isinstance(failure, KeyboardInterrupt):  # main prints nothing for these: their line is ours
+        print(f"gpuckpt export: interrupted; {outcome}", file=sys.stderr)
+        raise failure
+    if isinstance(failure, ImageError) and not podman_waited and podman_run.popen.returncode:
+        # a stream cut short is most often podman failing: then its message is the one to show
+        try:
+            podman_run.wait(check=True)
+        except GpuckptError as podman_failed:
+            failure = podman_failed
+    if isinstance(failure, OSError):  # a full disk: name the file it could not write
+        raise OSError(failure.errno, f"{failure.strerror or failure}; {outcome}",
+                      failure.filename or where) from None
+    if isinstance(failure, GpuckptError):
+        failure.args = (f"{failure}; {outcome}",)
+    raise failure
 
 
 def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, container: str, bundle: str | None,

@@ -249,7 +249,8 @@ def _printable(text: str) -> str:
 class Background:
     """A program running beside us, its output kept in private files until it ends."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], *, own_group: bool = False) -> None:
+        """`own_group`: a Ctrl-C at the terminal reaches us only, and we wind the program down in order."""
         # Deferred: tempfile (and shutil, bz2, random under it) costs ~7 ms, and the shim's verbs,
         # `delete` on every container's end among them, load this module but never run this class.
         import tempfile
@@ -259,7 +260,8 @@ class Background:
         self._out = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait(), after the program ends
         self._err = tempfile.TemporaryFile()  # noqa: SIM115 -- closed by wait(), after the program ends
         try:
-            self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err)
+            self.popen = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=self._out, stderr=self._err,
+                                          process_group=0 if own_group else None)
         except OSError as error:
             raise CommandError(f"cannot run {self.name}: {error.strerror}") from None
 

@@ -1,0 +1,73 @@
+"""A failed or interrupted `gpuckpt export` puts its container back: no workload left down in silence.
+
+podman writes its export into our FIFO opened read-write (Go's os.Create), so closing our end never
+fails its write: it blocks for ever, holding the container's lock. So the stream is drained to nowhere
+until podman ends (its checkpoint completes and is recorded), then the container, if stopped, is
+restored from the checkpoint podman keeps; where that fails, the one command that does is said.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shlex
+import sys
+import time
+
+from ..host.process import Background, run
+from .signals import Terminated, termination_deferred
+
+DRAIN_READ_BYTES = 1 << 20
+
+
+def drain_until_ended(fifo: str, podman_run: Background, container: str) -> None:
+    """Read podman's export into nothing until podman ends; before it opens the FIFO (CRIU dumping), wait.
+    Asked again meanwhile, it still waits: a podman killed mid-checkpoint leaves runc and CRIU to stop the
+    container unrecorded, the very state this module is for; the shim's own dump timeouts bound the wait."""
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # opens at once, writer or not
+    told = False
+    try:
+        while podman_run.running():
+            try:
+                _drain_once(fd)
+            except KeyboardInterrupt:
+                if not told:
+                    print(f"gpuckpt export: waiting for podman to finish its checkpoint of {container}, "
+                          "to put it back", file=sys.stderr)
+                    told = True
+    finally:
+        os.close(fd)
+
+
+def _drain_once(fd: int) -> None:
+    chunk = b""
+    if select.select([fd], [], [], 0.2)[0]:
+        with contextlib.suppress(BlockingIOError):
+            chunk = os.read(fd, DRAIN_READ_BYTES)
+    if not chunk:
+        time.sleep(0.05)  # no writer yet, or one that left: a FIFO then reads as ended at once
+
+
+def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, tcp_established: bool) -> str | None:
+    """podman wound down and `container` running again where podman stopped it; what became of it, as a clause
+    (None where podman knows no such container: nothing was stopped)."""
+    drain_until_ended(fifo, podman_run, container)
+    podman_run.popen.wait()
+    # podman keeps a checkpoint in its userdata (StaticDir); 4.3's .State.CheckpointPath may be empty
+    inspected = run([podman, "container", "inspect", "--format", "{{.State.Running}} {{.StaticDir}}", container],
+                    check=False)
+    running, _, userdata = inspected.stdout.strip().partition(" ")
+    checkpoint = os.path.join(userdata, "checkpoint") if userdata else ""
+    if inspected.returncode != 0 and run([podman, "container", "exists", container], check=False).returncode == 1:
+        return None
+    if inspected.returncode == 0 and running == "true":
+        return f"{container} is still running"
+    restore = ["podman", "container", "restore", *(["--tcp-established"] if tcp_established else []), container]
+    restored = None
+    with contextlib.suppress(Terminated), termination_deferred():  # a podman restore killed mid-way is worse
+        restored = run([podman, *restore[1:]], check=False)
+    if restored is not None and restored.returncode == 0:
+        return f"{container} restored from podman's checkpoint and running again"
+    kept = f" (its checkpoint is kept in {checkpoint})" if checkpoint else ""
+    return f"{container} is stopped: `{shlex.join(restore)}` brings it back{kept}"
