@@ -4,8 +4,12 @@ Three containers of the test bed's image running `sleep`: one with runc, one wit
 (delegating to runc) whose compiled launcher hands its verbs to gpuckpt-runtimed itself (started by
 this bench unless systemd's socket listens), one with a Python launcher that works them in its own process
 (GPUCKPT_RESIDENT=0: the shim as it ran before both), checkpointed and restored in turns, the same
-number of cycles each, so load on the machine falls on all. Prints medians and p90 side by side and
-the shim's added milliseconds; writes results/bench/owned_verbs.json. The pass-through's cost is
+number of cycles each, so load on the machine falls on all. The third is what a node without the helper
+runs (no gpuckpt-runtimed.socket: the compiled launcher finds nothing listening and starts the Python shim,
+which works the verb itself; this launcher skips the failed connect, microseconds). Prints one table: per
+verb, runc's median and p90, the shim's through the helper and in-process, each with its added
+milliseconds over runc in the same run; writes results/bench/owned_verbs.json (--machine names the machine
+there, as gpuckpt doctor's figure quotes it). The pass-through's cost is
 timed the same way on `state` of the shim's container (runc's root, as podman calls it), through
 both launchers.
 Run as root after integration/testbed/setup.sh and gpuckpt install --engine podman.
@@ -83,12 +87,15 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--state-runs", type=int, default=100)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--machine", default="", help="a short name for the machine, written before its facts")
     options = parser.parse_args()
     podman, runc = shutil.which("podman"), shutil.which("runc")
     shim = shutil.which("gpuckpt-runtime")
     assert podman and runc and shim, "podman, runc and gpuckpt-runtime must be installed"
     scratch = Path(tempfile.mkdtemp(prefix="owned-verbs-"))
-    runtimes = {"runc": "runc", "gpuckpt-runtime": shim, IN_PROCESS: in_process_launcher(shim, scratch)}
+    # runc by its path: `--runtime runc` is whatever containers.conf names runc, and gpuckpt install --default has
+    # the shim stand in for runc there (cli/install.py)
+    runtimes = {"runc": runc, "gpuckpt-runtime": shim, IN_PROCESS: in_process_launcher(shim, scratch)}
     names = {"runc": "bench-owned-runc", "gpuckpt-runtime": "bench-owned-shim", IN_PROCESS: "bench-owned-shim-local"}
     times: dict[str, dict[str, list[float]]] = {rt: {"checkpoint": [], "restore": []} for rt in names}
     helper = start_helper(shim)
@@ -128,7 +135,9 @@ def main() -> None:
             helper.terminate()
             helper.wait()
         shutil.rmtree(scratch, ignore_errors=True)
-    result: dict = {"machine": machine(), "cycles": options.cycles, "image": IMAGE, "workload": "sleep"}
+    facts = machine()
+    result: dict = {"machine": f"{options.machine}: {facts}" if options.machine else facts, "cycles": options.cycles,
+                    "image": IMAGE, "workload": "sleep"}
     for verb in ("checkpoint", "restore"):
         result[verb] = {runtime: figures(times[runtime][verb]) for runtime in names}
         result[f"{verb}_added_ms"] = round(result[verb]["gpuckpt-runtime"]["median_ms"]
@@ -152,20 +161,19 @@ def main() -> None:
                                            - result["state"]["runc"]["median_ms"], 1)
     result["goals"] = {"checkpoint_added_ms": GOAL_ADDED_MS, "restore_added_ms": GOAL_ADDED_MS,
                        "passthrough_added_ms": GOAL_PASSTHROUGH_MS}
+    print(f"{'median (p90) ms':<12}{'runc':>16}{'shim, helper':>18}{'added':>9}{'shim, in-process':>20}{'added':>9}")
     for key in ("checkpoint", "restore", "state"):
-        runc_f, shim_f = result[key]["runc"], result[key]["gpuckpt-runtime"]
-        local = (f"   shim in-process median {result[key][IN_PROCESS]['median_ms']:7.1f} ms"
-                 if IN_PROCESS in result[key] else "")
-        print(f"{key:<10} runc median {runc_f['median_ms']:7.1f} ms p90 {runc_f['p90_ms']:7.1f}   "
-              f"shim median {shim_f['median_ms']:7.1f} ms p90 {shim_f['p90_ms']:7.1f}{local}")
+        row = result[key]
+        cells = [f"{row[runtime]['median_ms']:.1f} ({row[runtime]['p90_ms']:.0f})" for runtime in names]
+        runc_ms = row["runc"]["median_ms"]
+        added = [f"{row[runtime]['median_ms'] - runc_ms:+.1f}" for runtime in ("gpuckpt-runtime", IN_PROCESS)]
+        print(f"{key:<12}{cells[0]:>16}{cells[1]:>18}{added[0]:>9}{cells[2]:>20}{added[1]:>9}")
     print(f"floor (interpreter + pydantic + cryptography + one model): median {result['floor']['median_ms']} ms; "
           f"interpreter alone {result['interpreter']['median_ms']} ms; importing the verb's module: checkpoint "
           f"{result['imports']['checkpoint']['median_ms']} ms, restore {result['imports']['restore']['median_ms']} ms")
     floor = result["resident_floor"]
     print(f"through the helper, per checkpoint: runc state {floor['runc_state_ms']} ms and runc ps "
           f"{floor['runc_ps_ms']} ms, side by side")
-    print(f"added in-process (no gpuckpt-runtimed): checkpoint {result['checkpoint_added_in_process_ms']} ms, "
-          f"restore {result['restore_added_in_process_ms']} ms")
     print(f"added: checkpoint {result['checkpoint_added_ms']} ms, restore {result['restore_added_ms']} ms, "
           f"pass-through {result['passthrough_added_ms']} ms (goals {GOAL_ADDED_MS:g}, {GOAL_ADDED_MS:g}, "
           f"{GOAL_PASSTHROUGH_MS:g})")

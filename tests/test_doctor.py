@@ -3,6 +3,8 @@ enabled or not running under systemd, is told, with the fix; checks that cannot 
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import socket
@@ -125,13 +127,63 @@ def test_active_service_whose_api_hangs_fails_within_the_timeout(systemd, node, 
     assert socket.getdefaulttimeout() is None  # the process's default is left as it was
 
 
-def test_resident_helper_check_says_whether_it_listens(node) -> None:
-    assert "does not listen" in doctor.check_resident_helper()
+# --- the resident helper (gpuckpt-runtimed): in use, or owned verbs in-process at a cost ----------------
+
+BENCH = Path(__file__).resolve().parents[1] / "results" / "bench" / "owned_verbs.json"
+
+
+@pytest.fixture
+def helper_socket(node: Path) -> Iterator[socket.socket]:
+    """A real listener on the helper's socket path (the node's state dir is the test's own)."""
     Path(socket_path()).parent.mkdir(exist_ok=True)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(socket_path())
     listener.listen()
-    try:
-        assert doctor.check_resident_helper().startswith(f"gpuckpt-runtimed listens on {socket_path()}")
-    finally:
-        listener.close()
+    with listener:
+        yield listener
+
+
+def test_absent_helper_is_a_warning_with_its_cost_and_the_unit_to_enable(systemd) -> None:
+    with pytest.raises(doctor.CheckWarned, match="resident helper is not in use") as warned:
+        doctor.check_resident_helper()
+    said = str(warned.value)
+    assert socket_path() in said and "nothing listens" in said
+    assert (f"run in-process, ~{doctor.IN_PROCESS_ADDED_MS} ms each over runc's instead of "
+            f"~{doctor.RESIDENT_ADDED_MS} ms") in said
+    assert warned.value.fix == "systemctl enable --now gpuckpt-runtimed.socket"
+
+
+def test_absent_helper_without_systemd_names_the_helper_to_start(node, monkeypatch) -> None:
+    monkeypatch.setattr(doctor, "SYSTEMD_RUN_DIR", str(node / "no-systemd"))
+    with pytest.raises(doctor.CheckWarned) as warned:
+        doctor.check_resident_helper()
+    assert "start gpuckpt-runtimed" in warned.value.fix
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the runtime hands verbs only to a root listener: this one is ours")
+def test_listening_helper_the_runtime_would_use_is_ok(helper_socket) -> None:
+    said = doctor.check_resident_helper()
+    assert said.startswith(f"gpuckpt-runtimed listens on {socket_path()}")
+    assert f"~{doctor.RESIDENT_ADDED_MS} ms each" in said
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="needs a listener that is not root: run as another user")
+def test_listener_the_runtime_would_refuse_is_a_warning(helper_socket) -> None:
+    with pytest.raises(doctor.CheckWarned, match=f"its listener uid {os.geteuid()}"):
+        doctor.check_resident_helper()
+
+
+def test_warning_is_printed_as_such_and_fails_nothing(systemd, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_resident_helper])
+    assert doctor.run(argparse.Namespace(containerd_config=doctor.CONTAINERD_CONFIG)) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("warn   the runtime's resident helper is not in use")
+    assert lines[1] == "       fix: systemctl enable --now gpuckpt-runtimed.socket"
+
+
+def test_the_costs_doctor_quotes_are_the_committed_bench_figures() -> None:
+    """Rounded to 10 ms, the larger of checkpoint's and restore's added medians (bench/owned_verbs.py)."""
+    bench = json.loads(BENCH.read_text())
+    in_process = max(bench["checkpoint_added_in_process_ms"], bench["restore_added_in_process_ms"])
+    resident = max(bench["checkpoint_added_ms"], bench["restore_added_ms"])
+    assert (doctor.IN_PROCESS_ADDED_MS, doctor.RESIDENT_ADDED_MS) == (round(in_process, -1), round(resident, -1))

@@ -57,6 +57,21 @@ def helper_listens() -> bool:
         probe.close()
 
 
+def listener_refusal() -> str | None:
+    """Why an owned verb would not go to the socket's listener (nothing listens, or peer_refusal's reason, as
+    _connect asks it); None when it would. A probe: connected, then closed without a word."""
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+    try:
+        probe.connect(socket_path())
+    except OSError as error:
+        probe.close()
+        return f"nothing listens ({error.strerror})"
+    try:
+        return peer_refusal(probe, "its listener")
+    finally:
+        probe.close()
+
+
 def package_identity() -> str:
     """Which installed gpuckpt this is: a helper running another one's code must not work our verbs."""
     here = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))  # the package: this is shim/resident/call.py
