@@ -115,7 +115,8 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
             try:
                 state = container_state(delegate, args.global_argv, container_id)
             except DelegateError:
-                return run_delegate(delegate, args.argv)  # no such container: runc's own error (the query closed below)
+                pids_query.close()  # ended before the delegate runs: no `ps` of ours beside its checkpoint
+                return run_delegate(delegate, args.argv)  # no such container: runc's own error
             status = _attempts(args, verb, container_id, delegate, state=state, gpus=gpus, first_query=pids_query)
         finally:
             pids_query.close()
