@@ -45,10 +45,11 @@ def main() -> None:
     parser.add_argument("--gib", type=float, default=2.0)
     parser.add_argument("--out", type=Path, default=RESULTS)
     options = parser.parse_args()
-    podman, shim = shutil.which("podman"), shutil.which("gpuckpt-runtime")
-    assert podman and shutil.which("runc") and shim, "podman, runc and gpuckpt-runtime must be installed"
-    columns = {"runc": ("runc", "bench-large-runc", []), "gpuckpt-runtime": (shim, "bench-large-shim", []),
-               "runc, restore --keep": ("runc", "bench-large-keep", ["--keep"])}
+    podman, shim, runc = shutil.which("podman"), shutil.which("gpuckpt-runtime"), shutil.which("runc")
+    assert podman and runc and shim, "podman, runc and gpuckpt-runtime must be installed"
+    # runc by its path: under `gpuckpt install --engine podman --default` podman's name "runc" is the shim
+    columns = {"runc": (runc, "bench-large-runc", []), "gpuckpt-runtime": (shim, "bench-large-shim", []),
+               "runc, restore --keep": (runc, "bench-large-keep", ["--keep"])}
     times: dict[str, dict[str, list[float]]] = {column: {"checkpoint": [], "restore": []} for column in columns}
     helper = start_helper(shim)
     try:
