@@ -19,7 +19,13 @@ from ..host.cgroup_v1 import crun_directory, hybrid_or_legacy, stale_hierarchy_f
 from ..host.programs import find_program
 from ..node.config import load_config
 from ..node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
-from ..node.engines import PODMAN_HOOKS_DIR, docker_registration, podman_registration, read_engine_file
+from ..node.engines import (
+    PODMAN_HOOKS_DIR,
+    docker_registration,
+    podman_registration,
+    podman_runtimes,
+    read_engine_file,
+)
 from ..node.hook_entry import hook_beside
 from ..node.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
 from ..node.inventory import inventory_dir, read_records
@@ -156,6 +162,29 @@ def check_podman() -> str | None:
         paths, default = podman_registration()
         return (paths[0] if paths else None), default
     return _check_engine("podman", "podman", registration)
+
+
+# The runtime names podman knows by default (containers/common's [engine.runtimes]) that it would run as an
+# archive's config.dump names them, under its own `restore --import`
+PODMAN_RUNTIME_NAMES = ("runc", "crun", "crun-vm", "crun-wasm", "kata", "runsc", "youki", "krun", "ocijail", "runj")
+
+
+def check_podman_runtime_names() -> str | None:
+    """Runtimes podman's own `restore --import` would run past gpuckpt's restore checks: every one installed
+    whose name does not resolve to gpuckpt-runtime (install --default maps the delegate's, runc or crun)."""
+    if not find_program("podman"):
+        return None
+    paths, _ = podman_registration()
+    if not paths:
+        return None  # check_podman says so
+    table = podman_runtimes()
+    unchecked = [name for name in PODMAN_RUNTIME_NAMES if find_program(name) and table.get(name) != paths]
+    if unchecked:
+        raise CheckWarned(f"podman's own `restore --import` runs an archive that names {', '.join(unchecked)} (or a "
+                          "runtime by path) with that runtime, past gpuckpt's restore checks",
+                          "restore archives from elsewhere with `gpuckpt import`, the checked path; or remove the "
+                          "runtimes this node does not use")
+    return "podman: every installed runtime name resolves to gpuckpt-runtime (a runtime by path still does not)"
 
 
 def check_docker() -> str | None:
@@ -315,7 +344,8 @@ def check_journals() -> str:
 CHECKS: list[Callable[[], str | None]] = [
     check_kernel, check_cgroup_hierarchies, check_criu, check_criu_image_definitions, check_config_and_delegate,
     check_trust, check_network_lock, check_journals,
-    check_podman, check_docker, check_containerd, check_hook, check_service, check_resident_helper,
+    check_podman, check_podman_runtime_names, check_docker, check_containerd, check_hook, check_service,
+    check_resident_helper,
     check_driver,
 ]
 

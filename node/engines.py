@@ -151,6 +151,18 @@ def podman_registration(conf_path: str = PODMAN_CONF) -> tuple[list[str] | None,
     return engine.get("runtimes", {}).get(RUNTIME_NAME), engine.get("runtime") == RUNTIME_NAME
 
 
+def podman_runtimes(conf_path: str = PODMAN_CONF) -> dict[str, list[str]]:
+    """containers.conf's `[engine.runtimes]` table as this file has it (podman's built-in one is not read)."""
+    text = read_engine_file(conf_path)
+    if text is None:
+        return {}
+    try:
+        runtimes = tomllib.loads(text).get("engine", {}).get("runtimes", {})
+    except tomllib.TOMLDecodeError as error:
+        raise EngineConfigError(f"{conf_path}: not valid TOML: {error}") from None
+    return {str(name): list(paths) for name, paths in runtimes.items() if isinstance(paths, list)}
+
+
 def docker_registration(daemon_json: str = DOCKER_DAEMON_JSON) -> tuple[str | None, bool]:
     """The registered runtime's path (None if absent) and whether it is the default."""
     text = read_engine_file(daemon_json)

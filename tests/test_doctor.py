@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuckpt.cli import doctor
+from gpuckpt.node import engines
 from gpuckpt.oci import criu_images
 from gpuckpt.service.api import Status
 from gpuckpt.shim.resident.call import socket_path
@@ -187,3 +188,21 @@ def test_the_costs_doctor_quotes_are_the_committed_bench_figures() -> None:
     in_process = max(bench["checkpoint_added_in_process_ms"], bench["restore_added_in_process_ms"])
     resident = max(bench["checkpoint_added_ms"], bench["restore_added_ms"])
     assert (doctor.IN_PROCESS_ADDED_MS, doctor.RESIDENT_ADDED_MS) == (round(in_process, -1), round(resident, -1))
+
+
+def test_runtimes_podman_would_run_past_the_shim_are_a_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """podman's own restore --import runs the runtime an archive names: each installed one whose name is not
+    the shim's is named, with the checked path as the fix."""
+    conf = tmp_path / "containers.conf"
+    conf.write_text('[engine.runtimes]\ngpuckpt-runtime = ["/usr/bin/gpuckpt-runtime"]\n'
+                    'runc = ["/usr/bin/gpuckpt-runtime"]\n')
+    monkeypatch.setattr(engines, "PODMAN_CONF", str(conf))
+    monkeypatch.setattr(doctor, "podman_registration", lambda: engines.podman_registration(str(conf)))
+    monkeypatch.setattr(doctor, "podman_runtimes", lambda: engines.podman_runtimes(str(conf)))
+    installed = {"podman", "runc", "crun"}
+    monkeypatch.setattr(doctor, "find_program", lambda name: f"/usr/bin/{name}" if name in installed else None)
+    with pytest.raises(doctor.CheckWarned, match=r"names crun \(or a runtime by path\) with that runtime") as warned:
+        doctor.check_podman_runtime_names()
+    assert "gpuckpt import" in warned.value.fix
+    installed.discard("crun")
+    assert "every installed runtime name resolves to gpuckpt-runtime" in doctor.check_podman_runtime_names()
