@@ -45,7 +45,7 @@ from ..oci.podman_archive import (
     with_runtime,
 )
 from ..policy.annotations import refuse_runtime_annotations
-from ..policy.archive_import import import_refusals
+from ..policy.archive_import import import_refusals, volume_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
 from ..transfer.staging import HeldOutput, Staging
@@ -223,9 +223,12 @@ def run_import(options: argparse.Namespace) -> int:
     def config_read(kept: dict[str, bytes]) -> None:
         """config.dump and spec.dump, checked before anything is staged."""
         dumps = described_dumps(options.archive, kept)
-        if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root)):
+        if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
+                                                                     graph_root=graph_root)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
                              "(give --trust-config if you trust where the archive comes from)")
+        if refusals := volume_refusals(dumps.config):  # the import writes into them: --trust-config or not
+            raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused")
         if dumps.spec is not None:  # what the shim refuses at restore, refused before podman makes anything
             refuse_runtime_annotations(dumps.spec.annotations, dumps.config.id[:12], config.criu, config_path())
         for volume in dumps.config.namedVolumes:  # podman would give the container this node's volume of that name
@@ -235,6 +238,9 @@ def run_import(options: argparse.Namespace) -> int:
                                  "volume and its data; remove or rename it first)")
         staging.volume_destinations = {volume.volumeName: volume.dest.rstrip("/") or "/"
                                        for volume in dumps.config.namedVolumes}
+        staging.storage = graph_root
+        staging.volume_directories = {volume.volumeName: f"{graph_root}/volumes/{volume.volumeName}/_data"
+                                      for volume in dumps.config.namedVolumes}
         staging.start()
         held.release(staging.light())
 

@@ -33,6 +33,11 @@ VOLUME_TAR = re.compile(rf"volumes/({VOLUME_NAME})\.tar")
 MAX_DELETED_FILES_BYTES = 16 << 20
 # A container that installed a framework changes ~100k files; each kept path costs ~100 bytes here.
 MAX_NESTED_ENTRIES = 1_000_000
+# Linux's PATH_MAX, and a depth no container's files reach (deep node_modules trees: ~40): each entry's
+# ancestors are looked up, so the check's and the application's cost grows with the depth
+MAX_PATH_BYTES = 4095
+MAX_DEPTH = 128
+MAX_ID = 2**32 - 2  # uid/gid: (uid_t)-1 means "leave as is" to chown
 # podman writes these tars uncompressed; its unpacker (containers/storage archive.Untar) would
 # decompress any of these, so a 41 KB entry could become GiBs on the node's disk.
 COMPRESSION_MAGIC = {b"\x28\xb5\x2f\xfd": "zstd", b"\x1f\x8b": "gzip", b"\xfd7zXZ\x00": "xz", b"BZh": "bzip2",
@@ -85,6 +90,8 @@ class EntryRules:
             raise ImageError(f"{self.where}: more than {MAX_NESTED_ENTRIES} entries: refused")
         name = member.name
         path = self._inside(name)
+        if not (0 <= member.uid <= MAX_ID and 0 <= member.gid <= MAX_ID):
+            raise self._refused(name, f"is owned by uid {member.uid} gid {member.gid} (allowed: 0-{MAX_ID})")
         if path == "." and not member.isdir():
             raise self._refused(name, "names the root itself and is not a directory")
         if posixpath.basename(path).startswith(".wh."):
@@ -103,6 +110,11 @@ class EntryRules:
             self.files.add(path)
         elif member.isdir():
             self.directories.add(path)
+        # its parents are directories from now on, named by the tar or made for it: none may become a link
+        parent = posixpath.dirname(path)
+        while parent and parent not in self.directories:
+            self.directories.add(parent)
+            parent = posixpath.dirname(parent)
         return path
 
     def _type(self, member: tarfile.TarInfo, path: str) -> None:
@@ -125,6 +137,8 @@ class EntryRules:
         path = posixpath.normpath(name)
         if path == ".." or path.startswith("../") or "/../" in f"/{name}/":
             raise self._refused(name, "has '..' in its name")
+        if len(path.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES or path.count("/") >= MAX_DEPTH:
+            raise self._refused(name, f"is longer than {MAX_PATH_BYTES} bytes or deeper than {MAX_DEPTH} directories")
         return path
 
     def _ancestors(self, name: str, path: str) -> None:
@@ -139,6 +153,8 @@ class EntryRules:
         target = member.linkname
         if "\0" in target or not target:
             raise self._refused(member.name, "is a link with an empty target or a NUL byte")
+        if len(target.encode("utf-8", "surrogateescape")) > MAX_PATH_BYTES:
+            raise self._refused(member.name, f"is a link to a target longer than {MAX_PATH_BYTES} bytes")
         resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
         if not target.startswith("/") and (resolved == ".." or resolved.startswith("../")):
             raise self._refused(member.name, f"is a link leaving the container's root ({target[:80]!r})")
@@ -254,6 +270,8 @@ class NestedTarCheck:
     def finish(self) -> None:
         if self.skip or (self.header and not self.ended):
             raise ImageError(f"{self.where}: truncated: it ends inside an entry: refused")
+        if not self.ended:  # tarstream, which the shim reads it with, wants both end-of-archive blocks
+            raise ImageError(f"{self.where}: truncated: no end-of-archive blocks: refused")
 
 
 def parse_deleted_files(data: bytes, where: str) -> list[str]:

@@ -117,6 +117,8 @@ def parse_header(header_blocks: bytes, path: str) -> tarfile.TarInfo:
         raise ImageError(f"{path}: truncated or corrupt archive: a bad header: {error}") from None
     if member is None:
         raise ImageError(f"{path}: truncated or corrupt archive: an empty header")
+    if member.size < 0 or member.size > MAX_MEMBER_BYTES:  # a PAX size record may say anything
+        raise ImageError(f"{path}: archive entry {member.name[:200]!r} declares {member.size} bytes: refused")
     unknown = [key for key in member.pax_headers if key not in PAX_KEYS and not key.startswith(PAX_KEY_PREFIXES)]
     if unknown:
         raise ImageError(f"{path}: archive entry {member.name!r} has PAX records {sorted(unknown)[:3]}: refused "
@@ -124,7 +126,8 @@ def parse_header(header_blocks: bytes, path: str) -> tarfile.TarInfo:
     return member
 
 
-def entries(source: ByteSource, path: str, *, links: bool = False) -> Iterator[tuple[tarfile.TarInfo, EntryReader]]:
+def entries(source: ByteSource, path: str, *, links: bool = False,
+            max_entries: int = MAX_ENTRIES) -> Iterator[tuple[tarfile.TarInfo, EntryReader]]:
     """Yield (member, reader) for each entry; the caller consumes exactly padded(member.size) bytes
     of a regular file's and none of any other entry's. With `links`, names, links and special files
     are the caller's to check (oci.nested_tar's rules), sparse files still refused."""
@@ -156,8 +159,8 @@ def entries(source: ByteSource, path: str, *, links: bool = False) -> Iterator[t
             pending += block + bytes(reader.fill(padded(raw.size)))
             continue
         count += 1
-        if count > MAX_ENTRIES:
-            raise ImageError(f"{path}: more than {MAX_ENTRIES} entries: refused")
+        if count > max_entries:
+            raise ImageError(f"{path}: more than {max_entries} entries: refused")
         member = _member(pending + block, path, links)
         pending, extensions, kinds = b"", 0, []
         yield member, reader

@@ -58,16 +58,27 @@ IMPORT_DROPPED_MOUNTS = frozenset({"/dev/shm", "/etc/resolv.conf", "/etc/hostnam
                                    "/run/secrets"})
 
 
-def _host_binds(spec: Spec) -> list[str]:
-    """The sources of the bind mounts the restored container keeps. A source is not trusted for its
-    name (podman's userdata path): a local user can make a path that holds it, linked anywhere."""
+def _host_binds(spec: Spec, volumes: dict[str, str]) -> list[str]:
+    """The sources of the bind mounts the restored container keeps, but its named volumes' (`volumes`:
+    destination -> the directory this node's podman makes for that volume, which the import made sure
+    does not exist yet). A source is not trusted for its name (podman's userdata path): a local user can
+    make a path that holds it, linked anywhere."""
     dropped, kept = set(), []
     for mount in spec.mounts:
         if mount.destination in IMPORT_DROPPED_MOUNTS and mount.destination not in dropped:
             dropped.add(mount.destination)
-        elif mount.is_bind():
+        elif mount.is_bind() and volumes.get(posixpath.normpath(mount.destination)) != mount.source:
             kept.append(mount.source)
     return kept
+
+
+def volume_directories(config: PodmanConfigDump, graph_root: str) -> dict[str, str]:
+    """Each named volume's destination -> the directory this node's podman (its local driver, under
+    `graph_root`) makes for it."""
+    if not graph_root:
+        return {}
+    return {posixpath.normpath(volume.dest): f"{graph_root}/volumes/{volume.volumeName}/_data"
+            for volume in config.namedVolumes if re.fullmatch(VOLUME_NAME, volume.volumeName)}
 
 
 # The kernel filesystems `podman run` mounts: where (None: anywhere, a new instance of its own) and
@@ -113,14 +124,15 @@ def _held_by_another(userdata: str) -> bool:
 
 
 def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozenset(), run_root: str = "",
-                    default_run_root: str = DEFAULT_RUN_ROOT) -> list[str]:
+                    default_run_root: str = DEFAULT_RUN_ROOT, graph_root: str = "") -> list[str]:
     """What in an archive's container config would give its container, or a program it names,
     more of this node than an ordinary `podman run` does: hooks (but gpuckpt-hook's own entries
     for a hook at one of `own_hooks`, this node's), privilege, added capabilities, host bind
     mounts, device nodes other than the NVIDIA ones, a root filesystem given by path,
     less isolation (namespaces, seccomp, masked and read-only paths), another container's namespaces, pid
     files outside `run_root` (podman's on this node). podman's own --import trusts all of it. The runtime
-    it names is never asked: podman is given gpuckpt-runtime (cli/transfer.py)."""
+    it names is never asked: podman is given gpuckpt-runtime (cli/transfer.py). A named volume's bind of
+    its directory under `graph_root` (this node's podman storage) is the volume, not a host bind."""
     config, problems = archive.config, []
     if not re.fullmatch(r"[0-9a-f]{64}", config.id):
         return [f"a container ID that is not podman's ({config.id[:80]!r})"]
@@ -132,9 +144,10 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary
     # `podman run` exports the path of the one it made on its own node
     replaced = frozenset({"network"}) if config.createNetNS else frozenset()
+    volumes = volume_directories(config, graph_root)
     for where, spec in ((SPEC_DUMP, archive.spec), (CONFIG_DUMP, config.spec)):
         if spec is not None:
-            problems += _spec_refusals(spec, where, own_hooks, replaced)
+            problems += _spec_refusals(spec, where, own_hooks, replaced, volumes)
     return list(dict.fromkeys(problems))
 
 
@@ -149,7 +162,7 @@ def _node_resources(config: PodmanConfigDump, run_root: str, default_run_root: s
         problems.append(f"this node's podman secrets ({', '.join(secrets[:3])})")
     if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:
         problems.append(f"the namespaces of another container ({', '.join(joined)})")
-    return problems + _volume_refusals(config)
+    return problems + volume_refusals(config)
 
 
 # What `-v NAME:DEST:OPTIONS` puts in a named volume's options: mount flags. Anything else (podman's
@@ -158,9 +171,9 @@ VOLUME_OPTIONS = frozenset({"rw", "ro", "z", "Z", "U", "nosuid", "suid", "nodev"
                             "rbind", "private", "rprivate", "shared", "rshared", "slave", "rslave", "copy", "nocopy"})
 
 
-def _volume_refusals(config: PodmanConfigDump) -> list[str]:
+def volume_refusals(config: PodmanConfigDump) -> list[str]:
     """Named volumes podman would make (or take) for the container: by a name it could have written, at an
-    absolute place, with mount flags only."""
+    absolute place, with mount flags only. Refused with --trust-config too: the import writes into them."""
     problems = []
     for volume in config.namedVolumes:
         name = volume.volumeName[:80]
@@ -188,7 +201,8 @@ def _foreign_pid_files(config: PodmanConfigDump, run_root: str, default_run_root
             if path and not (run_root and path.startswith(run_root)) and path not in own]
 
 
-def _spec_refusals(spec: Spec, where: str, own_hooks: frozenset[str], replaced: frozenset[str]) -> list[str]:
+def _spec_refusals(spec: Spec, where: str, own_hooks: frozenset[str], replaced: frozenset[str],
+                   volumes: dict[str, str]) -> list[str]:
     """What one OCI spec of the archive (`where`: spec.dump or config.dump's) would give its container beyond
     an ordinary `podman run`."""
     problems = []
@@ -197,7 +211,7 @@ def _spec_refusals(spec: Spec, where: str, own_hooks: frozenset[str], replaced: 
     added = spec.process.capabilities.all() - DEFAULT_CAPABILITIES if spec.process.capabilities else set()
     if added:
         problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
-    host = _host_binds(spec)
+    host = _host_binds(spec, volumes)
     if host:
         problems.append(f"host bind mounts in {where} ({', '.join(sorted(set(host))[:3])})")
     if kernel := _other_filesystems(spec):

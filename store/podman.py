@@ -157,13 +157,17 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
             if None in small.values():
                 raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
             dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
-            if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root)):
+            if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
+                                                                 graph_root=graph_root)):
                 raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "
                                  "(give --trust-config if you trust it)")
             # this node's own container's files: setuid ones it had are its own, every other rule holds
             staging = Staging(near, StagingBudget(what, near, limits), allow_setuid_files=True)
             staging.volume_destinations = {volume.volumeName: volume.dest.rstrip("/") or "/"
                                            for volume in dumps.config.namedVolumes}
+            staging.storage = graph_root
+            staging.volume_directories = {volume.volumeName: f"{graph_root}/volumes/{volume.volumeName}/_data"
+                                          for volume in dumps.config.namedVolumes}
             staging.start()  # pages and root files beside podman's storage for the shim; podman imports the rest
             kept: dict[str, bytes] = {}
             with progress(f"restoring {name}", stored.logical_bytes) as moved:

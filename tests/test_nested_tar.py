@@ -264,3 +264,63 @@ def test_entries_two_readers_name_differently_are_refused(body, reason) -> None:
     data = _symlink_block("a", "/var/tmp") + body + bytes(1024)
     with pytest.raises(ImageError, match=reason):
         checked(data)
+
+
+@pytest.mark.hostile("nested tars from the desk review: a hard link through a parent the tar never named, then made "
+                     "a link; a 10,000-deep path; a negative PAX size; a uid of 2^32-1; no end-of-archive blocks")
+def test_the_desk_reviews_cases_are_refused_at_the_import() -> None:
+    with pytest.raises(ImageError, match="replaces a directory the tar made earlier"):
+        checked(nested_tar([("a/su", "file", b"x"), ("a", "symlink", "/usr/bin"), ("x", "hardlink", "a/su")]))
+    with pytest.raises(ImageError, match="deeper than 128 directories"):
+        checked(nested_tar([("/".join(["d"] * 10_000) + "/f", "file", b"x")]))
+    with pytest.raises(ImageError, match="declares -1024 bytes"):
+        checked(nested_tar([("f", "file", b"x")], pax={"size": "-1024"}))
+    info = tarfile.TarInfo("f")
+    info.uid = 2**32 - 1
+    owned = io.BytesIO()
+    with tarfile.open(fileobj=owned, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar.addfile(info, io.BytesIO(b""))
+    with pytest.raises(ImageError, match="is owned by uid 4294967295"):
+        checked(owned.getvalue())
+    with pytest.raises(ImageError, match="no end-of-archive blocks"):
+        checked(nested_tar([("f", "file", b"x" * 512)])[:1024])
+
+
+def test_a_diff_of_more_entries_than_an_archive_has_is_applied_whole(root, tmp_path) -> None:
+    """The shim reads a diff with the import's bound on entries (a framework install: ~100k files), not
+    the outer archive's 50,000."""
+    entries: list[Entry] = [(f"many/{index}", "file", b"") for index in range(50_100)]
+    applied, _ = apply(root, tmp_path, entries)
+    assert applied == 50_100 and len(os.listdir(root / "many")) == 50_100
+
+
+def test_volume_and_shm_content_goes_only_into_podmans_own_directories(tmp_path) -> None:
+    """The mounts come from spec.dump: the shim writes a volume's tar only into the directory this node's
+    podman made for that volume, and /dev/shm's only into a container's shm directory under its storage."""
+    from gpuckpt.oci.spec import Spec
+    from gpuckpt.transfer.root_files import apply_staged
+    from gpuckpt.transfer.staging import ClaimedImport
+
+    storage = str(tmp_path / "storage")
+    volume_dir = tmp_path / "storage" / "volumes" / "data" / "_data"
+    volume_dir.mkdir(parents=True)
+    victim = tmp_path / "etc"
+    victim.mkdir()
+    tar = tmp_path / "data.tar"
+    tar.write_bytes(nested_tar([("kept", "file", b"volume data")]))
+
+    def staged(source: str, entry: str = "volumes/data.tar", destination: str = "/data") -> ClaimedImport:
+        spec = Spec.model_validate({"mounts": [{"destination": destination, "type": "bind", "source": source,
+                                                "options": ["rbind"]}]})
+        claimed = ClaimedImport([], {entry: str(tar)}, {"data": "/data"}, {"data": str(volume_dir)}, storage)
+        apply_staged(spec, "/bundle", claimed, "restore of c1")
+        return claimed
+
+    with pytest.raises(ImageError, match="not the volume's directory"):
+        staged(str(victim))
+    assert list(victim.iterdir()) == []
+    with pytest.raises(ImageError, match="not a directory podman makes under"):
+        staged(str(victim), "devshm-checkpoint.tar", "/dev/shm")
+    if os.geteuid() == 0:
+        staged(str(volume_dir))
+        assert (volume_dir / "kept").read_bytes() == b"volume data"

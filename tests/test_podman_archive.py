@@ -24,7 +24,7 @@ from gpuckpt.node.hook_entry import STAGES, spec_entry
 from gpuckpt.oci import image_layout
 from gpuckpt.oci.image_layout import CheckpointImageWriter, parse_target, read_layout, verify_layer
 from gpuckpt.oci.podman_archive import ArchiveWriter, check_podman_archive, copy_checked, described
-from gpuckpt.policy.archive_import import import_refusals
+from gpuckpt.policy.archive_import import import_refusals, volume_refusals
 
 
 @pytest.mark.parametrize("compress", [zstandard.ZstdCompressor().compress, gzip.compress, lambda data: data])
@@ -559,3 +559,25 @@ def test_a_layouts_image_names_are_shown_only_as_tags(tmp_path) -> None:
     index["manifests"] = index["manifests"][1:2]
     (layout / "index.json").write_text(json.dumps(index))
     assert read_layout(str(layout)).tag == ""
+
+
+@pytest.mark.hostile("an archive whose named volume is bound from a host directory in spec.dump, or carries "
+                     "volume-opt options, imported with and without --trust-config")
+def test_a_named_volume_is_its_own_directory_on_this_node_only(tmp_path) -> None:
+    graph = "/var/lib/containers/storage"
+    volume = {"volumeName": "data", "dest": "/data", "options": ["rw"]}
+
+    def refusals(source: str, options: list[str]) -> list[str]:
+        config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec(),
+                                       "namedVolumes": [volume | {"options": options}]}
+        spec = podman_spec(mounts=[{"destination": "/data", "type": "bind", "source": source,
+                                    "options": ["rbind"]}])
+        path = tmp_path / "a.tar"
+        path.write_bytes(podman_tar(config=json.dumps(config).encode(), spec=json.dumps(spec).encode()))
+        archive = check_podman_archive(str(path))
+        return import_refusals(archive, graph_root=graph) + volume_refusals(archive.config)
+
+    assert refusals(f"{graph}/volumes/data/_data", ["rw"]) == []
+    assert any(r.startswith("host bind mounts in spec.dump (/etc)") for r in refusals("/etc", ["rw"]))
+    assert any("volume data with options beyond mount flags (volume-opt=device=/etc)" in r
+               for r in refusals(f"{graph}/volumes/data/_data", ["volume-opt=device=/etc"]))

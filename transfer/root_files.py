@@ -23,6 +23,7 @@ from ..oci.nested_tar import (
     DELETED_FILES,
     DEVSHM,
     MAX_DELETED_FILES_BYTES,
+    MAX_NESTED_ENTRIES,
     ROOTFS_DIFF,
     XATTR_PREFIXES,
     EntryRules,
@@ -56,10 +57,24 @@ def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str) -> s
         directory = _bind_source(spec, destination)
         if directory is None:
             raise ImageError(f"{what}: {entry}: the container has no mount at {destination} to restore it into")
+        if volume is None and not _podmans_shm(directory, staged.storage):
+            raise ImageError(f"{what}: {entry}: the container's /dev/shm comes from {directory}, not a directory "
+                             f"podman makes under {staged.storage or '(no storage recorded)'}: refused")
+        if volume is not None and directory != staged.volume_directories.get(volume):
+            # the bind comes from spec.dump: only the volume's own directory takes its content
+            raise ImageError(f"{what}: {entry}: the container mounts {directory} at {destination}, not the "
+                             f"volume's directory {staged.volume_directories.get(volume)}: refused")
         with RootedTree(directory) as tree:
             count = _apply_diff(tree, path, staged.allow_setuid_files, f"{what}: {entry}")
         done.append(f"{count} entries of {entry} in {destination}")
     return "; ".join(done)
+
+
+def _podmans_shm(directory: str, storage: str) -> bool:
+    """Whether `directory` is where podman (root's, its storage at `storage`) keeps a container's /dev/shm."""
+    parts = directory.split("/")
+    return (bool(storage) and directory.startswith(f"{storage}/overlay-containers/") and ".." not in parts
+            and len(parts) == len(storage.split("/")) + 4 and parts[-2:] == ["userdata", "shm"])
 
 
 def _bind_source(spec: Spec, destination: str) -> str | None:
@@ -79,7 +94,12 @@ def apply_root_files(root: str, rootfs_diff: str | None, deleted_files: str | No
         if deleted_files is not None:
             paths = parse_deleted_files(read_bounded(deleted_files, MAX_DELETED_FILES_BYTES, deleted_files),
                                         f"{what}: deleted.files")
-            removed = sum(tree.remove(path) for path in paths)
+            for path in paths:
+                try:
+                    removed += tree.remove(path)
+                except (OSError, RecursionError) as error:
+                    reason = getattr(error, "strerror", None) or type(error).__name__
+                    raise ImageError(f"{what}: deleted.files: {path[:200]!r} cannot be removed: {reason}") from None
     return applied, removed
 
 
@@ -106,32 +126,40 @@ class _FileSink:
 def _apply_diff(tree: RootedTree, path: str, allow_setuid: bool, where: str) -> int:
     with open(path, "rb") as source:  # the whole diff checked before anything is made
         rules = EntryRules(where, allow_setuid)
-        for member, reader in tarstream.entries(source, where, links=True):
+        for member, reader in tarstream.entries(source, where, links=True, max_entries=MAX_NESTED_ENTRIES):
             rules.admit(member)
             if member.isreg():
                 tarstream.copy_data(reader, member.size, None)
     rules = EntryRules(where, allow_setuid)
     count = 0
     with open(path, "rb") as source:
-        for member, reader in tarstream.entries(source, where, links=True):
+        for member, reader in tarstream.entries(source, where, links=True, max_entries=MAX_NESTED_ENTRIES):
             inside = rules.admit(member)  # refused here as the import's check refused it
             count += 1
-            owner = _owner(member)
-            if inside == ".":
-                pass  # the root itself: podman's mount point, kept as it is
-            elif member.isreg():
-                fd = tree.file(inside, owner)
-                try:
-                    tarstream.copy_data(reader, member.size, _FileSink(fd), pad=False)
-                finally:
-                    tree.finish_file(fd, owner)
-                continue
-            elif member.isdir():
-                tree.directory(inside, owner)
-            elif member.issym():
-                tree.symlink(inside, member.linkname, owner)
-            elif member.islnk():
-                tree.hardlink(inside, os.path.normpath(member.linkname))
-            elif member.isfifo():
-                tree.fifo(inside, owner)
+            try:
+                _apply_entry(tree, member, reader, inside)
+            except (OSError, OverflowError, RecursionError) as error:
+                reason = getattr(error, "strerror", None) or type(error).__name__
+                raise ImageError(f"{where}: entry {member.name[:200]!r} cannot be made: {reason}") from None
     return count
+
+
+def _apply_entry(tree: RootedTree, member: tarfile.TarInfo, reader: tarstream.EntryReader, inside: str) -> None:
+    """One checked entry made in the tree (a file's data read from `reader`)."""
+    owner = _owner(member)
+    if inside == ".":
+        return  # the root itself: the engine's mount point, kept as it is
+    if member.isreg():
+        fd = tree.file(inside, owner)
+        try:
+            tarstream.copy_data(reader, member.size, _FileSink(fd), pad=False)
+        finally:
+            tree.finish_file(fd, owner)
+    elif member.isdir():
+        tree.directory(inside, owner)
+    elif member.issym():
+        tree.symlink(inside, member.linkname, owner)
+    elif member.islnk():
+        tree.hardlink(inside, os.path.normpath(member.linkname))
+    elif member.isfifo():
+        tree.fifo(inside, owner)

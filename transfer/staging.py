@@ -81,6 +81,8 @@ class StagedImport(BaseModel):
     created: str
     root_files: list[Annotated[str, Field(pattern=f"^({ROOT_FILE})$")]] = []  # staged in pages_dir for the shim
     volume_destinations: dict[Annotated[str, Field(pattern=f"^{VOLUME_NAME}$")], str] = {}  # config.dump's
+    volume_directories: dict[Annotated[str, Field(pattern=f"^{VOLUME_NAME}$")], str] = {}  # this node's podman's
+    storage: str = ""  # podman's graph root: where the container's /dev/shm directory must be
     allow_setuid_files: bool = False  # what the diff was checked with (oci.nested_tar), checked again with
     vouched: str = ""  # what verified the archive (its signer, or the trust policy's unsigned exception)
 
@@ -93,6 +95,8 @@ class ClaimedImport:
     pages: list[str]
     root_files: dict[str, str]  # archive entry -> its staged file
     volume_destinations: dict[str, str]  # volume name -> where the container mounts it
+    volume_directories: dict[str, str]  # volume name -> the directory this node's podman makes for it
+    storage: str  # podman's graph root (its containers' /dev/shm directories are below it)
     allow_setuid_files: bool = False
     vouched: str = ""  # for a dump the archive carried unsigned (trust.dump_signature.verify_dump)
 
@@ -118,6 +122,8 @@ class Staging:
         self.pages: list[str] = []
         self.root_files: list[str] = []
         self.volume_destinations: dict[str, str] = {}  # from the checked config.dump
+        self.volume_directories: dict[str, str] = {}  # where this node's podman makes each volume
+        self.storage = ""  # podman's graph root
         # what podman gets at the end of the rest: the placeholder, and an empty tar for each volume and
         # /dev/shm staged here (podman 4.3 fails an import that lacks a volume's tar)
         self.trailer: list[tuple[str, bytes]] = [self.placeholder()]
@@ -187,6 +193,7 @@ class Staging:
         record = StagedImport(token=self.token, pages_dir=self.directory, pages=self.pages,
                               created=utc_now(), root_files=self.root_files,
                               volume_destinations=self.volume_destinations,
+                              volume_directories=self.volume_directories, storage=self.storage,
                               allow_setuid_files=self.allow_setuid_files, vouched=self.vouched)
         replace_file(_record_path(self.token), record.model_dump_json())
         self.recorded = True
@@ -346,5 +353,5 @@ def claim_staged(image_dir: str) -> ClaimedImport | None:
             shutil.copyfile(staged, target, follow_symlinks=False)
     os.unlink(marker)
     root_files = {name: os.path.join(record.pages_dir, staged_name(name)) for name in record.root_files}
-    return ClaimedImport(record.pages, root_files, record.volume_destinations, record.allow_setuid_files,
-                         record.vouched)
+    return ClaimedImport(record.pages, root_files, record.volume_destinations, record.volume_directories,
+                         record.storage, record.allow_setuid_files, record.vouched)
