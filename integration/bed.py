@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from gpuckpt.host.cgroup_v1 import stale_hierarchies
 
@@ -190,3 +193,55 @@ def remove_stale_hierarchy(options: str, timeout_s: float = 30) -> None:
            'd=$(mktemp -d) && mount -t cgroup -o "$1" cgroup "$d" && '
            'find "$d" -mindepth 1 -depth -type d -exec rmdir {} +; umount "$d"; rmdir "$d"', "_", options)
         time.sleep(0.2)
+
+
+# (entry name, its data or None when the archive lacks it) -> the data to write, or None to leave it out
+ArchiveEdit = Callable[[str, bytes | None], bytes | None]
+
+
+def edited_archive(archive: Path, out: Path, edit: ArchiveEdit, added: tuple[str, ...] = ()) -> Path:
+    """A zstd archive (or image layer) with each file entry's data passed through `edit`; the `added`
+    entries are asked for at the end: an attacker's copy of a real export."""
+    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as source, \
+            tarfile.open(fileobj=source, mode="r|") as tar_in, open(out, "wb") as sink, \
+            zstandard.ZstdCompressor().stream_writer(sink) as compressed, \
+            tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar_out:
+        for member in tar_in:
+            data = tar_in.extractfile(member).read() if member.isfile() else None
+            if member.isfile():
+                data = edit(member.name, data)
+                if data is None:
+                    continue
+                member.size = len(data)
+            tar_out.addfile(member, io.BytesIO(data) if data is not None else None)
+        for name in added:
+            data = edit(name, None)
+            if data is not None:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode = len(data), 0o600
+                tar_out.addfile(info, io.BytesIO(data))
+    return out
+
+
+def edited_specs(change: Callable[[dict], dict]) -> ArchiveEdit:
+    """An edit of spec.dump and of config.dump's spec by `change`, all else as exported."""
+    def edit(name: str, data: bytes | None) -> bytes | None:
+        if data is None or name not in ("spec.dump", "config.dump"):
+            return data
+        document = json.loads(data)
+        if name == "spec.dump":
+            return json.dumps(change(document)).encode()
+        document["spec"] = change(document["spec"])
+        return json.dumps(document).encode()
+    return edit
+
+
+def staging_leftovers() -> list[str]:
+    """What gpuckpt import stages and records, left on the node."""
+    imports = Path("/run/gpuckpt/imports")
+    return ([p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")]
+            + (os.listdir(imports) if imports.exists() else []))
+
+
+def containers_named(name: str) -> str:
+    return sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.Status}}").stdout.strip()

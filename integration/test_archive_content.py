@@ -18,14 +18,23 @@ import os
 import tarfile
 import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import zstandard
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
-
-Edit = Callable[[str, bytes | None], bytes | None]  # (entry name, data or None when absent) -> new data or None
+from bed import (
+    COUNTER_SOURCE,
+    GPUCKPT,
+    PODMAN_IMAGE,
+    ArchiveEdit,
+    assert_continues,
+    containers_named,
+    edited_archive,
+    sh,
+    staging_leftovers,
+    wait_counter,
+)
 
 
 def podman_major() -> int:
@@ -65,12 +74,12 @@ def unsigned_allowed(exported) -> Iterator[None]:
         sh(GPUCKPT, "trust", "disallow-unsigned", source)
 
 
-def moved(archive: Path, out: str, edit: Edit, added: tuple[str, ...] = (), form: str = "tar") -> str:
+def moved(archive: Path, out: str, edit: ArchiveEdit, added: tuple[str, ...] = (), form: str = "tar") -> str:
     """The export edited by `edit`, as `gpuckpt import` takes it: an archive, or (form "oci") the
     checkpoint image exported beside it with its layer edited (the signature, which no longer
     matches, left out); the argument to give import."""
     if form == "tar":
-        return str(edited(archive, archive.parent / f"{out}.tar.zst", edit, added))
+        return str(edited_archive(archive, archive.parent / f"{out}.tar.zst", edit, added))
     source, target = archive.parent / "image", archive.parent / f"{out}-image"
     sh("rm", "-rf", str(target))
     sh("cp", "-a", str(source), str(target))
@@ -79,7 +88,7 @@ def moved(archive: Path, out: str, edit: Edit, added: tuple[str, ...] = (), form
     manifest = json.loads((blobs / index["manifests"][0]["digest"][7:]).read_text())
     layer = manifest["layers"][0]
     layer_file = blobs / layer["digest"][7:]
-    new_layer = edited(layer_file, target / "layer.new", edit, added)
+    new_layer = edited_archive(layer_file, target / "layer.new", edit, added)
     layer["digest"], layer["size"] = blob(blobs, new_layer.read_bytes()), new_layer.stat().st_size
     new_layer.unlink()
     manifest["annotations"].pop("io.gpuckpt.signature", None)
@@ -95,28 +104,6 @@ def blob(blobs: Path, data: bytes) -> str:
     return f"sha256:{digest}"
 
 
-def edited(archive: Path, out: Path, edit: Edit, added: tuple[str, ...] = ()) -> Path:
-    """The archive with each entry's data passed through `edit` (None: left out); `added` entries are
-    asked for at the end."""
-    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as source, \
-            tarfile.open(fileobj=source, mode="r|") as tar_in, open(out, "wb") as sink, \
-            zstandard.ZstdCompressor().stream_writer(sink) as compressed, \
-            tarfile.open(fileobj=compressed, mode="w|", format=tarfile.PAX_FORMAT) as tar_out:
-        for member in tar_in:
-            data = tar_in.extractfile(member).read() if member.isfile() else None
-            if member.isfile():
-                data = edit(member.name, data)
-                if data is None:
-                    continue
-                member.size = len(data)
-            tar_out.addfile(member, io.BytesIO(data) if data is not None else None)
-        for name in added:
-            data = edit(name, None)
-            if data is not None:
-                info = tarfile.TarInfo(name)
-                info.size, info.mode = len(data), 0o600
-                tar_out.addfile(info, io.BytesIO(data))
-    return out
 
 
 def with_diff_entries(diff: bytes, entries: list[tuple[str, str, str]]) -> bytes:
@@ -154,14 +141,8 @@ def podman_import(archive: Path, name: str) -> None:
     sh("podman", "rm", "-f", "-t", "0", name, check=False)
 
 
-def staging_leftovers() -> list[str]:
-    imports = Path("/run/gpuckpt/imports")
-    return ([p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")]
-            + (os.listdir(imports) if imports.exists() else []))
 
 
-def containers_named(name: str) -> str:
-    return sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.Status}}").stdout.strip()
 
 
 @pytest.fixture
@@ -221,7 +202,7 @@ def test_the_images_own_links_lead_inside_the_root_only(exported, unsigned_allow
     archive, name = exported
     tag = f"gpuckpt-content-{os.getpid()}-{time.monotonic_ns() % 10**8}"
     planted, victim = Path("/run") / tag, Path("/run") / f"{tag}-victim"
-    attack = edited(archive, archive.parent / "image-link.tar.zst", lambda entry, data: (
+    attack = edited_archive(archive, archive.parent / "image-link.tar.zst", lambda entry, data: (
         with_diff_entries(data, [(f"var/run/{tag}", "file", "planted\n")]) if entry == "rootfs-diff.tar"
         else json.dumps(["/etc/issue.net", f"/var/run/{tag}-victim"]).encode() if entry == "deleted.files"
         else data), added=("deleted.files",) if not has_entry(archive, "deleted.files") else ())
@@ -308,7 +289,7 @@ def test_an_archive_naming_runc_meets_the_shims_checks_under_podmans_own_import(
     runtimes = tomllib.loads(Path("/etc/containers/containers.conf").read_text())["engine"]["runtimes"]
     assert runtimes.get("runc") == runtimes["gpuckpt-runtime"], \
         "podman's runc is not the shim: this node was not set up with `gpuckpt install --engine podman --default`"
-    attack = edited(archive, archive.parent / "criu-config.tar.zst", criu_config_annotation)
+    attack = edited_archive(archive, archive.parent / "criu-config.tar.zst", criu_config_annotation)
     restored = f"{name}-annotated"
     try:
         result = sh("podman", "container", "restore", "--import", str(attack), "--name", restored, check=False)
@@ -386,7 +367,7 @@ def test_a_volume_bound_to_a_host_directory_is_refused(exported_with_volume, vol
                                                 f"volume-opt=device={host_scratch}"]
         return json.dumps(config).encode()
 
-    line = imported(edited(archive, archive.parent / "bind.tar.zst", bind), f"{name}-bind")
+    line = imported(edited_archive(archive, archive.parent / "bind.tar.zst", bind), f"{name}-bind")
     assert f"volume {volume} with options beyond mount flags (volume-opt=type=none" in line, line
     assert list(host_scratch.iterdir()) == []
 
@@ -417,7 +398,7 @@ def test_a_dev_shm_entry_two_readers_name_differently_is_refused(exported, unsig
     link.type, link.linkname = tarfile.SYMTYPE, str(host_scratch)
     shm = link.tobuf(tarfile.USTAR_FORMAT, "utf-8", "strict") + pax_then_gnu_name("safe", "a/planted", b"x\n")
     shm += bytes(1024 + (-(len(shm) + 1024) % 10240))
-    attack = edited(archive, archive.parent / "shm.tar.zst",
+    attack = edited_archive(archive, archive.parent / "shm.tar.zst",
                     lambda entry, data: shm if entry == "devshm-checkpoint.tar" else data)
     podman_import(attack, f"{name}-podman")
     assert (host_scratch / "planted").exists() == (podman_major() < 5), "podman's exposure changed: docs too"

@@ -8,16 +8,14 @@ unedited (a plain `podman run`'s spec: podman's deny-all rule, runc's defaults) 
 
 from __future__ import annotations
 
-import io
 import json
 import tarfile
-from pathlib import Path
 
 import pytest
 import test_archives
 import zstandard
-from bed import GPUCKPT, assert_continues, sh, wait_counter
-from test_archives import podman_made, read_state, staging_leftovers, start_counter
+from bed import GPUCKPT, assert_continues, edited_archive, edited_specs, sh, staging_leftovers, wait_counter
+from test_archives import podman_made, read_state, start_counter
 
 unsigned_allowed = test_archives.unsigned_allowed  # podman's own archives are unsigned (fixture)
 KMSG_NODE = {"path": "/dev/nvidia-rt", "type": "c", "major": 1, "minor": 11, "fileMode": 438, "uid": 0, "gid": 0}
@@ -32,22 +30,6 @@ def with_kmsg(spec: dict) -> dict:
     return spec
 
 
-def edit_specs(archive: Path, edited: Path) -> None:
-    """The attacker's archive: spec.dump and config.dump's spec given the device and its rule, all else as exported."""
-    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as source, \
-            tarfile.open(fileobj=source, mode="r|") as tar_in, open(edited, "wb") as out, \
-            zstandard.ZstdCompressor().stream_writer(out) as sink, tarfile.open(fileobj=sink, mode="w|") as tar_out:
-        for member in tar_in:
-            data = tar_in.extractfile(member).read() if member.isfile() else None
-            if member.name == "spec.dump":
-                data = json.dumps(with_kmsg(json.loads(data))).encode()
-            elif member.name == "config.dump":
-                config = json.loads(data)
-                config["spec"] = with_kmsg(config["spec"])
-                data = json.dumps(config).encode()
-            if data is not None:
-                member.size = len(data)
-            tar_out.addfile(member, io.BytesIO(data) if data is not None else None)
 
 
 @pytest.mark.hostile("a real podman export whose spec.dump and config.dump give /dev/nvidia-rt, c 1:11 (the host's "
@@ -59,7 +41,7 @@ def test_a_device_named_like_nvidia_is_refused_by_its_numbers(runc_delegate, tmp
         before = wait_counter(read_state(name), minimum=3)
         sh("podman", "container", "checkpoint", "--export", str(archive), name)
         sh("podman", "rm", "-f", name)
-        edit_specs(archive, edited)
+        edited_archive(archive, edited, edited_specs(with_kmsg))
         shown = json.loads(sh(GPUCKPT, "inspect", "--json", str(edited)).stdout)
         assert shown["container"]["name"] == name  # a well-formed archive, as podman would take it
         with open(edited, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as source, \

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, staging_leftovers, wait_counter
 from podman_tars import SPEC as PODMAN_SPEC
 
 _names = itertools.count()
@@ -49,10 +49,6 @@ def unsigned_allowed(tmp_path):
     sh(GPUCKPT, "trust", "disallow-unsigned", source)
 
 
-def staging_leftovers() -> list[str]:
-    imports = Path("/run/gpuckpt/imports")
-    return ([p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")]
-            + (os.listdir(imports) if imports.exists() else []))
 
 
 def read_state(name: str):

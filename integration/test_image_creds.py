@@ -10,16 +10,24 @@ the restored process must never run (the host file stays unread).
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import tarfile
 import time
 from pathlib import Path
 
 import pytest
-import zstandard
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+from bed import (
+    COUNTER_SOURCE,
+    GPUCKPT,
+    PODMAN_IMAGE,
+    assert_continues,
+    containers_named,
+    edited_archive,
+    edited_specs,
+    sh,
+    staging_leftovers,
+    wait_counter,
+)
 
 # The workload: every 0.2 s it notes the time; when armed (/tmp/armed, by the test) or when its
 # clock jumped (it has just been restored), it runs the escape, whose agent copies SECRET into
@@ -132,32 +140,10 @@ def back_to_defaults(spec: dict) -> dict:
     return spec
 
 
-def edit_dumps(archive: Path, edited: Path) -> None:
-    """The attacker's archive: config.dump and spec.dump as an ordinary container's, all else as exported."""
-    with open(archive, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as source, \
-            tarfile.open(fileobj=source, mode="r|") as tar_in, open(edited, "wb") as out, \
-            zstandard.ZstdCompressor().stream_writer(out) as sink, tarfile.open(fileobj=sink, mode="w|") as tar_out:
-        for member in tar_in:
-            data = tar_in.extractfile(member).read() if member.isfile() else None
-            if member.name == "spec.dump":
-                data = json.dumps(back_to_defaults(json.loads(data))).encode()
-            elif member.name == "config.dump":
-                config = json.loads(data)
-                config["spec"] = back_to_defaults(config["spec"])
-                data = json.dumps(config).encode()
-            if data is not None:
-                member.size = len(data)
-            tar_out.addfile(member, io.BytesIO(data) if data is not None else None)
 
 
-def staging_leftovers() -> list[str]:
-    imports = Path("/run/gpuckpt/imports")
-    return ([p for p in os.listdir("/var/lib/containers") if p.startswith(".gpuckpt-import-")]
-            + (os.listdir(imports) if imports.exists() else []))
 
 
-def containers_named(name: str) -> str:
-    return sh("podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.Names}} {{.Status}}").stdout.strip()
 
 
 @pytest.mark.hostile("archive from a --cap-add=ALL container, config.dump and spec.dump edited back to defaults")
@@ -166,7 +152,7 @@ def test_an_archive_edited_to_hide_its_capabilities_is_refused(escaping_containe
     archive, edited = tmp_path / "all-caps.tar.zst", tmp_path / "edited.tar.zst"
     sh(GPUCKPT, "export", name, "-o", str(archive))
     sh("podman", "rm", "-f", name)
-    edit_dumps(archive, edited)
+    edited_archive(archive, edited, edited_specs(back_to_defaults))
     assert not Path(f"{edited}.sig").exists()
     shown = json.loads(sh(GPUCKPT, "inspect", "--json", str(edited)).stdout)
     assert shown["container"]["name"] == name  # a well-formed archive, as podman would take it
