@@ -236,11 +236,7 @@ def run_import(options: argparse.Namespace) -> int:
                 raise ImageError(f"{options.archive}: its container config names the volume {volume.volumeName}, "
                                  "which this node already has: refused (podman would give the container that "
                                  "volume and its data; remove or rename it first)")
-        staging.volume_destinations = {volume.volumeName: volume.dest.rstrip("/") or "/"
-                                       for volume in dumps.config.namedVolumes}
-        staging.storage = graph_root
-        staging.volume_directories = {volume.volumeName: f"{graph_root}/volumes/{volume.volumeName}/_data"
-                                      for volume in dumps.config.namedVolumes}
+        staging.place_volumes(dumps.config, graph_root)
         staging.start()
         held.release(staging.light())
 

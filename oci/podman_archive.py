@@ -153,6 +153,11 @@ def described_dumps(path: str, kept: dict[str, bytes]) -> PodmanArchive:
     return PodmanArchive(path, config, kept[CONFIG_DUMP], kept[SPEC_DUMP], None, spec=spec)
 
 
+def volume_directory(graph_root: str, name: str) -> str:
+    """Where root's podman (its local volume driver) keeps a named volume's data, under its storage."""
+    return f"{graph_root}/volumes/{name}/_data"
+
+
 def with_runtime(config_dump: bytes, runtime: str) -> bytes:
     """config.dump as an import gives it to podman: its "runtime" (podman's OCIRuntime) set to `runtime`,
     and no "mounts" (paths podman unmounts on the host when the container goes: podman adds its own

@@ -10,7 +10,7 @@ import stat
 
 from ..node.hooks_d import only_gpuckpt_hooks
 from ..oci.nested_tar import VOLUME_NAME
-from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive, PodmanConfigDump
+from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive, PodmanConfigDump, volume_directory
 from ..oci.spec import Spec
 from .devices import device_refusals
 
@@ -77,7 +77,7 @@ def volume_directories(config: PodmanConfigDump, graph_root: str) -> dict[str, s
     `graph_root`) makes for it."""
     if not graph_root:
         return {}
-    return {posixpath.normpath(volume.dest): f"{graph_root}/volumes/{volume.volumeName}/_data"
+    return {posixpath.normpath(volume.dest): volume_directory(graph_root, volume.volumeName)
             for volume in config.namedVolumes if re.fullmatch(VOLUME_NAME, volume.volumeName)}
 
 

@@ -163,11 +163,7 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
                                  "(give --trust-config if you trust it)")
             # this node's own container's files: setuid ones it had are its own, every other rule holds
             staging = Staging(near, StagingBudget(what, near, limits), allow_setuid_files=True)
-            staging.volume_destinations = {volume.volumeName: volume.dest.rstrip("/") or "/"
-                                           for volume in dumps.config.namedVolumes}
-            staging.storage = graph_root
-            staging.volume_directories = {volume.volumeName: f"{graph_root}/volumes/{volume.volumeName}/_data"
-                                          for volume in dumps.config.namedVolumes}
+            staging.place_volumes(dumps.config, graph_root)
             staging.start()  # pages and root files beside podman's storage for the shim; podman imports the rest
             kept: dict[str, bytes] = {}
             with progress(f"restoring {name}", stored.logical_bytes) as moved:

@@ -47,6 +47,7 @@ from ..node.paths import state_dir
 from ..oci.image_names import PAGES_FILE
 from ..oci.image_names import STAGING_PLACEHOLDER as PLACEHOLDER
 from ..oci.nested_tar import DELETED_FILES, DEVSHM, ROOTFS_DIFF, VOLUME_NAME, volume_of
+from ..oci.podman_archive import PodmanConfigDump, volume_directory
 from ..oci.tarstream import ByteSink, Data
 from ..oci.timestamps import utc_now
 from .bounds import StagedFile, StagingBudget
@@ -143,6 +144,15 @@ class Staging:
     def start(self) -> None:
         """The archive's config is checked and restores through the shim: stage its pages here."""
         self.active = True
+
+    def place_volumes(self, config: PodmanConfigDump, graph_root: str) -> None:
+        """Where the container's volumes and /dev/shm are on this node's podman (its storage at `graph_root`):
+        what the shim may write their content into."""
+        self.storage = graph_root
+        self.volume_destinations = {volume.volumeName: volume.dest.rstrip("/") or "/"
+                                    for volume in config.namedVolumes}
+        self.volume_directories = {volume.volumeName: volume_directory(graph_root, volume.volumeName)
+                                   for volume in config.namedVolumes}
 
     def light(self) -> StagedFile:
         """The archive podman gets (all but the pages, and the placeholder), made on first use."""
