@@ -7,7 +7,7 @@ cd "$repo"
 # Lint, the import contracts and types first: a failure here costs seconds, not the suite's minutes.
 bash "$repo/integration/lint.sh" || exit 1
 GPUCKPT_HOSTILE_TABLE=${GPUCKPT_HOSTILE_TABLE:-$repo/tests/hostile-inputs.md} \
-    GPUCKPT_FAULT_TABLE=${GPUCKPT_FAULT_TABLE:-$repo/integration/fault-outcomes.md} /opt/gpuckpt/venv/bin/python3 -m pytest -p no:cacheprovider tests integration "$@"
+    GPUCKPT_FAULT_TABLE=${GPUCKPT_FAULT_TABLE:-$repo/integration/fault-outcomes.md} /opt/gpuckpt/venv/bin/python3 -m pytest -p no:cacheprovider --durations=40 tests integration "$@"
 status=$?
 [ "$status" = 5 ] && { echo "test.sh: no tests collected" >&2; exit 1; }
 # The engine tests again against Debian forky's engines (podman 5.8, runc 1.3, crun 1.28), in an
