@@ -186,7 +186,8 @@ def two_gpus(results: dict) -> None:
 
 def multigpu_summary(results: dict) -> dict:
     """The training-job figures side by side: bit-exactness per shape, one rank against two."""
-    ran = {key: results[key] for key in ("dataloader_fork", "dataloader_spawn", "ddp_1", "ddp_2") if key in results}
+    ran = {key: results[key] for key in ("dataloader_fork", "dataloader_spawn", "ddp_1", "ddp_2", "podman_ddp_2",
+                                         "podman_tp_2", "podman_gpu_scaling") if key in results}
     if not ran:
         return {}
     summary: dict = {"machine": results["machine"], "gpus": results["gpus"], "passed": results["passed"],
@@ -195,6 +196,19 @@ def multigpu_summary(results: dict) -> dict:
                      "dataloader_spawn_bit_exact": ran.get("dataloader_spawn", {}).get("bit_exact"),
                      "nccl_bit_exact": ran.get("ddp_2", {}).get("bit_exact"),
                      "restore_on_other_gpu_ok": "restore_on_other_gpu" in results["passed"]}
+    if "podman_ddp_2" in ran:  # through podman (test_multi_gpu_podman.py): restore, left running, imported
+        podman_ddp = ran["podman_ddp_2"]
+        summary["podman_nccl_bit_exact"] = all(podman_ddp.get(key) for key in (
+            "bit_exact_restore", "bit_exact_left_running", "bit_exact_import"))
+        summary["dataloader_bit_exact"] = summary["dataloader_bit_exact"] or summary["podman_nccl_bit_exact"]
+    if "podman_tp_2" in ran:
+        summary["tp_server_same_answers"] = all(ran["podman_tp_2"].get(key) for key in (
+            "same_after_restore", "same_left_running", "same_after_import"))
+    scaling = ran.get("podman_gpu_scaling", {})
+    for count in (2, 4):
+        if f"{count}_over_1_device_checkpoint" in scaling:
+            summary[f"{'two' if count == 2 else 'four'}_over_one_device_checkpoint"] = \
+                scaling[f"{count}_over_1_device_checkpoint"]
     one, two = ran.get("ddp_1", {}).get("manifest_timings"), ran.get("ddp_2", {}).get("manifest_timings")
     if one and two:
         for phase in ("device_checkpoint_s", "dump_s", "total_s"):

@@ -3,7 +3,8 @@
 # STATE (state file prefix), IDLE=1 (no GPU work until STATE.check exists), SEED (every process
 # fills the same data, as data-parallel replicas hold the same weights; default: one seed per process). Each process
 # rewrites STATE.<i> every tick with
-# "token counter ok|CORRUPT"; `ok` means the device data's checksum is unchanged.
+# "token counter ok|CORRUPT"; `ok` means the device data's checksum is unchanged. SPREAD=1: process i uses GPU i
+# (one process per GPU of a multi-GPU container).
 import os
 import subprocess
 import sys
@@ -21,6 +22,8 @@ if rank == 0:
     for other in range(1, procs):
         children.append(subprocess.Popen([sys.executable, __file__], env=dict(os.environ, RANK=str(other))))
 
+if os.environ.get("SPREAD") == "1":
+    torch.cuda.set_device(rank)
 token = os.urandom(8).hex()
 chunk_elems = 256 << 20  # 1 GiB of int32 per chunk keeps temporaries small
 chunks, expected = [], []

@@ -1,7 +1,8 @@
 # Data-parallel training as users start it: torch.distributed with NCCL, one process per GPU
 # (mp.spawn), DistributedDataParallel, deterministic (fixed seeds, per-rank seeded batches).
 # Env: WORLD (ranks), STEPS, PAUSE_AT, STATE (rank 0 rewrites it with the step number),
-# RESULT (rank 0 writes the final weights digest), MASTER_PORT.
+# RESULT (rank 0 writes the final weights digest), MASTER_PORT, WORKERS (DataLoader workers per rank, forked after
+# CUDA init as the common loop has them; 0: batches made on the GPU).
 import hashlib
 import os
 import time
@@ -10,6 +11,20 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel
+
+
+class Batches(torch.utils.data.Dataset):
+    """Per-rank batches made on the CPU from their index alone: any worker makes the same batch."""
+
+    def __init__(self, rank: int, steps: int) -> None:
+        self.rank, self.steps = rank, steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = torch.Generator().manual_seed(100_000 * (1 + self.rank) + index)
+        return torch.randn(512, 1024, generator=generator), torch.randn(512, 1024, generator=generator)
 
 
 def worker(rank: int, world: int) -> None:
@@ -25,9 +40,15 @@ def worker(rank: int, world: int) -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator(device="cuda").manual_seed(1 + rank)
     steps, pause_at = int(os.environ.get("STEPS", "300")), int(os.environ.get("PAUSE_AT", "-1"))
+    workers = int(os.environ.get("WORKERS", "0"))
+    loader = iter(torch.utils.data.DataLoader(Batches(rank, steps), batch_size=None, num_workers=workers,
+                                              pin_memory=True)) if workers else None
     for step in range(steps):
-        inputs = torch.randn(512, 1024, device="cuda", generator=generator)
-        target = torch.randn(512, 1024, device="cuda", generator=generator)
+        if loader is not None:
+            inputs, target = (tensor.cuda(non_blocking=True) for tensor in next(loader))
+        else:
+            inputs = torch.randn(512, 1024, device="cuda", generator=generator)
+            target = torch.randn(512, 1024, device="cuda", generator=generator)
         loss = torch.nn.functional.mse_loss(model(inputs), target)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
