@@ -4,7 +4,10 @@ createRuntime: a container given /dev/nvidiaN devices (or annotated io.gpuckpt.i
 is recorded (id, engine, bundle, GPUs by UUID, creation time, its io.gpuckpt.* annotations) in
 node/inventory.py's directory; one asking for a GPU this node does not have is refused with one
 line, before its process runs (for a restore: in CRIU's setup-namespaces callback, before any
-process memory is restored). poststop: the record goes.
+process memory is restored). In the same callback, a container with a network namespace of its own gets its
+`lo` set up: runc's restore makes that namespace empty, `lo` down, and CRIU could not connect the container's
+loopback TCP connections back (--tcp-established: "Network is unreachable", plain runc too); at a create runc
+sets it up a moment later anyway. poststop: the record goes.
 Every other container costs one read of its config.json: the hook runs on every container start
 (hooks.d has no device condition), so it imports only the stdlib and gpuckpt's light modules.
 """
@@ -17,6 +20,7 @@ import sys
 
 from ..cuda.proc_gpus import gpu_uuids_by_minor, nvidia_proc
 from ..errors import GpuckptError
+from ..host.netns import in_netns_of, loopback_up
 from ..host.safefiles import read_bounded
 from ..node.hook_entry import STAGES
 from ..node.inventory import check_container_id, remove_record, write_record
@@ -121,6 +125,8 @@ def created(state: bytes) -> None:
                                                f"container {container_id}: config.json")), "config.json")
     except ValueError as error:
         raise HookError(f"container {container_id}: config.json is not JSON: {error}") from None
+    if pid and own_network_namespace(spec):
+        loopback_for_restore(container_id, pid)
     minors, visible = gpu_minors(spec), visible_devices(spec)
     if not minors and visible is None and annotations.get(INVENTORY_ANNOTATION) != "true":
         return  # not a GPU container, and not one its owner asked to be drained with them
@@ -139,6 +145,24 @@ def created(state: bytes) -> None:
         "pid": pid, "gpus": [{"minor": minor, "uuid": node[minor]} for minor in sorted(minors)],
         "visible_devices": None if minors else visible, "created": utc_now(), "options": options(annotations),
     })
+
+
+def own_network_namespace(spec: dict[str, object]) -> bool:
+    """Whether the runtime makes the container a network namespace (one without a path: not the host's, not a
+    pod's or an engine's it joins)."""
+    return any(entry.get("type") == "network" and not entry.get("path")
+               for entry in _entries(spec, "linux", "namespaces"))
+
+
+def loopback_for_restore(container_id: str, pid: int) -> None:
+    """`lo` up in the network namespace of the container's first process, which runc made (see the module's
+    text). A failure is said and the hook goes on: runc's create sets `lo` up itself, and a restore with
+    loopback connections then fails in CRIU's words."""
+    try:
+        in_netns_of(pid, loopback_up)
+    except OSError as error:
+        sys.stderr.write(f"gpuckpt-hook: container {container_id}: lo of its network namespace left as it is: "
+                         f"{error}\n")
 
 
 def stopped(state: bytes) -> None:

@@ -51,6 +51,15 @@ def checkpoint_manifest(podman: harness.Podman, name: str) -> dict:
     return manifest(CONTAINERS / container_id / "userdata" / "checkpoint")
 
 
+def keep_logs(podman: harness.Podman, name: str) -> None:
+    """The container's CRIU and runtime logs (podman's userdata) beside the results, before it is removed."""
+    inspected = podman.cli("inspect", "--format", "{{.Id}}", name, check=False)
+    if inspected.returncode == 0:
+        userdata = CONTAINERS / inspected.stdout.strip() / "userdata"
+        for path in [*userdata.glob("*.log"), *userdata.glob("checkpoint/*.log"), *userdata.glob("*.json")]:
+            shutil.copy(path, harness.result_path(f"{name}-{path.parent.name}-{path.stem}", path.suffix))
+
+
 def timed(call) -> float:
     started = time.monotonic()
     call()
@@ -88,7 +97,7 @@ def test_podman_ddp_two_gpus(results: dict, podman: harness.Podman, two_gpus: No
         found["checkpointed_at_step"] = step()
         info = checkpoint_manifest(podman, name)
         found["cuda_processes"], found["manifest_timings"] = len(info["processes"]), info["timings"]
-        found["restore_s"] = timed(lambda: podman.cli("container", "restore", "--tcp-established", name))
+        found["restore_s"] = timed(lambda: podman.cli("container", "restore", "--keep", "--tcp-established", name))
         wait_for("the restored run's end", done)
         found["restored_sha256"] = done()
         found["bit_exact_restore"] = done() == reference
@@ -117,6 +126,7 @@ def test_podman_ddp_two_gpus(results: dict, podman: harness.Podman, two_gpus: No
             f"{found['bit_exact_restore']}, {found['bit_exact_left_running']}, {found['bit_exact_import']}")
         assert found["bit_exact_restore"] and found["bit_exact_left_running"] and found["bit_exact_import"], found
     finally:
+        keep_logs(podman, name)
         podman.cli("rm", "-f", name, check=False)
         archive.unlink(missing_ok=True)
         Path(f"{archive}.sig").unlink(missing_ok=True)
@@ -150,7 +160,7 @@ def test_podman_tp_server_two_gpus(results: dict, podman: harness.Podman, two_gp
                                                          name))
         info = checkpoint_manifest(podman, name)
         found["cuda_processes"], found["manifest_timings"] = len(info["processes"]), info["timings"]
-        found["restore_s"] = timed(lambda: podman.cli("container", "restore", "--tcp-established", name))
+        found["restore_s"] = timed(lambda: podman.cli("container", "restore", "--keep", "--tcp-established", name))
         found["same_after_restore"] = ask() == answers
         found["export_leave_running_s"] = timed(lambda: sh(CLI, "export", "--leave-running", "--tcp-established",
                                                            name, "-o", str(archive), env=podman.env))
@@ -164,6 +174,7 @@ def test_podman_tp_server_two_gpus(results: dict, podman: harness.Podman, two_gp
             f"{found['same_after_restore']}, {found['same_left_running']}, {found['same_after_import']}")
         assert found["same_after_restore"] and found["same_left_running"] and found["same_after_import"], found
     finally:
+        keep_logs(podman, name)
         podman.cli("rm", "-f", name, check=False)
         archive.unlink(missing_ok=True)
         Path(f"{archive}.sig").unlink(missing_ok=True)
@@ -184,7 +195,7 @@ def test_podman_device_phases_by_gpu_count(results: dict, podman: harness.Podman
         name = f"gpu-scale{count}-{os.getpid()}"
         state = harness.StateDir(name, harness.WORK / f"{name}-state")
         try:
-            run(podman, name, COUNTER, {"GIB": str(per_gpu_gib), "PROCS": str(count), "SPREAD": "1",
+            run(podman, name, COUNTER, {"GIB": str(per_gpu_gib), "PROCS": str(count), "SPREAD": "1", **NCCL_SAFE,
                                         "STATE": "/state/state"}, state, list(range(count)))
             before = wait_counters(state, count, 3, timeout_s=300)
             checkpoint_s = timed(lambda: podman.cli("container", "checkpoint", "--keep", name))  # noqa: B023
