@@ -34,6 +34,9 @@ def need_cdi() -> None:
 
 def run(podman: harness.Podman, name: str, args: list[str], env: dict[str, str], state: harness.StateDir,
         gpus: list[int], *flags: str, detach: bool = True) -> None:
+    # as `gpuckpt install --engine podman` leaves a node: gpuckpt-hook in hooks.d (at a restore it sets `lo` up
+    # in the namespace runc makes, before CRIU reconnects the ranks' loopback connections)
+    harness.install_hooks_d()
     podman.cli("run", *(["-d"] if detach else ["--rm"]), "--name", name, *podman.RUN_FLAGS, *SHM, *flags,
                *harness.gpu_run_args(args, env, state.directory, podman.IMAGE, gpu_minors=gpus), timeout=900)
 
