@@ -142,6 +142,8 @@ def resolve_runtime(called_as: str = "") -> Resolved:
     from ..node.config import load_config  # pydantic: only on a cache miss
 
     config = load_config(config_file)
+    if named == config.delegate.rpartition("/")[2]:
+        named = ""  # the configured delegate is the runtime of that name (and may be given by its path)
     resolved = Resolved(resolve_delegate(config.delegate, config_file, named),
                         hook_beside_runtime() if config.hook.add_to_spec else "")
     _write_cache(key, resolved)
