@@ -33,6 +33,7 @@ from bed import (
     assert_continues,
     containers_named,
     edited_archive,
+    edited_specs,
     sh,
     staging_leftovers,
     wait_counter,
@@ -519,3 +520,24 @@ def test_a_dev_shm_entry_two_readers_name_differently_is_refused(exported, unsig
     line = imported(attack, f"{name}-shm")
     assert "devshm-checkpoint.tar: an entry named by both a PAX record and a GNU long name: refused" in line, line
     assert not (host_scratch / "planted").exists()
+
+
+@pytest.mark.hostile("real export whose named volume spec.dump no longer mounts (a volume of config.dump alone, "
+                     "which the shim refused only after podman made the container and the volume)")
+def test_a_volume_spec_dump_does_not_mount_is_refused_before_podman_acts(exported_with_volume, tmp_path) -> None:
+    archive, name, volume = exported_with_volume
+
+    def unmounted(spec: dict) -> dict:
+        return {**spec, "mounts": [mount for mount in spec["mounts"] if mount["destination"] != "/data"]}
+
+    edit = edited_specs(unmounted)
+    attack = edited_archive(archive, archive.parent / "unmounted.tar.zst",
+                            lambda entry, data: data if entry == "config.dump" else edit(entry, data))
+    # the edit unsigned it: an exception of a trust directory of this test's own, the node's policy untouched
+    env = dict(os.environ, GPUCKPT_TRUST_DIR=str(tmp_path / "trust"), GPUCKPT_TRUST_LOG=str(tmp_path / "trust.log"))
+    sh(GPUCKPT, "trust", "allow-unsigned", f"archive:{archive.parent}/", "--note", "integration test", env=env)
+    result = sh(GPUCKPT, "import", str(attack), "--trust-config", check=False, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"volume {volume} at /data, which spec.dump does not mount" in result.stderr, result.stderr
+    assert containers_named(name) == "" and staging_leftovers() == []
+    assert sh("podman", "volume", "exists", volume, check=False).returncode != 0  # podman never made it
