@@ -292,7 +292,8 @@ def criu_config_annotation(entry: str, data: bytes | None) -> bytes | None:
 def test_an_archive_naming_runc_meets_the_shims_checks_under_podmans_own_import(exported, unsigned_allowed) -> None:
     archive, name = exported
     runtimes = tomllib.loads(Path("/etc/containers/containers.conf").read_text())["engine"]["runtimes"]
-    assert runtimes.get("runc") == runtimes["gpuckpt-runtime"], \
+    shim = Path(runtimes["gpuckpt-runtime"][0]).resolve()
+    assert [Path(path).resolve() for path in runtimes.get("runc", [])][:1] == [shim], \
         "podman's runc is not the shim: this node was not set up with `gpuckpt install --engine podman --default`"
     attack = edited_archive(archive, archive.parent / "criu-config.tar.zst", criu_config_annotation)
     restored = f"{name}-annotated"
