@@ -21,10 +21,12 @@ from ..node.config import load_config
 from ..node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
 from ..node.engines import (
     PODMAN_HOOKS_DIR,
+    PODMAN_RUNTIME_NAMES,
     docker_registration,
     podman_registration,
     podman_runtimes,
     read_engine_file,
+    stands_in,
 )
 from ..node.hook_entry import hook_beside
 from ..node.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
@@ -164,11 +166,6 @@ def check_podman() -> str | None:
     return _check_engine("podman", "podman", registration)
 
 
-# The runtime names podman knows by default (containers/common's [engine.runtimes]) that it would run as an
-# archive's config.dump names them, under its own `restore --import`
-PODMAN_RUNTIME_NAMES = ("runc", "crun", "crun-vm", "crun-wasm", "kata", "runsc", "youki", "krun", "ocijail", "runj")
-
-
 def check_podman_runtime_names() -> str | None:
     """Runtimes podman's own `restore --import` would run past gpuckpt's restore checks: every one installed
     whose name does not resolve to gpuckpt-runtime (install --default maps the delegate's, runc or crun)."""
@@ -178,7 +175,8 @@ def check_podman_runtime_names() -> str | None:
     if not paths:
         return None  # check_podman says so
     table = podman_runtimes()
-    unchecked = [name for name in PODMAN_RUNTIME_NAMES if find_program(name) and table.get(name) != paths]
+    unchecked = [name for name in PODMAN_RUNTIME_NAMES
+                 if find_program(name) and not stands_in(table.get(name, []), paths[0])]
     if unchecked:
         raise CheckWarned(f"podman's own `restore --import` runs an archive that names {', '.join(unchecked)} (or a "
                           "runtime by path) with that runtime, past gpuckpt's restore checks",

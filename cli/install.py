@@ -14,11 +14,11 @@ import signal
 from ..errors import UsageError
 from ..host.programs import find_program
 from ..node import engines
-from ..node.config import load_config
 from ..node.config_edit import turn_hook_on
 from ..node.containerd import CONTAINERD_CONFIG, HANDLER, register_containerd
 from ..node.hook_entry import hook_beside
 from ..node.paths import config_path
+from ..shim.resolve import DELEGATE_NAMES
 from .trust import run_init
 
 DOCKER_PID_FILE = "/var/run/docker.pid"
@@ -54,14 +54,24 @@ def _reload_dockerd() -> str:
     return f"dockerd (pid {pid}) reloaded its runtimes"
 
 
-def _stand_in(default: bool) -> str | None:
-    """With --default, the delegate's own name (runc or crun): an archive naming it would otherwise reach
-    it straight through podman's own `restore --import`, past every check the shim makes."""
-    delegate = os.path.basename(load_config().delegate)
-    return delegate if default and delegate in STAND_IN_NAMES else None
+def _stand_ins(default: bool, runtime_path: str, conf_path: str) -> tuple[list[str], list[str]]:
+    """With --default, the runtimes podman knows that this node has: those gpuckpt-runtime delegates to (runc,
+    crun: it runs the one of the name it is called under) and the others, left as they are (their containers
+    would lose their runtime). Without, nothing: an archive naming one would otherwise reach it straight
+    through podman's own `restore --import`, past every check the shim makes."""
+    if not default:
+        return [], []
+    own, table = os.path.realpath(runtime_path), engines.podman_runtimes(conf_path)
 
+    def installed(name: str) -> bool:
+        if find_program(name, skip=own):  # how the shim finds the runtime it stands in for
+            return True
+        return name not in DELEGATE_NAMES and any(os.path.isfile(path) and os.path.realpath(path) != own
+                                                  for path in table.get(name, []))
 
-STAND_IN_NAMES = ("runc", "crun")  # the runtimes the shim delegates to, by podman's names for them
+    present = [name for name in engines.PODMAN_RUNTIME_NAMES if installed(name)]
+    return [name for name in present if name in DELEGATE_NAMES], [name for name in present
+                                                                    if name not in DELEGATE_NAMES]
 
 
 def _install_hook(engine: str, runtime_path: str) -> str:
@@ -77,6 +87,24 @@ def _install_hook(engine: str, runtime_path: str) -> str:
     return f"{config_path()}: hook.add_to_spec {'turned on' if changed else 'already on'} ({hook_path})"
 
 
+def _register_podman(runtime_path: str, options: argparse.Namespace) -> engines.Change:
+    """containers.conf, and with --default the links that make podman's runc and crun the shim."""
+    conf_path = options.config or engines.PODMAN_CONF
+    names, others = _stand_ins(options.default, runtime_path, conf_path)
+    links = engines.stand_in_links(runtime_path, names, conf_path) if names else {}
+    change = engines.register_podman(runtime_path, default=options.default, conf_path=conf_path,
+                                     hooks=not options.no_hook, stand_in_for=links)
+    if links:
+        print(f"podman's runtimes {', '.join(links)} now run {runtime_path} (links named after them in "
+              f"{os.path.dirname(next(iter(links.values())))}): a container or archive naming one goes through "
+              "gpuckpt-runtime's checks, which runs that runtime as before")
+    if others:
+        print(f"podman's runtimes {', '.join(others)} are left as they are (gpuckpt-runtime delegates to "
+              f"{' and '.join(DELEGATE_NAMES)} only): podman's own `restore --import` of an archive naming one "
+              "runs it past gpuckpt's checks; restore archives from elsewhere with `gpuckpt import`")
+    return change
+
+
 def run(options: argparse.Namespace) -> int:
     runtime_path = _runtime_path(options.runtime_path)
     if os.geteuid() == 0:  # a non-root run edits a --config of its own and signs nothing
@@ -86,13 +114,7 @@ def run(options: argparse.Namespace) -> int:
         raise UsageError(f"--default: containerd's pods choose gpuckpt through a RuntimeClass whose handler is "
                          f"{HANDLER!r} (packaging/kubernetes/runtimeclass.yaml); give no --default")
     if options.engine == "podman":
-        stand_in = _stand_in(options.default)
-        change = engines.register_podman(runtime_path, default=options.default,
-                                         conf_path=options.config or engines.PODMAN_CONF, hooks=not options.no_hook,
-                                         stand_in_for=stand_in)
-        if stand_in is not None and change.changed:
-            print(f"podman's runtime {stand_in!r} now resolves to {runtime_path} too: a container or archive naming "
-                  f"it goes through gpuckpt-runtime's checks, which runs {stand_in} as before")
+        change = _register_podman(runtime_path, options)
     elif options.engine == "containerd":
         change = register_containerd(runtime_path, config_path=options.config or CONTAINERD_CONFIG)
     else:

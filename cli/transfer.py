@@ -227,7 +227,7 @@ def run_import(options: argparse.Namespace) -> int:
                                                                      graph_root=graph_root)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
                              "(give --trust-config if you trust where the archive comes from)")
-        if refusals := volume_refusals(dumps.config):  # the import writes into them: --trust-config or not
+        if refusals := volume_refusals(dumps.config, dumps.spec, graph_root):  # the import writes into them
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused")
         if dumps.spec is not None:  # what the shim refuses at restore, refused before podman makes anything
             refuse_runtime_annotations(dumps.spec.annotations, dumps.config.id[:12], config.criu, config_path())

@@ -15,6 +15,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tarfile
 import time
 import tomllib
@@ -27,14 +28,18 @@ from bed import (
     COUNTER_SOURCE,
     GPUCKPT,
     PODMAN_IMAGE,
+    RUNTIME,
     ArchiveEdit,
     assert_continues,
     containers_named,
     edited_archive,
+    edited_specs,
     sh,
     staging_leftovers,
     wait_counter,
 )
+
+from gpuckpt.trust.dump_signature import DUMP_SIGNATURE
 
 
 def podman_major() -> int:
@@ -287,7 +292,8 @@ def criu_config_annotation(entry: str, data: bytes | None) -> bytes | None:
 def test_an_archive_naming_runc_meets_the_shims_checks_under_podmans_own_import(exported, unsigned_allowed) -> None:
     archive, name = exported
     runtimes = tomllib.loads(Path("/etc/containers/containers.conf").read_text())["engine"]["runtimes"]
-    assert runtimes.get("runc") == runtimes["gpuckpt-runtime"], \
+    shim = Path(runtimes["gpuckpt-runtime"][0]).resolve()
+    assert [Path(path).resolve() for path in runtimes.get("runc", [])][:1] == [shim], \
         "podman's runc is not the shim: this node was not set up with `gpuckpt install --engine podman --default`"
     attack = edited_archive(archive, archive.parent / "criu-config.tar.zst", criu_config_annotation)
     restored = f"{name}-annotated"
@@ -301,6 +307,115 @@ def test_an_archive_naming_runc_meets_the_shims_checks_under_podmans_own_import(
     line = imported(attack, restored)
     assert "carries the annotation org.criu.config='/etc/hostname': a CRIU configuration chosen by the container " \
            "is refused" in line, line
+
+
+@pytest.fixture(scope="module")
+def podman_installed(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """podman's containers.conf as this node has it, a copy given `gpuckpt install --engine podman --default` afresh
+    (this node's runc and crun, if it has them, linked to gpuckpt-runtime): the environment that has podman read it
+    alone, and the table it holds."""
+    conf = tmp_path_factory.mktemp("podman-conf") / "containers.conf"
+    conf.write_text(Path("/etc/containers/containers.conf").read_text())
+    result = sh(GPUCKPT, "install", "--engine", "podman", "--default", "--runtime-path", RUNTIME, "--config", str(conf))
+    assert "now run" in result.stdout, result.stdout
+    yield dict(os.environ, CONTAINERS_CONF=str(conf))
+
+
+def test_install_links_each_runtime_the_node_has_to_the_shim(podman_installed) -> None:
+    table = tomllib.loads(Path(podman_installed["CONTAINERS_CONF"]).read_text())["engine"]["runtimes"]
+    for name in ("runc", "crun"):
+        if shutil.which(name) is None:
+            assert name not in table or Path(table[name][0]).resolve() != Path(RUNTIME).resolve()
+            continue
+        [link] = table[name]
+        assert Path(link).name == name and Path(link).resolve() == Path(RUNTIME).resolve()
+
+
+def with_runtime(runtime: str, annotated: bool = True) -> ArchiveEdit:
+    """config.dump naming `runtime`; with `annotated`, both specs carrying a CRIU configuration of the archive's
+    choosing."""
+    def edit(entry: str, data: bytes | None) -> bytes | None:
+        if data is None or entry not in ("config.dump", "spec.dump"):
+            return data
+        document = json.loads(data)
+        spec = document["spec"] if entry == "config.dump" else document
+        if annotated:
+            spec.setdefault("annotations", {})["org.criu.config"] = "/etc/hostname"
+        if entry == "config.dump":
+            document["runtime"] = runtime
+        return json.dumps(document).encode()
+    return edit
+
+
+@pytest.mark.hostile("real export whose config.dump names crun (another runtime this node has) and whose spec "
+                     "carries an org.criu.config annotation, through podman's own restore --import as installed")
+def test_an_archive_naming_crun_meets_the_shim_under_podmans_own_import(exported, podman_installed) -> None:
+    if shutil.which("crun") is None:
+        pytest.skip("no crun on this node: podman has no runtime of that name to run")
+    archive, name = exported
+    attack = edited_archive(archive, archive.parent / "crun-annotated.tar.zst", with_runtime("crun"))
+    restored = f"{name}-crun-annotated"
+    try:
+        result = sh("podman", "container", "restore", "--import", str(attack), "--name", restored, check=False,
+                    env=podman_installed, timeout=300)
+        assert result.returncode != 0
+        assert "carries the annotation org.criu.config='/etc/hostname'" in result.stderr, result.stderr
+        pid = sh("podman", "inspect", "--format", "{{.State.Pid}}", restored, env=podman_installed).stdout.strip()
+        assert pid == "0"  # never ran
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False, env=podman_installed)
+
+
+@pytest.mark.hostile("real export whose config.dump names a runtime by path (a program of the archive's choosing), "
+                     "through podman's own restore --import: run by podman 4.3 and 5.8 as named; refused by podman "
+                     "itself when given --runtime gpuckpt-runtime")
+def test_a_runtime_by_path_is_podmans_to_run_unless_told_which_runtime(exported, podman_installed, tmp_path) -> None:
+    archive, name = exported
+    program = tmp_path / "not-a-runtime"
+    ran = tmp_path / "ran"
+    program.write_text(f'#!/bin/sh\necho "$@" >> {ran}\nexit 1\n')
+    program.chmod(0o700)
+    attack = edited_archive(archive, archive.parent / "by-path.tar.zst", with_runtime(str(program), annotated=False))
+    restored = f"{name}-by-path"
+    try:
+        told = sh("podman", "--runtime", "gpuckpt-runtime", "container", "restore", "--import", str(attack),
+                  "--name", restored, check=False, env=podman_installed, timeout=300)
+        assert told.returncode != 0 and not ran.exists()
+        assert f"was created with runtime '{program}' and cannot be restored with runtime 'gpuckpt-runtime'" in \
+            told.stderr, told.stderr
+        assert containers_named(restored) == ""
+        # without it, podman runs the archive's program as the runtime (libpod/runtime.go: a name starting with /)
+        sh("podman", "container", "restore", "--import", str(attack), "--name", restored, check=False,
+           env=podman_installed, timeout=300)
+        assert ran.exists(), f"podman {podman_major()} did not run a runtime given by path"
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False, env=podman_installed)
+
+
+def test_a_crun_container_restores_through_the_shim_with_crun(podman_installed, tmp_path) -> None:
+    """The links keep what they stand in for: a container podman runs as crun is checkpointed and restored by
+    the shim with crun as its delegate (crun's state, not runc's), through podman's own export and --import."""
+    if shutil.which("crun") is None:
+        pytest.skip("no crun on this node")
+    name = f"gpuckpt-crun-{os.getpid()}"
+    archive = tmp_path / "crun.tar.zst"
+    podman = lambda *argv, **kwargs: sh("podman", *argv, env=podman_installed, **kwargs)  # noqa: E731
+    try:
+        podman("run", "-d", "--runtime", "crun", "--name", name, "--network", "none", PODMAN_IMAGE, "python3", "-c",
+               COUNTER_SOURCE)
+        read_state = lambda: podman("exec", name, "cat", "/tmp/state").stdout  # noqa: E731
+        wait_counter(read_state, 2)
+        container_id = podman("inspect", "--format", "{{.Id}}", name).stdout.strip()
+        assert Path(f"/run/crun/{container_id}").is_dir() and not Path(f"/run/runc/{container_id}").exists()
+        podman("container", "checkpoint", "--export", str(archive), name, timeout=300)
+        assert has_entry(archive, f"checkpoint/{DUMP_SIGNATURE}")  # the shim's checkpoint, crun's dump under it
+        podman("rm", "-f", "-t", "0", name)
+        podman("container", "restore", "--import", str(archive), timeout=300)
+        assert podman("inspect", "--format", "{{.OCIRuntime}}", name).stdout.strip() == "crun"
+        assert Path(f"/run/crun/{container_id}").is_dir() and not Path(f"/run/runc/{container_id}").exists()
+        assert_continues(wait_counter(read_state, 1), read_state)
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False, env=podman_installed)
 
 
 @pytest.fixture(scope="module")
@@ -406,3 +521,24 @@ def test_a_dev_shm_entry_two_readers_name_differently_is_refused(exported, unsig
     line = imported(attack, f"{name}-shm")
     assert "devshm-checkpoint.tar: an entry named by both a PAX record and a GNU long name: refused" in line, line
     assert not (host_scratch / "planted").exists()
+
+
+@pytest.mark.hostile("real export whose named volume spec.dump no longer mounts (a volume of config.dump alone, "
+                     "which the shim refused only after podman made the container and the volume)")
+def test_a_volume_spec_dump_does_not_mount_is_refused_before_podman_acts(exported_with_volume, tmp_path) -> None:
+    archive, name, volume = exported_with_volume
+
+    def unmounted(spec: dict) -> dict:
+        return {**spec, "mounts": [mount for mount in spec["mounts"] if mount["destination"] != "/data"]}
+
+    edit = edited_specs(unmounted)
+    attack = edited_archive(archive, archive.parent / "unmounted.tar.zst",
+                            lambda entry, data: data if entry == "config.dump" else edit(entry, data))
+    # the edit unsigned it: an exception of a trust directory of this test's own, the node's policy untouched
+    env = dict(os.environ, GPUCKPT_TRUST_DIR=str(tmp_path / "trust"), GPUCKPT_TRUST_LOG=str(tmp_path / "trust.log"))
+    sh(GPUCKPT, "trust", "allow-unsigned", f"archive:{archive.parent}/", "--note", "integration test", env=env)
+    result = sh(GPUCKPT, "import", str(attack), "--trust-config", check=False, env=env)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert f"volume {volume} at /data, which spec.dump does not mount" in result.stderr, result.stderr
+    assert containers_named(name) == "" and staging_leftovers() == []
+    assert sh("podman", "volume", "exists", volume, check=False).returncode != 0  # podman never made it

@@ -32,6 +32,12 @@ PODMAN_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 # containers/common's default list of runtimes that take --log-format=json; a
 # configured list replaces it, so ours carries the defaults along.
 PODMAN_JSON_RUNTIMES = ["crun", "runc", "kata", "runsc", "youki", "krun"]
+# The runtime names podman knows by default (containers/common's [engine.runtimes]) that it would run as an
+# archive's config.dump names them, under its own `restore --import`
+PODMAN_RUNTIME_NAMES = ("runc", "crun", "crun-vm", "crun-wasm", "kata", "runsc", "youki", "krun", "ocijail", "runj")
+# Beside containers.conf: the links to gpuckpt-runtime named after the runtimes it stands in for (podman runs a
+# runtime with its table's path as argv[0], and the shim delegates by that name)
+STAND_IN_DIR = "gpuckpt-runtime.as"
 
 
 class DockerRuntime(BaseModel):
@@ -78,13 +84,40 @@ class Change:
         self.path, self.changed, self.backup = path, changed, backup
 
 
+def stand_in_links(runtime_path: str, names: list[str], conf_path: str = PODMAN_CONF) -> dict[str, str]:
+    """A link to `runtime_path` named after each of `names`, in STAND_IN_DIR beside `conf_path` (root's, 0755,
+    as /etc/containers is); each name -> its link."""
+    directory = os.path.join(os.path.dirname(os.path.abspath(conf_path)), STAND_IN_DIR)
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    links = {}
+    for name in names:
+        link = os.path.join(directory, name)
+        if os.path.islink(link) and os.readlink(link) == runtime_path:
+            links[name] = link
+            continue
+        temporary = f"{link}.gpuckpt-tmp"
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        os.symlink(runtime_path, temporary)
+        os.replace(temporary, link)
+        links[name] = link
+    return links
+
+
+def stands_in(paths: list[str], runtime_path: str) -> bool:
+    """Whether a podman runtime of these paths runs `runtime_path`: podman takes the first that is a file (where
+    none is, the first named here)."""
+    chosen = next((path for path in paths if os.path.isfile(path)), paths[0] if paths else None)
+    return chosen is not None and os.path.realpath(chosen) == os.path.realpath(runtime_path)
+
+
 def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN_CONF, hooks: bool = False,
-                    stand_in_for: str | None = None) -> Change:
+                    stand_in_for: dict[str, str] | None = None) -> Change:
     """Add `[engine.runtimes] gpuckpt-runtime = [PATH]` (and make it the default; with `hooks`, have
     podman read PODMAN_HOOKS_DIR too: a podman without containers-common reads only its built-in
-    /usr/share/containers/oci/hooks.d). With `stand_in_for` (the shim's delegate, runc or crun), that
-    name resolves to PATH too: a container or archive that names it (podman's own `restore --import`)
-    goes through the shim, which runs the delegate as before."""
+    /usr/share/containers/oci/hooks.d). `stand_in_for`: podman runtime names (runc, crun) -> the link to PATH
+    named after each (stand_in_links): a container or archive that names one (podman's own `restore
+    --import`) goes through the shim, which runs the runtime of that name as before."""
     old_text = read_engine_file(conf_path)
     try:
         document = tomlkit.parse(old_text or "")
@@ -95,8 +128,8 @@ def register_podman(runtime_path: str, *, default: bool, conf_path: str = PODMAN
     if not isinstance(engine, dict) or not isinstance(runtimes, dict):
         raise EngineConfigError(f"{conf_path}: [engine] and [engine.runtimes] must be tables")
     runtimes[RUNTIME_NAME] = [runtime_path]
-    if stand_in_for is not None:
-        runtimes[stand_in_for] = [runtime_path]
+    for name, link in (stand_in_for or {}).items():
+        runtimes[name] = [link]
     json_runtimes = list(engine.get("runtime_supports_json", PODMAN_JSON_RUNTIMES))
     if RUNTIME_NAME not in json_runtimes:
         engine["runtime_supports_json"] = [*json_runtimes, RUNTIME_NAME]

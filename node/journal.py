@@ -65,6 +65,7 @@ class Journal(BaseModel):
     boot_id: str
     shim_pid: int
     global_argv: list[str] = []  # the delegate's global options (--root ...), as the engine gave them
+    delegate: str = ""  # the delegate's path (the call's name may choose it: "" in a journal from before that)
     root: str = ""  # the runtime's root, absolute, as StateKey has it ("": a journal of the layout before roots)
     image_dir: str
     work_dir: str = ""  # where CRIU's log is (the image directory unless --work-path)

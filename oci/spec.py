@@ -120,6 +120,12 @@ class Spec(_Part):
         """The container's root filesystem on the host: root.path, relative to the bundle if not absolute."""
         return os.path.normpath(os.path.join(bundle, self.root.path)) if self.root.path else ""
 
+    def bind_source(self, destination: str) -> str | None:
+        """Where the bind mount at `destination` comes from (the last one there wins, as mounts stack)."""
+        sources = [mount.source for mount in self.mounts
+                   if os.path.normpath(mount.destination) == destination and mount.is_bind() and mount.source]
+        return sources[-1] if sources else None
+
     def own_network_namespace(self) -> bool:
         """Whether the runtime makes the container a network namespace of its own (one without a path)."""
         return any(namespace.type == "network" and not namespace.path for namespace in self.linux.namespaces)

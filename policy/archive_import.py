@@ -141,6 +141,7 @@ def import_refusals(archive: PodmanArchive, own_hooks: frozenset[str] = frozense
     if config.rootfs:
         problems.append(f"a root filesystem given by path ({config.rootfs[:80]})")
     problems += _node_resources(config, run_root, default_run_root)
+    problems += volume_refusals(config, archive.spec, graph_root)
     # podman's restore puts the netns it makes in place of spec.dump's (addNetworkNamespace): an ordinary
     # `podman run` exports the path of the one it made on its own node
     replaced = frozenset({"network"}) if config.createNetNS else frozenset()
@@ -162,7 +163,7 @@ def _node_resources(config: PodmanConfigDump, run_root: str, default_run_root: s
         problems.append(f"this node's podman secrets ({', '.join(secrets[:3])})")
     if joined := [field for field in NAMESPACE_CONTAINERS if getattr(config, field)]:
         problems.append(f"the namespaces of another container ({', '.join(joined)})")
-    return problems + volume_refusals(config)
+    return problems
 
 
 # What `-v NAME:DEST:OPTIONS` puts in a named volume's options: mount flags. Anything else (podman's
@@ -171,12 +172,15 @@ VOLUME_OPTIONS = frozenset({"rw", "ro", "z", "Z", "U", "nosuid", "suid", "nodev"
                             "rbind", "private", "rprivate", "shared", "rshared", "slave", "rslave", "copy", "nocopy"})
 
 
-def volume_refusals(config: PodmanConfigDump) -> list[str]:
+def volume_refusals(config: PodmanConfigDump, spec: Spec | None = None, graph_root: str = "") -> list[str]:
     """Named volumes podman would make (or take) for the container: by a name it could have written, at an
-    absolute place, with mount flags only. Refused with --trust-config too: the import writes into them."""
-    problems = []
+    absolute place, with mount flags only, and (given spec.dump's `spec` and this node's podman storage at
+    `graph_root`) mounted there from the directory podman makes for it, as the shim demands before it writes the
+    volume's content: podman makes the container and the volume before the shim runs. Refused with
+    --trust-config too: the import writes into them."""
+    problems: list[str] = []
     for volume in config.namedVolumes:
-        name = volume.volumeName[:80]
+        name, found = volume.volumeName[:80], len(problems)
         if not re.fullmatch(VOLUME_NAME, volume.volumeName):
             problems.append(f"a volume name podman does not make ({name!r})")
         if not volume.dest.startswith("/") or posixpath.normpath(volume.dest) != volume.dest.rstrip("/") or \
@@ -184,7 +188,22 @@ def volume_refusals(config: PodmanConfigDump) -> list[str]:
             problems.append(f"volume {name} mounted at {volume.dest[:80]!r}, not an absolute normalized path")
         if extra := [option[:60] for option in volume.options if option not in VOLUME_OPTIONS]:
             problems.append(f"volume {name} with options beyond mount flags ({', '.join(extra[:3])})")
+        if spec is not None and graph_root and len(problems) == found:  # a name and place fit to look up
+            problems += _volume_bind_refusals(spec, volume.volumeName, volume.dest.rstrip("/") or "/", graph_root)
     return problems
+
+
+def _volume_bind_refusals(spec: Spec, name: str, destination: str, graph_root: str) -> list[str]:
+    """Whether spec.dump mounts the volume `name` at `destination` from its directory on this node."""
+    directory = volume_directory(graph_root, name)
+    source = spec.bind_source(destination)
+    if source is None:
+        return [f"volume {name} at {destination[:80]}, which {SPEC_DUMP} does not mount (a volume of config.dump "
+                f"alone; allowed: {SPEC_DUMP} binds {directory} there)"]
+    if source != directory:
+        return [f"volume {name} at {destination[:80]}, which {SPEC_DUMP} mounts from {source[:80]} (allowed: the "
+                f"volume's directory on this node, {directory})"]
+    return []
 
 
 def _foreign_pid_files(config: PodmanConfigDump, run_root: str, default_run_root: str) -> list[str]:

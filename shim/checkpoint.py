@@ -566,7 +566,7 @@ class Checkpoint:
         """Write the phase about to start (and what it needs known) before it starts."""
         if self.journal is None:
             self.journal = Journal(container=self.container_id, verb="checkpoint", phase=phase, boot_id=boot_id(),
-                                   shim_pid=os.getpid(), global_argv=self.args.global_argv,
+                                   shim_pid=os.getpid(), global_argv=self.args.global_argv, delegate=self.delegate,
                                    root=self.args.runtime_root(self.delegate),
                                    image_dir=self.plan.image_dir, work_dir=self.plan.work_dir,
                                    leave_running=self.plan.leave_running, refreeze=self.plan.frozen_by_engine)

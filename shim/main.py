@@ -62,14 +62,18 @@ def _print_version(delegate: str) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None, gpus: NodeGpus | None = None, resident: bool = True) -> int:
+def main(argv: list[str] | None = None, gpus: NodeGpus | None = None, resident: bool = True,
+         called_as: str | None = None) -> int:
     """`gpus`: the node's GPUs as the owned verbs reach them (the real ones unless a test's launcher
     gives its own, integration/fake_gpu_runtime.py); `resident`: whether an owned verb may go to the
-    resident helper (the compiled launcher says False when the helper did not take it)."""
+    resident helper (the compiled launcher says False when the helper did not take it); `called_as`: the
+    argv[0] the engine gave (the compiled launcher passes its own on; sys.argv[0] otherwise), whose name may
+    choose the delegate (shim/resolve.py DELEGATE_NAMES)."""
+    called_as = (sys.argv[0] if sys.argv else "") if called_as is None else called_as
     argv = sys.argv[1:] if argv is None else argv
     args = parse_runtime_args(argv)
     try:
-        resolved = resolve_runtime()
+        resolved = resolve_runtime(called_as)
         delegate = resolved.delegate
         refused = hidden_checkpoint_or_restore(args)
         if refused:

@@ -68,7 +68,7 @@ def _finish_journal(key: StateKey, delegate: str, gpus: NodeGpus, report: Report
     journal = read_journal(key)
     if journal is None:
         return False
-    container = journal.container
+    container, delegate = journal.container, journal.delegate or delegate  # the one the shim that wrote it ran
     if journal.shim_pid == os.getpid():
         raise GpuckptError(f"{container}: the journal names this very process")  # a bug, not a state
     this_boot = journal.boot_id == boot_id()

@@ -25,9 +25,20 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import NoReturn
 
-CACHE_NAME = "delegate.cache"  # one file per config path, PATH and launcher (".<crc32>" added by _cache_file)
-CACHE_VERSION = "2"
+CACHE_NAME = "delegate.cache"  # one file per config path, PATH, launcher and name (".<crc32>" added by _cache_file)
+CACHE_VERSION = "3"
 KEY_CONFIG_IDENTITY = 2  # where _cache_key puts the config file's identity
+# The runtimes the shim can delegate to, by podman's names for them. `gpuckpt install --engine podman --default`
+# points each of them the node has at a link of that name to gpuckpt-runtime (an archive that names it goes
+# through the shim under podman's own `restore --import`); called under such a name, the shim delegates to the
+# program of that name, whatever the config's delegate.
+DELEGATE_NAMES = ("crun", "runc")
+
+
+def delegate_named(called_as: str) -> str:
+    """The delegate a call's argv[0] names: its last component where that is one of DELEGATE_NAMES, else ""."""
+    name = called_as.rpartition("/")[2]
+    return name if name in DELEGATE_NAMES else ""
 
 
 def _own_path() -> str:
@@ -35,13 +46,13 @@ def _own_path() -> str:
     return os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
 
 
-def _cache_key(config_file: str) -> list[str]:
+def _cache_key(config_file: str, named: str) -> list[str]:
     try:
         status = os.stat(config_file)
         identity = f"{status.st_dev}:{status.st_ino}:{status.st_size}:{status.st_mtime_ns}:{status.st_ctime_ns}"
     except FileNotFoundError:
         identity = "absent"
-    return [CACHE_VERSION, config_file, identity, os.environ.get("PATH", ""), _own_path()]
+    return [CACHE_VERSION, config_file, identity, os.environ.get("PATH", ""), _own_path(), named]
 
 
 class Resolved:
@@ -97,12 +108,16 @@ def _write_cache(key: list[str], resolved: Resolved) -> None:
         pass  # a cache we cannot write only costs start-up time
 
 
-def resolve_delegate(delegate: str, config_file: str) -> str:
-    """The executable path of the configured delegate, or a DelegateError naming where it was set."""
-    found = find_program(delegate, skip=_own_path() or None)
+def resolve_delegate(delegate: str, config_file: str, named: str = "") -> str:
+    """The executable path of the delegate (`named`, the one the call's name chose, else the configured one), or a
+    DelegateError naming where it was set."""
+    found = find_program(named or delegate, skip=_own_path() or None)
     if found is None:
-        problem = (f"{delegate} is not an executable file" if delegate.startswith("/")
-                   else f"{delegate!r} not found on PATH ({os.environ.get('PATH', os.defpath)})")
+        problem = (f"{delegate} is not an executable file" if delegate.startswith("/") and not named
+                   else f"{named or delegate!r} not found on PATH ({os.environ.get('PATH', os.defpath)})")
+        if named:
+            raise DelegateError(f"delegate runtime {problem}; gpuckpt-runtime was called as {named}, the runtime it "
+                                "stands in for (gpuckpt install --engine podman --default links it under that name)")
         raise DelegateError(
             f"delegate runtime {problem}; set 'delegate' in {config_file} "
             "to runc, crun or the absolute path of a runc-compatible runtime"
@@ -115,17 +130,21 @@ def hook_beside_runtime() -> str:
     return hook_beside(_own_path())
 
 
-def resolve_runtime() -> Resolved:
-    """The delegate's path and the hook for this call: from the cache when nothing they depend on changed."""
+def resolve_runtime(called_as: str = "") -> Resolved:
+    """The delegate's path and the hook for a call made under `called_as` (its argv[0]): from the cache when
+    nothing they depend on changed."""
     config_file = config_path()
-    key = _cache_key(config_file)
+    named = delegate_named(called_as)
+    key = _cache_key(config_file, named)
     cached = _read_cache(key)
     if cached:
         return cached
     from ..node.config import load_config  # pydantic: only on a cache miss
 
     config = load_config(config_file)
-    resolved = Resolved(resolve_delegate(config.delegate, config_file),
+    if named == config.delegate.rpartition("/")[2]:
+        named = ""  # the configured delegate is the runtime of that name (and may be given by its path)
+    resolved = Resolved(resolve_delegate(config.delegate, config_file, named),
                         hook_beside_runtime() if config.hook.add_to_spec else "")
     _write_cache(key, resolved)
     return resolved

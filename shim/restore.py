@@ -274,7 +274,8 @@ class GpuRestore:
         wanted = [JournalProcess(host_pid=0, start_time=0, container_pid=record.container_pid)
                   for record in manifest.processes]
         self.journal = Journal(container=container_id, verb="restore", phase="restore", boot_id=boot_id(),
-                               shim_pid=os.getpid(), global_argv=args.global_argv, root=lock.key.root,
+                               shim_pid=os.getpid(), global_argv=args.global_argv, delegate=self.delegate,
+                               root=lock.key.root,
                                image_dir=image_dir_of(verb), gpu=True, processes=wanted)
 
     def _ended(self) -> None:

@@ -298,3 +298,18 @@ def test_a_journal_of_the_layout_before_roots_is_finished_under_the_root_it_name
         assert recover.finish_left_journal(CTR, str(node.runtime), NodeGpus(**node.gpus), lines.append)
     assert read_journal(StateKey.legacy("ctr")) is None and node.all_running()
     assert "a killed gpuckpt-runtime" in lines[-1]
+
+
+def test_a_journal_is_finished_with_the_delegate_that_wrote_it(make_node, tmp_path: Path) -> None:
+    """A shim called as crun (shim/resolve.py delegate_named) journals crun: finishing its work later, whoever
+    asks (gpuckpt recover resolves the configured delegate), asks crun about the container, not the other one."""
+    node = make_node(2)
+    crun = tmp_path / "other" / "crun"
+    crun.parent.mkdir()
+    crun.write_text(f'#!/bin/sh\necho "$@" >> {crun.parent / "calls"}\nexec {node.runtime} "$@"\n')
+    crun.chmod(0o755)
+    left_journal(node, "gpu_checkpoint", delegate=str(crun))
+    lines: list[str] = []
+    assert recover.finish_left_journal(CTR, str(node.runtime), NodeGpus(**node.gpus), lines.append)
+    assert "state ctr" in (crun.parent / "calls").read_text()
+    assert read_journal(CTR) is None

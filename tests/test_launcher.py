@@ -14,6 +14,7 @@ from support import python_calls as count_python_calls
 
 import gpuckpt
 from gpuckpt.node.lock import StateKey
+from gpuckpt.shim import resolve
 
 REPO = Path(__file__).resolve().parent.parent
 # gpuckpt as the test bed installed it from this tree (the launcher inserts its folder first on sys.path)
@@ -168,3 +169,58 @@ def test_delete_passes_through_with_runc_and_no_lock_file(launcher, launcher_bui
     before = python_calls(launcher_build)
     run(launcher, "delete", "c3")
     assert python_calls(launcher_build) == before + 1
+
+
+NAMES = ["crun", "runc", "crun.real", "CRUN", "kata", "gpuckpt-runtime"]
+
+
+@pytest.fixture
+def named_runtimes(launcher, node, tmp_path, recording_runtime) -> tuple[dict[str, Path], Path, dict[str, str]]:
+    """The launcher linked under each of NAMES (as `gpuckpt install --engine podman --default` links it for podman's
+    runtimes), a recording runc and crun first on PATH and a configured delegate of another name: the links, the
+    configured delegate and the environment."""
+    configured = tmp_path / "configured" / "delegate"
+    configured.parent.mkdir()
+    shutil.copy(recording_runtime, configured)
+    write_config(node, f'delegate = "{configured}"\n')
+    on_path = tmp_path / "on-path"
+    for name in ("runc", "crun"):
+        (on_path / name).mkdir(parents=True)
+        shutil.copy(recording_runtime, on_path / name / name)
+    (tmp_path / "as").mkdir()
+    links = {name: tmp_path / "as" / name for name in NAMES}
+    for link in links.values():
+        link.symlink_to(launcher)
+    path = f"{on_path / 'runc'}:{on_path / 'crun'}:{os.environ['PATH']}"
+    return links, configured, dict(os.environ, PATH=path)
+
+
+def test_a_call_under_a_delegates_name_runs_that_delegate_in_the_launcher_and_the_shim_alike(
+        named_runtimes, launcher_build, tmp_path) -> None:
+    """podman runs a runtime of its table with the table's path as argv[0]: called as runc or crun (shim/resolve.py
+    DELEGATE_NAMES) the shim delegates to the program of that name, any other name to the configured delegate. The
+    shim chooses and caches; the compiled launcher finds that entry by the same name (or falls back to the shim)."""
+    links, configured, env = named_runtimes
+    cached: set[str] = set()  # the names whose choice is cached (every other name shares one entry)
+    for name, link in links.items():
+        expected = (tmp_path / "on-path" / name / name) if name in resolve.DELEGATE_NAMES else configured
+        for caller in ["shim", "launcher"]:
+            for written in (tmp_path / "on-path" / "runc" / "argv", tmp_path / "on-path" / "crun" / "argv",
+                            configured.parent / "argv"):
+                written.unlink(missing_ok=True)
+            before = python_calls(launcher_build)
+            result = subprocess.run([str(link), "state", f"{caller}-{name}"], capture_output=True, text=True,
+                                    timeout=30, env=env)
+            assert result.returncode == 0, result.stderr
+            started = python_calls(launcher_build) - before
+            assert started == (0 if resolve.delegate_named(str(link)) in cached else 1), (name, caller)
+            cached.add(resolve.delegate_named(str(link)))
+            assert recorded(expected) == ["state", f"{caller}-{name}"], (name, caller)
+
+
+@pytest.mark.parametrize(("called_as", "named"), [
+    ("/etc/containers/gpuckpt-runtime.as/crun", "crun"), ("runc", "runc"), ("/x/runc/", ""), ("/usr/bin/crun.real", ""),
+    ("/usr/bin/gpuckpt-runtime", ""), ("", ""), ("/x/RUNC", ""),
+])
+def test_the_name_a_call_was_made_under_chooses_only_a_known_delegate(called_as: str, named: str) -> None:
+    assert resolve.delegate_named(called_as) == named

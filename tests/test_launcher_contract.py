@@ -300,3 +300,36 @@ def test_bytes_that_are_not_utf8_are_the_shims_to_send(callers: Callers, node: P
     assert [os.fsencode(arg) for arg in fields["argv"]] == [os.fsencode(arg) for arg in argv]
     assert {os.fsencode(name) + b"=" + os.fsencode(value) for name, value in fields["environment"].items()} == \
         set(entries)
+
+
+# The launcher's -c code as it hands the shim the engine's argv[0] (here a link named after a delegate) before its own
+PYTHON_SHIM_CALLED_AS = ("import sys\ncalled_as = sys.argv[1]\nsys.argv[:3] = sys.argv[2:3]\n"
+                         "from gpuckpt.shim.main import main\nsys.exit(main(called_as=called_as))\n")
+
+
+@needs_cc
+def test_both_callers_send_the_delegate_the_name_they_were_called_under_chose(callers: Callers, node: Path,
+                                                                              tmp_path: Path) -> None:
+    """Called as crun (podman's table pointing crun at a link of that name, `gpuckpt install --default`), the
+    compiled and the Python caller both choose the crun on PATH over the configured delegate (shim/resolve.py
+    delegate_named; the C side's table generated from it) and send the helper the same call."""
+    crun = tmp_path / "other-bin" / "crun"
+    crun.parent.mkdir()
+    shutil.copy(node / "bin" / "runc", crun)
+    link = tmp_path / "as" / "crun"
+    link.parent.mkdir()
+    link.symlink_to(callers.launcher)
+    entries = [b"PATH=" + os.fsencode(f"{crun.parent}:{os.environ['PATH']}"), *base_entries(node)[1:]]
+    assert callers.run([str(link)], ["state", "warm"], entries) == 0, (node / "err").read_text()  # its cache entry
+    before = callers.python_starts()
+    assert callers.run([str(link)], ["pause", "c1"], entries) == EXIT_STATUS, (node / "err").read_text()
+    assert callers.python_starts() == before  # the compiled caller sent it
+    compiled = callers.helper.take()
+    assert callers.run([sys.executable, "-I", "-c", PYTHON_SHIM_CALLED_AS, str(link), str(callers.launcher)],
+                       ["pause", "c1"], entries) == EXIT_STATUS, (node / "err").read_text()
+    python = callers.helper.take()
+    assert len(compiled) == len(python) == 1
+    fields = dict(zip(resident_call.CALL_FIELDS, marshal.loads(compiled[0][0]), strict=True))
+    assert fields["delegate"] == str(crun)
+    assert marshal.loads(compiled[0][0]) == marshal.loads(python[0][0])
+    assert compiled[0][0] == python[0][0]

@@ -581,3 +581,34 @@ def test_a_named_volume_is_its_own_directory_on_this_node_only(tmp_path) -> None
     assert any(r.startswith("host bind mounts in spec.dump (/etc)") for r in refusals("/etc", ["rw"]))
     assert any("volume data with options beyond mount flags (volume-opt=device=/etc)" in r
                for r in refusals(f"{graph}/volumes/data/_data", ["volume-opt=device=/etc"]))
+
+
+@pytest.mark.hostile("an archive whose config.dump names a volume spec.dump does not mount (podman would make the "
+                     "container and the volume before the shim refused it), imported with and without --trust-config")
+def test_a_volume_of_config_dump_alone_is_refused_before_podman_acts(tmp_path) -> None:
+    graph = "/var/lib/containers/storage"
+    directory = f"{graph}/volumes/data/_data"
+
+    def archive_with(mounts: list[dict[str, object]]):
+        config = json.loads(CONFIG) | {"id": PODMAN_ID, "spec": podman_spec(),
+                                       "namedVolumes": [{"volumeName": "data", "dest": "/data/", "options": []}]}
+        path = tmp_path / "a.tar"
+        path.write_bytes(podman_tar(config=json.dumps(config).encode(),
+                                    spec=json.dumps(podman_spec(mounts=mounts)).encode()))
+        return check_podman_archive(str(path))
+
+    def bind(destination: str, source: str) -> dict[str, object]:
+        return {"destination": destination, "type": "bind", "source": source, "options": ["rbind"]}
+
+    alone = archive_with([bind("/other", directory)])
+    expected = f"volume data at /data, which spec.dump does not mount (a volume of config.dump alone; allowed: " \
+               f"spec.dump binds {directory} there)"
+    assert volume_refusals(alone.config, alone.spec, graph) == [expected]  # what --trust-config keeps
+    assert expected in import_refusals(alone, graph_root=graph)
+    elsewhere = archive_with([bind("/data", directory), bind("/data", "/var/tmp/x")])  # the last bind wins
+    assert volume_refusals(elsewhere.config, elsewhere.spec, graph) == [
+        f"volume data at /data, which spec.dump mounts from /var/tmp/x (allowed: the volume's directory on this "
+        f"node, {directory})"]
+    mounted = archive_with([bind("/data", directory)])
+    assert volume_refusals(mounted.config, mounted.spec, graph) == []
+    assert volume_refusals(alone.config) == []  # without a spec and a storage, the name and options only

@@ -54,7 +54,7 @@ def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str) -> s
         destination = SHM if volume is None else staged.volume_destinations.get(volume)
         if destination is None:
             raise ImageError(f"{what}: {entry} names no volume of the container: refused")
-        directory = _bind_source(spec, destination)
+        directory = spec.bind_source(destination)
         if directory is None:
             raise ImageError(f"{what}: {entry}: the container has no mount at {destination} to restore it into")
         if volume is None and not _podmans_shm(directory, staged.storage):
@@ -75,13 +75,6 @@ def _podmans_shm(directory: str, storage: str) -> bool:
     parts = directory.split("/")
     return (bool(storage) and directory.startswith(f"{storage}/overlay-containers/") and ".." not in parts
             and len(parts) == len(storage.split("/")) + 4 and parts[-2:] == ["userdata", "shm"])
-
-
-def _bind_source(spec: Spec, destination: str) -> str | None:
-    """Where the engine's bind mount at `destination` comes from (the last one there wins, as mounts stack)."""
-    sources = [mount.source for mount in spec.mounts
-               if os.path.normpath(mount.destination) == destination and mount.is_bind() and mount.source]
-    return sources[-1] if sources else None
 
 
 def apply_root_files(root: str, rootfs_diff: str | None, deleted_files: str | None, *, allow_setuid: bool,

@@ -107,6 +107,8 @@ def render(modules: dict[str, ModuleType]) -> str:
         f"#define PATHS_STATE_DIR_ENV {_text(paths.STATE_DIR_ENV)}",
         f"#define RESOLVE_CACHE_NAME {_text(resolve.CACHE_NAME)}",
         f"#define RESOLVE_CACHE_VERSION {_text(resolve.CACHE_VERSION)}",
+        "/* shim/resolve.py's delegate_named: an argv[0] whose last component is one of these names that delegate */",
+        f"#define RESOLVE_DELEGATE_NAMES {_strings(resolve.DELEGATE_NAMES)}",
         "",
         "/* shim/resident/messages.py: the wire and the peer checks (peer_refusal; a /proc/PID/status field missing",
         " * reads as the most confined) */",

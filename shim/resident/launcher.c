@@ -6,8 +6,9 @@
  * decide for a call it passes through unchanged, from the same delegate cache (shim/resolve.py
  * writes it), and becomes the delegate. Anything else, or any doubt (no cache entry, a global
  * option it does not know, --version, an owned verb with a container), it hands to the Python
- * shim, with its own path as argv[0] as the shim would have seen it. An owned verb goes to the
- * resident helper first where one listens (shim/resident/resident_call.c), as the shim would send it.
+ * shim, with its own path as argv[0] as the shim would have seen it (and the engine's argv[0], whose name may choose
+ * the delegate: shim/resolve.py delegate_named). An owned verb goes to the resident helper first where one listens
+ * (shim/resident/resident_call.c), as the shim would send it.
  *
  * Built by shim/resident/build.sh with the interpreter and site-packages of the installation; the tables and names it
  * shares with the Python side are generated from that side's (shim/resident/contract.py: resident_contract.h).
@@ -44,17 +45,20 @@ static const struct owned_verb {
 /* shim/resolve.py's cache */
 #define CACHE_VERSION RESOLVE_CACHE_VERSION
 #define CACHE_NAME RESOLVE_CACHE_NAME
-#define CACHE_FIELDS 7 /* version, config path, config identity, PATH, launcher, delegate, hook */
+#define CACHE_FIELDS 8 /* version, config path, config identity, PATH, launcher, name, delegate, hook */
+static const char *const DELEGATE_NAMES[] = RESOLVE_DELEGATE_NAMES;
 #define CACHE_MAX 65536
 
+/* the engine's argv[0] (whose name may choose the delegate), then ours, which takes -c's place */
 #define SHIM_PRELUDE "import sys\n"                                                                         \
-                     "sys.argv[:2] = sys.argv[1:2]\n" /* -c's argv[0] gives way to ours */                  \
+                     "called_as = sys.argv[1]\n"                                                              \
+                     "sys.argv[:3] = sys.argv[2:3]\n"                                                         \
                      "sys.path.insert(0, \"" GPUCKPT_SITE "\")\n"
 static const char SHIM_CODE[] = SHIM_PRELUDE "from gpuckpt.shim.main import main\n"
-                                             "sys.exit(main())\n";
+                                             "sys.exit(main(called_as=called_as))\n";
 /* after the helper did not take the call: asking it again would only wait for the same answer */
 static const char SHIM_CODE_LOCAL[] = SHIM_PRELUDE "from gpuckpt.shim.main import main\n"
-                                                   "sys.exit(main(resident=False))\n";
+                                                   "sys.exit(main(resident=False, called_as=called_as))\n";
 /* after the helper's worker ended before the verb: shim/resident/call.py's line, where the shim says its errors */
 static const char SHIM_CODE_WORKER_GONE[] = SHIM_PRELUDE "from gpuckpt.shim.resident.call import report_worker_gone\n"
                                                          "sys.exit(report_worker_gone(sys.argv[1:]))\n";
@@ -228,12 +232,21 @@ static int delete_passes_through(int argc, char **argv, int verb_at, const char 
     return !has_lock_file(container);
 }
 
-/* The delegate and hook shim/resolve.py cached for this config, PATH and launcher; 0 when there is none. */
-static int cached_delegate(const char *own, char *delegate, size_t delegate_size, char *hook, size_t hook_size)
+/* shim/resolve.py's delegate_named: argv[0]'s last component where it names a delegate, else "" */
+static const char *delegate_named(const char *called_as)
+{
+    const char *name = strrchr(called_as, '/');
+    name = name ? name + 1 : called_as;
+    return member(DELEGATE_NAMES, name, strlen(name)) ? name : "";
+}
+
+/* The delegate and hook shim/resolve.py cached for this config, PATH, launcher and name; 0 when there is none. */
+static int cached_delegate(const char *own, const char *named, char *delegate, size_t delegate_size, char *hook,
+                           size_t hook_size)
 {
     const char *config = env_or(PATHS_CONFIG_PATH_ENV, PATHS_DEFAULT_CONFIG_PATH);
     const char *path = getenv("PATH") ? getenv("PATH") : "";
-    char identity[128], name[PATH_MAX], key[3 * PATH_MAX + 64], content[CACHE_MAX + 1];
+    char identity[128], name[PATH_MAX], key[3 * PATH_MAX + NAME_MAX + 64], content[CACHE_MAX + 1];
     const char *fields[CACHE_FIELDS + 1];
     struct stat status;
     size_t key_length;
@@ -249,7 +262,8 @@ static int cached_delegate(const char *own, char *delegate, size_t delegate_size
         return 0; /* absent or unreadable: the shim says what is wrong */
 
     /* the file's name: crc32 of the key without the config's identity (which is inside the file) */
-    key_length = (size_t)snprintf(key, sizeof key, "%s%c%s%c%s%c%s", CACHE_VERSION, 0, config, 0, path, 0, own);
+    key_length = (size_t)snprintf(key, sizeof key, "%s%c%s%c%s%c%s%c%s", CACHE_VERSION, 0, config, 0, path, 0, own,
+                                  0, named);
     if (key_length >= sizeof key)
         return 0;
     if ((size_t)snprintf(name, sizeof name, "%s/%s.%08lx", env_or(PATHS_STATE_DIR_ENV, PATHS_DEFAULT_STATE_DIR),
@@ -276,28 +290,29 @@ static int cached_delegate(const char *own, char *delegate, size_t delegate_size
     if (count != CACHE_FIELDS)
         return 0;
     if (strcmp(fields[0], CACHE_VERSION) || strcmp(fields[1], config) || strcmp(fields[2], identity) ||
-        strcmp(fields[3], path) || strcmp(fields[4], own))
+        strcmp(fields[3], path) || strcmp(fields[4], own) || strcmp(fields[5], named))
         return 0;
-    if (fields[5][0] != '/' || access(fields[5], X_OK) != 0 || strlen(fields[5]) >= delegate_size ||
-        strlen(fields[6]) >= hook_size)
+    if (fields[6][0] != '/' || access(fields[6], X_OK) != 0 || strlen(fields[6]) >= delegate_size ||
+        strlen(fields[7]) >= hook_size)
         return 0;
-    strcpy(delegate, fields[5]);
-    strcpy(hook, fields[6]);
+    strcpy(delegate, fields[6]);
+    strcpy(hook, fields[7]);
     return 1;
 }
 
 static void exec_shim(int argc, char **argv, const char *own, const char *code)
 {
-    char **shim_argv = calloc((size_t)(argc > 0 ? argc : 1) + 5, sizeof *shim_argv); /* and the NULL */
+    char **shim_argv = calloc((size_t)(argc > 0 ? argc : 1) + 6, sizeof *shim_argv); /* and the NULL */
     if (!shim_argv)
         exit(1);
     shim_argv[0] = GPUCKPT_PYTHON;
     shim_argv[1] = "-IS";
     shim_argv[2] = "-c";
     shim_argv[3] = (char *)code;
-    shim_argv[4] = (char *)own;
+    shim_argv[4] = argc > 0 ? argv[0] : "";
+    shim_argv[5] = (char *)own;
     for (int i = 1; i < argc; i++)
-        shim_argv[4 + i] = argv[i];
+        shim_argv[5 + i] = argv[i];
     execv(GPUCKPT_PYTHON, shim_argv);
     fprintf(stderr, "gpuckpt-runtime: cannot run %s: %s\n", GPUCKPT_PYTHON, strerror(errno));
     exit(1);
@@ -312,7 +327,7 @@ int main(int argc, char **argv)
         snprintf(own, sizeof own, "%s", argc > 0 ? argv[0] : "");
     if (argc < 1)
         exec_shim(argc, argv, own, SHIM_CODE);
-    cached = cached_delegate(own, delegate, sizeof delegate, hook, sizeof hook);
+    cached = cached_delegate(own, delegate_named(argv[0]), delegate, sizeof delegate, hook, sizeof hook);
 
     if (cached && (verb_at = passes_through(argc, argv, &create, &delete)) && !(create && hook[0]) &&
         !(delete && !delete_passes_through(argc, argv, verb_at, delegate))) {

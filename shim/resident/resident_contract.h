@@ -25,7 +25,9 @@
 #define PATHS_DEFAULT_STATE_DIR "/run/gpuckpt"
 #define PATHS_STATE_DIR_ENV "GPUCKPT_STATE_DIR"
 #define RESOLVE_CACHE_NAME "delegate.cache"
-#define RESOLVE_CACHE_VERSION "2"
+#define RESOLVE_CACHE_VERSION "3"
+/* shim/resolve.py's delegate_named: an argv[0] whose last component is one of these names that delegate */
+#define RESOLVE_DELEGATE_NAMES {"crun", "runc", NULL}
 
 /* shim/resident/messages.py: the wire and the peer checks (peer_refusal; a /proc/PID/status field missing
  * reads as the most confined) */
