@@ -15,17 +15,27 @@ from collections import Counter
 from ..host.processes import Processes
 from ..oci.manifest import DriverFileRecord, Manifest
 from ..oci.nvidia_paths import driver_file_version
-from ..oci.spec import Spec
+from ..oci.spec import Mount, Spec
 
 MAX_DRIVER_FILES = 4096  # the manifest's bound on lists
 
 
 def driver_files_of(processes: Processes, spec: Spec) -> list[DriverFileRecord]:
-    """Each driver library any of `processes` maps, once, with the host file `spec` bind-mounts at its path."""
-    sources = {mount.destination: mount.source for mount in spec.mounts if mount.is_bind()}
+    """Each driver library any of `processes` maps, once, with the host file `spec` bind-mounts there."""
     paths = sorted({path for process in processes for path in process.mappings if driver_file_version(path)})
-    return [DriverFileRecord(path=path, version=driver_file_version(path) or "", host_path=sources.get(path, ""))
+    return [DriverFileRecord(path=path, version=driver_file_version(path) or "",
+                             host_path=mount.source if (mount := _mount_of(path, spec)) else "")
             for path in paths[:MAX_DRIVER_FILES]]
+
+
+def _mount_of(path: str, spec: Spec) -> Mount | None:
+    """The config's bind mount of the driver file a process maps at `path`: at that destination, else of that name.
+    runc mounts a destination through the image's links (/lib -> usr/lib), and the mapping shows where it landed;
+    a driver file's name holds its version, so the name alone is one driver's file."""
+    binds = [mount for mount in spec.mounts if mount.is_bind()]
+    name = os.path.basename(path)
+    return (next((mount for mount in reversed(binds) if mount.destination == path), None)
+            or next((mount for mount in reversed(binds) if os.path.basename(mount.destination) == name), None))
 
 
 def checkpoint_driver(manifest: Manifest) -> str:
@@ -42,8 +52,8 @@ def spec_driver_versions(spec: Spec) -> list[str]:
 
 def _not_brought(record: DriverFileRecord, spec: Spec) -> str | None:
     """Why the restore's config does not give `record`'s path a host file again; None if it does."""
-    mount = next((mount for mount in reversed(spec.mounts) if mount.destination == record.path), None)
-    if mount is None or not mount.is_bind():
+    mount = _mount_of(record.path, spec)
+    if mount is None:
         return f"the restore's config mounts nothing at {record.path}"
     if not os.path.isfile(mount.source):
         return f"{record.path} is mounted from {mount.source}, which this node does not have"

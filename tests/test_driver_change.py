@@ -14,12 +14,13 @@ import pytest
 from fake_driver import FakeDriver
 from test_gpu_verbs import H100, UUID0, Node, restore_args
 
+from gpuckpt.cli.main import main
 from gpuckpt.cuda import inventory
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import GpuCheckpointError
-from gpuckpt.host.processes import read_processes
+from gpuckpt.host.processes import Process, Processes, read_processes
 from gpuckpt.oci.manifest import MANIFEST_NAME, GpuRecord, read_manifest
 from gpuckpt.oci.nvidia_paths import driver_file_version
 from gpuckpt.oci.spec import Spec
@@ -98,11 +99,13 @@ def refused(node: Node) -> str:
     return str(refusal.value)
 
 
-def test_the_checkpoint_records_the_driver_files_its_processes_map(driver_node, tmp_path) -> None:
+def test_the_checkpoint_records_the_driver_files_its_processes_map(driver_node, tmp_path, capsys) -> None:
     manifest = read_manifest(str(driver_node.images))
     libcuda = str(tmp_path / "host" / LIB_DIR / f"libcuda.so.{OLD}")
     assert [(r.path, r.version, r.host_path) for r in manifest.driver_files] == [(libcuda, OLD, libcuda)]
     assert manifest.driver_version == OLD
+    assert main(["inspect", str(driver_node.images)]) == 0
+    assert f"driver files 1 mapped, of driver {OLD}: libcuda.so.{OLD}" in capsys.readouterr().out
 
 
 def test_the_same_driver_restores(driver_node) -> None:
@@ -165,3 +168,17 @@ def test_driver_files_are_told_from_the_images_own_libraries(tmp_path) -> None:
         mapper.kill()
         mapper.wait()
     assert [(r.path, r.version, r.host_path) for r in records] == [(str(compat), NEW, "")]
+
+
+def test_a_file_runc_mounted_through_an_image_link_is_still_the_configs() -> None:
+    """nvidia-ctk's containerPath may be /lib/x86_64-linux-gnu/...; in a merged-/usr image runc mounts it through the
+    link, and the process maps it at /usr/lib/x86_64-linux-gnu/...: the same file of the same name."""
+    mapped = f"/usr/lib/x86_64-linux-gnu/libcuda.so.{OLD}"
+    process = Process(pid=10, container_pid=1, fd_targets=frozenset(), file_locks=0, mappings=(mapped,),
+                      deleted_files=(), children=())
+    spec = Spec.model_validate({"mounts": [
+        {"destination": "/proc", "source": "proc", "type": "proc"},
+        {"destination": f"/lib/x86_64-linux-gnu/libcuda.so.{OLD}", "source": f"/lib/x86_64-linux-gnu/libcuda.so.{OLD}",
+         "type": "bind", "options": ["ro", "nosuid", "nodev", "rbind", "rprivate"]}]})
+    records = driver_files_of(Processes((process,)), spec)
+    assert [(r.path, r.host_path) for r in records] == [(mapped, f"/lib/x86_64-linux-gnu/libcuda.so.{OLD}")]
