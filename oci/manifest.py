@@ -89,7 +89,7 @@ class DriverFileRecord(_Record):
     path: PathText  # as the processes map it: the path inside the container
     version: Annotated[str, StringConstraints(pattern=r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")]  # from its name
     # The host file the container's config bind-mounted there (a CDI spec's hostPath); "" where the file was
-    # the image's own (a CUDA forward-compatibility libcuda), which travels with the image
+    # the image's own (a CUDA forward-compatibility libcuda), which travels with the image, or a hook mounted it
     host_path: PathText = ""
 
 
