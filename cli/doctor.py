@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
+from ..cuda.devices import loaded_module_version
 from ..cuda.driver import load_driver, version_text
 from ..errors import GpuckptError, ImageError
 from ..host import process
@@ -33,6 +34,7 @@ from ..node.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
 from ..node.inventory import inventory_dir, read_records
 from ..node.journal import left_journals
 from ..node.paths import config_path
+from ..oci.cdi import CDI_DIRS, spec_files
 from ..oci.criu_images import criu_messages
 from ..service.api import Request, Status
 from ..service.client import request
@@ -315,6 +317,48 @@ def check_driver() -> str | None:
     return f"CUDA driver {version_text(version)} has the process checkpoint API"
 
 
+CDI_DIRS_ENV = "GPUCKPT_CDI_DIRS"  # where doctor looks for CDI specs instead (colon-separated): docs/cdi.md
+CDI_FIX = ("nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml, again after each driver install or upgrade "
+           "(docs/cdi.md)")
+
+
+def cdi_report(dirs: Sequence[str], driver: str | None) -> str:
+    """The CDI specs in `dirs`: the devices they name (what `--device KIND=NAME` the engines accept), and whether
+    the driver files they mount are the loaded driver's (`driver`; None: no NVIDIA driver, nothing to check)."""
+    if driver is None:
+        return "GPU/CDI: skipped: no NVIDIA driver loaded (no /sys/module/nvidia/version, /proc/driver/nvidia/version)"
+    files = list(spec_files(dirs))
+    if not files:
+        raise CheckWarned(f"GPU/CDI: no CDI spec (*.json, *.yaml) in {', '.join(dirs)}: podman, docker and "
+                          "containerd cannot hand out nvidia.com/gpu=N", CDI_FIX)
+    problems: list[str] = []
+    seen: list[str] = []
+    for found in files:
+        if found.spec is None:
+            problems.append(f"{found.path}: {found.problem}")
+            continue
+        versions = found.spec.driver_versions()
+        lacking = [mount.hostPath for mount in found.spec.mounts() if not os.path.exists(mount.hostPath)]
+        if versions and driver not in versions:
+            other = ", ".join(f"{version} ({path})" for version, path in versions.items())
+            problems.append(f"{found.path} mounts driver {other}, the loaded driver is {driver}")
+        elif lacking:
+            problems.append(f"{found.path} mounts {len(lacking)} host file(s) this node lacks ({lacking[0]})")
+        files_of = (f"driver files of {driver} (the loaded driver)" if versions
+                    else "no driver library" if found.spec.kind.startswith("nvidia.com/") else "")
+        seen.append(f"{found.path}: {', '.join(found.spec.device_names()) or 'no devices'}"
+                    + (f"; {files_of}" if files_of else ""))
+    if problems:
+        raise CheckFailed("GPU/CDI: " + "; ".join(problems) + ": containers given its devices get files of "
+                          "another driver, or none", CDI_FIX)
+    return "GPU/CDI: " + "; ".join(seen)
+
+
+def check_cdi() -> str:
+    dirs = [d for d in os.environ.get(CDI_DIRS_ENV, "").split(":") if d] or list(CDI_DIRS)
+    return cdi_report(dirs, loaded_module_version())
+
+
 def check_cgroup_hierarchies() -> str | None:
     """A cgroup v1 hierarchy nothing mounts makes crun's restore kill every process (host/cgroup_v1.py)."""
     if not hybrid_or_legacy():
@@ -344,7 +388,7 @@ CHECKS: list[Callable[[], str | None]] = [
     check_trust, check_network_lock, check_journals,
     check_podman, check_podman_runtime_names, check_docker, check_containerd, check_hook, check_service,
     check_resident_helper,
-    check_driver,
+    check_driver, check_cdi,
 ]
 
 

@@ -131,6 +131,10 @@ def run(options: argparse.Namespace) -> int:
     print(f"container   {manifest['container_id']}  (created {manifest['created']})")
     print(f"delegate    {manifest['delegate']}  args: {' '.join(manifest['delegate_args'])}")
     print(f"GPU handler {manifest['gpu_handler']}; driver {manifest['driver_version'] or '-'}")
+    if files := manifest.get("driver_files"):  # what a restore must bring again (docs/cdi.md)
+        names = ", ".join(file["path"].rsplit("/", 1)[-1] for file in files[:3]) + (" ..." if files[3:] else "")
+        print(f"driver files {len(files)} mapped, of driver {', '.join(sorted({f['version'] for f in files}))}: "
+              f"{names}")
     for gpu in manifest["gpus"]:
         print(f"GPU {gpu['index']}       {gpu['name']} {gpu['uuid']} {gpu['memory_total_bytes'] >> 30} GiB")
     for cuda_process in manifest["processes"]:

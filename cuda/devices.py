@@ -5,6 +5,8 @@ pynvml is imported inside the functions that need it, so the shim's hot path nev
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -104,6 +106,21 @@ def driver_version_string() -> str:
     """The kernel driver's version, e.g. "580.159.04"."""
     with _nvml("read the driver version") as nvml:
         return _text(nvml.nvmlSystemGetDriverVersion())
+
+
+def loaded_module_version(root: str = "/") -> str | None:
+    """The loaded kernel module's version without NVML (which needs the driver's userland): /sys/module/nvidia/
+    version, else /proc/driver/nvidia/version's "Kernel Module ... 580.159.04"; None where no module is loaded."""
+    for relative, pattern in (("sys/module/nvidia/version", r"(\d+\.\d+(?:\.\d+)?)"),
+                              ("proc/driver/nvidia/version", r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")):
+        try:
+            with open(os.path.join(root, relative)) as source:
+                found = re.search(pattern, source.read(4096))
+        except OSError:
+            continue
+        if found:
+            return found.group(1)
+    return None
 
 
 def cuda_driver_version() -> int:

@@ -82,6 +82,17 @@ class CudaProcessRecord(_Record):
     gpu_uuids: Annotated[list[GpuUuid], Field(max_length=64)] = []
 
 
+class DriverFileRecord(_Record):
+    """An NVIDIA driver library the container's processes mapped when they were dumped: CRIU maps it again by
+    this path at the restore, and the process keeps using the driver of this version (docs/cdi.md)."""
+
+    path: PathText  # as the processes map it: the path inside the container
+    version: Annotated[str, StringConstraints(pattern=r"^\d{3}\.\d{1,3}(\.\d{1,3})?$")]  # from its name
+    # The host file the container's config bind-mounted there (a CDI spec's hostPath); "" where the file was
+    # the image's own (a CUDA forward-compatibility libcuda), which travels with the image, or a hook mounted it
+    host_path: PathText = ""
+
+
 class Timings(_Record):
     lock_s: Seconds = 0.0
     device_checkpoint_s: Seconds = 0.0
@@ -135,6 +146,9 @@ class Manifest(_Record):
     # server is ready; the pages stay with the source until a lazy restore has taken them all. With
     # dump_completed false that is "lazy, completing": only a lazy restore can take the image then.
     lazy_pages: bool = False
+    # The driver libraries the processes mapped (oci/nvidia_paths.py), from /proc before the dump. A manifest
+    # without the field (a gpuckpt before it, or nothing mapped) is judged by cuda.driver_version_policy alone.
+    driver_files: Annotated[list[DriverFileRecord], Field(max_length=MAX_ITEMS)] = []
 
 
 DUMP_INCOMPLETE, DUMP_LAZY_COMPLETING, DUMP_COMPLETED = "incomplete", "lazy, completing", "completed"
@@ -150,8 +164,9 @@ def dump_state(manifest: Manifest) -> str:
 def write_manifest(image_dir: str, manifest: Manifest) -> str:
     """Write atomically, readable by root only (the image holds process memory anyway)."""
     path = os.path.join(image_dir, MANIFEST_NAME)
-    # lazy_pages left out unless set: a gpuckpt that predates it still reads every other manifest
-    replace_file(path, manifest.model_dump_json(indent=2, exclude=None if manifest.lazy_pages else {"lazy_pages"}))
+    # lazy_pages and driver_files left out unless set: a gpuckpt that predates them still reads every other manifest
+    unset = {name for name in ("lazy_pages", "driver_files") if not getattr(manifest, name)}
+    replace_file(path, manifest.model_dump_json(indent=2, exclude=unset or None))
     return path
 
 

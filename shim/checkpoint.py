@@ -2,7 +2,7 @@
 
 Phases, in order, as `Checkpoint` reads top to bottom: the plan (shim/checkpoint_plan.py:
 argv, config, spec) refused where the operator does not allow it; the container's processes
-read once (host/processes.py) and judged (policy/); CRIU's network options and config lines
+read once (host/processes.py) and judged (policy/), driver files noted; CRIU's network options and config lines
 added to the plan; the CUDA processes found and what the driver could not restore refused;
 the manifest written marked incomplete (shim/checkpoint_manifest.py); lock and checkpoint
 them (thawing a frozen container for that); the delegate's dump; with --leave-running
@@ -47,6 +47,7 @@ from ..node.lock import ContainerLock, StateKey
 from ..node.suspension import Suspension, read_suspension, remove_suspension
 from ..oci.state import ContainerState
 from ..policy.annotations import unrestorable_allowed
+from ..policy.driver_files import driver_files_of
 from ..policy.gpu import pre_dump_refusals, unrestorable_refusals
 from ..policy.network import choose, container_policy, inspect_sockets, missing_option_hint
 from ..policy.undumpable import undumpable_refusals
@@ -197,6 +198,8 @@ class Checkpoint:
         self.processes = read_container(self.pids_query.pids(), self.state.pid)
         for refusal in undumpable_refusals(self.container_id, self.processes):
             raise CheckpointRefusedError(refusal)
+        # what a restore must give them again (policy/driver_files.py)
+        self.plan = replace(self.plan, driver_files=driver_files_of(self.processes, self.plan.spec))
         self._choose_network_options()  # the plan completed: CRIU's options and config lines
         # where the dump is signed: made here if runc would make it, so that nobody else makes it in between
         require_image_directory_private(image_path_given(self.verb), f"checkpoint of {self.container_id}", make=True)

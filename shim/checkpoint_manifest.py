@@ -2,7 +2,8 @@
 at restore), marked complete once the dump succeeded, then the dump signed with the node's key. A
 lazy dump is marked "lazy, completing" and signed in between, when its page server is ready.
 
-What it records comes from the plan (the delegate's argv, CRIU's network options and config lines),
+What it records comes from the plan (the delegate's argv, CRIU's network options and config lines, the driver
+files the processes map),
 the node's GPU inventory and the processes as the checkpoint found them.
 """
 
@@ -51,6 +52,7 @@ def write_checkpoint_manifest(plan: CheckpointPlan, inventory: Inventory, pid_in
                         dump_s=dump_s, total_s=time.monotonic() - started, downtime_s=downtime_s),
         dump_completed=completed,
         lazy_pages=plan.lazy_pages and (completed or lazy_ready),
+        driver_files=plan.driver_files,
     )
     write_manifest(plan.image_dir, manifest)
 

@@ -1,6 +1,6 @@
 """What one checkpoint will do, decided up front from the engine's argv, the node's config, the
-container's spec and annotations; the CRIU options (network, config lines) are added to it once
-the container's processes were read, before anything is touched.
+container's spec and annotations; the CRIU options (network, config lines) and the driver files the
+processes map are added to it once the container's processes were read, before anything is touched.
 
 shim/checkpoint.py makes one CheckpointPlan per attempt; the manifest records from it.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from ..node.config import Config, load_config
 from ..node.paths import config_path
-from ..oci.manifest import NetworkPolicy
+from ..oci.manifest import DriverFileRecord, NetworkPolicy
 from ..oci.spec import Spec, container_annotations, read_spec
 from ..oci.state import ContainerState
 from ..policy.annotations import refuse_runtime_annotations
@@ -37,6 +37,7 @@ class CheckpointPlan:
     argv: list[str]  # what the delegate gets: the engine's argv, plus the options chosen below
     network: NetworkPolicy = field(default_factory=NetworkPolicy)  # CRIU's network options, and why
     criu_config: list[str] = field(default_factory=list)  # the lines of the shim's CRIU config file
+    driver_files: list[DriverFileRecord] = field(default_factory=list)  # the NVIDIA libraries the processes map
 
     @property
     def gpu(self) -> bool:

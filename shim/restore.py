@@ -3,7 +3,8 @@
 Phases, in order: verify the dump's signature before any of its files is parsed, read the
 image's manifest (refusing an image whose dump never completed; a lazy dump still completing
 only to a lazy restore, --lazy-pages), check CRIU's images against
-the bundle and this node against the manifest (before touching anything), the delegate's
+the bundle, the driver files and version against the manifest's (policy/driver_files.py) and this
+node against the manifest (before touching anything), the delegate's
 restore, then find the restored CUDA processes and restore (remapped if the GPUs
 changed) and unlock them in parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP
 arrives before the driver's restore begins (a flag, checked between phases), the
@@ -50,6 +51,7 @@ from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations
 from ..policy.crun import crun_restore_refusals
 from ..policy.devices import device_refusals
+from ..policy.driver_files import driver_change_refusal
 from ..policy.image import check_restore
 from ..transfer.root_files import apply_staged
 from ..transfer.staging import ClaimedImport, claim_staged
@@ -127,6 +129,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")
+    refuse_driver_change(manifest, bundle, gpus)
     if network_lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(network_lock)  # CRIU locks the network while it restores TCP connections too
     again: list[str] = []
@@ -249,6 +252,20 @@ def refuse_foreign_devices(bundle: str, container_id: str) -> None:
     for refusal in device_refusals(read_spec(bundle), "the restore bundle's config.json"):
         raise ImageError(f"restore of {container_id}: a checkpoint not dumped on this node asks for {refusal}: "
                          "refused")
+
+
+def refuse_driver_change(manifest: Manifest | None, bundle: str, gpus: NodeGpus) -> None:
+    """Before the delegate: the processes' driver files brought again, and (with GPU state to restore) the same
+    driver loaded (policy/driver_files.py). An unreadable spec is the delegate's to refuse, in its words."""
+    if manifest is None or not manifest.driver_files:
+        return
+    try:
+        spec: Spec | None = read_spec(bundle)
+    except ImageError:
+        spec = None
+    node_driver = gpus.driver_version_string() if manifest.processes else None
+    if refusal := driver_change_refusal(manifest, spec, node_driver):
+        raise GpuCheckpointError(refusal)
 
 
 def refuse_crun_killing_the_node(delegate: str, container_id: str, image_dir: str) -> None:

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
 import cdi
 import harness
 import pytest
-from harness import CLI, COUNTER, assert_continues, log, sh, wait_counters
+from harness import CLI, COUNTER, WORK, Bundle, assert_continues, log, manifest, sh, wait_counters
 
 pytestmark = pytest.mark.gpu
 
@@ -103,3 +104,71 @@ def test_cdi_podman(results: dict, podman: harness.Podman, workload: str) -> Non
         podman.cli("rm", "-f", name, check=False)
         archive.unlink(missing_ok=True)
         Path(f"{archive}.sig").unlink(missing_ok=True)
+
+
+def other_node_mounts(config: dict, version: str, other: str, root: Path) -> dict:
+    """The bundle's config as another node's CDI spec would make it: each file of driver `version` mounted at its
+    path for driver `other`, from a copy of it under `root` (that node's files)."""
+    changed = json.loads(json.dumps(config))
+    for mount in changed["mounts"]:
+        if version in os.path.basename(mount["destination"]):
+            mount["destination"] = mount["destination"].replace(version, other)
+            source = root / mount["destination"].lstrip("/")
+            source.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(mount["source"], source)
+            mount["source"] = str(source)
+    return changed
+
+
+def test_cdi_driver_change_refused(results: dict) -> None:
+    """Issue 32 item 4 on the real driver: a runc bundle in CDI mode checkpointed; its restore under the config another
+    node's spec would give it (the driver files of another version) and under its own config whose driver files this
+    node lacks (an archive's config from elsewhere, cuda-checkpoint#21) are refused before runc and CRIU run, the
+    container left checkpointed; under this node's spec it restores and goes on with its device data."""
+    if harness.INJECT != "cdi":
+        pytest.skip("CDI scenarios run with --inject cdi (or GPUCKPT_GPU_INJECT=cdi)")
+    version = cdi.driver_version()
+    other = f"{version.split('.')[0]}.1.1"  # the same branch: cuda.driver_version_policy "same-major" would pass it
+    bundle = Bundle("drvchg", COUNTER, {"GIB": "1"})
+    images = Path("/dev/shm") / f"gpuckpt-img-{bundle.name}"
+    other_root = WORK / f"{bundle.name}-other-node"
+    found: dict = {"driver_version": version, "other_version": other}
+    results["cdi_driver_change"] = found
+    try:
+        bundle.start()
+        before = wait_counters(bundle, 1, 3)
+        bundle.checkpoint(images)
+        recorded = manifest(images)["driver_files"]
+        found["recorded"] = recorded
+        libcuda = next(r for r in recorded if os.path.basename(r["path"]).startswith("libcuda.so."))
+        assert libcuda["version"] == version and libcuda["host_path"], recorded
+
+        config_path = bundle.dir / "config.json"
+        own = json.loads(config_path.read_text())
+        config_path.write_text(json.dumps(other_node_mounts(own, version, other, other_root)))
+        refused = bundle.runtime("restore", "-d", "--bundle", str(bundle.dir), "--image-path", str(images),
+                                 "--pid-file", str(bundle.dir / "restored.pid"), bundle.name, check=False)
+        found["other_spec"] = {"exit": refused.returncode, "messages": refused.stderr.strip()[-600:]}
+        assert refused.returncode == 1, found
+        assert f"run NVIDIA driver {version}" in refused.stderr and f"brings driver {other}'s files" in refused.stderr
+        assert bundle.runtime("state", bundle.name, check=False).returncode != 0  # nothing was restored
+
+        lacking = json.loads(json.dumps(own))
+        mount = next(m for m in lacking["mounts"] if m["destination"] == libcuda["path"])
+        mount["source"] = str(other_root / "gone" / os.path.basename(mount["source"]))
+        config_path.write_text(json.dumps(lacking))
+        refused = bundle.runtime("restore", "-d", "--bundle", str(bundle.dir), "--image-path", str(images),
+                                 "--pid-file", str(bundle.dir / "restored.pid"), bundle.name, check=False)
+        found["files_lacking"] = {"exit": refused.returncode, "messages": refused.stderr.strip()[-600:]}
+        assert refused.returncode == 1 and "which this node does not have" in refused.stderr, found
+        assert bundle.runtime("state", bundle.name, check=False).returncode != 0
+
+        config_path.write_text(json.dumps(own))  # this node's spec: the same driver restores
+        found["restore_s"] = round(bundle.restore(images), 2)
+        found["after"] = assert_continues(bundle, before)
+        log(f"cdi driver change: {other}'s spec and lacking files refused, {version}'s restored in "
+            f"{found['restore_s']} s, {found['after']}")
+    finally:
+        bundle.destroy()
+        shutil.rmtree(images, ignore_errors=True)
+        shutil.rmtree(other_root, ignore_errors=True)
