@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import stat
-import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
-from ..errors import GpuckptError, ImageError, UsageError
+from ..errors import ImageError, UsageError
 from ..host.direct_read import file_kind
 from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
@@ -32,6 +31,7 @@ from ..host.programs import find_program
 from ..node.config import ImportConfig, load_config
 from ..node.engines import PODMAN_CONF, RUNTIME_NAME, own_hook_paths, podman_registration
 from ..node.paths import config_path
+from ..node.put_back import put_back, raise_with_outcome
 from ..oci.archive import READ_BYTES, RatioGuard, decompressed, open_archive
 from ..oci.image_layout import CheckpointImageWriter, parse_target, read_layout
 from ..oci.podman_archive import (
@@ -58,7 +58,6 @@ from ..trust.provenance import (
     verify_archive_signature,
     verify_image_signature,
 )
-from .export_put_back import put_back
 from .progress import byte_bar, moved_to, watched
 from .signals import termination_deferred
 
@@ -149,31 +148,11 @@ def run_export(options: argparse.Namespace) -> int:
         except BaseException as failure:  # noqa: BLE001 -- every failure, Ctrl-C too, puts it back; re-raised
             writer.discard()
             outcome = put_back(podman, options.container, podman_run, fifo, tcp_established=options.tcp_established)
-            _raise_with_outcome(failure, outcome, where, podman_run, podman_waited)
+            raise_with_outcome("export", failure, "no archive written" + (f"; {outcome}" if outcome else ""), where,
+                               podman_run=podman_run, podman_waited=podman_waited)
     print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
           f"{time.monotonic() - started:.1f} s, signed by key {signing.signer.key_id} ({signed})")
     return 0
-
-
-def _raise_with_outcome(failure: BaseException, put_back_said: str | None, where: str, podman_run: Background,
-                        podman_waited: bool) -> NoReturn:
-    """The export's failure as one line that also says what became of the container."""
-    outcome = "no archive written" + (f"; {put_back_said}" if put_back_said else "")
-    if isinstance(failure, KeyboardInterrupt):  # main prints nothing for these: their line is ours
-        print(f"gpuckpt export: interrupted; {outcome}", file=sys.stderr)
-        raise failure
-    if isinstance(failure, ImageError) and not podman_waited and podman_run.popen.returncode:
-        # a stream cut short is most often podman failing: then its message is the one to show
-        try:
-            podman_run.wait(check=True)
-        except GpuckptError as podman_failed:
-            failure = podman_failed
-    if isinstance(failure, OSError):  # a full disk: name the file it could not write
-        raise OSError(failure.errno, f"{failure.strerror or failure}; {outcome}",
-                      failure.filename or where) from None
-    if isinstance(failure, GpuckptError):
-        failure.args = (f"{failure}; {outcome}",)
-    raise failure
 
 
 def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, container: str, bundle: str | None,
