@@ -137,3 +137,46 @@ def test_interrupted_leave_running_checkpoint_leaves_it_running(big_counter, tmp
     assert stderr.strip().endswith(f"; {name} is still running"), stderr
     assert_nothing_kept(store)
     assert_continues(before, read_state(name))
+
+
+def drain_record(name: str):
+    from gpuckpt.node.container_record import ContainerRecord
+    container_id = sh("podman", "inspect", "--format", "{{.Id}}", name).stdout.strip()
+    return ContainerRecord(version=1, id=container_id, engine="podman", bundle="/nonexistent", pid=0, gpus=[],
+                           created="2026-01-01T00:00:00Z")
+
+
+def test_a_drain_past_its_time_stops_the_export_which_puts_the_container_back(big_counter, tmp_path,
+                                                                              monkeypatch) -> None:
+    """gpuckptd's drain (through_engine.checkpoint: `gpuckpt export`) used to kill an export past its time,
+    leaving the container stopped: now the export is asked to stop, and puts it back."""
+    from gpuckpt.host.programs import CommandError
+    from gpuckpt.service import through_engine
+    name, archive_dir = big_counter, tmp_path / "drained"
+    archive_dir.mkdir(mode=0o700)
+    record = drain_record(name)
+    before = wait_counter(read_state(name), minimum=3)
+    # past gpuckpt's start (~1-2 s here, before it may unwind) and within the 256 MiB checkpoint (~9 s)
+    monkeypatch.setattr(through_engine, "ENGINE_TIMEOUT_S", 5.0)
+    with pytest.raises(CommandError) as failed:
+        through_engine.checkpoint(record, str(archive_dir))
+    assert str(failed.value) == (f"gpuckpt export: no end within 5 s, stopped: gpuckpt export: interrupted; no "
+                                 f"archive written; {record.id} restored from podman's checkpoint and running again")
+    assert os.listdir(archive_dir) == []
+    assert running(name)
+    assert_continues(before, read_state(name))
+
+
+def test_a_drain_onto_a_full_filesystem_reports_the_container_put_back(big_counter, full_filesystem) -> None:
+    from gpuckpt.host.programs import CommandError
+    from gpuckpt.service import through_engine
+    name = big_counter
+    record = drain_record(name)
+    before = wait_counter(read_state(name), minimum=3)
+    with pytest.raises(CommandError) as failed:
+        through_engine.checkpoint(record, str(full_filesystem))
+    assert "No space left on device; no archive written; " in str(failed.value)
+    assert str(failed.value).endswith(f"{record.id} restored from podman's checkpoint and running again")
+    assert os.listdir(full_filesystem) == []
+    assert running(name)
+    assert_continues(before, read_state(name))
