@@ -45,6 +45,7 @@ from ..oci.podman_archive import (
 from ..policy.archive_import import import_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
+from ..transfer.restore_options import RestoreOptions, refuse_taken
 from ..transfer.staging import Staging
 from ..trust.keys import require_node_key
 from ..trust.provenance import ExportSigning
@@ -135,9 +136,9 @@ class Restored:
     phases: list[str]
 
 
-def restore_from(store: Store, name: str, flags: list[str], *, trust_config: bool = False, threads: int = 0,
+def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_config: bool = False, threads: int = 0,
                  progress: Progress = _quiet) -> Restored:
-    """The stored checkpoint `name` restored by podman (`flags`: podman's restore options)."""
+    """The stored checkpoint `name` restored by podman with `options` (checked: RestoreOptions.check)."""
     program = podman()
     limits = load_config().import_
     started = time.monotonic()
@@ -154,12 +155,15 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
             if None in small.values():
                 raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
             dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
+            if not options.name:  # podman keeps the checkpointed container's name and ID
+                refuse_taken(program, dumps.config.name, dumps.config.id)
             if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
                                                                  graph_root=graph_root)):
                 raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "
                                  "(give --trust-config if you trust it)")
             # this node's own container's files: setuid ones it had are its own, every other rule holds
             staging = Staging(near, StagingBudget(what, near, limits), allow_setuid_files=True)
+            staging.ignore_rootfs, staging.ignore_volumes = options.ignore_rootfs, options.ignore_volumes
             staging.place_volumes(dumps.config, graph_root)
             staging.start()  # pages and root files beside podman's storage for the shim; podman imports the rest
             kept: dict[str, bytes] = {}
@@ -176,7 +180,7 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
         staging.record()  # from here the shim may take the pages
         podman_started = time.monotonic()
         with termination_deferred():  # podman killed mid-restore could leave the container half made
-            finished = run([program, "container", "restore", "--import", staging.light_path, *flags],
+            finished = run([program, "container", "restore", f"--import={staging.light_path}", *options.flags()],
                            timeout_s=3600)
         phases.append(f"podman's restore {time.monotonic() - podman_started:.1f} s")
     finally:
