@@ -181,3 +181,26 @@ def test_without_name_the_archives_own_name_taken_is_refused_before_staging(arch
     assert result.stderr.strip() == f"gpuckpt import: a container with the name {original} already exists on " \
                                     "this node: refused (give --name NEW, or remove it first)"
     assert set(staging_leftovers()) <= before
+
+
+def test_the_store_restore_passes_the_same_options(tmp_path, restored) -> None:
+    """--ignore-rootfs and --publish through `gpuckpt store restore`: the store's own restore path."""
+    source, stored = new_name("storesrc"), tmp_path / "store"
+    sh("podman", "run", "-d", "--name", source, "--network", "bridge", PODMAN_IMAGE, "python3", "-c", MARKER_WRITER)
+    restored.append(source)
+    deadline = time.monotonic() + 30
+    while not has_marker(source):
+        assert time.monotonic() < deadline, "the container wrote no marker"
+        time.sleep(0.2)
+    sh(GPUCKPT, "store", "checkpoint", "--leave-running", source, "--name", "one", "--store", str(stored),
+       timeout=300)
+    name = new_name("fromstore")
+    restored.append(name)
+    sh(GPUCKPT, "store", "restore", "one", "--name", name, "--ignore-rootfs", "-p", "127.0.0.1:18483:80",
+       "--store", str(stored), timeout=300)
+    assert not has_marker(name), "--ignore-rootfs: the stored diff was applied all the same"
+    bindings = sh("podman", "inspect", "--format", "{{json .HostConfig.PortBindings}}", name).stdout
+    assert '"80/tcp":[{"HostIp":"127.0.0.1","HostPort":"18483"}]' in bindings, bindings
+    bad = sh(GPUCKPT, "store", "restore", "one", "--name", new_name("bad"), "-p", "80:80 -v /:/host",
+             "--store", str(stored), check=False)
+    assert bad.returncode == 1 and bad.stderr.startswith("gpuckpt store: --publish '80:80 -v /:/host': ")

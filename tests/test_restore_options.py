@@ -13,7 +13,7 @@ from gpuckpt.errors import UsageError
 from gpuckpt.node.config import ImportConfig
 from gpuckpt.oci.podman_archive import copy_checked
 from gpuckpt.transfer.bounds import StagingBudget
-from gpuckpt.transfer.restore_options import RestoreOptions, check_publish
+from gpuckpt.transfer.restore_options import RestoreOptions, check_publish, require_supported
 from gpuckpt.transfer.staging import Staging
 
 
@@ -88,3 +88,27 @@ def test_ignored_root_files_are_not_staged_so_the_shim_applies_none(tmp_path, ro
         assert given["volumes/data.tar"] == 10240  # an empty tar either way: podman 4.3 wants one per volume
     finally:
         staging.remove()
+
+
+OLD_PODMAN_HELP = """Options:
+      --ignore-rootfs            Do not apply root file-system changes when importing from exported checkpoint
+  -i, --import string            Restore from exported checkpoint archive (tar.gz)
+  -k, --keep                     Keep all temporary checkpoint files
+  -n, --name string              Specify new name for container restored from exported checkpoint
+      --tcp-established          Restore a container with established TCP connections
+"""
+
+
+def test_an_option_the_installed_podman_lacks_is_refused_naming_its_version(tmp_path) -> None:
+    """A stand-in for an older podman (a program printing such a podman's help and version, as podman 2.x's
+    restore lacked --pod, --publish and the static address options): only what its help lists is passed."""
+    help_file = tmp_path / "help.txt"
+    help_file.write_text(OLD_PODMAN_HELP)
+    older = tmp_path / "podman"
+    older.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "podman version 2.2.1" && exit 0\ncat {help_file}\n')
+    older.chmod(0o755)
+    require_supported(str(older), RestoreOptions(name="web2", keep=True, ignore_rootfs=True))  # all listed
+    with pytest.raises(UsageError) as refused:
+        require_supported(str(older), RestoreOptions(publish=("8080:80",), pod="p1", keep=True))
+    assert str(refused.value) == ("--publish, --pod: podman 2.2.1's `container restore` has no such option: leave "
+                                  "them out, or upgrade podman")

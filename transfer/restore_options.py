@@ -97,8 +97,8 @@ def require_supported(podman: str, options: RestoreOptions) -> None:
     wanted = [word.partition("=")[0] for word in options.flags()]
     if missing := [flag for flag in dict.fromkeys(wanted) if flag not in _restore_flags(podman)]:
         version = run([podman, "--version"], check=False).stdout.strip().rpartition(" ")[2] or "(version unknown)"
-        raise UsageError(f"{', '.join(missing)}: podman {version} has no `container restore {missing[0]}`; "
-                         "leave it out or upgrade podman")
+        raise UsageError(f"{', '.join(missing)}: podman {version}'s `container restore` has no such option: leave "
+                         f"{'them' if len(missing) > 1 else 'it'} out, or upgrade podman")
 
 
 def refuse_taken(podman: str, name: str, container_id: str | None = None) -> None:
