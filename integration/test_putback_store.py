@@ -87,8 +87,8 @@ def test_interrupted_store_checkpoint_puts_the_container_back(big_counter, tmp_p
     assert started.returncode == 128 + signum, stderr
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    kept = "nothing stored" if phase == "checkpointing" else "the chunks it wrote removed ("
-    assert lines[0].startswith(f"gpuckpt store: interrupted; no checkpoint stored, {kept}"), stderr
+    kept = "; " if phase == "checkpointing" else ", the chunks it wrote removed ("
+    assert lines[0].startswith(f"gpuckpt store: interrupted; no checkpoint stored{kept}"), stderr
     assert lines[0].endswith(f"; {name} restored from podman's checkpoint and running again"), stderr
     assert_nothing_kept(store)
     assert running(name)

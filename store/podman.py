@@ -115,8 +115,9 @@ def checkpoint_into(store: Store, container: str, name: str | None, flags: list[
             put = put_back(program, container, podman_run, fifo, tcp_established="--tcp-established" in flags,
                            command="store")
             removed = writer.remove_written()  # the shared lock let go: now no other writer counts on them
-            raise_with_outcome("store", failure, f"no checkpoint stored, {removed}" + (f"; {put}" if put else ""),
-                               store.root, podman_run=podman_run, podman_waited=podman_waited)
+            outcome = "no checkpoint stored" + (f", {removed}" if removed else "") + (f"; {put}" if put else "")
+            raise_with_outcome("store", failure, outcome, store.root, podman_run=podman_run,
+                               podman_waited=podman_waited)
 
 
 def _readable(store: Store, name: str) -> tuple[StoredCheckpoint, str]:

@@ -150,9 +150,10 @@ class CheckpointWriter:
 
     def remove_written(self, wait_s: float = REMOVE_WAIT_S) -> str:
         """After `discard`, the shared lock let go: the chunks this checkpoint added that no manifest names,
-        removed under the exclusive lock (no writer counts on a chunk then); what became of them, as a clause."""
+        removed under the exclusive lock (no writer counts on a chunk then); what became of them, as a clause
+        ("" where it wrote none)."""
         if not self._written:
-            return "nothing stored"
+            return ""
         gone_bytes = 0
         try:
             with self.store.locked(exclusive=True, wait_s=wait_s):
