@@ -1,50 +1,12 @@
-"""SIGTERM and SIGHUP for commands that stage files: unwound as Ctrl-C is, except while an engine works.
-
-`gpuckpt import` killed mid-way left its staging directory (hundreds of MB). Raising at the signal
-runs every `finally`; but subprocess kills (SIGKILL) a program it was waiting for when an exception
-goes through it, and a podman restore killed mid-way can leave its container half made. So the
-signal waits while podman works (`termination_deferred`), and the unwinding starts once it is done.
+"""The commands that unwind at SIGTERM and SIGHUP as at Ctrl-C (host/signals.py): those that stage files
+(an import's staging directory) or stop a container (an export, a store checkpoint: put back from its
+checkpoint, node/put_back.py).
 """
 
 from __future__ import annotations
 
-import contextlib
-import signal
-from collections.abc import Iterator
-from types import FrameType
+from ..host.signals import Terminated, termination_deferred, unwind_at_termination
 
-# Commands whose files a kill would leave behind (an import's staging directory), or whose container it
-# would leave stopped (an export: put back from its checkpoint)
-UNWOUND_AT_TERM = frozenset({"import", "export"})
-TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+__all__ = ["UNWOUND_AT_TERM", "Terminated", "termination_deferred", "unwind_at_termination"]
 
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, unwound as Ctrl-C is: every `finally` runs."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _terminated(signum: int, _frame: FrameType | None) -> None:
-    raise Terminated(signum)
-
-
-def unwind_at_termination() -> None:
-    for terminating in TERMINATING:
-        signal.signal(terminating, _terminated)
-
-
-@contextlib.contextmanager
-def termination_deferred() -> Iterator[None]:
-    """A terminating signal during the block is kept, and raised as Terminated once the block is over."""
-    received: list[int] = []
-    previous = {int(sig): signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in TERMINATING}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if received and previous[received[0]] is _terminated:  # the command unwinds at termination: now it may
-        raise Terminated(received[0])
+UNWOUND_AT_TERM = frozenset({"import", "export", "store"})

@@ -26,6 +26,7 @@ from ..store.manifest import check_name
 from ..store.repository import DEFAULT_STORE_DIR, Store
 from ..store.retention import Collected, checkpoints, collect, to_prune
 from .progress import byte_bar, moved_to
+from .transfer import add_restore_options, restore_options
 
 MIB = 2**20
 
@@ -50,8 +51,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         shown.set_defaults(handler=run_show, verb=verb)
     restore = verbs.add_parser("restore", parents=[common], help="restore a stored checkpoint through podman")
     restore.add_argument("checkpoint", help="the stored checkpoint's name")
-    restore.add_argument("--name", dest="container_name", help="name of the restored container (default: its own)")
-    restore.add_argument("--tcp-established", action="store_true", help="restore established TCP connections")
+    add_restore_options(restore, name_dest="container_name")
     restore.add_argument("--trust-config", action="store_true",
                          help="restore even if its container config asks for more than podman run gives (as import)")
     restore.set_defaults(handler=run_restore)
@@ -127,11 +127,10 @@ def run_show(options: argparse.Namespace) -> int:
 
 def run_restore(options: argparse.Namespace) -> int:
     check_name(options.checkpoint)
-    flags = ["--name", options.container_name] if options.container_name else []
-    flags += ["--tcp-established"] if options.tcp_established else []
+    chosen = restore_options(podman.podman(), options, options.container_name)  # before a chunk is read
     started = time.monotonic()
     with _open(options) as store:
-        restored = podman.restore_from(store, options.checkpoint, flags, trust_config=options.trust_config,
+        restored = podman.restore_from(store, options.checkpoint, chosen, trust_config=options.trust_config,
                                        threads=options.threads, progress=_bar)
     print(f"restored {restored.container} as {restored.podman_line[:12]} from checkpoint {options.checkpoint} in "
           f"{time.monotonic() - started:.1f} s ({', '.join(restored.phases)})")

@@ -19,12 +19,11 @@ from __future__ import annotations
 import argparse
 import os
 import stat
-import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
-from ..errors import GpuckptError, ImageError, UsageError
+from ..errors import ImageError, UsageError
 from ..host.direct_read import file_kind
 from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
@@ -32,6 +31,7 @@ from ..host.programs import find_program
 from ..node.config import ImportConfig, load_config
 from ..node.engines import PODMAN_CONF, RUNTIME_NAME, own_hook_paths, podman_registration
 from ..node.paths import config_path
+from ..node.put_back import put_back, raise_with_outcome
 from ..oci.archive import READ_BYTES, RatioGuard, decompressed, open_archive
 from ..oci.image_layout import CheckpointImageWriter, parse_target, read_layout
 from ..oci.podman_archive import (
@@ -48,6 +48,7 @@ from ..policy.annotations import refuse_runtime_annotations
 from ..policy.archive_import import import_refusals, volume_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
+from ..transfer.restore_options import RestoreOptions, refuse_taken, require_pod, require_supported
 from ..transfer.staging import HeldOutput, Staging
 from ..trust.keys import load_trust, require_node_key
 from ..trust.provenance import (
@@ -58,7 +59,6 @@ from ..trust.provenance import (
     verify_archive_signature,
     verify_image_signature,
 )
-from .export_put_back import put_back
 from .progress import byte_bar, moved_to, watched
 from .signals import termination_deferred
 
@@ -81,13 +81,45 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     restore = commands.add_parser("import", help="restore a podman container from an archive (ours or podman's)")
     restore.add_argument("archive", help="an archive written by gpuckpt export or podman checkpoint --export, or "
                                          "oci:DIR[:TAG], a checkpoint image layout (gpuckpt export -o oci:...)")
-    restore.add_argument("--name", help="name of the restored container (default: the checkpointed one's)")
-    restore.add_argument("--tcp-established", action="store_true", help="restore established TCP connections")
+    add_restore_options(restore)
     restore.add_argument("--trust-config", action="store_true",
                          help="restore even if the archive's container config has OCI hooks, privilege, added "
                               "capabilities, host bind mounts or a runtime path (podman's own --import trusts them)")
     restore.add_argument("--signature", metavar="FILE", help="the archive's signature (default: ARCHIVE.sig)")
     restore.set_defaults(handler=run_import)
+
+
+def add_restore_options(parser: argparse.ArgumentParser, name_dest: str = "name") -> None:
+    """podman's restore options (transfer/restore_options.py), for `import` and `store restore`."""
+    parser.add_argument("--name", dest=name_dest, help="name of the restored container (default: the "
+                        "checkpointed one's, and its ID)")
+    parser.add_argument("--tcp-established", action="store_true", help="restore established TCP connections")
+    parser.add_argument("-p", "--publish", action="append", default=[], metavar="[[IP:][HOST_PORT]:]PORT[/PROTO]",
+                        help="publish a container port (or range) on the host, as podman restore --publish "
+                             "(repeatable)")
+    parser.add_argument("--pod", help="restore into this existing pod")
+    parser.add_argument("--ignore-static-ip", action="store_true", help="ignore the IP address set by --ip")
+    parser.add_argument("--ignore-static-mac", action="store_true", help="ignore the MAC address set by --mac-address")
+    parser.add_argument("--keep", action="store_true", help="podman keeps its temporary checkpoint files (they "
+                                                            "hold the process memory)")
+    parser.add_argument("--ignore-rootfs", action="store_true",
+                        help="leave out the container's changed files (rootfs-diff.tar, deleted.files)")
+    parser.add_argument("--ignore-volumes", action="store_true", help="leave out the content of its named volumes")
+
+
+def restore_options(podman: str, options: argparse.Namespace, name: str | None) -> RestoreOptions:
+    """podman's restore options as asked, checked (values, this podman's support, the pod, the name free)
+    before anything is read or staged."""
+    chosen = RestoreOptions(name=name, tcp_established=options.tcp_established, publish=tuple(options.publish),
+                            pod=options.pod, ignore_static_ip=options.ignore_static_ip,
+                            ignore_static_mac=options.ignore_static_mac, keep=options.keep,
+                            ignore_rootfs=options.ignore_rootfs, ignore_volumes=options.ignore_volumes)
+    chosen.check()
+    if name:  # first: what podman would refuse only after the whole archive is checked and staged
+        refuse_taken(podman, name)
+    require_supported(podman, chosen)
+    require_pod(podman, chosen.pod)
+    return chosen
 
 
 def _podman() -> str:
@@ -149,31 +181,11 @@ def run_export(options: argparse.Namespace) -> int:
         except BaseException as failure:  # noqa: BLE001 -- every failure, Ctrl-C too, puts it back; re-raised
             writer.discard()
             outcome = put_back(podman, options.container, podman_run, fifo, tcp_established=options.tcp_established)
-            _raise_with_outcome(failure, outcome, where, podman_run, podman_waited)
+            raise_with_outcome("export", failure, "no archive written" + (f"; {outcome}" if outcome else ""), where,
+                               podman_run=podman_run, podman_waited=podman_waited)
     print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
           f"{time.monotonic() - started:.1f} s, signed by key {signing.signer.key_id} ({signed})")
     return 0
-
-
-def _raise_with_outcome(failure: BaseException, put_back_said: str | None, where: str, podman_run: Background,
-                        podman_waited: bool) -> NoReturn:
-    """The export's failure as one line that also says what became of the container."""
-    outcome = "no archive written" + (f"; {put_back_said}" if put_back_said else "")
-    if isinstance(failure, KeyboardInterrupt):  # main prints nothing for these: their line is ours
-        print(f"gpuckpt export: interrupted; {outcome}", file=sys.stderr)
-        raise failure
-    if isinstance(failure, ImageError) and not podman_waited and podman_run.popen.returncode:
-        # a stream cut short is most often podman failing: then its message is the one to show
-        try:
-            podman_run.wait(check=True)
-        except GpuckptError as podman_failed:
-            failure = podman_failed
-    if isinstance(failure, OSError):  # a full disk: name the file it could not write
-        raise OSError(failure.errno, f"{failure.strerror or failure}; {outcome}",
-                      failure.filename or where) from None
-    if isinstance(failure, GpuckptError):
-        failure.args = (f"{failure}; {outcome}",)
-    raise failure
 
 
 def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, container: str, bundle: str | None,
@@ -204,13 +216,12 @@ def run_import(options: argparse.Namespace) -> int:
     the staged pages in and applies the root filesystem diff and deletions inside the container's
     root (transfer.root_files); podman never sees them."""
     podman = _podman()
+    restoring = restore_options(podman, options, options.name)  # a name taken: refused before anything is read
     _require_registered()
     config = load_config()
     limits = config.import_
     source, verification, vouched = _verified_source(options.archive, options.signature)  # before any staging
     started = time.monotonic()
-    flags = ["--name", options.name] if options.name else []
-    flags += ["--tcp-established"] if options.tcp_established else []
     graph_root = run([podman, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
     run_root = run([podman, "info", "--format", "{{.Store.RunRoot}}"]).stdout.strip()  # its pid files
     # beside podman's storage, on its filesystem, so the shim can rename the pages in (a copy otherwise)
@@ -218,11 +229,14 @@ def run_import(options: argparse.Namespace) -> int:
     if os.stat(near).st_dev != os.stat(graph_root).st_dev:
         near = graph_root  # the storage is a filesystem of its own
     staging = Staging(near, StagingBudget(options.archive, near, limits), limits.allow_setuid_files)
+    staging.ignore_rootfs, staging.ignore_volumes = restoring.ignore_rootfs, restoring.ignore_volumes
     held = HeldOutput(spill=staging.light)  # what comes before config.dump (podman: devshm-checkpoint.tar)
 
     def config_read(kept: dict[str, bytes]) -> None:
         """config.dump and spec.dump, checked before anything is staged."""
         dumps = described_dumps(options.archive, kept)
+        if not options.name:  # podman keeps the checkpointed container's name and ID
+            refuse_taken(podman, dumps.config.name, dumps.config.id)
         if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
                                                                      graph_root=graph_root)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "
@@ -253,7 +267,8 @@ def run_import(options: argparse.Namespace) -> int:
         staging.vouched = f"gpuckpt import verified {options.archive}: {vouched}"
         staging.record()  # from here the shim may take the pages
         with termination_deferred():  # podman killed mid-restore could leave the container half made
-            finished = run([podman, "container", "restore", "--import", staging.light_path, *flags], timeout_s=3600)
+            finished = run([podman, "container", "restore", f"--import={staging.light_path}", *restoring.flags()],
+                           timeout_s=3600)
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]

@@ -3,7 +3,9 @@
 podman: `gpuckpt export` (podman's checkpoint through gpuckpt-runtime, a signed archive in the
 archive directory) and, to restore, the exited container removed and `gpuckpt import`; docker:
 `docker checkpoint create` (in docker's own store) and `docker start --checkpoint`. Each is a program
-run through host/process.py; its last line of error is the container's report.
+run through host/process.py; its last line of error is the container's report. A `gpuckpt export`
+that fails puts its container back itself (node/put_back.py) and says so in that line; one past its
+time is asked to stop (SIGTERM: it puts the container back), never killed with the container down.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
+import subprocess
+from collections.abc import Sequence
 
 from ..errors import GpuckptError
 from ..host import process
-from ..host.programs import find_program
+from ..host.programs import CommandError, find_program
 from ..node.container_record import ContainerRecord
 from .api import DrainedContainer, DrainEngine
 
@@ -60,7 +65,7 @@ def checkpoint(record: ContainerRecord, archive_dir: str) -> tuple[DrainEngine, 
     how many bytes."""
     if record.engine == "podman":
         archive = os.path.join(archive_dir, f"{record.id}.tar.zst")
-        process.run([_gpuckpt(), "export", record.id, "-o", archive], timeout_s=ENGINE_TIMEOUT_S)
+        _export([_gpuckpt(), "export", record.id, "-o", archive], ENGINE_TIMEOUT_S)
         return "podman", archive, _tree_bytes(archive) + _tree_bytes(f"{archive}.sig")
     if record.engine == "docker":
         # In docker's own checkpoint store: docker 20.10 writes to a --checkpoint-dir but refuses to
@@ -71,6 +76,19 @@ def checkpoint(record: ContainerRecord, archive_dir: str) -> tuple[DrainEngine, 
         directory = os.path.join(root, "containers", record.id, "checkpoints", CHECKPOINT_NAME)
         return "docker", directory, _tree_bytes(directory) if os.path.isdir(directory) else 0
     raise GpuckptError(f"{record.engine} containers are not drained yet (podman and docker are)")
+
+
+def _export(argv: Sequence[str], timeout_s: float) -> None:
+    """`gpuckpt export` to its end; past `timeout_s` it gets SIGTERM and is waited for while it puts its container
+    back (killed, it would leave it stopped): a CommandError with its last line either way."""
+    export = process.Background(argv)
+    try:
+        export.popen.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        export.popen.send_signal(signal.SIGTERM)
+        said = (export.wait(check=False).stderr.strip().splitlines() or ["no message"])[-1]
+        raise CommandError(f"gpuckpt export: no end within {timeout_s:g} s, stopped: {said}") from None
+    export.wait(check=True)
 
 
 def restore(drained: DrainedContainer) -> None:
@@ -101,7 +119,7 @@ def checkpoint_live(record: ContainerRecord, directory: str, name: str) -> tuple
     """A checkpoint that leaves the container running (--leave-running), named `name` in `directory`."""
     if record.engine == "podman":
         archive = os.path.join(directory, f"{name}.tar.zst")
-        process.run([_gpuckpt(), "export", "--leave-running", record.id, "-o", archive], timeout_s=ENGINE_TIMEOUT_S)
+        _export([_gpuckpt(), "export", "--leave-running", record.id, "-o", archive], ENGINE_TIMEOUT_S)
         return archive, _tree_bytes(archive) + _tree_bytes(f"{archive}.sig")
     if record.engine == "docker":
         process.run(["docker", "checkpoint", "create", "--leave-running", "--checkpoint-dir", directory, record.id,

@@ -26,8 +26,10 @@ from ..errors import ImageError, UsageError
 from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
 from ..host.programs import find_program
+from ..host.signals import termination_deferred
 from ..node.config import load_config
 from ..node.engines import RUNTIME_NAME, own_hook_paths
+from ..node.put_back import put_back, raise_with_outcome
 from ..oci.image_layout import CheckpointImageWriter, parse_target
 from ..oci.podman_archive import (
     CONFIG_DUMP,
@@ -43,6 +45,7 @@ from ..oci.podman_archive import (
 from ..policy.archive_import import import_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
+from ..transfer.restore_options import RestoreOptions, refuse_taken
 from ..transfer.staging import Staging
 from ..trust.keys import require_node_key
 from ..trust.provenance import ExportSigning
@@ -78,47 +81,43 @@ def default_name(store: Store, container: str) -> str:
     return name
 
 
-def _ended_within(program: Background, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while program.running() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not program.running()
-
-
 def checkpoint_into(store: Store, container: str, name: str | None, flags: list[str], *, threads: int = 0,
                     progress: Progress = _quiet) -> StoredCheckpoint:
-    """podman's checkpoint of `container` (with podman's `flags`), chunked into the store as `name`."""
+    """podman's checkpoint of `container` (with podman's `flags`), chunked into the store as `name`.
+    Failed or interrupted, the container is put back (node/put_back.py) and the chunks it wrote removed."""
     if name is not None and store.has_checkpoint(check_name(name)):
         raise UsageError(f"a checkpoint named {name!r} is already in {store.root}: give another --name")
     program = podman()
     what = f"podman's export of {container}"
     writer = CheckpointWriter(store, threads)
-    with store.locked(), private_fifo("gpuckpt-store-") as fifo:
+    with private_fifo("gpuckpt-store-") as fifo:
+        # its own process group: a Ctrl-C reaches us only, and podman is wound down in order (put_back)
         podman_run = Background([program, "container", "checkpoint", "--export", fifo, "--compress", "none",
-                                 *flags, container])
+                                 *flags, container], own_group=True)
+        podman_waited = False
         try:
-            fd = open_when_peer(fifo, writing=False, peer_alive=podman_run.running)
-            kept: dict[str, bytes] = {}
-            if fd is not None:
-                widen(fd)
-                with os.fdopen(fd, "rb", buffering=0) as stream, progress(f"storing {container}", None) as moved:
-                    copied = copy_checked(stream, None, what, progress=moved, kept=kept, observe=writer.observe)
-            podman_run.wait(check=True)
-            if fd is None:
-                raise UsageError(f"podman finished without writing the checkpoint of {container}")
-            archive = described(what, kept, copied.names, copied.files, copied.bytes)
-            return writer.commit(name or default_name(store, archive.config.name), archive.config.name,
-                                 archive.config.id)
-        except ImageError:
-            writer.discard()
-            if _ended_within(podman_run, 30):  # a stream cut short is most often podman failing: its line
+            with store.locked():
+                fd = open_when_peer(fifo, writing=False, peer_alive=podman_run.running)
+                kept: dict[str, bytes] = {}
+                if fd is not None:
+                    widen(fd)
+                    with os.fdopen(fd, "rb", buffering=0) as stream, progress(f"storing {container}", None) as moved:
+                        copied = copy_checked(stream, None, what, progress=moved, kept=kept, observe=writer.observe)
+                podman_waited = True
                 podman_run.wait(check=True)
-            podman_run.kill()
-            raise
-        except BaseException:
-            podman_run.kill()
+                if fd is None:
+                    raise UsageError(f"podman finished without writing the checkpoint of {container}")
+                archive = described(what, kept, copied.names, copied.files, copied.bytes)
+                return writer.commit(name or default_name(store, archive.config.name), archive.config.name,
+                                     archive.config.id)
+        except BaseException as failure:  # noqa: BLE001 -- every failure, Ctrl-C too, puts it back; re-raised
             writer.discard()
-            raise
+            put = put_back(program, container, podman_run, fifo, tcp_established="--tcp-established" in flags,
+                           command="store")
+            removed = writer.remove_written()  # the shared lock let go: now no other writer counts on them
+            outcome = "no checkpoint stored" + (f", {removed}" if removed else "") + (f"; {put}" if put else "")
+            raise_with_outcome("store", failure, outcome, store.root, podman_run=podman_run,
+                               podman_waited=podman_waited)
 
 
 def _readable(store: Store, name: str) -> tuple[StoredCheckpoint, str]:
@@ -138,9 +137,9 @@ class Restored:
     phases: list[str]
 
 
-def restore_from(store: Store, name: str, flags: list[str], *, trust_config: bool = False, threads: int = 0,
+def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_config: bool = False, threads: int = 0,
                  progress: Progress = _quiet) -> Restored:
-    """The stored checkpoint `name` restored by podman (`flags`: podman's restore options)."""
+    """The stored checkpoint `name` restored by podman with `options` (checked: RestoreOptions.check)."""
     program = podman()
     limits = load_config().import_
     started = time.monotonic()
@@ -157,12 +156,15 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
             if None in small.values():
                 raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
             dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
+            if not options.name:  # podman keeps the checkpointed container's name and ID
+                refuse_taken(program, dumps.config.name, dumps.config.id)
             if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
                                                                  graph_root=graph_root)):
                 raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "
                                  "(give --trust-config if you trust it)")
             # this node's own container's files: setuid ones it had are its own, every other rule holds
             staging = Staging(near, StagingBudget(what, near, limits), allow_setuid_files=True)
+            staging.ignore_rootfs, staging.ignore_volumes = options.ignore_rootfs, options.ignore_volumes
             staging.place_volumes(dumps.config, graph_root)
             staging.start()  # pages and root files beside podman's storage for the shim; podman imports the rest
             kept: dict[str, bytes] = {}
@@ -178,7 +180,9 @@ def restore_from(store: Store, name: str, flags: list[str], *, trust_config: boo
         staging.vouched = f"stored checkpoint {name} on this node, every chunk verified"
         staging.record()  # from here the shim may take the pages
         podman_started = time.monotonic()
-        finished = run([program, "container", "restore", "--import", staging.light_path, *flags], timeout_s=3600)
+        with termination_deferred():  # podman killed mid-restore could leave the container half made
+            finished = run([program, "container", "restore", f"--import={staging.light_path}", *options.flags()],
+                           timeout_s=3600)
         phases.append(f"podman's restore {time.monotonic() - podman_started:.1f} s")
     finally:
         if staging is not None:

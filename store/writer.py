@@ -7,10 +7,14 @@ written, on a pool of threads (BLAKE3, zstd and the writes let go of the GIL) wh
 on. `commit` waits for every chunk, syncs them to disk, then writes the manifest: a checkpoint
 exists only once all it names is on disk. The caller holds the store's shared lock throughout, so
 no collection removes a chunk this checkpoint counted on before its manifest names it.
+
+A checkpoint that fails is discarded, and the chunks it wrote are removed once the caller has let go
+of the shared lock (`remove_written`: under the exclusive lock, so no other writer counts on them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tarfile
 import threading
@@ -21,12 +25,13 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from ..errors import ImageError
+from ..errors import GpuckptError, ImageError
 from ..oci.timestamps import utc_now
 from .chunking import Chunk, FileChunker, chunk_digest
 from .manifest import StoredCheckpoint, StoredEntry
 from .repository import Store
 
+REMOVE_WAIT_S = 10.0  # for the exclusive lock, to remove a failed checkpoint's chunks (else left to prune)
 MAX_IN_FLIGHT = 64  # chunks queued or being stored (at most ~64 MiB, and the batches they are views of)
 
 # (digest, bytes, bytes written to disk: 0 when the store had it)
@@ -37,6 +42,10 @@ def default_threads() -> int:
     """Four per CPU, at most 16: besides hashing and compressing, a chunk's write waits in the kernel
     (a new file, a rename, directory locks), which threads of their own overlap."""
     return min(16, 4 * len(os.sched_getaffinity(0)))
+
+
+class ChunkWriteError(GpuckptError):
+    """The store could not take a chunk or the manifest (most often a full disk): the store's path and why."""
 
 
 @dataclass
@@ -56,6 +65,7 @@ class CheckpointWriter:
         self._in_flight: deque[Future[StoredChunk]] = deque()
         self._claimed: set[str] = set()  # digests this checkpoint has stored or is storing
         self._claim_lock = threading.Lock()
+        self._written: list[str] = []  # digests of the chunks this checkpoint added to the store
 
     def observe(self, member: tarfile.TarInfo) -> FileChunker | None:
         """copy_checked's seam: every entry in order; a file's bytes go to the chunker returned."""
@@ -86,7 +96,11 @@ class CheckpointWriter:
             self._claimed.add(digest)
         if claimed or self.store.has_chunk(digest):
             return digest, len(chunk), 0
-        written = self.store.put_chunk(digest, chunk)
+        try:
+            written = self.store.put_chunk(digest, chunk)
+        except OSError as error:  # not the stream's fault: said as the store's, not as a corrupt archive
+            raise ChunkWriteError(f"{self.store.root}: cannot store a chunk: {error.strerror or error}") from None
+        self._written.append(digest)
         return digest, len(chunk), written
 
     def commit(self, name: str, container: str, container_id: str) -> StoredCheckpoint:
@@ -110,7 +124,10 @@ class CheckpointWriter:
                 raise ImageError(f"checkpoint {name}: entry {member.name[:80]!r} cannot be stored: "
                                  f"{error.errors()[0]['msg']}") from None
         self._pool.shutdown()
-        self.store.sync()
+        try:
+            self.store.sync()
+        except OSError as error:
+            raise ChunkWriteError(f"{self.store.root}: cannot sync the chunks: {error.strerror or error}") from None
         try:
             stored = StoredCheckpoint(name=name, container=container[:256], container_id=container_id,
                                       created=utc_now(), created_ns=time.time_ns(), entries=entries,
@@ -119,10 +136,36 @@ class CheckpointWriter:
         except ValidationError as error:  # the export named something the store cannot keep (a bad container ID)
             first = error.errors()[0]
             raise ImageError(f"checkpoint {name}: cannot be stored: {first['loc'][0]}: {first['msg']}") from None
-        self.store.write_checkpoint(stored)
+        try:
+            self.store.write_checkpoint(stored)
+        except OSError as error:
+            raise ChunkWriteError(f"{self.store.root}: cannot write the manifest of {name}: "
+                                  f"{error.strerror or error}") from None
         return stored
 
     def discard(self) -> None:
-        """Stop; the chunks already written stay until a collection finds nothing references them."""
+        """Stop (the chunks being written finish); `remove_written` then removes what this one added."""
         self._chunker = None
         self._pool.shutdown(cancel_futures=True)
+
+    def remove_written(self, wait_s: float = REMOVE_WAIT_S) -> str:
+        """After `discard`, the shared lock let go: the chunks this checkpoint added that no manifest names,
+        removed under the exclusive lock (no writer counts on a chunk then); what became of them, as a clause
+        ("" where it wrote none)."""
+        if not self._written:
+            return ""
+        gone_bytes = 0
+        try:
+            with self.store.locked(exclusive=True, wait_s=wait_s):
+                named = {digest for checkpoint in self.store.checkpoint_names()
+                         for digest in self.store.read_checkpoint(checkpoint).digests()}
+                for digest in set(self._written) - named:
+                    with contextlib.suppress(FileNotFoundError):
+                        gone_bytes += os.stat(self.store.chunk_name(digest), dir_fd=self.store.fd,
+                                              follow_symlinks=False).st_size
+                        self.store.remove_chunk(digest)
+        except GpuckptError as error:  # busy (another checkpoint is written), or a manifest unreadable
+            return (f"{len(self._written)} chunks it wrote are left in {self.store.root} ({error}); "
+                    "the next `gpuckpt store prune` or `remove` collects them")
+        self._written.clear()
+        return f"the chunks it wrote removed ({gone_bytes / 2**20:.0f} MiB)"

@@ -1,4 +1,4 @@
-"""cli/export_put_back.py's drain: podman holds the export's FIFO read-write, so only reading it to the end
+"""node/put_back.py's drain: podman holds the export's FIFO read-write, so only reading it to the end
 lets podman finish; the drain must end when the writer does, whether it opened the FIFO yet or not."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import sys
 import time
 
-from gpuckpt.cli.export_put_back import drain_until_ended
 from gpuckpt.host.fifo import private_fifo
 from gpuckpt.host.process import Background
+from gpuckpt.node.put_back import drain_until_ended
 
 # as podman's os.Create opens it: read-write, so no reader's leaving fails its writes
 WRITER = "import os, sys, time; time.sleep(float(sys.argv[2])); fd = os.open(sys.argv[1], os.O_RDWR)\n" \

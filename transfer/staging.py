@@ -16,7 +16,8 @@ The container's changed files (`rootfs-diff.tar`), its deletions (`deleted.files
 /dev/shm (`devshm-checkpoint.tar`) and its named volumes (`volumes/NAME.tar`) are staged too and
 never given to podman, which would unpack them as root with its own tar reader, following links
 out of where they go (podman 4.3): the shim applies them, each inside its own directory
-(host/rooted.py, transfer/root_files.py).
+(host/rooted.py, transfer/root_files.py). A restore with --ignore-rootfs (or --ignore-volumes) stages no
+diff or deletions (no volume content): checked as they pass, dropped, so the shim applies none of them.
 
 Only the shim's own record, written by `gpuckpt import` as root, says where pages come from: an
 archive that carries a placeholder is refused on reading, and a token with no record fails the
@@ -130,6 +131,7 @@ class Staging:
         self.trailer: list[tuple[str, bytes]] = [self.placeholder()]
         self.vouched = ""  # set once the archive is verified (its signer, or the policy's unsigned exception)
         self.recorded = False
+        self.ignore_rootfs = self.ignore_volumes = False  # podman's restore told so: those entries not staged
         self._dir_fd = -1
         self._light: StagedFile | None = None
 
@@ -174,10 +176,15 @@ class Staging:
         entry; pages before start() (the check alone), a stream that drops them. A root file is staged
         whenever it comes (podman writes devshm-checkpoint.tar before config.dump), within the budget."""
         directory, _, name = member.name.rpartition("/")
-        if member.name in (ROOTFS_DIFF, DELETED_FILES, DEVSHM) or volume_of(member.name) is not None:
+        volume = volume_of(member.name) is not None
+        if (self.ignore_rootfs and member.name in (ROOTFS_DIFF, DELETED_FILES)) or (self.ignore_volumes and volume):
+            if volume:
+                self.trailer.append((member.name, EMPTY_TAR))  # as for a staged volume: podman 4.3 wants its tar
+            return _Dropped()  # checked as it passes; podman was told to leave it out, so the shim gets none
+        if member.name in (ROOTFS_DIFF, DELETED_FILES, DEVSHM) or volume:
             name = staged_name(member.name)
             self.root_files.append(member.name)
-            if member.name == DEVSHM or volume_of(member.name) is not None:
+            if member.name == DEVSHM or volume:
                 self.trailer.append((member.name, EMPTY_TAR))
         elif directory != "checkpoint" or not PAGES_FILE.fullmatch(name):
             return None

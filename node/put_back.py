@@ -1,4 +1,5 @@
-"""A failed or interrupted `gpuckpt export` puts its container back: no workload left down in silence.
+"""A failed or interrupted `gpuckpt export` or `gpuckpt store checkpoint` puts its container back: no
+workload left down in silence.
 
 podman writes its export into our FIFO opened read-write (Go's os.Create), so closing our end never
 fails its write: it blocks for ever, holding the container's lock. So the stream is drained to nowhere
@@ -14,14 +15,16 @@ import select
 import shlex
 import sys
 import time
+from typing import NoReturn
 
+from ..errors import GpuckptError, ImageError
 from ..host.process import Background, run
-from .signals import Terminated, termination_deferred
+from ..host.signals import Terminated, termination_deferred
 
 DRAIN_READ_BYTES = 1 << 20
 
 
-def drain_until_ended(fifo: str, podman_run: Background, container: str) -> None:
+def drain_until_ended(fifo: str, podman_run: Background, container: str, command: str = "export") -> None:
     """Read podman's export into nothing until podman ends; before it opens the FIFO (CRIU dumping), wait.
     Asked again meanwhile, it still waits: a podman killed mid-checkpoint leaves runc and CRIU to stop the
     container unrecorded, the very state this module is for; the shim's own dump timeouts bound the wait."""
@@ -33,7 +36,7 @@ def drain_until_ended(fifo: str, podman_run: Background, container: str) -> None
                 _drain_once(fd)
             except KeyboardInterrupt:
                 if not told:
-                    print(f"gpuckpt export: waiting for podman to finish its checkpoint of {container}, "
+                    print(f"gpuckpt {command}: waiting for podman to finish its checkpoint of {container}, "
                           "to put it back", file=sys.stderr)
                     told = True
     finally:
@@ -49,10 +52,11 @@ def _drain_once(fd: int) -> None:
         time.sleep(0.05)  # no writer yet, or one that left: a FIFO then reads as ended at once
 
 
-def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, tcp_established: bool) -> str | None:
+def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, tcp_established: bool,
+             command: str = "export") -> str | None:
     """podman wound down and `container` running again where podman stopped it; what became of it, as a clause
     (None where podman knows no such container: nothing was stopped)."""
-    drain_until_ended(fifo, podman_run, container)
+    drain_until_ended(fifo, podman_run, container, command)
     podman_run.popen.wait()
     # podman keeps a checkpoint in its userdata (StaticDir); 4.3's .State.CheckpointPath may be empty
     inspected = run([podman, "container", "inspect", "--format", "{{.State.Running}} {{.StaticDir}}", container],
@@ -71,3 +75,24 @@ def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, 
         return f"{container} restored from podman's checkpoint and running again"
     kept = f" (its checkpoint is kept in {checkpoint})" if checkpoint else ""
     return f"{container} is stopped: `{shlex.join(restore)}` brings it back{kept}"
+
+
+def raise_with_outcome(command: str, failure: BaseException, outcome: str, where: str, *, podman_run: Background,
+                       podman_waited: bool) -> NoReturn:
+    """The failure as one line that also says what became of the container (`outcome`: what was kept, what
+    put_back said)."""
+    if isinstance(failure, KeyboardInterrupt):  # main prints nothing for these: their line is ours
+        print(f"gpuckpt {command}: interrupted; {outcome}", file=sys.stderr)
+        raise failure
+    if isinstance(failure, ImageError) and not podman_waited and podman_run.popen.returncode:
+        # a stream cut short is most often podman failing: then its message is the one to show
+        try:
+            podman_run.wait(check=True)
+        except GpuckptError as podman_failed:
+            failure = podman_failed
+    if isinstance(failure, OSError):  # a full disk: name the file it could not write
+        raise OSError(failure.errno, f"{failure.strerror or failure}; {outcome}",
+                      failure.filename or where) from None
+    if isinstance(failure, GpuckptError):
+        failure.args = (f"{failure}; {outcome}",)
+    raise failure
