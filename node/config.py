@@ -50,6 +50,11 @@ class CudaConfig(_Section):
     # Suspend every GPU container's CUDA processes on `pause` (else only those annotated
     # io.gpuckpt.suspend-on-pause=true).
     suspend_on_pause: bool = False
+    # Honour the annotation io.gpuckpt.restore=standby (a restore that leaves the CUDA processes'
+    # state in host memory until `gpuckpt resume`). Whoever made the container or the archive
+    # sets annotations, and a standby holds host memory until resumed: off unless the operator
+    # allows it (gpuckpt restore --standby, run by root, needs no annotation).
+    standby_annotation: bool = False
 
 
 class CriuConfig(_Section):
