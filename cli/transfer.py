@@ -87,7 +87,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          help="restore even if the archive's container config has OCI hooks, privilege, added "
                               "capabilities, host bind mounts or a runtime path (podman's own --import trusts them)")
     restore.add_argument("--signature", metavar="FILE", help="the archive's signature (default: ARCHIVE.sig)")
-    restore.set_defaults(handler=run_import)
+    restore.set_defaults(handler=run_import, standby=False)  # gpuckpt restore --standby sets it
 
 
 def _podman() -> str:
@@ -251,13 +251,15 @@ def run_import(options: argparse.Namespace) -> int:
             phases.append(f"the archive's runtime {checked.config.runtime[:40] or 'default'!r} replaced by "
                           f"{RUNTIME_NAME}")
         staging.vouched = f"gpuckpt import verified {options.archive}: {vouched}"
+        staging.standby = options.standby
         staging.record()  # from here the shim may take the pages
         with termination_deferred():  # podman killed mid-restore could leave the container half made
             finished = run([podman, "container", "restore", "--import", staging.light_path, *flags], timeout_s=3600)
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
-    print(f"restored {checked.config.name} as {restored[0][:12]} from {options.archive} in "
+    state = " in standby (gpuckpt resume)" if options.standby else ""
+    print(f"restored {checked.config.name}{state} as {restored[0][:12]} from {options.archive} in "
           f"{time.monotonic() - started:.1f} s ({', '.join(phases)})")
     return 0
 

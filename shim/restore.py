@@ -145,9 +145,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     argv = delegate_argv(delegate, args, again)
     in_standby = standby_by_annotation or bool(staged and staged.standby)
     if manifest is None or not manifest.processes:
-        if in_standby:
-            log(args, "info", f"{container_id}: a standby restore of a checkpoint without CUDA processes is a full one")
-        return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv)
+        return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv, standby=in_standby)
     return GpuRestore(args, verb, container_id, delegate, config=config, manifest=manifest, argv=argv, gpus=gpus,
                       lock=lock, standby=in_standby).run()
 
@@ -161,8 +159,10 @@ def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: s
 
 
 def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, bundle: str,
-                         argv: list[str]) -> int:
-    """The delegate's restore alone: no GPU state to bring back."""
+                         argv: list[str], standby: bool = False) -> int:
+    """The delegate's restore alone: no GPU state to bring back (a standby asked for is a full restore)."""
+    if standby:
+        log(args, "info", f"{container_id}: a standby restore of a checkpoint without CUDA processes is a full one")
     try:  # for the loopback after the restore; an unreadable spec is the delegate's to refuse, in its words
         spec: Spec | None = read_spec(bundle)
     except ImageError:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import test_gpu_verbs
 from support import write_config
-from test_gpu_verbs import UUID0, UUID1, H100, checkpointed_node, make_node, restore_args  # noqa: F401 -- fixture
+from test_gpu_verbs import H100, UUID0, UUID1, checkpointed_node, restore_args
 
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import ProcessState
@@ -17,6 +18,8 @@ from gpuckpt.cuda.suspend import STANDBY_ENGINE, recorded_pairs, resume
 from gpuckpt.node.suspension import read_suspension
 from gpuckpt.policy.annotations import PolicyError
 from gpuckpt.shim import restore
+
+make_node = test_gpu_verbs.make_node
 
 
 def annotate(node, value: str) -> None:
