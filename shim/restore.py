@@ -359,7 +359,7 @@ class GpuRestore:
                 "CUDA processes: the restore completed")
         self.phases["total_s"] = time.monotonic() - started
         phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in self.phases.items())
-        done = "left in standby (GPU state in host memory; gpuckpt resume)" if self.standby else "restored"
+        done = "restored into standby (GPU state left in host memory; gpuckpt resume)" if self.standby else "restored"
         log(self.args, "info", f"{self.container_id}: {done} {len(self.manifest.processes)} CUDA process(es): "
                                f"{phases}")
         return 0 if self.detach else delegate_run.finish()
