@@ -83,7 +83,7 @@ class SleepStandbys:
             self.sleeps[record.init_pid].poll() is None
 
     def stop(self) -> None:
-        for sleep in self.sleeps.values():
+        for sleep in list(self.sleeps.values()):
             sleep.kill()
             sleep.wait()
 
@@ -162,6 +162,9 @@ def test_a_restarted_service_keeps_the_pool(engine, tmp_path) -> None:
     assert len(engine.restored) == 2  # nothing restored twice
     taken, _ = again.take(archive)
     assert taken == before[0]
+    assert again._filling is not None
+    again._filling.join(30)  # the next one, restored in the background
+    assert len(again.records()) == 2
 
 
 def test_a_standby_whose_container_is_gone_is_forgotten(engine, tmp_path) -> None:
