@@ -142,9 +142,10 @@ def checkpoint_bytes(checkpoint: str, store_dir: str) -> int:
 
 class Pool:
     def __init__(self, config: PoolConfig, engine: StandbyEngine | None = None,
-                 say: Callable[[str], None] = log) -> None:
+                 say: Callable[[str], None] = log, name_prefix: str = NAME_PREFIX, directory: str = "") -> None:
         self.config, self.engine, self.say = config, engine or PodmanStandbys(), say
-        self.directory = os.path.join(state_dir(), "pool")
+        self.name_prefix = name_prefix
+        self.directory = directory or os.path.join(state_dir(), "pool")  # the records
         self._lock = threading.Lock()  # the records, and which fill runs
         self._filling: threading.Thread | None = None
         self._swept_at: float | None = None
@@ -280,7 +281,7 @@ class Pool:
         if held + needed > budget:
             return (f"pool: no standby more of {checkpoint}: it would hold ~{needed >> 20} MiB of host memory, "
                     f"{held >> 20} of the {budget >> 20} MiB of pool.host_budget_bytes are held"), False
-        name = f"{NAME_PREFIX}{_short_name(checkpoint)}-{secrets.token_hex(4)}"
+        name = f"{self.name_prefix}{_short_name(checkpoint)}-{secrets.token_hex(4)}"
         started = time.monotonic()
         try:
             container_id = self.engine.restore(checkpoint, name, self.config.store_dir)
