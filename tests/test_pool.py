@@ -10,6 +10,7 @@ files signed with this test's node key through trust/."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import signal
@@ -24,9 +25,12 @@ from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.cuda.suspend import STANDBY_ENGINE, recorded_pairs, resume
 from gpuckpt.errors import GpuckptError
-from gpuckpt.node.config import PoolConfig
+from gpuckpt.node.config import PoolConfig, ServiceConfig
 from gpuckpt.node.suspension import SuspendedProcess, Suspension, read_suspension, remove_suspension, write_suspension
+from gpuckpt.service.api import PoolState, Result, parse_request
+from gpuckpt.service.operations import Operations
 from gpuckpt.service.pool import NAME_PREFIX, Pool
+from gpuckpt.service.server import Server
 from gpuckpt.trust.keys import require_node_key
 from gpuckpt.trust.provenance import signature_path, write_archive_signature
 
@@ -218,3 +222,23 @@ def test_a_stored_checkpoint_missing_from_the_store_restores_nothing(engine, tmp
 def test_a_pool_entry_that_is_neither_a_name_nor_an_absolute_path_is_refused() -> None:
     with pytest.raises(ValueError, match="give a stored checkpoint's name"):
         PoolConfig(standbys={"../escape": 1})
+
+
+def test_the_local_api_shows_the_pool_and_hands_a_standby_out(engine, tmp_path) -> None:
+    archive = signed_archive(tmp_path)
+    pool = pool_of(engine, {archive: 1}, budget_bytes=4 * GIB, said=[])
+    pool.fill()
+    server = Server(str(tmp_path / "api.sock"), Operations(ServiceConfig()), pool)
+    events: list = []
+    try:
+        server._dispatch(parse_request(b'{"op": "pool-status"}'), events.append)
+        server._dispatch(parse_request(json.dumps({"op": "pool-take", "checkpoint": archive}).encode()),
+                         events.append)
+    finally:
+        server.close()
+    state, taken = events
+    assert isinstance(state, PoolState) and [entry.checkpoint for entry in state.standbys] == [archive]
+    assert state.held_bytes == GIB and state.budget_bytes == 4 * GIB and state.wanted == {archive: 1}
+    assert isinstance(taken, Result) and taken.ok and taken.done == [state.standbys[0].container]
+    assert pool._filling is not None
+    pool._filling.join(30)
