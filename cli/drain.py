@@ -44,7 +44,7 @@ def _line(event: Event) -> str:
         busy = f"; busy: {event.busy}" if event.busy else ""
         return (f"recorded: {len(event.recorded)} {' '.join(cid[:12] for cid in event.recorded)}\n"
                 f"drained, waiting: {len(event.drained)} {' '.join(cid[:12] for cid in event.drained)}{busy}")
-    return event.message
+    return event.message if isinstance(event, Result) else event.model_dump_json()  # the pool's: cli/pool.py
 
 
 def run(options: argparse.Namespace) -> int:

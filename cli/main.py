@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..errors import GpuckptError
-from . import doctor, drain, inspect, install, recover, store, suspend, transfer, trust
+from . import doctor, drain, inspect, install, pool, recover, restore, store, suspend, transfer, trust
 from .signals import UNWOUND_AT_TERM, Terminated, unwind_at_termination
 
 
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuckpt {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (install, doctor, suspend, inspect, transfer, trust, drain, recover, store):
+    for module in (install, doctor, suspend, inspect, transfer, trust, drain, recover, store, restore, pool):
         module.add_parser(commands)
     return parser
 

@@ -54,7 +54,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_restore_options(restore, name_dest="container_name")
     restore.add_argument("--trust-config", action="store_true",
                          help="restore even if its container config asks for more than podman run gives (as import)")
-    restore.set_defaults(handler=run_restore)
+    restore.set_defaults(handler=run_restore, standby=False)  # gpuckpt restore --standby sets it
     export = verbs.add_parser("export", parents=[common], help="a stored checkpoint as a signed podman archive")
     export.add_argument("checkpoint", help="the stored checkpoint's name")
     export.add_argument("output", help="archive to write (.tar.zst), or oci:DIR[:TAG] for a checkpoint image layout")
@@ -131,9 +131,10 @@ def run_restore(options: argparse.Namespace) -> int:
     started = time.monotonic()
     with _open(options) as store:
         restored = podman.restore_from(store, options.checkpoint, chosen, trust_config=options.trust_config,
-                                       threads=options.threads, progress=_bar)
-    print(f"restored {restored.container} as {restored.podman_line[:12]} from checkpoint {options.checkpoint} in "
-          f"{time.monotonic() - started:.1f} s ({', '.join(restored.phases)})")
+                                       threads=options.threads, progress=_bar, standby=options.standby)
+    state = " in standby (gpuckpt resume)" if options.standby else ""
+    print(f"restored {restored.container}{state} as {restored.podman_line[:12]} from checkpoint "
+          f"{options.checkpoint} in {time.monotonic() - started:.1f} s ({', '.join(restored.phases)})")
     return 0
 
 

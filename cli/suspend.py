@@ -11,7 +11,7 @@ import json
 from ..cuda.compat import complete_pairs
 from ..cuda.driver import GpuPair
 from ..cuda.node import NodeGpus
-from ..cuda.suspend import resume, suspend
+from ..cuda.suspend import STANDBY_ENGINE, recorded_pairs, resume, suspend
 from ..errors import UsageError
 from ..node.config import load_config
 from ..node.suspension import Suspension, all_suspensions, read_suspension, remove_suspension, write_suspension
@@ -30,7 +30,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             parser.add_argument("--gpu", action="append", default=[], metavar="UUID",
                                 help="resume onto these GPUs, in the order of the container's GPUs")
         parser.set_defaults(handler=handler)
-    status = commands.add_parser("status", help="suspended containers and since when")
+    status = commands.add_parser("status", help="suspended and standby containers and since when")
     status.add_argument("--json", action="store_true")
     status.set_defaults(handler=run_status)
 
@@ -65,7 +65,9 @@ def run_resume(options: argparse.Namespace) -> int:
     if record is None:
         raise UsageError(f"container {options.container} is not suspended")
     gpus = NodeGpus()
-    seconds = resume(gpus.load_driver(), record, _pairs(record, options.gpu, gpus), gpus=gpus,
+    # a standby goes where its restore's node check chose, unless told otherwise
+    pairs = _pairs(record, options.gpu, gpus) if options.gpu else recorded_pairs(record)
+    seconds = resume(gpus.load_driver(), record, pairs, gpus=gpus,
                      hugepages=load_config().cuda.wants_hugepages)
     remove_suspension(container.container_id)
     print(f"resumed {options.container}: {len(record.processes)} CUDA process(es) in {seconds:.2f} s")
@@ -81,6 +83,7 @@ def run_status(options: argparse.Namespace) -> int:
         print("no suspended container")
     for record in records:
         gib = sum(p.device_bytes for p in record.processes) / 2**30
-        print(f"{record.container[:12]}  {record.engine:6}  suspended since {record.since}  "
+        state = "standby" if record.engine == STANDBY_ENGINE else "suspended"
+        print(f"{record.container[:12]}  {record.engine:7}  {state} since {record.since}  "
               f"{len(record.processes)} CUDA process(es), {gib:.1f} GiB in host memory")
     return 0

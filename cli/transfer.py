@@ -86,7 +86,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          help="restore even if the archive's container config has OCI hooks, privilege, added "
                               "capabilities, host bind mounts or a runtime path (podman's own --import trusts them)")
     restore.add_argument("--signature", metavar="FILE", help="the archive's signature (default: ARCHIVE.sig)")
-    restore.set_defaults(handler=run_import)
+    restore.set_defaults(handler=run_import, standby=False)  # gpuckpt restore --standby sets it
 
 
 def add_restore_options(parser: argparse.ArgumentParser, name_dest: str = "name") -> None:
@@ -224,10 +224,7 @@ def run_import(options: argparse.Namespace) -> int:
     started = time.monotonic()
     graph_root = run([podman, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
     run_root = run([podman, "info", "--format", "{{.Store.RunRoot}}"]).stdout.strip()  # its pid files
-    # beside podman's storage, on its filesystem, so the shim can rename the pages in (a copy otherwise)
-    near = os.path.dirname(graph_root)
-    if os.stat(near).st_dev != os.stat(graph_root).st_dev:
-        near = graph_root  # the storage is a filesystem of its own
+    near = _beside_storage(graph_root)
     staging = Staging(near, StagingBudget(options.archive, near, limits), limits.allow_setuid_files)
     staging.ignore_rootfs, staging.ignore_volumes = restoring.ignore_rootfs, restoring.ignore_volumes
     held = HeldOutput(spill=staging.light)  # what comes before config.dump (podman: devshm-checkpoint.tar)
@@ -265,6 +262,7 @@ def run_import(options: argparse.Namespace) -> int:
             phases.append(f"the archive's runtime {checked.config.runtime[:40] or 'default'!r} replaced by "
                           f"{RUNTIME_NAME}")
         staging.vouched = f"gpuckpt import verified {options.archive}: {vouched}"
+        staging.standby = options.standby
         staging.record()  # from here the shim may take the pages
         with termination_deferred():  # podman killed mid-restore could leave the container half made
             finished = run([podman, "container", "restore", f"--import={staging.light_path}", *restoring.flags()],
@@ -272,9 +270,17 @@ def run_import(options: argparse.Namespace) -> int:
     finally:
         staging.remove()
     restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
-    print(f"restored {checked.config.name} as {restored[0][:12]} from {options.archive} in "
+    state = " in standby (gpuckpt resume)" if options.standby else ""
+    print(f"restored {checked.config.name}{state} as {restored[0][:12]} from {options.archive} in "
           f"{time.monotonic() - started:.1f} s ({', '.join(phases)})")
     return 0
+
+
+def _beside_storage(graph_root: str) -> str:
+    """Where to stage: beside podman's storage, on its filesystem, so the shim can rename the pages in (a copy
+    otherwise); in it when the storage is a filesystem of its own."""
+    near = os.path.dirname(graph_root)
+    return graph_root if os.stat(near).st_dev != os.stat(graph_root).st_dev else near
 
 
 def _verified_source(target: str, signature: str | None) -> tuple[str, Verification, str]:

@@ -2,6 +2,8 @@
 
 Suspend: lock and checkpoint every CUDA process in parallel, then write the suspension
 record (node/suspension.py); the GPU is released and the processes stay where they are.
+Standby: a restore (shim/restore.py) left its processes as the checkpoint had them, their
+GPU state in host memory; only the record is written, naming the GPUs a resume will take.
 Resume: check the GPUs have the memory back, restore (optionally onto other GPUs) and
 unlock. Any failure leaves the container either running or cleanly suspended (with its
 record), never half of each.
@@ -14,7 +16,9 @@ import time
 from collections.abc import Sequence
 
 from ..errors import DriverError, GpuCheckpointError, GpuckptError
+from ..host.procfs import container_pid, resident_bytes
 from ..node.suspension import SuspendedProcess, Suspension, write_suspension
+from ..oci.manifest import Manifest
 from ..oci.timestamps import utc_now
 from .compat import memory_needed
 from .driver import CudaDriver, GpuPair, ProcessState
@@ -65,6 +69,32 @@ def suspend(driver: CudaDriver, container: str, engine: str, init_pid: int, lock
         state = f"rollback could not resume {'; '.join(leftovers)}" if leftovers else "the container keeps running"
         raise GpuCheckpointError(f"suspend of {container} failed ({one_line(error)}); {state}") from None
     return record
+
+
+STANDBY_ENGINE = "standby"  # the suspension record's engine when a standby restore made it
+
+
+def standby(container: str, init_pid: int, cuda_pids: Sequence[int], manifest: Manifest,
+            pairs: Sequence[GpuPair]) -> Suspension:
+    """Record restored processes left checkpointed (a standby): each one's checkpoint GPUs and device bytes
+    from the manifest, the GPUs a resume gives them (`pairs`, checked by the restore's node check), and the
+    host memory they hold. Nothing of the driver is called: they hold no GPU until resumed."""
+    checkpointed = {record.container_pid: record for record in manifest.processes}
+    processes = []
+    for pid in cuda_pids:
+        record = checkpointed.get(container_pid(pid))
+        processes.append(SuspendedProcess(pid=pid, gpu_uuids=list(record.gpu_uuids) if record else [],
+                                          device_bytes=record.checkpointed_bytes if record else 0))
+    entry = Suspension(container=container, engine=STANDBY_ENGINE, init_pid=init_pid, since=utc_now(),
+                       processes=processes, gpu_pairs=[(pair.old_uuid, pair.new_uuid) for pair in pairs],
+                       host_bytes=resident_bytes(cuda_pids))
+    write_suspension(entry)
+    return entry
+
+
+def recorded_pairs(record: Suspension) -> list[GpuPair]:
+    """The GPUs a standby restore chose for its resume (none for a suspension: the GPUs it left)."""
+    return [GpuPair(old, new) for old, new in record.gpu_pairs]
 
 
 def _check_memory(record: Suspension, pairs: Sequence[GpuPair], gpus: NodeGpus) -> None:

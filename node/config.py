@@ -50,6 +50,11 @@ class CudaConfig(_Section):
     # Suspend every GPU container's CUDA processes on `pause` (else only those annotated
     # io.gpuckpt.suspend-on-pause=true).
     suspend_on_pause: bool = False
+    # Honour the annotation io.gpuckpt.restore=standby (a restore that leaves the CUDA processes'
+    # state in host memory until `gpuckpt resume`). Whoever made the container or the archive
+    # sets annotations, and a standby holds host memory until resumed: off unless the operator
+    # allows it (gpuckpt restore --standby, run by root, needs no annotation).
+    standby_annotation: bool = False
 
 
 class CriuConfig(_Section):
@@ -188,6 +193,37 @@ class ServiceConfig(_Section):
         return value
 
 
+POOL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")  # a stored checkpoint's name (store/manifest.py's rule)
+
+
+class PoolConfig(_Section):
+    # gpuckptd's warm pool (service/pool.py): standbys restored ahead, per checkpoint (a stored
+    # checkpoint's name, or an archive's absolute path) -> how many, each restored with
+    # `gpuckpt restore --standby` and handed out by `gpuckpt pool take`.
+    standbys: dict[str, Annotated[int, Field(ge=0, le=64)]] = {}
+    # The host memory all standbys together may hold, in bytes (0: none is restored). A standby
+    # whose checkpoint's last standby held more than is left is not restored.
+    host_budget_bytes: int = Field(default=0, ge=0)
+    store_dir: str = "/var/lib/gpuckpt/store"  # where a checkpoint named by name is stored
+
+    @field_validator("standbys")
+    @classmethod
+    def _checkpoints(cls, standbys: dict[str, int]) -> dict[str, int]:
+        for checkpoint in standbys:
+            archive = checkpoint.startswith("/") and os.path.normpath(checkpoint) == checkpoint
+            if not archive and not POOL_NAME.fullmatch(checkpoint):
+                raise ValueError(f"{checkpoint[:80]!r}: give a stored checkpoint's name (letters, digits, '_.-') "
+                                 "or an archive's absolute, normalised path")
+        return standbys
+
+    @field_validator("store_dir")
+    @classmethod
+    def _absolute_store(cls, value: str) -> str:
+        if not value.startswith("/") or "\0" in value:
+            raise ValueError("must be an absolute path")
+        return value
+
+
 class Config(_Section):
     # runc, crun, another runc-compatible name looked up on PATH, or an absolute path.
     delegate: str = "runc"
@@ -196,6 +232,7 @@ class Config(_Section):
     import_: ImportConfig = Field(default=ImportConfig(), alias="import")  # `import` is a keyword
     hook: HookConfig = HookConfig()
     service: ServiceConfig = ServiceConfig()
+    pool: PoolConfig = PoolConfig()
 
     @field_validator("delegate")
     @classmethod

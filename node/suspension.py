@@ -30,11 +30,15 @@ class Suspension(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = SCHEMA_VERSION
     container: str
-    engine: str
+    engine: str  # who suspended it: the CLI's engine name, "pause" (suspend-on-pause) or "standby" (a restore)
     init_pid: int
     since: str
     processes: list[SuspendedProcess]
     suspend_s: float = 0.0
+    # A standby restore: the GPUs it will take (the checkpoint's GPU UUID -> this node's), chosen and
+    # checked at restore, given to the driver at resume; and the host memory its processes held then.
+    gpu_pairs: list[tuple[str, str]] = []
+    host_bytes: int = 0
 
 
 def _directory() -> str:

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 CRIU_CONFIG_ANNOTATION = "org.criu.config"
 ALLOW_UNRESTORABLE_ANNOTATION = "io.gpuckpt.allow-unrestorable"
+RESTORE_MODE_ANNOTATION = "io.gpuckpt.restore"
+RESTORE_MODES = ("full", "standby")  # the values the annotation may take
 BUNDLE_LABEL = "bundle"
 SYSTEMD_PROPERTY_PREFIX = "org.systemd.property."
 # runc's own list (`runc features`, potentiallyUnsafeConfigAnnotations): "bundle" (runc keeps
@@ -163,3 +165,19 @@ def unrestorable_allowed(cuda: CudaConfig, annotations: Mapping[str, str], conta
         raise PolicyError(f"container {container_id} carries the annotation {ALLOW_UNRESTORABLE_ANNOTATION}=true; "
                           "the operator's cuda.allow_unrestorable = \"never\" refuses it")
     return cuda.allow_unrestorable is True or asked
+
+
+def standby_asked(cuda: CudaConfig, annotations: Mapping[str, str], container_id: str, config_file: str) -> bool:
+    """Whether the restore bundle's annotation asks for a standby restore: an allow-listed value only, and
+    "standby" only where the operator allows the annotation (cuda.standby_annotation)."""
+    value = annotations.get(RESTORE_MODE_ANNOTATION)
+    if value is None:
+        return False
+    said = f"container {container_id} carries the annotation {RESTORE_MODE_ANNOTATION}={value!r}"
+    if value not in RESTORE_MODES:
+        raise PolicyError(f"{said}: allowed values: {', '.join(RESTORE_MODES)}")
+    if value == "standby" and not cuda.standby_annotation:
+        raise PolicyError(f"{said}: a standby restore asked by the container is refused; the operator may allow it "
+                          f"with cuda.standby_annotation = true in {config_file} (or restore with gpuckpt restore "
+                          "--standby)")
+    return value == "standby"

@@ -25,8 +25,9 @@ class _Message(BaseModel):
 
 
 class Request(_Message):
-    op: Literal["status", "drain", "restore"]
+    op: Literal["status", "drain", "restore", "pool-take", "pool-status"]
     deadline_s: float | None = Field(default=None, gt=0, le=86_400)  # drain: start nothing after this
+    checkpoint: str | None = Field(default=None, max_length=4096)  # pool-take: which checkpoint's standby
 
 
 class ContainerEvent(_Message):
@@ -70,7 +71,24 @@ class Status(_Message):
     busy: str | None = None  # the operation under way
 
 
-Event = Plan | ContainerEvent | Result | Status
+class PoolEntry(_Message):
+    container: str
+    checkpoint: str
+    host_bytes: int = Field(ge=0)
+    created: str
+
+
+class PoolState(_Message):
+    """The warm pool (service/pool.py): its standbys, how many each checkpoint should have, the memory held."""
+
+    event: Literal["pool"] = "pool"
+    standbys: list[PoolEntry]
+    wanted: dict[str, int]
+    held_bytes: int = Field(ge=0)
+    budget_bytes: int = Field(ge=0)
+
+
+Event = Plan | ContainerEvent | Result | Status | PoolState
 
 
 class DrainedContainer(_Message):
@@ -93,11 +111,12 @@ def parse_request(line: bytes) -> Request:
     try:
         return Request.model_validate_json(line)
     except ValidationError as error:
-        raise ApiError(f"gpuckptd: not a request: {first_problem(error)} (ops: status, drain, restore)") from None
+        raise ApiError(f"gpuckptd: not a request: {first_problem(error)} "
+                       "(ops: status, drain, restore, pool-take, pool-status)") from None
 
 
 def parse_event(line: bytes) -> Event:
-    for model in (ContainerEvent, Plan, Result, Status):
+    for model in (ContainerEvent, Plan, Result, Status, PoolState):
         try:
             return model.model_validate_json(line)
         except ValidationError:

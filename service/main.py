@@ -21,6 +21,7 @@ from ..node.config import load_config
 from ..node.journal import pending_journals
 from ..shim.recover import recover_all
 from .operations import Operations, unheard
+from .pool import Pool
 from .preemption import PreemptionWatch
 from .schedule import Schedule
 from .server import Server
@@ -44,7 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     preemption_signalled = threading.Event()
     signal.signal(signal.SIGUSR1, lambda signum, frame: preemption_signalled.set())
     try:
-        config = load_config().service
+        everything = load_config()
+        config = everything.service
         operations = Operations(config)
         if pending_journals():  # a shim killed mid-checkpoint (or the node with it): finished before anything else
             recover_all(log)
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             notify(f"STATUS=restoring {len(waiting)} drained container(s)")
             result = operations.restore(unheard)
             log(result.message)
-        server = Server(config.socket, operations)
+        pool = Pool(everything.pool)  # the warm pool (service/pool.py): ticked with the watchers
+        server = Server(config.socket, operations, pool)
         preemption = PreemptionWatch(config, operations, preemption_signalled)
         schedule = Schedule(config, operations)
     except GpuckptError as error:
@@ -61,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     server.start()
     notify("READY=1", f"STATUS=serving {config.socket}")
     log(f"ready on {config.socket}")
-    _watch(stop, preemption, schedule)
+    _watch(stop, preemption, schedule, pool)
     notify("STOPPING=1")
     if config.drain_on_stop:
         notify("STATUS=draining before stopping")
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _watch(stop: threading.Event, preemption: PreemptionWatch, schedule: Schedule) -> None:
+def _watch(stop: threading.Event, preemption: PreemptionWatch, schedule: Schedule, pool: Pool) -> None:
     """Until `stop`: each tick, systemd's watchdog petted when due and the watchers looked at."""
     interval = watchdog_interval_s()
     next_pet = 0.0
@@ -79,8 +82,8 @@ def _watch(stop: threading.Event, preemption: PreemptionWatch, schedule: Schedul
         if interval and time.monotonic() >= next_pet:
             notify("WATCHDOG=1")
             next_pet = time.monotonic() + interval
-        schedule.paused = preemption.handled  # after a notice, nothing but its drain
-        for watch in (preemption.check, schedule.check):
+        schedule.paused = pool.paused = preemption.handled  # after a notice, nothing but its drain
+        for watch in (preemption.check, schedule.check, pool.check):
             try:
                 watch()
             except GpuckptError as error:  # reported; the service goes on

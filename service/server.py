@@ -9,10 +9,12 @@ import socket
 import stat
 import struct
 import threading
+from collections.abc import Callable
 
 from ..errors import GpuckptError
-from .api import MAX_LINE_BYTES, Event, Result, parse_request
+from .api import MAX_LINE_BYTES, Event, Request, Result, parse_request
 from .operations import Operations
+from .pool import Pool
 from .systemd import log
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
@@ -36,8 +38,8 @@ def _read_line(connection: socket.socket) -> bytes:
 
 
 class Server:
-    def __init__(self, path: str, operations: Operations) -> None:
-        self.path, self.operations = path, operations
+    def __init__(self, path: str, operations: Operations, pool: Pool | None = None) -> None:
+        self.path, self.operations, self.pool = path, operations, pool
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         try:
@@ -91,13 +93,7 @@ class Server:
                 if _peer_uid(connection) != 0:
                     emit(Result(ok=False, message="gpuckptd: only root may use this socket"))
                     return
-                request = parse_request(line)
-                if request.op == "status":
-                    emit(self.operations.status())
-                elif request.op == "drain":
-                    self.operations.drain(emit, request.deadline_s)
-                else:
-                    self.operations.restore(emit)
+                self._dispatch(parse_request(line), emit)
             except GpuckptError as error:
                 emit(Result(ok=False, message=str(error)))
             except TimeoutError:
@@ -105,3 +101,25 @@ class Server:
             except Exception as error:  # noqa: BLE001 -- one request's bug must not end the service: the client gets a line, the journal the detail
                 log(f"internal error serving a request: {type(error).__name__}: {error}")
                 emit(Result(ok=False, message=f"gpuckptd internal error: {type(error).__name__}: {error}"))
+
+    def _dispatch(self, request: Request, emit: Callable[[Event], None]) -> None:
+        if request.op == "status":
+            emit(self.operations.status())
+        elif request.op == "drain":
+            self.operations.drain(emit, request.deadline_s)
+        elif request.op.startswith("pool-"):
+            self._pool(request.op, request.checkpoint, emit)
+        else:
+            self.operations.restore(emit)
+
+    def _pool(self, op: str, checkpoint: str | None, emit: Callable[[Event], None]) -> None:
+        if self.pool is None:
+            emit(Result(ok=False, message="gpuckptd: this service runs no warm pool"))
+        elif op == "pool-status":
+            emit(self.pool.state())
+        elif not checkpoint:
+            emit(Result(ok=False, message="gpuckptd: pool-take names no checkpoint"))
+        else:
+            record, seconds = self.pool.take(checkpoint)
+            emit(Result(ok=True, message=f"{record.container} ({record.container_id[:12]}) resumed from standby in "
+                                         f"{seconds:.2f} s", done=[record.container]))

@@ -59,7 +59,9 @@ def _opted_in(state: ContainerState) -> bool:
 def _pause(args: RuntimeArgs, delegate: str, container_id: str, init_pid: int, gpus: NodeGpus) -> int:
     from ..cuda.suspend import resume, suspend  # the GPU side, as above
 
-    if not gpus.find_cuda_pids(gpus.descendants(init_pid)):
+    if read_suspension(container_id) is not None or not gpus.find_cuda_pids(gpus.descendants(init_pid)):
+        # a standby or suspended container holds no GPU already: frozen as it is, and the resume after the
+        # thaw leaves it so (its record is not the pause's)
         return run_delegate(delegate, args.argv)
     driver, cuda = gpus.load_driver(), load_config().cuda
     hugepages = cuda.wants_hugepages

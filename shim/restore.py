@@ -6,7 +6,10 @@ only to a lazy restore, --lazy-pages), check CRIU's images against
 the bundle, the driver files and version against the manifest's (policy/driver_files.py) and this
 node against the manifest (before touching anything), the delegate's
 restore, then find the restored CUDA processes and restore (remapped if the GPUs
-changed) and unlock them in parallel. If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP
+changed) and unlock them in parallel. A standby restore (`gpuckpt restore --standby`, or the
+annotation io.gpuckpt.restore=standby where the operator allows it) stops before the driver's
+restore: the processes stay checkpointed, their GPU state in host memory, and a suspension
+record names the GPUs `gpuckpt resume` gives them (cuda/suspend.py). If the GPU steps fail, or a SIGTERM/SIGINT/SIGHUP
 arrives before the driver's restore begins (a flag, checked between phases), the
 half-restored container is killed rather than left with its processes locked.
 
@@ -27,6 +30,7 @@ from ..cuda.driver import CudaDriver, GpuPair, ProcessState
 from ..cuda.engine import CudaSession, one_line, query_states
 from ..cuda.hugepages import hugepages_always
 from ..cuda.node import NodeGpus
+from ..cuda.suspend import standby
 from ..errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
 from ..host.background import OnThread
 from ..host.deferred_free import holder_argv, open_large_files
@@ -48,7 +52,7 @@ from ..node.lock import ContainerLock, StateKey
 from ..node.paths import config_path
 from ..oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
-from ..policy.annotations import refuse_runtime_annotations
+from ..policy.annotations import refuse_runtime_annotations, standby_asked
 from ..policy.crun import crun_restore_refusals
 from ..policy.devices import device_refusals
 from ..policy.driver_files import driver_change_refusal
@@ -102,7 +106,9 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
              lock: ContainerLock) -> int:
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
-    refuse_runtime_annotations(read_annotations(bundle), container_id, config.criu, config_path(), [bundle])
+    annotations = read_annotations(bundle)
+    refuse_runtime_annotations(annotations, container_id, config.criu, config_path(), [bundle])
+    standby_by_annotation = standby_asked(config.cuda, annotations, container_id, config_path())
     require_image_directory_private(image_path_given(verb), f"restore of {container_id}")  # read by name below
     if work_path := verb.value("work-path"):  # CRIU (root) writes its log there, links followed
         require_image_directory_private(work_path, f"restore of {container_id}: --work-path", make=True)
@@ -140,10 +146,11 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     if staged is not None:  # every check passed: the container's own files, inside its root only
         _apply_staged_root_files(args, staged, bundle, container_id)
     argv = delegate_argv(delegate, args, again)
+    in_standby = standby_by_annotation or bool(staged and staged.standby)
     if manifest is None or not manifest.processes:
-        return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv)
+        return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv, standby=in_standby)
     return GpuRestore(args, verb, container_id, delegate, config=config, manifest=manifest, argv=argv, gpus=gpus,
-                      lock=lock).run()
+                      lock=lock, standby=in_standby).run()
 
 
 def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: str, container_id: str) -> None:
@@ -155,8 +162,10 @@ def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: s
 
 
 def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, bundle: str,
-                         argv: list[str]) -> int:
-    """The delegate's restore alone: no GPU state to bring back."""
+                         argv: list[str], standby: bool = False) -> int:
+    """The delegate's restore alone: no GPU state to bring back (a standby asked for is a full restore)."""
+    if standby:
+        log(args, "info", f"{container_id}: a standby restore of a checkpoint without CUDA processes is a full one")
     try:  # for the loopback after the restore; an unreadable spec is the delegate's to refuse, in its words
         spec: Spec | None = read_spec(bundle)
     except ImageError:
@@ -277,9 +286,11 @@ class GpuRestore:
     """The GPU side of one restore: node check, the delegate's restore, then the CUDA processes back."""
 
     def __init__(self, args: RuntimeArgs, verb: VerbArgs, container_id: str, delegate: str, *, config: Config,
-                 manifest: Manifest, argv: list[str], gpus: NodeGpus, lock: ContainerLock) -> None:
+                 manifest: Manifest, argv: list[str], gpus: NodeGpus, lock: ContainerLock,
+                 standby: bool = False) -> None:
         self.args, self.verb, self.delegate, self.manifest, self.argv = args, verb, delegate, manifest, argv
         self.config, self.gpus, self.lock = config, gpus, lock
+        self.standby = standby  # leave the processes checkpointed: no driver restore, no unlock
         self.container_id = container_id
         self.detach = detached(verb)
         self.phases: dict[str, float] = {}
@@ -322,8 +333,8 @@ class GpuRestore:
         started = time.monotonic()
         driver = self.gpus.load_driver()
         # The controlling process must have initialised CUDA before a restore; cuInit takes
-        # a while, so it runs beside the node check and the delegate's restore.
-        initialising = OnThread(driver.init, "cuda-init")
+        # a while, so it runs beside the node check and the delegate's restore. A standby calls no restore.
+        initialising = OnThread((lambda: None) if self.standby else driver.init, "cuda-init")
         target = self._target_gpus()
         pairs = gpu_pairs(self.manifest, target)
         self.phases["check_s"] = time.monotonic() - started
@@ -366,7 +377,8 @@ class GpuRestore:
                 "CUDA processes: the restore completed")
         self.phases["total_s"] = time.monotonic() - started
         phases = ", ".join(f"{name} {seconds:.3f}" for name, seconds in self.phases.items())
-        log(self.args, "info", f"{self.container_id}: restored {len(self.manifest.processes)} CUDA process(es): "
+        done = "restored into standby (GPU state left in host memory; gpuckpt resume)" if self.standby else "restored"
+        log(self.args, "info", f"{self.container_id}: {done} {len(self.manifest.processes)} CUDA process(es): "
                                f"{phases}")
         return 0 if self.detach else delegate_run.finish()
 
@@ -406,6 +418,11 @@ class GpuRestore:
             if process_state != ProcessState.CHECKPOINTED:
                 raise GpuCheckpointError(f"restored process {pid} is {process_state.name.lower()}, not checkpointed")
         signals.check()  # the last boundary: from here the restore runs to its end (or fails and is killed)
+        if self.standby:  # the driver is not called: the processes hold no GPU until `gpuckpt resume`
+            record = standby(self.container_id, state.pid, found, self.manifest, pairs)
+            log(self.args, "info", f"{self.container_id}: standby holds {record.host_bytes / 2**30:.2f} GiB of host "
+                f"memory; GPUs for its resume: {', '.join(new for _, new in record.gpu_pairs) or 'its own'}")
+            return
         records = [process_record(pid, container_pid(pid)) for pid in found]
         self._write_journal("gpu_restore", processes=[record for record in records if record is not None])
         session = CudaSession(driver, found)

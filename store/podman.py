@@ -138,8 +138,9 @@ class Restored:
 
 
 def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_config: bool = False, threads: int = 0,
-                 progress: Progress = _quiet) -> Restored:
-    """The stored checkpoint `name` restored by podman with `options` (checked: RestoreOptions.check)."""
+                 progress: Progress = _quiet, standby: bool = False) -> Restored:
+    """The stored checkpoint `name` restored by podman with `options` (checked: RestoreOptions.check); `standby`:
+    the shim leaves its CUDA processes' state in host memory (shim/restore.py)."""
     program = podman()
     limits = load_config().import_
     started = time.monotonic()
@@ -178,6 +179,7 @@ def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_conf
         check_archive(staging.light_path, checked.spec_bytes, what)  # CRIU's images against spec.dump
         phases = [f"{stored.logical_bytes / 2**20:.0f} MiB read and verified in {time.monotonic() - started:.1f} s"]
         staging.vouched = f"stored checkpoint {name} on this node, every chunk verified"
+        staging.standby = standby
         staging.record()  # from here the shim may take the pages
         podman_started = time.monotonic()
         with termination_deferred():  # podman killed mid-restore could leave the container half made

@@ -87,6 +87,7 @@ class StagedImport(BaseModel):
     storage: str = ""  # podman's graph root: where the container's /dev/shm directory must be
     allow_setuid_files: bool = False  # what the diff was checked with (oci.nested_tar), checked again with
     vouched: str = ""  # what verified the archive (its signer, or the trust policy's unsigned exception)
+    standby: bool = False  # `gpuckpt restore --standby` (root): the shim leaves the GPU state in host memory
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class ClaimedImport:
     storage: str  # podman's graph root (its containers' /dev/shm directories are below it)
     allow_setuid_files: bool = False
     vouched: str = ""  # for a dump the archive carried unsigned (trust.dump_signature.verify_dump)
+    standby: bool = False  # a standby restore was asked for by root (gpuckpt restore --standby)
 
 
 def _records_dir() -> str:
@@ -130,6 +132,7 @@ class Staging:
         # /dev/shm staged here (podman 4.3 fails an import that lacks a volume's tar)
         self.trailer: list[tuple[str, bytes]] = [self.placeholder()]
         self.vouched = ""  # set once the archive is verified (its signer, or the policy's unsigned exception)
+        self.standby = False  # restore into standby (shim/restore.py reads it from the record)
         self.recorded = False
         self.ignore_rootfs = self.ignore_volumes = False  # podman's restore told so: those entries not staged
         self._dir_fd = -1
@@ -211,7 +214,8 @@ class Staging:
                               created=utc_now(), root_files=self.root_files,
                               volume_destinations=self.volume_destinations,
                               volume_directories=self.volume_directories, storage=self.storage,
-                              allow_setuid_files=self.allow_setuid_files, vouched=self.vouched)
+                              allow_setuid_files=self.allow_setuid_files, vouched=self.vouched,
+                              standby=self.standby)
         replace_file(_record_path(self.token), record.model_dump_json())
         self.recorded = True
 
@@ -371,4 +375,4 @@ def claim_staged(image_dir: str) -> ClaimedImport | None:
     os.unlink(marker)
     root_files = {name: os.path.join(record.pages_dir, staged_name(name)) for name in record.root_files}
     return ClaimedImport(record.pages, root_files, record.volume_destinations, record.volume_directories,
-                         record.storage, record.allow_setuid_files, record.vouched)
+                         record.storage, record.allow_setuid_files, record.vouched, record.standby)

@@ -8,6 +8,9 @@ through the container's network namespace. Same run, through podman and gpuckpt-
   cold     `podman run` -> first correct answer, with the page cache dropped first (torch's
            libraries and the weights read from disk) and again with them cached (cold's best case)
   restore  `podman container restore` of a checkpoint of the warm server -> first correct answer
+  standby  `gpuckpt restore --standby` of an archive of the warm server (its CUDA processes restored with
+           their GPU state left in host memory: no GPU memory used), then `gpuckpt resume` -> first
+           correct answer; the host memory the standby held (issue 34)
   import   `gpuckpt import` of an archive (`gpuckpt export`) into a clean podman storage root
            (`podman system reset`, then only the image loaded back with its ID, as a pull would
            give it; the page cache dropped) -> first correct answer
@@ -177,6 +180,43 @@ def import_path(podman: harness.Podman, name: str, archive: Path, reference: dic
     log(f"import to first answer {import_s:.2f} s: {result['import']}")
 
 
+def standby_path(podman: harness.Podman, name: str, archive: Path, reference: dict, eager: dict,
+                 result: dict) -> None:
+    """Export the running server, remove it, `gpuckpt restore --standby` the archive (GPU memory used must not
+    grow: the standby holds its device state in host memory), then `gpuckpt resume` and ask: the seconds from
+    the resume to the first correct answer, the host memory the standby held and the device bytes it will
+    take. The container runs on afterwards (the import path exports it again)."""
+    sh(CLI, "export", name, "-o", str(archive), env=podman.env)
+    podman.cli("rm", "-f", name)
+    used_before_mib = harness.gpu_memory_used_mib()
+    started = time.monotonic()
+    # --trust-config: the container binds host directories (as the import path says)
+    restored = sh(CLI, "restore", "--standby", "--trust-config", str(archive), env=podman.env)
+    standby_restore_s = time.monotonic() - started
+    container_id = podman.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
+    used_standby_mib = harness.gpu_memory_used_mib()
+    records = json.loads(sh(CLI, "status", "--json", env=podman.env).stdout)
+    record = next((entry for entry in records if entry["container"] == container_id), None)
+    assert record is not None and record["engine"] == "standby", f"no standby record for {container_id}: {records}"
+    assert used_standby_mib - used_before_mib < 256, \
+        f"the standby holds GPU memory: {used_before_mib} MiB used before, {used_standby_mib} MiB after"
+    time.sleep(2.0)  # a standby waits; the resume's clock starts when a request would come
+    started = time.monotonic()
+    resumed = sh(CLI, "resume", name, env=podman.env)
+    resume_returned_s = time.monotonic() - started
+    correct(ask(container_pid(podman, name), timeout_s=90), reference, eager)
+    resume_s = time.monotonic() - started
+    result["standby"] = {"s": round(resume_s, 3), "gpuckpt_resume_returned_s": round(resume_returned_s, 3),
+                         "standby_restore_s": round(standby_restore_s, 3), "host_bytes": record["host_bytes"],
+                         "device_bytes": sum(p["device_bytes"] for p in record["processes"]),
+                         "gpu_used_mib": {"before": used_before_mib, "standby": used_standby_mib,
+                                          "resumed": harness.gpu_memory_used_mib()},
+                         "restore_output": restored.stdout.strip()[-300:],
+                         "resume_output": resumed.stdout.strip()[-300:],
+                         "restore_phases": restore_phases(container_id)}
+    log(f"standby: resume to first answer {resume_s:.2f} s: {result['standby']}")
+
+
 def main() -> int:
     out = Path(sys.argv[1])
     modes = sys.argv[2:] or list(MODES)
@@ -200,6 +240,15 @@ def main() -> int:
     result["restore_over_cold_by_server"] = measured
     if measured:
         result["restore_over_cold"] = min(measured.values())
+    standby = {mode: server["standby_resume_over_cold"] for mode, server in result["servers"].items()
+               if "standby_resume_over_cold" in server}
+    result["standby_resume_over_cold_by_server"] = standby
+    if standby:  # the worst server's: the goal holds for each
+        result["standby_resume_over_cold"] = max(standby.values())
+        result["standby_resume_s"] = max(s["standby_resume_s"] for s in result["servers"].values()
+                                         if "standby_resume_s" in s)
+        result["standby_host_bytes"] = {mode: s["standby_host_bytes"] for mode, s in result["servers"].items()
+                                        if "standby_host_bytes" in s}
     save()
     log(f"restore_over_cold by server {measured} (goal <= 0.2)")
     if failures:
@@ -298,6 +347,19 @@ def measure(podman: harness.Podman, name: str, archive: Path, run_args: list[str
     log(f"checkpoint {checkpoint_s:.2f} s; restore to first answer {restore_s:.2f} s: {result['restore']}")
 
     try:
+        standby_path(podman, name, archive, reference, eager, result)
+    except Exception as error:  # the other figures stand; say why this one is missing
+        result["standby"] = {"error": f"{type(error).__name__}: {error}"[-2000:]}
+    archive.unlink(missing_ok=True)
+    Path(f"{archive}.sig").unlink(missing_ok=True)
+    if "s" in result["standby"]:
+        result["standby_resume_s"] = result["standby"]["s"]
+        result["standby_resume_over_cold"] = round(result["standby"]["s"] / cold_s, 3)
+        result["standby_host_bytes"] = result["standby"]["host_bytes"]
+        save()
+        log(f"standby resume to first answer {result['standby_resume_s']:.2f} s, "
+            f"{result['standby_resume_over_cold']} of cold (goal <= 0.05 and <= 1.0 s)")
+    try:
         import_path(podman, name, archive, reference, eager, result)
     except Exception as error:  # the cold and restore figures stand; say why this one is missing
         result["import"] = {"error": f"{type(error).__name__}: {error}"[-2000:]}
@@ -310,6 +372,8 @@ def measure(podman: harness.Podman, name: str, archive: Path, run_args: list[str
     log(f"restore_over_cold {result['restore_over_cold']} (goal <= 0.2): {result['restore_over_cold_by_path']}")
     if "error" in result["import"]:
         raise AssertionError(f"import path failed: {result['import']['error']}")
+    if "error" in result["standby"]:
+        raise AssertionError(f"standby path failed: {result['standby']['error']}")
 
 
 if __name__ == "__main__":
