@@ -9,10 +9,13 @@ import socket
 import stat
 import struct
 import threading
+from collections.abc import Callable
 
 from ..errors import GpuckptError
-from .api import MAX_LINE_BYTES, Event, Result, parse_request
+from .api import MAX_LINE_BYTES, Event, Request, Result, Status, parse_request
 from .operations import Operations
+from .preemption import PreemptionWatch
+from .schedule import Schedule
 from .systemd import log
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
@@ -36,8 +39,10 @@ def _read_line(connection: socket.socket) -> bytes:
 
 
 class Server:
-    def __init__(self, path: str, operations: Operations) -> None:
-        self.path, self.operations = path, operations
+    def __init__(self, path: str, operations: Operations, preemption: PreemptionWatch, schedule: Schedule,
+                 drains_on_stop: bool) -> None:
+        self.path, self.operations, self.preemption, self.schedule = path, operations, preemption, schedule
+        self.drains_on_stop = drains_on_stop
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         try:
@@ -60,6 +65,33 @@ class Server:
         self.listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+    def _answer(self, request: Request, emit: Callable[[Event], None]) -> None:
+        if request.op == "status":
+            emit(self.status())
+        elif request.op == "drain":
+            self.operations.drain(emit, request.deadline_s)
+        elif request.op == "reset":
+            emit(self.preemption.reset())
+        else:
+            self.operations.restore(self._noting_preemption(emit))
+
+    def status(self) -> Status:
+        """The operations' view, with the preemption's state and the periodic schedule."""
+        return self.operations.status().model_copy(update={
+            "drains_on_stop": self.drains_on_stop, "preemption": self.preemption.view(),
+            "periodic": self.schedule.view()})
+
+    def _noting_preemption(self, emit: Callable[[Event], None]) -> Callable[[Event], None]:
+        """`emit`, whose result says so where a preemption is still pending after a restore (the containers are
+        back, but periodic checkpoints wait and notices are not watched until a reset)."""
+        def noted(event: Event) -> None:
+            if isinstance(event, Result) and self.preemption.pending:
+                event = event.model_copy(update={"message": f"{event.message}; a preemption is still pending: "
+                                                 "periodic checkpoints wait and new notices are not watched until "
+                                                 "`gpuckpt service reset`"})
+            emit(event)
+        return noted
 
     def _accept(self) -> None:
         while True:
@@ -91,13 +123,7 @@ class Server:
                 if _peer_uid(connection) != 0:
                     emit(Result(ok=False, message="gpuckptd: only root may use this socket"))
                     return
-                request = parse_request(line)
-                if request.op == "status":
-                    emit(self.operations.status())
-                elif request.op == "drain":
-                    self.operations.drain(emit, request.deadline_s)
-                else:
-                    self.operations.restore(emit)
+                self._answer(parse_request(line), emit)
             except GpuckptError as error:
                 emit(Result(ok=False, message=str(error)))
             except TimeoutError:
