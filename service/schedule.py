@@ -108,8 +108,9 @@ def prune_to_budget(periodic_root: str, budget_bytes: int, recorded_ids: set[str
 
 class Schedule:
     """Checked by the service's loop (`check`), with the records and the clock it is given. Paused while a
-    preemption is pending; the records of containers their engine no longer knows are dropped (checked
-    every RECORD_CHECK_S, and before each periodic checkpoint), paused or not."""
+    preemption is pending, its clocks with it (the first checkpoint after is an interval after the reset); a
+    container not running is skipped; the records of containers their engine no longer knows are dropped
+    (checked every RECORD_CHECK_S, and before each periodic checkpoint), paused or not."""
 
     def __init__(self, config: ServiceConfig, operations: Operations,
                  utilization: Callable[[], dict[str, int]] = utilization_by_uuid) -> None:
@@ -133,6 +134,9 @@ class Schedule:
         sweep = bool(records) and now - self._checked_at >= RECORD_CHECK_S
         if sweep:
             self._checked_at = now
+        if self.paused:  # the clocks wait too: the first checkpoint after a pause is an interval after it
+            for record in records:
+                self.last_checkpoint[record.id] = now
         due = [] if self.paused else [
             record for record in records if (interval := checkpoint_interval_s(record, self.config))
             and now - self.last_checkpoint.setdefault(record.id, now) >= interval]
@@ -178,10 +182,16 @@ class Schedule:
 
     def _act(self, checked: list[ContainerRecord], due: list[ContainerRecord], idle: list[ContainerRecord],
              now: float) -> None:
-        gone = self._drop_removed({record.id: record for record in [*checked, *due, *idle]}.values())
+        gone = self._drop_removed({record.id: record for record in [*checked, *idle]}.values())
         for record in due:
-            if record.id not in gone:
-                self._periodic(record, now)
+            if record.id in gone:
+                continue
+            if record.engine in through_engine.DRAINED_ENGINES and not through_engine.is_running(record):
+                if not self._drop_removed([record]):  # stopped, or drained and not restored: nothing to take
+                    self.last_checkpoint[record.id] = now
+                    self.last_outcome[record.id] = (time.time(), "skipped: not running")
+                continue
+            self._periodic(record, now)
         for record in idle:
             if record.id in gone:
                 continue
