@@ -376,6 +376,7 @@ def test_preemption_is_shown_cleared_by_reset_and_a_later_notice_drains_again(ow
         periodic_lines = log.read_text().count("periodic checkpoint")
         text = own_service.cli("service", "status").stdout
         assert "preemption: drained: notice at " in text and "`gpuckpt service reset` clears it" in text, text
+        print(f"gpuckpt service status, preemption pending:\n{text}")
 
         refused = own_service.cli("service", "reset", check=False)  # the metadata service still says TRUE
         assert refused.returncode == 1 and "still gives notice" in refused.stdout, refused
