@@ -225,17 +225,18 @@ class Schedule:
         os.close(private_directory(self.config.archive_dir))  # nobody else may move what is below it
         for fd in make_directories(directory, 0o700)[:2]:
             os.close(fd)
-        name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        tried_at = time.time()
+        name = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(tried_at))
         self.last_checkpoint[record.id] = now  # tried, whatever comes of it: the next try is an interval away
         began = time.monotonic()
         try:
             where, size = self.operations.exclusive_call(
                 "periodic checkpoint", lambda: through_engine.checkpoint_live(record, directory, name))
         except GpuckptError as error:
-            self.last_outcome[record.id] = (time.time(), f"failed: {error}")
+            self.last_outcome[record.id] = (tried_at, f"failed: {error}")
             log(f"periodic checkpoint failed: {error}", **facts(record, "periodic"))
             return
-        self.last_outcome[record.id] = (time.time(), where)
+        self.last_outcome[record.id] = (tried_at, where)
         gone = prune(directory, self.config.checkpoint_keep)
         gone += prune_to_budget(os.path.join(self.config.archive_dir, PERIODIC_DIR),
                                 int(self.config.checkpoint_budget_gib * 2**30), {item.id for item in recorded()})
