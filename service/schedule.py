@@ -134,9 +134,10 @@ class Schedule:
         sweep = bool(records) and now - self._checked_at >= RECORD_CHECK_S
         if sweep:
             self._checked_at = now
-        if self.paused:  # the clocks wait too: the first checkpoint after a pause is an interval after it
+        if self.paused:  # the clocks wait too: the first checkpoint (or idle suspend) comes an interval after it
             for record in records:
                 self.last_checkpoint[record.id] = now
+            self.busy_at.clear()
         due = [] if self.paused else [
             record for record in records if (interval := checkpoint_interval_s(record, self.config))
             and now - self.last_checkpoint.setdefault(record.id, now) >= interval]
