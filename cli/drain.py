@@ -1,4 +1,4 @@
-"""`gpuckpt drain` and `gpuckpt service status|restore`: gpuckptd's operations, asked through its socket.
+"""`gpuckpt drain` and `gpuckpt service status|restore|reset`: gpuckptd's operations, asked through its socket.
 
 One line per container as it goes (`--json`: the service's events as they come), and on a
 terminal a bar over the containers below them (cli.progress); exit status 1 if any container failed.
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from ..errors import UsageError
 from ..node.config import load_config
-from ..service.api import ContainerEvent, Event, Plan, Request, Result, Status
+from ..service.api import ContainerEvent, Event, Periodic, Plan, Preemption, Request, Result, Scheduled, Status
 from ..service.client import request
 from .progress import bytes_done, container_bar, line_above
 
@@ -25,8 +25,11 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     drain.set_defaults(handler=run, op="drain")
     service = commands.add_parser("service", help="ask gpuckptd")
     verbs = service.add_subparsers(dest="service_command", required=True, metavar="VERB")
-    for verb, text in (("status", "the recorded containers and the drained ones waiting"),
-                       ("restore", "restore what a drain left, now")):
+    for verb, text in (("status", "the recorded containers and their periodic checkpoints, the drained ones "
+                                  "waiting, the preemption watch"),
+                       ("restore", "restore what a drain left, now"),
+                       ("reset", "clear a preemption whose drain has ended: notices are watched and periodic "
+                                 "checkpoints taken again, without a restart")):
         parser = verbs.add_parser(verb, help=text)
         parser.add_argument("--json", action="store_true", help="the service's events, one JSON object a line")
         parser.set_defaults(handler=run, op=verb, deadline=None)
@@ -41,10 +44,51 @@ def _line(event: Event) -> str:
         held = "of host memory now" if event.phase == "checkpoint" else "of checkpoints"
         return f"{event.phase} {event.containers} containers ({event.bytes / 2**20:.1f} MiB {held})"
     if isinstance(event, Status):
-        busy = f"; busy: {event.busy}" if event.busy else ""
-        return (f"recorded: {len(event.recorded)} {' '.join(cid[:12] for cid in event.recorded)}\n"
-                f"drained, waiting: {len(event.drained)} {' '.join(cid[:12] for cid in event.drained)}{busy}")
+        return _status_lines(event)
     return event.message if isinstance(event, Result) else event.model_dump_json()  # the pool's: cli/pool.py
+
+
+def _status_lines(status: Status) -> str:
+    lines = [_preemption_line(status.preemption)] if status.preemption else []
+    periodic = status.periodic.containers if status.periodic else []
+    scheduled = {item.id: item for item in periodic}
+    lines.append(f"recorded: {len(status.recorded)}" + ("" if status.periodic else
+                                                           f" {' '.join(cid[:12] for cid in status.recorded)}"))
+    if status.periodic:
+        lines.append(_periodic_line(status.periodic))
+        for cid in status.recorded:
+            lines.append(f"  {cid[:12]}" + (_scheduled(scheduled[cid]) if cid in scheduled else ""))
+    lines.append(f"drained, waiting: {len(status.drained)} {' '.join(cid[:12] for cid in status.drained)}".rstrip())
+    if status.drains_on_stop is not None:
+        lines.append("on stop: " + ("drains every recorded container" if status.drains_on_stop
+                                    else "drains nothing (gpuckpt drain drains)"))
+    if status.busy:
+        lines.append(f"busy: {status.busy}")
+    return "\n".join(lines)
+
+
+def _preemption_line(preemption: Preemption) -> str:
+    if preemption.state == "watching":
+        return f"preemption: watching {', '.join(preemption.sources)}"
+    drain = f"; {preemption.drain}" if preemption.drain else ""
+    cleared = "; `gpuckpt service reset` clears it" if preemption.state == "drained" else ""
+    return (f"preemption: {preemption.state}: notice at {preemption.noticed_at} from {preemption.source}, the node "
+            f"goes at {preemption.deadline_at}{drain}{cleared}")
+
+
+def _periodic_line(periodic: Periodic) -> str:
+    every = f"every {periodic.every_min:g} min" if periodic.every_min else "only containers annotated " \
+        "io.gpuckpt.checkpoint-every"
+    upcoming = sorted(item.next_at for item in periodic.containers if item.next_at)
+    state = f"paused: {periodic.paused}" if periodic.paused else f"next {upcoming[0]}" if upcoming else "none due"
+    return f"periodic checkpoints: {every}; {state}"
+
+
+def _scheduled(item: Scheduled) -> str:
+    if item.every_min is None:
+        return f" ({item.engine}) no periodic checkpoints"
+    last = f", last {item.last_at} {item.last}" if item.last_at else ""
+    return f" ({item.engine}) every {item.every_min:g} min{last}, next {item.next_at}"
 
 
 def run(options: argparse.Namespace) -> int:

@@ -40,18 +40,19 @@ class Service:
         self.notify.settimeout(120)
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> list[str]:
-        """Start it; the notifications up to READY=1."""
-        self.process = subprocess.Popen([GPUCKPTD], env=self.env, stderr=open(self.node / "gpuckptd.log", "ab"))
+    def start(self, *options: str) -> list[str]:
+        """Start it (with `options`); the notifications up to READY=1."""
+        self.process = subprocess.Popen([GPUCKPTD, *options], env=self.env,
+                                        stderr=open(self.node / "gpuckptd.log", "ab"))
         seen: list[str] = []
         while not any("READY=1" in message for message in seen):
             seen.append(self.notify.recv(4096).decode())
         return seen
 
-    def stop(self) -> list[str]:
-        """SIGTERM (systemctl stop); the notifications until it exits."""
+    def stop(self, signum: int = signal.SIGTERM) -> list[str]:
+        """SIGTERM (systemctl stop), or `signum`; the notifications until it exits."""
         assert self.process is not None
-        self.process.send_signal(signal.SIGTERM)
+        self.process.send_signal(signum)
         self.process.wait(timeout=300)
         self.notify.settimeout(0.5)
         seen = []
@@ -262,3 +263,171 @@ def test_preemption_file_and_periodic_checkpoints_keep_the_newest(service, tmp_p
         assert after.token == before.token
     finally:
         sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+# The tests below leave /etc/gpuckpt/config.toml as the node has it (its delegate is the runtime's) and give
+# gpuckptd an inventory of its own (GPUCKPT_INVENTORY_DIR): other engineers' containers, recorded in the node's
+# /run/gpuckpt/containers, are never drained by them. `adopt` copies a container's record from there.
+NODE_INVENTORY = Path("/run/gpuckpt/containers")
+
+
+@pytest.fixture
+def own_service(tmp_path: Path) -> Iterator[Service]:
+    config = tmp_path / "config.toml"
+    config.write_text(f'delegate = "runc"\n[service]\narchive_dir = "{tmp_path / "archive"}"\n'
+                      f'socket = "{tmp_path / "gpuckptd.sock"}"\n')
+    config.chmod(0o644)
+    running = Service(tmp_path)
+    running.env.update(GPUCKPT_INVENTORY_DIR=str(tmp_path / "inventory"))
+    yield running
+    running.kill()
+
+
+def adopt(node: Path, name: str) -> str:
+    """The container's record copied from the node's inventory into the test service's; its ID."""
+    cid = container_id(name)
+    deadline = time.monotonic() + 30
+    while not (NODE_INVENTORY / f"{cid}.json").exists():  # written by gpuckpt-hook as the container starts
+        assert time.monotonic() < deadline, f"no record of {name} in {NODE_INVENTORY}"
+        time.sleep(0.2)
+    inventory = node / "inventory"
+    inventory.mkdir(parents=True, mode=0o700, exist_ok=True)
+    (inventory / f"{cid}.json").write_bytes((NODE_INVENTORY / f"{cid}.json").read_bytes())
+    return cid
+
+
+def run_counter(name: str) -> None:
+    sh("podman", "run", "-d", "--runtime", "gpuckpt-runtime", "--name", name, "--network", "none",
+       "--annotation", "io.gpuckpt.inventory=true", PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+
+
+def running(name: str) -> bool:
+    return sh("podman", "inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true"
+
+
+def wait_for(what: str, done, timeout_s: float = 60, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s" + (
+            f"\n{log.read_text()}" if log else "")
+        time.sleep(0.3)
+
+
+def test_a_stop_drains_nothing_unless_drain_on_stop_is_given(own_service, tmp_path) -> None:
+    name = f"gpuckpt-svc-{os.getpid()}-{next(_names)}"
+    run_counter(name)
+    try:
+        cid = adopt(tmp_path, name)
+        own_service.start()
+        began = time.monotonic()
+        own_service.stop(signal.SIGINT)  # Ctrl-C in the foreground
+        assert own_service.process.returncode == 0 and time.monotonic() - began < 10
+        assert running(name) and not (tmp_path / "archive" / f"{cid}.json").exists()
+        log = (tmp_path / "gpuckptd.log").read_text()
+        assert "a stop drains nothing" in log and "gpuckptd --drain-on-stop drains at stop" in log, log
+        own_service.start()
+        own_service.stop(signal.SIGTERM)
+        assert running(name) and not (tmp_path / "archive" / f"{cid}.json").exists()
+
+        own_service.start("--drain-on-stop")  # the systemd unit's command: the node shutting down
+        own_service.stop(signal.SIGTERM)
+        assert (tmp_path / "archive" / f"{cid}.json").exists(), (tmp_path / "gpuckptd.log").read_text()
+        assert not running(name)
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
+
+
+def status(service: Service) -> dict:
+    return json.loads(service.cli("service", "status", "--json").stdout)
+
+
+def test_preemption_is_shown_cleared_by_reset_and_a_later_notice_drains_again(own_service, tmp_path) -> None:
+    name = f"gpuckpt-svc-{os.getpid()}-{next(_names)}"
+    metadata = MetadataService()
+    path = "/computeMetadata/v1/instance/preempted"
+    metadata.answer = (200, b"FALSE")
+    add_service_config(tmp_path, f'preemption_url = "{metadata.url_base}{path}"\npreemption_poll_s = 0.5\n'
+                                 "checkpoint_every_min = 0.05\ncheckpoint_keep = 2\n")
+    log = tmp_path / "gpuckptd.log"
+    run_counter(name)
+    cid = None
+    try:
+        cid = adopt(tmp_path, name)
+        drained = tmp_path / "archive" / f"{cid}.json"
+        own_service.start()
+        wait_for("a periodic checkpoint", lambda: log.read_text().count("periodic checkpoint /") >= 1, log=log)
+        shown = status(own_service)
+        assert shown["preemption"]["state"] == "watching" and shown["drains_on_stop"] is False
+        assert shown["preemption"]["sources"] == [f"{metadata.url_base}{path}", "SIGUSR1"]
+        (scheduled,) = [item for item in shown["periodic"]["containers"] if item["id"] == cid]
+        assert scheduled["every_min"] == 0.05 and scheduled["next_at"] and scheduled["last"].endswith(".tar.zst")
+        assert shown["periodic"]["paused"] == ""
+        text = own_service.cli("service", "status").stdout
+        assert f"preemption: watching {metadata.url_base}{path}, SIGUSR1" in text and f"  {cid[:12]} (podman) every " \
+            "0.05 min, last " in text and "periodic checkpoints: every 0 min" not in text, text
+
+        metadata.answer = (200, b"TRUE")
+        wait_for("the preemption's drain", drained.exists, log=log)
+        wait_for("the drain's end", lambda: status(own_service)["preemption"]["state"] == "drained", log=log)
+        shown = status(own_service)["preemption"]
+        assert shown["source"].startswith(f"{metadata.url_base}{path}: ") and shown["noticed_at"]
+        assert shown["deadline_at"] > shown["noticed_at"] and shown["drain"].startswith("drain: 1 done"), shown
+        assert "paused" not in shown and status(own_service)["periodic"]["paused"]
+        periodic_lines = log.read_text().count("periodic checkpoint")
+        text = own_service.cli("service", "status").stdout
+        assert "preemption: drained: notice at " in text and "`gpuckpt service reset` clears it" in text, text
+        print(f"gpuckpt service status, preemption pending:\n{text}")
+
+        refused = own_service.cli("service", "reset", check=False)  # the metadata service still says TRUE
+        assert refused.returncode == 1 and "still gives notice" in refused.stdout, refused
+        metadata.answer = (200, b"FALSE")
+        time.sleep(1.5)
+        assert periodic_lines == log.read_text().count("periodic checkpoint"), "periodic checkpoints wait meanwhile"
+        cleared = own_service.cli("service", "reset")
+        assert "watching again" in cleared.stdout, cleared.stdout
+        assert status(own_service)["preemption"]["state"] == "watching"
+        own_service.cli("service", "restore")
+        assert running(name) and not drained.exists()
+        wait_for("periodic checkpoints resumed",
+                 lambda: log.read_text().count("periodic checkpoint /") > periodic_lines, log=log)
+
+        metadata.answer = (200, b"TRUE")  # a later notice: a preemption of its own
+        wait_for("the second preemption's drain", drained.exists, log=log)
+        assert log.read_text().count("preemption notice") == 2
+    finally:
+        metadata.close()
+        sh("podman", "rm", "-f", "-t", "0", name, check=False)
+        if cid:  # restored by podman, so no poststop hook removed its record from the node's inventory
+            (NODE_INVENTORY / f"{cid}.json").unlink(missing_ok=True)
+
+
+def test_the_record_of_a_container_removed_after_an_import_is_dropped(own_service, tmp_path) -> None:
+    name = f"gpuckpt-svc-{os.getpid()}-{next(_names)}"
+    imported = f"{name}-imported"
+    archive = tmp_path / "moved.tar.zst"
+    run_counter(name)
+    cid = None
+    try:
+        wait_counter(state_reader(name), minimum=2)
+        sh(GPUCKPT, "export", name, "-o", str(archive), timeout=300)
+        sh("podman", "rm", "-f", "-t", "0", name)
+        sh(GPUCKPT, "import", "--trust-config", "--name", imported, str(archive), timeout=300)
+        cid = adopt(tmp_path, imported)
+        sh("podman", "rm", "-f", "-t", "0", imported)
+        # what the node's inventory kept: podman runs no poststop hook for a container it restored
+        left_on_node = (NODE_INVENTORY / f"{cid}.json").exists()
+        add_service_config(tmp_path, "checkpoint_every_min = 0.05\n")
+        own_service.start()
+        log = tmp_path / "gpuckptd.log"
+        wait_for("the record dropped", lambda: not (tmp_path / "inventory" / f"{cid}.json").exists(),
+                 timeout_s=20, log=log)
+        time.sleep(4)  # an interval past: nothing tries it
+        text = log.read_text()
+        assert "the container no longer exists: its record removed" in text and f"CONTAINER_ID={cid}" in text
+        assert "periodic checkpoint failed" not in text, text
+        assert cid not in status(own_service)["recorded"]
+        print(f"the node's inventory kept the removed container's record: {left_on_node}")
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, imported, check=False)
+        if cid:
+            (NODE_INVENTORY / f"{cid}.json").unlink(missing_ok=True)  # the node's leftover, put back as it was

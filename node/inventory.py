@@ -30,8 +30,12 @@ class InventoryError(GpuckptError):
     """The inventory directory cannot be used safely."""
 
 
+# Moves the inventory alone: a test's gpuckptd reads one of its own while the engines it calls use the node's state.
+INVENTORY_DIR_ENV = "GPUCKPT_INVENTORY_DIR"
+
+
 def inventory_dir() -> str:
-    return os.path.join(state_dir(), INVENTORY_DIR)
+    return os.environ.get(INVENTORY_DIR_ENV) or os.path.join(state_dir(), INVENTORY_DIR)
 
 
 def check_container_id(container_id: object) -> str:

@@ -8,4 +8,9 @@ import time
 
 def utc_now() -> str:
     """Now, as "2026-11-23T17:00:04Z"."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return utc_at(time.time())
+
+
+def utc_at(epoch_s: float) -> str:
+    """A time (seconds since the epoch) in the same form."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_s))

@@ -25,7 +25,7 @@ class _Message(BaseModel):
 
 
 class Request(_Message):
-    op: Literal["status", "drain", "restore", "pool-take", "pool-status"]
+    op: Literal["status", "drain", "restore", "reset", "pool-take", "pool-status"]
     deadline_s: float | None = Field(default=None, gt=0, le=86_400)  # drain: start nothing after this
     checkpoint: str | None = Field(default=None, max_length=4096)  # pool-take: which checkpoint's standby
 
@@ -64,11 +64,48 @@ class Result(_Message):
     skipped: list[str] = []
 
 
+PreemptionState = Literal["watching", "draining", "drained"]  # service/preemption.py's state machine
+
+
+class Preemption(_Message):
+    """Where the preemption watch stands: watching its sources; draining on a notice; drained (the
+    notice handled: periodic checkpoints paused, later notices part of this one) until `gpuckpt
+    service reset` or the service's next start."""
+
+    state: PreemptionState
+    sources: list[str]  # what is watched: the URL, the file, SIGUSR1
+    source: str = ""  # what gave the notice
+    noticed_at: str | None = None  # UTC, as "2026-11-23T17:00:04Z"
+    deadline_at: str | None = None  # UTC: when the notice says the node goes (or preemption_deadline_s after it)
+    drain: str = ""  # the drain's result line, once it ended
+
+
+class Scheduled(_Message):
+    """A recorded container's periodic checkpoint: how often, the last, the next."""
+
+    id: str
+    engine: str
+    every_min: float | None = None  # None: not checkpointed periodically
+    last_at: str | None = None  # UTC, this service's last try
+    last: str = ""  # its outcome: the checkpoint's path, or "failed: ..."
+    next_at: str | None = None  # UTC
+
+
+class Periodic(_Message):
+    every_min: float  # service.checkpoint_every_min (0: only annotated containers)
+    paused: str = ""  # why periodic checkpoints (and idle reclaim) wait, if they do
+    containers: list[Scheduled] = []
+
+
 class Status(_Message):
     event: Literal["status"] = "status"
     recorded: list[str]  # the inventory's containers
     drained: list[str]  # waiting in the archive directory for a restore
     busy: str | None = None  # the operation under way
+    # None from a service without them (an older one, or one still starting)
+    drains_on_stop: bool | None = None  # whether stopping the service drains (gpuckptd --drain-on-stop)
+    preemption: Preemption | None = None
+    periodic: Periodic | None = None
 
 
 class PoolEntry(_Message):
@@ -112,7 +149,7 @@ def parse_request(line: bytes) -> Request:
         return Request.model_validate_json(line)
     except ValidationError as error:
         raise ApiError(f"gpuckptd: not a request: {first_problem(error)} "
-                       "(ops: status, drain, restore, pool-take, pool-status)") from None
+                       "(ops: status, drain, restore, reset, pool-take, pool-status)") from None
 
 
 def parse_event(line: bytes) -> Event:

@@ -18,8 +18,9 @@ def request(path: str, wanted: Request, timeout_s: float | None = None) -> Itera
         connection.connect(path)
     except OSError as error:  # TimeoutError among them
         connection.close()
-        raise GpuckptError(f"gpuckptd is not answering on {path}: {error.strerror} "
-                           "(systemctl start gpuckptd)") from None
+        raise GpuckptError(f"gpuckptd is not answering on {path}: {error.strerror or error}; start it: "
+                           "`systemctl start gpuckptd`, or where systemd is not PID 1 `gpuckptd` in the foreground "
+                           "(a terminal or another supervisor; gpuckptd --help)") from None
     with connection, connection.makefile("rb") as lines:
         connection.sendall(wanted.model_dump_json().encode() + b"\n")
         for line in lines:

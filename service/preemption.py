@@ -1,5 +1,6 @@
 """Preemption: a notice (the metadata URL polled, a file appearing, SIGUSR1) starts one drain
-whose deadline is the notice's time less a margin, or service.preemption_deadline_s.
+whose deadline is the notice's time less a margin, or service.preemption_deadline_s; the watch is
+a state machine (PreemptionWatch) that `gpuckpt service status` shows and `gpuckpt service reset` clears.
 
 The drain orders containers smallest first, so the most of them are checkpointed before the
 node goes; the report names those that made it and those skipped.
@@ -17,6 +18,8 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from ..node.config import ServiceConfig
+from ..oci.timestamps import utc_at, utc_now
+from .api import Preemption, PreemptionState, Result
 from .cloud_notices import MAX_NOTICE_BYTES, Notice, parse_notice
 from .operations import Operations, unheard
 from .systemd import log, notify
@@ -102,50 +105,119 @@ def poll_url(url: str, proxy: str = "") -> Notice | None:
 
 
 class PreemptionWatch:
-    """Checked by the service's loop; drains once per notice, in a thread of its own."""
+    """The state machine the service's loop drives (`check`, each tick) and `gpuckpt service reset` steers:
+
+    watching --a notice--> draining --its drain ends--> drained --reset, or the service's next start--> watching
+
+    One notice, one drain: while draining or drained the sources still say so (GCE keeps answering TRUE), so
+    later notices belong to this preemption; periodic checkpoints and idle reclaim wait (the node is going,
+    and what the drain stopped is not theirs). A reset while a source still gives notice is refused: it would
+    drain again at the next tick."""
 
     def __init__(self, config: ServiceConfig, operations: Operations, signalled: threading.Event) -> None:
         self.config, self.operations, self.signalled = config, operations, signalled
-        self._polled: Notice | None = None  # set by the poller thread
+        self._lock = threading.Lock()  # the loop, the drain's thread and the API's reset change the state
+        self.state: PreemptionState = "watching"
+        self._notice_view = Preemption(state="watching", sources=self.sources())
+        self._polled: Notice | None = None  # the poller's latest answer
+        self._polled_at: str | None = None
         self._poller: threading.Thread | None = None
-        self._draining: threading.Thread | None = None
-        self.handled = False
+
+    @property
+    def pending(self) -> bool:
+        """A notice taken and not yet cleared: periodic checkpoints wait."""
+        return self.state != "watching"
+
+    def sources(self) -> list[str]:
+        return [source for source in (self.config.preemption_url, self.config.preemption_file) if source] + ["SIGUSR1"]
+
+    def view(self) -> Preemption:
+        with self._lock:
+            return self._notice_view.model_copy(update={"state": self.state})
 
     def check(self) -> None:
-        if self.handled:
+        if self.config.preemption_url and self._poller is None:
+            # its own thread, polling for the service's life: a metadata service that answers a byte at a time
+            # holds the poll, not the service; and a reset must know whether the notice still stands
+            self._poller = threading.Thread(target=self._poll, name="preemption-poll", daemon=True)
+            self._poller.start()
+        if self.state != "watching":
             return
         notice = self._notice()
         if notice is None:
             return
-        self.handled = True
-        deadline = max(0.001, (notice.deadline_s if notice.deadline_s is not None
-                               else self.config.preemption_deadline_s) - MARGIN_S)
-        log(f"preemption notice: {notice.source}; draining with a {deadline:.1f} s deadline", PHASE="preemption")
+        self.signalled.clear()  # taken: a SIGUSR1 is one notice
+        wait_s = notice.deadline_s if notice.deadline_s is not None else self.config.preemption_deadline_s
+        deadline = max(0.001, wait_s - MARGIN_S)
+        with self._lock:
+            self.state = "draining"
+            self._notice_view = Preemption(state="draining", sources=self.sources(), source=notice.source,
+                                           noticed_at=utc_now(), deadline_at=utc_at(time.time() + wait_s))
+        log(f"preemption notice: {notice.source}; draining with a {deadline:.1f} s deadline; periodic checkpoints "
+            "wait until `gpuckpt service reset`", PHASE="preemption")
         notify(f"STATUS=preemption: draining, {deadline:.0f} s")
-        self._draining = threading.Thread(target=self._drain, args=(deadline,), name="preemption", daemon=True)
-        self._draining.start()
+        threading.Thread(target=self._drain, args=(deadline,), name="preemption", daemon=True).start()
+
+    def reset(self) -> Result:
+        """Back to watching, where the preemption's drain has ended and no source still gives notice."""
+        with self._lock:
+            if self.state == "watching":
+                return Result(ok=True, message="no preemption to clear: watching " + ", ".join(self.sources()))
+            if self.state == "draining":
+                return Result(ok=False, message="the preemption's drain is under way: reset once it ends "
+                                                "(gpuckpt service status)")
+            standing = self._standing()
+            if standing:
+                return Result(ok=False, message=f"not cleared: {standing}, so the next tick would drain again; "
+                                                "clear the preemption once it does not")
+            cleared = self._notice_view
+            self.state = "watching"
+            self._notice_view = Preemption(state="watching", sources=self.sources())
+            self.signalled.clear()  # a SIGUSR1 while it was pending was part of it
+        log(f"preemption cleared (noticed {cleared.noticed_at}: {cleared.source}): watching again, periodic "
+            "checkpoints resume", PHASE="preemption")
+        notify(f"STATUS=serving {self.config.socket}")
+        return Result(ok=True, message=f"preemption cleared (noticed {cleared.noticed_at}: {cleared.source}); "
+                                       "watching again, periodic checkpoints resume; `gpuckpt service restore` "
+                                       "brings back what its drain left")
+
+    def _standing(self) -> str:
+        """Which source still gives notice, as a clause; empty if none does."""
+        if self.config.preemption_file and os.path.exists(self.config.preemption_file):
+            return f"{self.config.preemption_file} still exists (remove it)"
+        if self._polled is not None:
+            return f"{self.config.preemption_url} still gives notice (polled {self._polled_at})"
+        return ""
 
     def _notice(self) -> Notice | None:
         if self.signalled.is_set():
             return Notice("SIGUSR1", None)
         if self.config.preemption_file and os.path.exists(self.config.preemption_file):
             return Notice(f"{self.config.preemption_file} exists", None)
-        if self.config.preemption_url and self._poller is None:
-            # its own thread: a metadata service that answers a byte at a time holds the poll, not the service
-            self._poller = threading.Thread(target=self._poll, name="preemption-poll", daemon=True)
-            self._poller.start()
         return self._polled
 
     def _poll(self) -> None:
-        while self._polled is None:
+        while True:
             try:
-                self._polled = poll_url(self.config.preemption_url, self.config.preemption_proxy)
+                polled = poll_url(self.config.preemption_url, self.config.preemption_proxy)
+                self._polled = polled and Notice(f"{self.config.preemption_url}: {polled.source}", polled.deadline_s)
+                self._polled_at = utc_now()
             except Exception as error:  # noqa: BLE001 -- the poller's thread must not die: an answer no check foresaw is logged, and polled again
                 log(f"preemption: polling {self.config.preemption_url}: {type(error).__name__}: {error}")
             time.sleep(self.config.preemption_poll_s)
 
     def _drain(self, deadline_s: float) -> None:
-        result = self.operations.drain(unheard, deadline_s, wait=True)
-        log(f"preemption {result.message}; made it: {', '.join(result.done) or 'none'}; "
-            f"not started: {', '.join(result.skipped) or 'none'}", PHASE="preemption")
-        notify(f"STATUS=preemption: {result.message}")
+        message = "drain: ended without a result"
+        try:
+            result = self.operations.drain(unheard, deadline_s, wait=True)
+            message = result.message
+            log(f"preemption {result.message}; made it: {', '.join(result.done) or 'none'}; "
+                f"not started: {', '.join(result.skipped) or 'none'}", PHASE="preemption")
+            notify(f"STATUS=preemption: {result.message}; `gpuckpt service reset` clears it")
+        except Exception as error:  # noqa: BLE001 -- a drain's bug must not leave the state draining for good
+            message = f"drain failed: {type(error).__name__}: {error}"
+            log(f"preemption {message}", PHASE="preemption")
+        finally:
+            with self._lock:
+                self.state = "drained"
+                self._notice_view = self._notice_view.model_copy(update={"state": "drained", "drain": message})

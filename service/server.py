@@ -12,9 +12,11 @@ import threading
 from collections.abc import Callable
 
 from ..errors import GpuckptError
-from .api import MAX_LINE_BYTES, Event, Request, Result, parse_request
+from .api import MAX_LINE_BYTES, Event, Request, Result, Status, parse_request
 from .operations import Operations
 from .pool import Pool
+from .preemption import PreemptionWatch
+from .schedule import Schedule
 from .systemd import log
 
 _UCRED = struct.Struct("3i")  # pid, uid, gid
@@ -38,8 +40,10 @@ def _read_line(connection: socket.socket) -> bytes:
 
 
 class Server:
-    def __init__(self, path: str, operations: Operations, pool: Pool | None = None) -> None:
-        self.path, self.operations, self.pool = path, operations, pool
+    def __init__(self, path: str, operations: Operations, preemption: PreemptionWatch, schedule: Schedule, *,
+                 drains_on_stop: bool, pool: Pool | None = None) -> None:
+        self.path, self.operations, self.preemption, self.schedule = path, operations, preemption, schedule
+        self.drains_on_stop, self.pool = drains_on_stop, pool
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         try:
@@ -62,6 +66,35 @@ class Server:
         self.listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+
+    def _answer(self, request: Request, emit: Callable[[Event], None]) -> None:
+        if request.op == "status":
+            emit(self.status())
+        elif request.op == "drain":
+            self.operations.drain(emit, request.deadline_s)
+        elif request.op == "reset":
+            emit(self.preemption.reset())
+        elif request.op.startswith("pool-"):
+            self._pool(request.op, request.checkpoint, emit)
+        else:
+            self.operations.restore(self._noting_preemption(emit))
+
+    def status(self) -> Status:
+        """The operations' view, with the preemption's state and the periodic schedule."""
+        return self.operations.status().model_copy(update={
+            "drains_on_stop": self.drains_on_stop, "preemption": self.preemption.view(),
+            "periodic": self.schedule.view()})
+
+    def _noting_preemption(self, emit: Callable[[Event], None]) -> Callable[[Event], None]:
+        """`emit`, whose result says so where a preemption is still pending after a restore (the containers are
+        back, but periodic checkpoints wait and notices are not watched until a reset)."""
+        def noted(event: Event) -> None:
+            if isinstance(event, Result) and self.preemption.pending:
+                event = event.model_copy(update={"message": f"{event.message}; a preemption is still pending: "
+                                                 "periodic checkpoints wait and new notices are not watched until "
+                                                 "`gpuckpt service reset`"})
+            emit(event)
+        return noted
 
     def _accept(self) -> None:
         while True:
@@ -93,7 +126,7 @@ class Server:
                 if _peer_uid(connection) != 0:
                     emit(Result(ok=False, message="gpuckptd: only root may use this socket"))
                     return
-                self._dispatch(parse_request(line), emit)
+                self._answer(parse_request(line), emit)
             except GpuckptError as error:
                 emit(Result(ok=False, message=str(error)))
             except TimeoutError:
@@ -101,16 +134,6 @@ class Server:
             except Exception as error:  # noqa: BLE001 -- one request's bug must not end the service: the client gets a line, the journal the detail
                 log(f"internal error serving a request: {type(error).__name__}: {error}")
                 emit(Result(ok=False, message=f"gpuckptd internal error: {type(error).__name__}: {error}"))
-
-    def _dispatch(self, request: Request, emit: Callable[[Event], None]) -> None:
-        if request.op == "status":
-            emit(self.operations.status())
-        elif request.op == "drain":
-            self.operations.drain(emit, request.deadline_s)
-        elif request.op.startswith("pool-"):
-            self._pool(request.op, request.checkpoint, emit)
-        else:
-            self.operations.restore(emit)
 
     def _pool(self, op: str, checkpoint: str | None, emit: Callable[[Event], None]) -> None:
         if self.pool is None:

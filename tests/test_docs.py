@@ -5,7 +5,7 @@ How a page is read (the rules a writer follows; anything else on a page is prose
 - Code: the text of each inline code span (`...`, which may wrap a line) and each line of a fenced (```)
   or indented (4 spaces) code block. In a code block, `#` after a space starts a comment, and a line is
   cut into commands at `&&`, `;` and ` | `.
-- Ours are two programs. A code span that starts with `gpuckpt ` and a code-block command that does,
+- Ours are three programs. A code span that starts with `gpuckpt ` and a code-block command that does,
   is a `gpuckpt` command line: its words are walked down the parser gpuckpt.cli.main.build_parser()
   builds, each word that is not an option choosing the next subcommand while the parser has
   subcommands (an unknown one fails; a group named alone, `gpuckpt trust`, is fine), and every
@@ -15,9 +15,10 @@ How a page is read (the rules a writer follows; anything else on a page is prose
   `gpuckpt-runtime ` is held to shim/argv.py's tables: options before
   the verb are runc's global options the shim knows, options after `checkpoint` or `restore` must
   be in that verb's tables, and options after any other verb are refused (the shim does not read
-  them: they are the delegate's; write them as `runc VERB --option`).
+  them: they are the delegate's; write them as `runc VERB --option`). One that starts with
+  `gpuckptd` is held to gpuckpt.service.main.build_parser()'s options.
 - A code span that is an option alone (`--leave-running`, `-o`, `--work-path DIR`) must be ours:
-  an option of some `gpuckpt` parser or one in shim/argv.py's tables. Another program's option is
+  an option of some `gpuckpt` parser, one in shim/argv.py's tables, or gpuckptd's. Another program's option is
   written with its program in the span (`podman container restore --keep`): spans that start with
   any other word are not checked, and neither are other programs' command lines in code blocks.
 - A code span `section.key` (lower case, digits and `_`, optionally followed by ` = value`) is a
@@ -49,6 +50,7 @@ from pydantic import BaseModel
 
 from gpuckpt.cli.main import build_parser
 from gpuckpt.node.config import Config
+from gpuckpt.service.main import build_parser as build_daemon_parser
 from gpuckpt.shim import argv as runtime_argv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +144,7 @@ RUNTIME_GLOBALS = runtime_argv.GLOBAL_VALUE_FLAGS | runtime_argv.GLOBAL_BOOL_FLA
 RUNTIME_VERB_OPTIONS = {verb: runtime_argv.OWNED_VALUE_FLAGS[verb] | runtime_argv.OWNED_BOOL_FLAGS[verb]
                         for verb in runtime_argv.OWNED_VALUE_FLAGS}
 RUNTIME_OPTIONS = RUNTIME_GLOBALS.union(*RUNTIME_VERB_OPTIONS.values())
+DAEMON_OPTIONS = frozenset(_options(build_daemon_parser()))  # gpuckptd's
 
 
 def _words(command: str) -> list[str]:
@@ -204,13 +207,19 @@ def runtime_problems(command: str) -> list[str]:
     return problems
 
 
+def daemon_problems(command: str) -> list[str]:
+    """What in a `gpuckptd ...` command line its parser does not have."""
+    return [f"gpuckptd has no option {word}" for word in _words(command)[1:]
+            if OPTION.match(word) and word.split("=", 1)[0] not in DAEMON_OPTIONS]
+
+
 def option_problems(span: str) -> list[str]:
-    """A span that is an option alone: it must be gpuckpt's or gpuckpt-runtime's."""
+    """A span that is an option alone: it must be gpuckpt's, gpuckpt-runtime's or gpuckptd's."""
     word = span.split()[0]
     name = word.split("=", 1)[0]
-    if name in GPUCKPT_OPTIONS or name.lstrip("-") in RUNTIME_OPTIONS:
+    if name in GPUCKPT_OPTIONS or name.lstrip("-") in RUNTIME_OPTIONS or name in DAEMON_OPTIONS:
         return []
-    return [f"{name} is no option of gpuckpt or gpuckpt-runtime (another program's: name it in the span)"]
+    return [f"{name} is no option of gpuckpt, gpuckpt-runtime or gpuckptd (another program's: name it in the span)"]
 
 
 def config_problems(span: str) -> list[str]:
@@ -277,6 +286,8 @@ def page_problems(page: Page) -> list[str]:
             found += [(number, problem) for problem in gpuckpt_problems(command)]
         elif command.startswith("gpuckpt-runtime "):
             found += [(number, problem) for problem in runtime_problems(command)]
+        elif command.startswith("gpuckptd ") or command == "gpuckptd":
+            found += [(number, problem) for problem in daemon_problems(command)]
         found += [(number, problem) for problem in path_problems(command)]
     found += link_problems(page)
     return [f"{page.name}:{number}: {problem}" for number, problem in sorted(set(found))]
@@ -314,6 +325,8 @@ def test_the_reader_catches_what_the_runtime_lacks() -> None:
     assert runtime_problems("gpuckpt-runtime checkpoint --made-up ID")
     assert runtime_problems("gpuckpt-runtime delete --force ID")
     assert runtime_problems("gpuckpt-runtime --made-up state ID")
+    assert daemon_problems("gpuckptd --drain-on-stop") == []
+    assert daemon_problems("gpuckptd --drain") == ["gpuckptd has no option --drain"]
 
 
 def test_the_reader_tells_keys_from_files_and_others_options() -> None:

@@ -15,6 +15,7 @@ import os
 import secrets
 import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,8 @@ from gpuckpt.node.suspension import SuspendedProcess, Suspension, read_suspensio
 from gpuckpt.service.api import PoolState, Result, parse_request
 from gpuckpt.service.operations import Operations
 from gpuckpt.service.pool import NAME_PREFIX, Pool
+from gpuckpt.service.preemption import PreemptionWatch
+from gpuckpt.service.schedule import Schedule
 from gpuckpt.service.server import Server
 from gpuckpt.trust.keys import require_node_key
 from gpuckpt.trust.provenance import signature_path, write_archive_signature
@@ -228,11 +231,14 @@ def test_the_local_api_shows_the_pool_and_hands_a_standby_out(engine, tmp_path) 
     archive = signed_archive(tmp_path)
     pool = pool_of(engine, {archive: 1}, budget_bytes=4 * GIB, said=[])
     pool.fill()
-    server = Server(str(tmp_path / "api.sock"), Operations(ServiceConfig()), pool)
+    config = ServiceConfig()
+    operations = Operations(config)
+    server = Server(str(tmp_path / "api.sock"), operations, PreemptionWatch(config, operations, threading.Event()),
+                    Schedule(config, operations), drains_on_stop=False, pool=pool)
     events: list = []
     try:
-        server._dispatch(parse_request(b'{"op": "pool-status"}'), events.append)
-        server._dispatch(parse_request(json.dumps({"op": "pool-take", "checkpoint": archive}).encode()),
+        server._answer(parse_request(b'{"op": "pool-status"}'), events.append)
+        server._answer(parse_request(json.dumps({"op": "pool-take", "checkpoint": archive}).encode()),
                          events.append)
     finally:
         server.close()
