@@ -10,6 +10,7 @@ shutting down, `systemctl stop`) drains every recorded container before it exits
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 import threading
@@ -29,11 +30,19 @@ from .systemd import log, notify, watchdog_interval_s
 TICK_S = 1.0  # how often the service looks at its watchers (preemption, schedule) and the watchdog
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """gpuckptd's command line (its manual page and completion are generated from it: cli/manual.py)."""
+    return argparse.ArgumentParser(
+        prog="gpuckptd",
+        description="The node service of gpuckpt: it restores what a drain left, serves gpuckpt drain and gpuckpt "
+                    "service, watches for preemption notices (a URL, a file, SIGUSR1), takes periodic checkpoints, "
+                    "suspends idle GPU containers, and on SIGTERM drains every recorded container before it exits. "
+                    "systemd starts it (gpuckptd.service); its settings are the [service] table of "
+                    "/etc/gpuckpt/config.toml.")
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        sys.stderr.write("gpuckptd: takes no arguments (configuration: /etc/gpuckpt/config.toml, [service])\n")
-        return 2
+    build_parser().parse_args(argv)  # --help; anything else is refused (rc 2)
     stop = threading.Event()
 
     def on_signal(signum: int, _: FrameType | None) -> None:
