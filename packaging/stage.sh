@@ -136,8 +136,10 @@ shopt -u nullglob
 
 # --- manual pages and bash completion ---------------------------------------------------------
 # Generated from the commands' parsers (cli/manual.py), so a flag added to one is in the next package's
-# page and completion. dh_compress and rpm's brp-compress gzip the pages.
+# page and completion. Gzipped here (no timestamp: reproducible), as Debian's policy has them: the RPM's
+# build on Debian compresses nothing, and both packages ship the same files.
 staged_python -m gpuckpt.cli.manual "$dest" >/dev/null
+gzip -n -9 "$dest"/usr/share/man/man8/*.8
 
 # --- engine registration examples -------------------------------------------------------------
 # Written by node/engines.py itself, as `gpuckpt install --engine ... --default` writes them
