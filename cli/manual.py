@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from .. import __version__
 from ..node.hook_entry import STAGES
 from ..service.main import build_parser as service_parser
 from ..shim import argv
+from . import completion, roff
 from .main import build_parser as cli_parser
 
 SECTION = "8"  # every command is the administrator's: they need root
@@ -28,7 +28,6 @@ MAN_DIR = f"/usr/share/man/man{SECTION}"
 COMPLETION_DIR = "/usr/share/bash-completion/completions"  # bash-completion loads NAME's file on first use
 CONFIG = "/etc/gpuckpt/config.toml"
 DOCS = "/usr/share/doc/gpuckpt"
-Subcommands = argparse._SubParsersAction  # argparse's own type for a parser's subcommands
 
 
 def runtime_parser() -> argparse.ArgumentParser:
@@ -110,160 +109,17 @@ COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser], bool]] = {
 }
 
 
-# --- walking a parser ---------------------------------------------------------------------------------------------
-
-def options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [action for action in parser._actions if action.option_strings and action.help != argparse.SUPPRESS]
-
-
-def positionals(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [action for action in parser._actions if not action.option_strings and not isinstance(action, Subcommands)]
-
-
-def subcommands(parser: argparse.ArgumentParser) -> list[tuple[str, str, argparse.ArgumentParser]]:
-    """(name, help, parser) of each subcommand, in the order they were added."""
-    found = []
-    for action in parser._actions:
-        if isinstance(action, Subcommands):
-            helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
-            found += [(name, helps.get(name, ""), sub) for name, sub in action.choices.items()]
-    return found
-
-
-def walk(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[
-        tuple[tuple[str, ...], str, argparse.ArgumentParser]]:
-    """Every subcommand below `parser`, depth first: (its words after the program, help, parser)."""
-    for name, text, sub in subcommands(parser):
-        yield (*path, name), text, sub
-        yield from walk(sub, (*path, name))
-
-
-# --- roff ---------------------------------------------------------------------------------------------------------
-
-def roff_text(text: str) -> str:
-    """Plain text as a roff text line: backslashes and hyphens escaped, no line read as a request."""
-    escaped = text.replace("\\", "\\e").replace("-", "\\-")
-    return "\n".join(f"\\&{line}" if line[:1] in (".", "'") else line for line in escaped.splitlines())
-
-
-def _bold(text: str) -> str:
-    return f"\\fB{roff_text(text)}\\fR"
-
-
-def _invocation(formatter: argparse.HelpFormatter, action: argparse.Action) -> str:
-    """-o OUTPUT, --output OUTPUT: option names bold, the value's name italic, as argparse names them."""
-    if not action.option_strings:
-        metavar = formatter._format_args(action, formatter._get_default_metavar_for_positional(action))
-        return f"\\fI{roff_text(metavar)}\\fR"
-    metavar = formatter._format_args(action, formatter._get_default_metavar_for_optional(action))
-    value = "" if action.nargs == 0 else f" \\fI{roff_text(metavar)}\\fR"
-    return ", ".join(f"{_bold(option)}{value}" for option in action.option_strings)
-
-
-def _usage(parser: argparse.ArgumentParser) -> str:
-    usage = parser.format_usage().removeprefix("usage: ").strip()
-    return roff_text(" ".join(usage.split()))
-
-
-def _help(formatter: argparse.HelpFormatter, action: argparse.Action) -> str:
-    text = formatter._expand_help(action) if action.help else ""
-    if action.required and action.option_strings:
-        text = f"{text} (required)" if text else "required"
-    return text
-
-
-def _arguments(parser: argparse.ArgumentParser, *, with_help: bool = True) -> list[str]:
-    """.TP paragraphs of each positional, then each option (-h/--help only where `with_help`)."""
-    formatter = parser._get_formatter()
-    lines = []
-    for action in positionals(parser) + options(parser):
-        if isinstance(action, argparse._HelpAction) and not with_help:
-            continue
-        lines += [".TP", _invocation(formatter, action)]
-        if text := _help(formatter, action):
-            lines.append(roff_text(text))
-    return lines
-
-
 def man_page(name: str, parser: argparse.ArgumentParser) -> str:
-    """`name`'s page: NAME, SYNOPSIS, DESCRIPTION, OPTIONS, a COMMANDS section with every subcommand's
-    usage, help and arguments, FILES, SEE ALSO."""
-    # the first sentence to its first colon or parenthesis: whatis's one line
-    summary = re.split(r"\. |: | \(", parser.description or name)[0].rstrip(".")
-    lines = [f'.TH {name.upper()} {SECTION} "" "gpuckpt {__version__}" "gpuckpt"',
-             ".nh",  # no word of a command line broken across lines
-             ".SH NAME", f"{roff_text(name)} \\- {roff_text(summary[:1].lower() + summary[1:])}",
-             ".SH SYNOPSIS", _usage(parser)]
-    if parser.description:
-        lines += [".SH DESCRIPTION", roff_text(parser.description)]
-    if arguments := _arguments(parser):
-        lines += [".SH OPTIONS", *arguments]
-    if commands := list(walk(parser)):
-        lines.append(".SH COMMANDS")
-        for words, text, sub in commands:
-            lines += [f'.SS "{roff_text(" ".join((name, *words)))}"', _usage(sub), ".PP"]
-            if text or sub.description:
-                lines += [roff_text(sub.description or text), ".PP"]
-            lines += _arguments(sub, with_help=False)  # the top's OPTIONS say -h once
-    lines += [".SH FILES", ".TP", _bold(CONFIG), "the node's configuration (every key, commented, at its default)",
-              ".SH SEE ALSO"]
-    others = sorted(other for other in COMMANDS if other != name)
-    lines += [f".BR {other} ({SECTION})," for other in others]
-    lines += [".BR runc (8);", f"the manual in {roff_text(DOCS)}."]
-    return "\n".join(lines) + "\n"
-
-
-# --- bash completion ----------------------------------------------------------------------------------------------
-
-def _words(parser: argparse.ArgumentParser) -> list[str]:
-    return [option for action in options(parser) for option in action.option_strings] + \
-        [name for name, _, _ in subcommands(parser)]
+    """`name`'s page (cli/roff.py) with the closing sections every gpuckpt page has: FILES, SEE ALSO."""
+    closing = [".SH FILES", ".TP", roff.bold(CONFIG), "the node's configuration (every key, commented, at its default)",
+               ".SH SEE ALSO"]
+    closing += [f".BR {other} ({SECTION})," for other in sorted(COMMANDS) if other != name]
+    closing += [".BR runc (8);", f"the manual in {roff.roff_text(DOCS)}."]
+    return roff.man_page(name, parser, section=SECTION, source=f"gpuckpt {__version__}", closing=closing)
 
 
 def bash_completion(name: str, parser: argparse.ArgumentParser) -> str:
-    """A completion function for `name`: it follows the subcommands typed so far, offers the next
-    subcommands and options, an option's choices after it, and file names elsewhere (-o default)."""
-    function = "_" + name.replace("-", "_")
-    places = [((), parser)] + [(words, sub) for words, _, sub in walk(parser)]
-    steps, takes_value, choices, offered = [], [], [], []
-    for words, sub in places:
-        key = " ".join((name, *words))
-        steps += [f'"{key}:{child}"' for child, _, _ in subcommands(sub)]
-        for action in options(sub):
-            if action.nargs == 0:
-                continue
-            takes_value += [f'"{key}:{option}"' for option in action.option_strings]
-            if action.choices is not None:
-                values = " ".join(map(str, action.choices))
-                choices.append(f'        {"|".join(f"{key}:{option}" for option in action.option_strings)!r}) '
-                               f'words="{values}";;')
-        # where a positional is due, a word not starting with - completes as a file name (-o default)
-        due = '[[ $cur == -* ]] || return; ' if positionals(sub) and not subcommands(sub) else ""
-        offered.append(f'        {key!r}) {due}words="{" ".join(_words(sub))}";;')
-    return "\n".join([
-        f"# bash completion of {name}, generated from its parser (gpuckpt {__version__}: gpuckpt.cli.manual)",
-        f"{function}() {{",
-        f"    local cur=${{COMP_WORDS[COMP_CWORD]}} prev=${{COMP_WORDS[COMP_CWORD-1]}} path={name} words= i skip=0",
-        "    for ((i = 1; i < COMP_CWORD; i++)); do",
-        "        if ((skip)); then skip=0; continue; fi",
-        '        case "$path:${COMP_WORDS[i]}" in',
-        f"            {'|'.join(steps) or '__none__'}) path+=\" ${{COMP_WORDS[i]}}\";;",
-        f"            {'|'.join(takes_value) or '__none__'}) skip=1;;",
-        "        esac",
-        "    done",
-        '    case "$path:$prev" in',
-        *choices,
-        f"        {'|'.join(takes_value) or '__none__'}) return;;  # a value: file names (-o default)",
-        "    esac",
-        '    if [[ -z $words ]]; then',
-        '        case "$path" in',
-        *offered,
-        "        esac",
-        "    fi",
-        '    mapfile -t COMPREPLY < <(compgen -W "$words" -- "$cur")',
-        "}",
-        f"complete -o default -F {function} {name}",
-        ""])
+    return completion.bash_completion(name, parser, source=f"gpuckpt {__version__}: gpuckpt.cli.manual")
 
 
 def write_all(destdir: str) -> list[str]:

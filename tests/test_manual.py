@@ -1,4 +1,5 @@
-"""Manual pages and bash completion generated from the commands' parsers (cli/manual.py).
+"""Manual pages and bash completion generated from the commands' parsers (cli/manual.py, roff.py,
+completion.py).
 
 Phases: every installed command has a page; each page, rendered by groff as man(1) would, names
 every subcommand and option its parser has (a flag added to a parser is on the page with no other
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuckpt.cli import manual
+from gpuckpt.cli import manual, roff
 from gpuckpt.cli.main import build_parser
 from gpuckpt.service import main as service_main
 
@@ -33,14 +34,14 @@ def render(page: str) -> tuple[str, str]:
 
 
 def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    return next(sub for sub_name, _, sub in manual.subcommands(parser) if sub_name == name)
+    return next(sub for sub_name, _, sub in roff.subcommands(parser) if sub_name == name)
 
 
 def every_option_and_command(name: str, parser: argparse.ArgumentParser) -> list[str]:
-    words = [option for action in manual.options(parser) for option in action.option_strings]
-    for path, _, sub in manual.walk(parser):
+    words = [option for action in roff.options(parser) for option in action.option_strings]
+    for path, _, sub in roff.walk(parser):
         words.append(" ".join((name, *path)))
-        words += [option for action in manual.options(sub) for option in action.option_strings]
+        words += [option for action in roff.options(sub) for option in action.option_strings]
     return words
 
 
@@ -80,7 +81,7 @@ def test_a_flag_added_to_a_parser_is_on_the_page() -> None:
 
 
 def test_roff_text_keeps_lines_from_being_requests() -> None:
-    assert manual.roff_text(".SH not a heading\n'quote\nC:\\path -x") == \
+    assert roff.roff_text(".SH not a heading\n'quote\nC:\\path -x") == \
         "\\&.SH not a heading\n\\&'quote\nC:\\epath \\-x"
 
 
@@ -126,13 +127,13 @@ def test_completion_is_registered_for_the_command(completion: Path) -> None:
 
 def test_completion_offers_every_subcommand(completion: Path) -> None:
     offered = complete(completion, "gpuckpt", "")
-    assert [name for name, _, _ in manual.subcommands(build_parser())] == [word for word in offered
+    assert [name for name, _, _ in roff.subcommands(build_parser())] == [word for word in offered
                                                                            if not word.startswith("-")]
     assert complete(completion, "gpuckpt", "st") == ["status", "store"]
     assert complete(completion, "gpuckpt", "--debug", "store", "pr") == ["prune"]
     trust = subcommand(build_parser(), "trust")
     assert complete(completion, "gpuckpt", "trust", "") == ["-h", "--help", *(name for name, _, _ in
-                                                                              manual.subcommands(trust))]
+                                                                              roff.subcommands(trust))]
 
 
 def test_completion_offers_options_and_choices(completion: Path) -> None:
