@@ -43,10 +43,12 @@ with open(REPO / "pyproject.toml", "rb") as pyproject:
     COMMANDS = tuple(f"/usr/bin/{name}" for name in tomllib.load(pyproject)["project"]["scripts"])  # a launcher each
 CONFIG = "/etc/gpuckpt/config.toml"
 EXAMPLES = "/usr/share/doc/gpuckpt/examples"
+MAN_PAGES = "/usr/share/man/man8"  # cli/manual.py's, gzipped by stage.sh
+COMPLETIONS = "/usr/share/bash-completion/completions"
 # Every file of either package lies below one of these: nothing strays into the system.
 OWN_PLACES = ("/usr/bin/gpuckpt", "/usr/lib/gpuckpt/", "/etc/gpuckpt/", "/usr/share/doc/gpuckpt/",
               f"{PACKAGED_HOOKS_DIR}/gpuckpt-", "/lib/systemd/system/", "/usr/lib/systemd/system/",
-              "/usr/share/lintian/overrides/gpuckpt")
+              "/usr/share/lintian/overrides/gpuckpt", f"{MAN_PAGES}/gpuckpt", f"{COMPLETIONS}/gpuckpt")
 # What debhelper adds to the .deb alone (the README it compresses).
 DEBIAN_ONLY = {"/usr/share/doc/gpuckpt/changelog.gz", "/usr/share/doc/gpuckpt/copyright",
                "/usr/share/doc/gpuckpt/README.md.gz", "/usr/share/lintian/overrides/gpuckpt"}
@@ -55,16 +57,20 @@ UNITS = sorted(os.path.basename(path) for pattern in ("*.service", "*.timer", "*
 
 
 class Packages:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, build_output: str) -> None:
         self.deb = next(directory.glob(f"gpuckpt_{gpuckpt.__version__}_*.deb"))
         self.rpm = next(directory.glob(f"gpuckpt-{gpuckpt.__version__}-*.rpm"))
+        # lintian's tags as build.sh prints them ("build.sh: lintian: W: gpuckpt: TAG ...")
+        self.lintian = [line.split("lintian: ", 1)[1] for line in build_output.splitlines()
+                        if line.startswith("build.sh: lintian: ")]
+        self.lintian_ran = "build.sh: lintian took" in build_output
 
 
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory) -> Packages:
     out = tmp_path_factory.mktemp("packages")
-    sh("bash", str(BUILD), "all", str(out), timeout=900)
-    return Packages(out)
+    built = sh("bash", str(BUILD), "all", str(out), timeout=900)
+    return Packages(out, built.stdout)
 
 
 def deb_files(deb: Path) -> dict[str, tarfile.TarInfo]:
@@ -95,6 +101,21 @@ def test_deb_holds_the_commands_venv_config_hooks_and_examples(packages) -> None
     for command in COMMANDS:
         assert files[command].mode == 0o755 and (files[command].uname, files[command].gname) == ("root", "root")
     assert files[CONFIG].mode == 0o644
+
+
+def test_deb_has_a_manual_page_for_each_command_and_completion(packages) -> None:
+    """cli/manual.py's pages and completion, one page per command in /usr/bin; lintian's no-manual-page
+    (a W: tag, which build.sh prints and does not fail on) is gone."""
+    files = deb_files(packages.deb)
+    names = [os.path.basename(command) for command in COMMANDS]
+    assert {f"{MAN_PAGES}/{name}.8.gz" for name in names} <= files.keys()
+    assert {f"{COMPLETIONS}/gpuckpt", f"{COMPLETIONS}/gpuckptd"} <= files.keys()
+    assert all(files[path].mode == 0o644 for path in files if path.startswith((MAN_PAGES, COMPLETIONS)))
+    assert packages.lintian_ran
+    assert [line for line in packages.lintian if "manual-page" in line or "manpage" in line] == []
+    page = sh("sh", "-c", f"dpkg-deb --fsys-tarfile '{packages.deb}' | tar -xO '.{MAN_PAGES}/gpuckpt.8.gz' | "
+                          "gzip -d").stdout
+    assert '.SS "gpuckpt store prune"' in page and "\\-\\-keep" in page  # the parser's, walked
 
 
 def test_deb_control_names_the_version_dependencies_and_conffile(packages) -> None:

@@ -8,7 +8,8 @@
 # site-packages only: engines run the runtime on every container operation); the
 # default config (every key of node/config.py commented with its default); the hooks.d files
 # (hooks/oci-hooks.d); systemd units and drop-ins (packaging/systemd, when there); engine registration
-# examples written by the same code as `gpuckpt install`; then a check that no staging path
+# examples written by the same code as `gpuckpt install`; manual pages and bash completion generated from the
+# commands' parsers; then a check that no staging path
 # leaked into a file.
 #
 # Usage: stage.sh DESTDIR. Environment: GPUCKPT_UNITDIR (default /usr/lib/systemd/system;
@@ -132,6 +133,13 @@ for dropins in "$src"/packaging/systemd/*.d; do
     install -m 0644 "$dropins"/*.conf "$dest$unitdir/${dropins##*/}/"
 done
 shopt -u nullglob
+
+# --- manual pages and bash completion ---------------------------------------------------------
+# Generated from the commands' parsers (cli/manual.py), so a flag added to one is in the next package's
+# page and completion. Gzipped here (no timestamp: reproducible), as Debian's policy has them: the RPM's
+# build on Debian compresses nothing, and both packages ship the same files.
+staged_python -m gpuckpt.cli.manual "$dest" >/dev/null
+gzip -n -9 "$dest"/usr/share/man/man8/*.8
 
 # --- engine registration examples -------------------------------------------------------------
 # Written by node/engines.py itself, as `gpuckpt install --engine ... --default` writes them

@@ -35,6 +35,7 @@ TICK_S = 1.0  # how often the service looks at its watchers (preemption, schedul
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """gpuckptd's command line (its manual page and completion are generated from it: cli/manual.py)."""
     parser = argparse.ArgumentParser(
         prog="gpuckptd", allow_abbrev=False, description=(
             "gpuckpt's node service. Restores what a drain left, then serves `gpuckpt drain` and `gpuckpt service` "
