@@ -8,7 +8,8 @@
 # namespaces. --iptables=false/--ip6tables=false: docker 28's firewall is iptables only (its
 # nftables backend comes with docker 29) and nothing here leaves the namespace, so the bridge needs
 # no NAT; podman's tests keep the namespace's iptables and nftables tables to themselves. No
-# systemd is PID 1 here: cgroupfs. The containers of an earlier run (its data root is kept for the
+# systemd is PID 1 here: cgroupfs, under a parent of the test bed's own (gpuckpt-forky-docker, not the
+# host docker's "docker"), which in-forky.sh's clean-up removes with what a killed run leaves. The containers of an earlier run (its data root is kept for the
 # images) are removed: every run starts with none.
 set -euo pipefail
 log=/var/log/gpuckpt-dockerd.log
@@ -18,7 +19,7 @@ if [ -S /run/docker.sock ] && docker info >/dev/null 2>&1; then
 fi
 setsid dockerd --data-root /var/lib/docker --exec-root /run/docker --pidfile /run/docker.pid \
     -H unix:///run/docker.sock --iptables=false --ip6tables=false \
-    --exec-opt native.cgroupdriver=cgroupfs </dev/null >>"$log" 2>&1 &
+    --exec-opt native.cgroupdriver=cgroupfs --cgroup-parent /gpuckpt-forky-docker </dev/null >>"$log" 2>&1 &
 for _ in $(seq 1 $((timeout_s * 5))); do
     if docker info >/dev/null 2>&1; then
         stale=$(docker ps -a -q)
