@@ -68,19 +68,27 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def unpack_carry() -> None:
+def unpack_carry(pack: Path = REPO / ".carry.tar.xz", into: Path = CARRY) -> None:
     """integration/gpu/pack-carry.sh's .carry.tar.xz into .carry, unless this very pack is
     unpacked there already (a warm machine keeps .carry between calls, maybe from another pack)."""
-    pack = REPO / ".carry.tar.xz"
     if not pack.exists():
         return
-    stamp, unpacked = CARRY / ".pack", f"{pack.stat().st_size} {pack.stat().st_mtime_ns}"
+    stamp, unpacked = into / ".pack", f"{pack.stat().st_size} {pack.stat().st_mtime_ns}"
     if stamp.exists() and stamp.read_text() == unpacked:
         return
-    shutil.rmtree(CARRY, ignore_errors=True)
+    shutil.rmtree(into, ignore_errors=True)
     with tarfile.open(pack) as tar:
-        tar.extractall(CARRY, filter="tar")
+        tar.extractall(into, filter="tar")
     stamp.write_text(unpacked)
+
+
+DOCKER28_CARRY = REPO / ".carry-docker28"  # docker 28's pack of its own (pack-carry.sh docker28): kept on a warm
+# machine between calls, since docker 28 and the base pack do not fit in one call's 64 MiB together
+
+
+def unpack_docker28() -> None:
+    """pack-carry.sh docker28's .carry-docker28.tar.xz into .carry-docker28, unless unpacked there already."""
+    unpack_carry(REPO / ".carry-docker28.tar.xz", DOCKER28_CARRY)
 
 
 def install() -> dict:
@@ -654,11 +662,11 @@ class Docker(Engine):
     EXEC_ROOT = Path("/run/gpuckpt-docker")
     IMAGE = "gpuckpt-gpu-rootfs:latest"
     RUN_FLAGS = ("--runtime", "gpuckpt-runtime")
-    BUNDLE = "docker"  # the carry pack's folder (integration/testbed/bundle-docker.sh)
+    CARRIED = CARRY / "docker"  # the carry pack's folder (integration/testbed/bundle-docker.sh)
     SETTINGS: dict = {}  # daemon.json settings of this engine's own
 
     def __init__(self) -> None:
-        self.bin = CARRY / self.BUNDLE / "bin"
+        self.bin = self.CARRIED / "bin"
         if not (self.bin / "dockerd").exists():
             raise RuntimeError(f"no docker engine in {self.bin}: run integration/gpu/pack-carry.sh before the call")
         self.env = dict(os.environ, PATH=f"{self.bin}:{CARRY / 'bin'}:{os.environ['PATH']}")
@@ -733,7 +741,7 @@ class Docker28(Docker):
     DATA_ROOT = Path("/var/lib/gpuckpt-docker28")
     EXEC_ROOT = Path("/run/gpuckpt-docker28")
     IMAGE = "gpuckpt-gpu-cdi:latest"
-    BUNDLE = "docker28"
+    CARRIED = DOCKER28_CARRY / "docker28"
     # userland-proxy off: no docker-proxy is carried (no published ports, no bridge)
     SETTINGS = {"features": {"cdi": True}, "cdi-spec-dirs": [str(CDI_SPEC.parent)], "userland-proxy": False}
 
