@@ -202,11 +202,16 @@ def _containerd_major() -> int | None:
 
 def check_containerd(config: str = CONTAINERD_CONFIG) -> str | None:
     """A CRI handler in containerd's config must run an executable gpuckpt-runtime through the runc v2 shim; none
-    is needed unless containerd is 2.x (CRI checkpoint and restore; a 1.x on PATH is docker's)."""
+    is needed unless containerd is 2.x (CRI checkpoint and restore; a 1.x on PATH is docker's). A 2.x beside a
+    docker that runs gpuckpt-runtime (docker.io 28 brings containerd 2.1, config file included) may be docker's
+    only: a warning."""
     binary, runtime_type = containerd_registration(config)
     fix = f"gpuckpt install --engine containerd{'' if config == CONTAINERD_CONFIG else f' --config {config}'}"
     if binary is None and runtime_type is None:
         if os.path.exists(config) and (_containerd_major() or 0) >= 2:
+            if docker_registration()[0] is not None:
+                raise CheckWarned(f"containerd: no CRI runtime handler {HANDLER!r} in {config}: Kubernetes pods "
+                                  "on this node do not go through gpuckpt (docker's containers do)", fix)
             raise CheckFailed(f"containerd: no CRI runtime handler {HANDLER!r} in {config}", fix)
         return None
     if runtime_type != SHIM_RUNTIME_TYPE or not binary or not os.access(binary, os.X_OK):

@@ -105,9 +105,15 @@ def test_doctor_names_the_handler_or_the_fix(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(doctor, "_containerd_major", lambda: 1)  # docker's containerd 1.6: not a CRI node of ours
     assert doctor.check_containerd(str(config)) is None
     monkeypatch.setattr(doctor, "_containerd_major", lambda: 2)
+    monkeypatch.setattr(doctor, "docker_registration", lambda: (None, False))
     with pytest.raises(doctor.CheckFailed, match="no CRI runtime handler 'gpuckpt'") as failure:
         doctor.check_containerd(str(config))
     assert failure.value.fix == f"gpuckpt install --engine containerd --config {config}"
+    # docker 28's containerd 2.1 (its config file too) beside a docker that runs gpuckpt-runtime: a warning
+    monkeypatch.setattr(doctor, "docker_registration", lambda: (str(tmp_path / "gpuckpt-runtime"), False))
+    with pytest.raises(doctor.CheckWarned, match="Kubernetes pods on this node do not go through gpuckpt") as warned:
+        doctor.check_containerd(str(config))
+    assert warned.value.fix == f"gpuckpt install --engine containerd --config {config}"
     runtime = tmp_path / "gpuckpt-runtime"
     runtime.write_text("#!/bin/sh\n")
     runtime.chmod(0o755)

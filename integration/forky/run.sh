@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The engine integration tests against Debian forky's engine set (podman 5.8, runc 1.3, crun 1.28,
-# CRIU 4.2), in the isolated forky root (../testbed/forky-root.sh builds it, ../testbed/in-forky.sh
+# CRIU 4.2, docker 28.5 with containerd 2.1), in the isolated forky root (../testbed/forky-root.sh builds it, ../testbed/in-forky.sh
 # enters it). Run as root on a machine set up by ../testbed/setup.sh (or install-system.sh):
 #
 #   bash integration/forky/run.sh [PYTEST ARG...]

@@ -171,6 +171,19 @@ def docker(results: dict) -> harness.Docker:
 
 
 @pytest.fixture
+def docker28(results: dict) -> harness.Docker28:
+    """The carried docker 28 (not started), for CDI-started containers: skipped without it or without --inject cdi."""
+    harness.unpack_docker28()
+    if not (harness.Docker28.CARRIED / "bin" / "dockerd").exists():
+        pytest.skip("no docker 28 carried (integration/gpu/pack-carry.sh docker28: .carry-docker28.tar.xz, carried "
+                    "by a call of its own on the same warm machine)")
+    if harness.INJECT != "cdi":
+        pytest.skip("docker 28's scenario starts its container with CDI devices from the self-contained image: "
+                    "--inject cdi")
+    return harness.Docker28()
+
+
+@pytest.fixture
 def podman(results: dict) -> harness.Podman:
     """The carried podman, configured with gpuckpt-runtime; skipped where this call's carry pack has none."""
     if not (harness.CARRY / "podman" / "bin" / "podman").exists():

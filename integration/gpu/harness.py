@@ -68,19 +68,27 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def unpack_carry() -> None:
+def unpack_carry(pack: Path = REPO / ".carry.tar.xz", into: Path = CARRY) -> None:
     """integration/gpu/pack-carry.sh's .carry.tar.xz into .carry, unless this very pack is
     unpacked there already (a warm machine keeps .carry between calls, maybe from another pack)."""
-    pack = REPO / ".carry.tar.xz"
     if not pack.exists():
         return
-    stamp, unpacked = CARRY / ".pack", f"{pack.stat().st_size} {pack.stat().st_mtime_ns}"
+    stamp, unpacked = into / ".pack", f"{pack.stat().st_size} {pack.stat().st_mtime_ns}"
     if stamp.exists() and stamp.read_text() == unpacked:
         return
-    shutil.rmtree(CARRY, ignore_errors=True)
+    shutil.rmtree(into, ignore_errors=True)
     with tarfile.open(pack) as tar:
-        tar.extractall(CARRY, filter="tar")
+        tar.extractall(into, filter="tar")
     stamp.write_text(unpacked)
+
+
+DOCKER28_CARRY = REPO / ".carry-docker28"  # docker 28's pack of its own (pack-carry.sh docker28): kept on a warm
+# machine between calls, since docker 28 and the base pack do not fit in one call's 64 MiB together
+
+
+def unpack_docker28() -> None:
+    """pack-carry.sh docker28's .carry-docker28.tar.xz into .carry-docker28, unless unpacked there already."""
+    unpack_carry(REPO / ".carry-docker28.tar.xz", DOCKER28_CARRY)
 
 
 def install() -> dict:
@@ -654,9 +662,11 @@ class Docker(Engine):
     EXEC_ROOT = Path("/run/gpuckpt-docker")
     IMAGE = "gpuckpt-gpu-rootfs:latest"
     RUN_FLAGS = ("--runtime", "gpuckpt-runtime")
+    CARRIED = CARRY / "docker"  # the carry pack's folder (integration/testbed/bundle-docker.sh)
+    SETTINGS: dict = {}  # daemon.json settings of this engine's own
 
     def __init__(self) -> None:
-        self.bin = CARRY / "docker" / "bin"
+        self.bin = self.CARRIED / "bin"
         if not (self.bin / "dockerd").exists():
             raise RuntimeError(f"no docker engine in {self.bin}: run integration/gpu/pack-carry.sh before the call")
         self.env = dict(os.environ, PATH=f"{self.bin}:{CARRY / 'bin'}:{os.environ['PATH']}")
@@ -679,7 +689,8 @@ class Docker(Engine):
             config = {"experimental": True, "iptables": False, "ip-forward": False, "ip-masq": False,
                       "bridge": "none", "storage-driver": driver, "data-root": str(self.DATA_ROOT),
                       "exec-root": str(self.EXEC_ROOT), "pidfile": str(self.EXEC_ROOT / "docker.pid"),
-                      "hosts": [f"unix://{self.SOCKET}"], "runtimes": {"gpuckpt-runtime": {"path": RUNTIME}}}
+                      "hosts": [f"unix://{self.SOCKET}"], "runtimes": {"gpuckpt-runtime": {"path": RUNTIME}},
+                      **self.SETTINGS}
             config_path = WORK / "daemon.json"
             config_path.write_text(json.dumps(config))
             with open(self.log, "a") as daemon_log:
@@ -717,6 +728,36 @@ class Docker(Engine):
         """What gpuckpt-runtime logged for the container (containerd's task bundle keeps it)."""
         return "".join(path.read_text(errors="replace") for path in self.EXEC_ROOT.rglob("log.json")
                        if container_id in str(path))
+
+
+class Docker28(Docker):
+    """Debian forky's docker 28.5 with its containerd 2.1 (pack-carry.sh docker28), beside the carried 20.10 on a
+    socket, data root and exec root of its own; CDI devices (`--device nvidia.com/gpu=N`, the spec in /etc/cdi that
+    install_cdi() writes) and the self-contained image. docker 28 restores no container whose network namespace
+    it sets up (--network none, bridge: containerd#12141, docs/node.md), so its GPU containers run on the host's
+    network."""
+
+    SOCKET = "/run/gpuckpt-docker28.sock"
+    DATA_ROOT = Path("/var/lib/gpuckpt-docker28")
+    EXEC_ROOT = Path("/run/gpuckpt-docker28")
+    IMAGE = "gpuckpt-gpu-cdi:latest"
+    CARRIED = DOCKER28_CARRY / "docker28"
+    # userland-proxy off: no docker-proxy is carried (no published ports, no bridge)
+    SETTINGS = {"features": {"cdi": True}, "cdi-spec-dirs": [str(CDI_SPEC.parent)], "userland-proxy": False}
+
+    def import_rootfs(self) -> dict:
+        """The self-contained image, imported through docker (its inspect names labels differently from podman's,
+        so image.py finds none and imports each call: the data root is new on each machine anyway)."""
+        import image
+
+        return image.podman_import([str(self.bin / "docker"), "-H", f"unix://{self.SOCKET}"], IMAGE_ROOT, self.IMAGE,
+                                   env=self.env)
+
+    def run_gpu(self, name: str, args: list[str], env: dict[str, str], state: StateDir) -> None:
+        run_args = gpu_run_args(args, env, state.directory, self.IMAGE)
+        at = run_args.index("--network")
+        run_args[at + 1] = "host"
+        self.cli("run", "-d", "--name", name, *self.RUN_FLAGS, *run_args)
 
 
 def rootfs_tar() -> Path:

@@ -3,17 +3,31 @@
 # by the device tool: 64 MiB in all): runc and CRIU with its libraries, the wheels gpuckpt
 # needs for the machine's Python 3.12, and Debian's docker engine or podman (both do not fit
 # in one call). harness.install() unpacks it there into .carry/. Run as root after
-# integration/testbed/setup.sh.   Usage: pack-carry.sh [docker|podman|containerd|none]   (default docker;
+# integration/testbed/setup.sh.   Usage: pack-carry.sh [docker|docker28|podman|containerd|none]   (default docker;
 # none: runc and CRIU only, for the runc-level scenarios; containerd: containerd 2.1 and the CRI client's
-# grpcio-tools, for cri_gpu.py). `--inject cdi` needs nothing more here: conftest.py's install writes the CDI
+# grpcio-tools, for cri_gpu.py; docker28: what `none` packs, and beside it .carry-docker28.tar.xz, the forky
+# root's docker 28.5 + containerd 2.1 ($GPUCKPT_FORKY_ROOT, default the test bed's) for test_docker28_gpu.py with
+# --inject cdi: ~45 MiB, too much with the rest in one call, so a first call carries it alone and unpacks it
+# into .carry-docker28, which the warm machine keeps for the next call, carrying .carry.tar.xz). `--inject cdi` needs nothing more here: conftest.py's install writes the CDI
 # spec (cdi.py) and builds the self-contained image (image.py) there, from the machine's own driver and torch.
 set -euo pipefail
 engine=${1:-docker}
-case $engine in docker|podman|containerd|none) ;; *) echo "usage: $0 [docker|podman|containerd|none]" >&2; exit 2;; esac
+case $engine in docker|docker28|podman|containerd|none) ;; *) echo "usage: $0 [docker|docker28|podman|containerd|none]" >&2; exit 2;; esac
 cd "$(dirname "$0")/../.."
 rm -rf .carry .carry.tar.xz
 bash integration/testbed/bundle-criu.sh .carry
-[ "$engine" = none ] || bash "integration/testbed/bundle-$engine.sh" .carry
+case $engine in
+    none) ;;
+    docker28)
+        rm -rf .carry-docker28 .carry-docker28.tar.xz
+        bash integration/testbed/bundle-docker.sh .carry-docker28 "${GPUCKPT_FORKY_ROOT:-/var/cache/gpuckpt-testbed/forky/root}"
+        tar -C .carry-docker28 -cf - . | xz -T0 -6 >.carry-docker28.tar.xz
+        rm -rf .carry-docker28
+        size=$(stat -c %s .carry-docker28.tar.xz)
+        echo "pack-carry.sh: .carry-docker28.tar.xz $((size >> 20)) MiB (a call of its own)"
+        [ "$size" -lt $((60 << 20)) ] || { echo "pack-carry.sh: docker 28 alone is over the device tool's 64 MiB" >&2; exit 1; };;
+    *) bash "integration/testbed/bundle-$engine.sh" .carry;;
+esac
 /opt/gpuckpt/venv/bin/python -m pip download -q --only-binary=:all: --python-version 3.12 \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .carry/wheels \
     pydantic pyroute2 zstandard cryptography protobuf tomlkit tqdm blake3 pyfastcdc safetensors nvidia-ml-py \
