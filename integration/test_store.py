@@ -65,7 +65,7 @@ def test_checkpointed_twice_restored_from_the_store_state_goes_on(counter, store
     # the workload's 16 MiB buffer and the interpreter are unchanged between the two
     assert rows["second"]["new_bytes"] < 0.5 * rows["first"]["new_bytes"]
     assert rows["second"]["shared_bytes"] > 0.5 * rows["second"]["logical_bytes"]
-    listed = json.loads(store(store_dir, "list", "--json").stdout)
+    listed = json.loads(store(store_dir, "list", "--json").stdout)["checkpoints"]
     assert [row["name"] for row in listed] == ["first", "second"] and listed[0]["container"] == name
     sh("podman", "rm", "-f", name)
     leftovers = staging_leftovers()  # others' imports may be running on this machine
@@ -101,14 +101,14 @@ def test_a_corrupted_chunk_refuses_the_restore_naming_it(counter, store_dir) -> 
     chunk.write_bytes(bytes(data))
     before = staging_leftovers()
     result = store(store_dir, "restore", "only", check=False)
-    assert result.returncode == 1
+    assert result.returncode == 3
     message = result.stderr.strip()
     assert len(message.splitlines()) == 1 and digest in message and pages["name"] in message, message
     assert not podman_has(name)  # podman never ran
     assert staging_leftovers() <= before
     verified = store(store_dir, "verify", check=False)
-    assert verified.returncode == 1 and digest in verified.stdout and "only cannot be restored" in verified.stderr
+    assert verified.returncode == 3 and digest in verified.stdout and "only cannot be restored" in verified.stderr
     chunk.unlink()  # missing now: named before any chunk is read
     missing = store(store_dir, "restore", "only", check=False)
-    assert missing.returncode == 1 and digest in missing.stderr and "missing" in missing.stderr
+    assert missing.returncode == 3 and digest in missing.stderr and "missing" in missing.stderr
     assert not podman_has(name)
