@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -100,3 +101,25 @@ def test_another_user_is_told_must_be_root_once(node, argv: list[str]) -> None:
                           sys.executable, "-m", "gpuckpt.cli.main", *argv],
                          capture_output=True, text=True, timeout=60, cwd="/")
     assert (ran.returncode, ran.stdout, ran.stderr) == (6, "", f"gpuckpt {argv[0]}: must be root (run it with sudo)\n")
+
+
+def test_suspend_of_a_cpu_container_says_it_has_no_cuda_process(node, tmp_path, capsys) -> None:
+    """Not "libcuda.so.1 not found" (on a node without the driver) or the driver's own words: the container's
+    processes hold no NVIDIA device, found before the driver is loaded. Run through a runc stand-in whose
+    container is a real CPU process."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    shutil.copy(Path(__file__).with_name("fake_runtime.py"), runtime / "runc")
+    (runtime / "runc").chmod(0o755)
+    cpu = subprocess.Popen(["sleep", "60"])
+    try:
+        (runtime / "runtime.json").write_text(json.dumps(
+            {"state": {"ociVersion": "1.0.2", "id": "ops-cpu", "pid": cpu.pid, "status": "running", "bundle": "/"},
+             "pids": [cpu.pid]}))
+        (tmp_path / "config.toml").write_text(f'delegate = "{runtime / "runc"}"\n')
+        assert main(["suspend", "ops-cpu", "--engine", "runc", "--root", str(tmp_path / "root")]) == 2
+        assert capsys.readouterr().err == ("gpuckpt suspend: container ops-cpu has no CUDA process: nothing to suspend "
+                                           "(suspend frees the GPU memory of a container's CUDA processes)\n")
+    finally:
+        cpu.kill()
+        cpu.wait()
