@@ -16,10 +16,10 @@ import argparse
 import json
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import asdict
 
-from ..errors import ImageError, UsageError
+from ..errors import GpuckptError, ImageError, UsageError
 from ..store import podman
 from ..store.catalog import usage, verify_store
 from ..store.manifest import check_name
@@ -91,12 +91,24 @@ def run_checkpoint(options: argparse.Namespace) -> int:
                                        ("--tcp-established", options.tcp_established)) if wanted]
     started = time.monotonic()
     with _open(options) as store:
-        stored = podman.checkpoint_into(store, options.container, options.name, flags, threads=options.threads,
-                                        progress=_bar)
+        try:
+            stored = podman.checkpoint_into(store, options.container, options.name, flags, threads=options.threads,
+                                            progress=_bar)
+        except BaseException:
+            _collect_after_failure(store)
+            raise
     print(f"stored {container_label(stored.container, stored.container_id)} as {stored.name} in "
           f"{time.monotonic() - started:.1f} s: {size_text(stored.logical_bytes)} of checkpoint, "
           f"{size_text(stored.new_bytes)} of it new ({size_text(stored.new_stored_bytes)} written)")
     return 0
+
+
+def _collect_after_failure(store: Store) -> None:
+    """The chunks a failed checkpoint wrote (a full disk: up to all but the last), collected at once with
+    every other chunk no checkpoint names, unless another checkpoint is being written meanwhile: then they
+    wait for the next `gpuckpt store prune`. The failure is the line the operator sees."""
+    with suppress(GpuckptError):  # StoreBusy, or a manifest collect cannot read: nothing removed
+        collect(store, wait_s=0)
 
 
 def run_show(options: argparse.Namespace) -> int:

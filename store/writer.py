@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from ..errors import ImageError
+from ..errors import GpuckptError, ImageError
 from ..oci.timestamps import utc_now
 from .chunking import Chunk, FileChunker, chunk_digest
 from .manifest import StoredCheckpoint, StoredEntry
@@ -37,6 +37,11 @@ def default_threads() -> int:
     """Four per CPU, at most 16: besides hashing and compressing, a chunk's write waits in the kernel
     (a new file, a rename, directory locks), which threads of their own overlap."""
     return min(16, 4 * len(os.sched_getaffinity(0)))
+
+
+class ChunkWriteError(GpuckptError):
+    """The store could not take a chunk (a full disk, a read-only store): named with the store's path, and
+    not an OSError, which the archive reader would report as a corrupt archive."""
 
 
 @dataclass
@@ -86,7 +91,11 @@ class CheckpointWriter:
             self._claimed.add(digest)
         if claimed or self.store.has_chunk(digest):
             return digest, len(chunk), 0
-        written = self.store.put_chunk(digest, chunk)
+        try:
+            written = self.store.put_chunk(digest, chunk)
+        except OSError as error:
+            raise ChunkWriteError(f"{self.store.root}: {error.strerror or error}: cannot write a chunk of "
+                                  f"{len(chunk)} bytes") from None
         return digest, len(chunk), written
 
     def commit(self, name: str, container: str, container_id: str) -> StoredCheckpoint:
