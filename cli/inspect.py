@@ -15,10 +15,11 @@ from ..errors import NotFoundError
 from ..host import process
 from ..host.programs import find_program
 from ..host.safefiles import read_bounded
+from ..node.container_record import container_label, short_id
 from ..oci.image_layout import is_layout, parse_target, read_layout, verify_layer
 from ..oci.manifest import read_manifest
 from ..oci.podman_archive import CONFIG_DUMP, SMALL_FILES, PodmanArchive, check_podman_archive, described
-from .output import Inspected, container_label, counted, short_id, size_text
+from .output import Inspected, counted, size_text
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,6 +1,6 @@
 """What `gpuckpt` prints for people and for scripts: the `--json` documents (one pydantic model each, with a
-schema version: docs/cli-output.md lists them) and the text helpers every view shares (a container as
-`podman ps` names it, sizes, counts).
+schema version: docs/cli-output.md lists them) and the text helpers every view shares (sizes, counts; a
+container as `podman ps` names it is node.container_record's container_label, which gpuckptd's lines use too).
 
 The text and the JSON of a command come from the same data: the command fills a model, prints it as JSON
 with --json, and otherwise prints its lines from the model.
@@ -13,21 +13,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION: Literal[1] = 1
-SHORT_ID_LENGTH = 12  # podman ps, docker ps
-
-
-def short_id(container_id: str) -> str:
-    return container_id[:SHORT_ID_LENGTH]
-
-
-def container_label(name: str | None, container_id: str) -> str:
-    """A container as `podman ps` shows it: its name and short ID ("web (3f2a9c1b0d4e)"); the short ID
-    alone where it has no name, or the name alone where the ID is not known."""
-    if not container_id:
-        return name or "?"
-    return f"{name} ({short_id(container_id)})" if name and name != container_id else short_id(container_id)
-
-
 def size_text(count_bytes: int) -> str:
     """Bytes in binary units, in the largest unit that keeps the number at 1 or more ("512 B", "38 KiB",
     "742 MiB", "1.5 GiB"): a small checkpoint was "0 MiB"."""

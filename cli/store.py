@@ -20,12 +20,13 @@ from contextlib import contextmanager, suppress
 from dataclasses import asdict
 
 from ..errors import GpuckptError, ImageError, UsageError
+from ..node.container_record import container_label, short_id
 from ..store import podman
 from ..store.catalog import usage, verify_store
 from ..store.manifest import check_name
 from ..store.repository import DEFAULT_STORE_DIR, Store
 from ..store.retention import Collected, checkpoints, collect, to_prune
-from .output import StoredRow, StoreList, container_label, counted, short_id, size_text
+from .output import StoredRow, StoreList, counted, size_text
 from .progress import byte_bar, moved_to
 
 

@@ -30,6 +30,7 @@ from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
 from ..host.programs import find_program
 from ..node.config import ImportConfig, load_config
+from ..node.container_record import container_label, short_id
 from ..node.engines import PODMAN_CONF, RUNTIME_NAME, own_hook_paths, podman_registration
 from ..node.paths import config_path
 from ..oci.archive import READ_BYTES, RatioGuard, decompressed, open_archive
@@ -59,7 +60,7 @@ from ..trust.provenance import (
     verify_image_signature,
 )
 from .export_put_back import put_back
-from .output import ExportResult, ImportResult, container_label, short_id, size_text
+from .output import ExportResult, ImportResult, size_text
 from .progress import byte_bar, moved_to, watched
 from .signals import termination_deferred
 

@@ -8,7 +8,8 @@ import json
 from podman_tars import podman_tar
 
 from gpuckpt.cli.main import main
-from gpuckpt.cli.output import container_label, counted, size_text
+from gpuckpt.cli.output import counted, size_text
+from gpuckpt.node.container_record import container_label
 from gpuckpt.oci.podman_archive import copy_checked
 from gpuckpt.store.repository import Store
 from gpuckpt.store.writer import CheckpointWriter
@@ -45,3 +46,15 @@ def test_store_list_names_short_ids_and_small_sizes(tmp_path, capsys) -> None:
     assert (listed["kind"], listed["store"]) == ("store-list", root)
     row = listed["checkpoints"][0]
     assert (row["name"], row["container_id"], row["short_id"]) == ("small", CONTAINER_ID, "c0ffeec0ffee")
+
+
+def test_drain_and_gpuckptd_lines_name_the_container_as_podman_ps() -> None:
+    """They showed the ID alone (the journal's line no container at all); an older gpuckptd sends no name."""
+    from gpuckpt.cli.drain import _line
+    from gpuckpt.service.api import ContainerEvent
+    from gpuckpt.service.operations import label
+    done = ContainerEvent(id=CONTAINER_ID, name="web", engine="podman", phase="checkpoint", state="done",
+                          bytes=300 << 10, seconds=1.5)
+    assert _line(done) == "checkpoint done    web (c0ffeec0ffee) (podman) (0.3 MiB, 1.5 s)"
+    assert _line(done.model_copy(update={"name": ""})).startswith("checkpoint done    c0ffeec0ffee (podman)")
+    assert label(done) == "podman container web (c0ffeec0ffee)"
