@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..errors import GpuckptError, NotRootError
+from ..store.repository import DEFAULT_STORE_DIR
+from ..trust.keys import TRUST_DIR_ENV
 from . import doctor, drain, inspect, install, recover, store, suspend, transfer, trust
 from .exit_codes import FAILED, INTERRUPTED, exit_status
 from .signals import UNWOUND_AT_TERM, Terminated, unwind_at_termination
@@ -23,10 +25,20 @@ from .signals import UNWOUND_AT_TERM, Terminated, unwind_at_termination
 ROOT_FREE = frozenset({"inspect"})
 
 
+# Store verbs that read or tidy a store without an engine: on a --store DIR of the user's own, no root
+STORE_FILES_ONLY = frozenset({"list", "show", "verify", "remove", "prune"})
+
+
 def needs_root(options: argparse.Namespace) -> bool:
-    """Whether the command line needs root; `install --config FILE` edits a file of the user's own."""
+    """Whether the command line needs root: every command on the node's own state does; one pointed at files
+    of the user's own does not (`install --config FILE`, `store VERB --store DIR` for a verb that runs no
+    engine, `trust` with GPUCKPT_TRUST_DIR set)."""
     if options.command == "install":
         return not options.config
+    if options.command == "store":
+        return options.store == DEFAULT_STORE_DIR or options.store_command not in STORE_FILES_ONLY
+    if options.command == "trust":
+        return not os.environ.get(TRUST_DIR_ENV)
     return options.command not in ROOT_FREE
 
 

@@ -75,14 +75,18 @@ def test_a_bad_config_value_is_one_line_with_status_2(node, tmp_path, capsys) ->
                    "or a valid integer\n")
 
 
-def test_every_command_is_classified_root_or_not() -> None:
+def test_every_command_is_classified_root_or_not(monkeypatch) -> None:
     """Root is needed by every command but inspect (and install with --config FILE, a file of the user's)."""
     from gpuckpt.cli.main import needs_root
+    monkeypatch.delenv("GPUCKPT_TRUST_DIR", raising=False)  # the node's own trust directory
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     free = {name for name in commands if not needs_root(parser.parse_args(_minimal(name)))}
     assert free == {"inspect"}
+    # pointed at files of the user's own
     assert not needs_root(parser.parse_args(["install", "--engine", "podman", "--config", "/tmp/x.conf"]))
+    assert not needs_root(parser.parse_args(["store", "list", "--store", "/tmp/mine"]))
+    assert needs_root(parser.parse_args(["store", "checkpoint", "web", "--store", "/tmp/mine"]))  # podman's
 
 
 def _minimal(command: str) -> list[str]:
@@ -99,7 +103,8 @@ def test_another_user_is_told_must_be_root_once(node, argv: list[str]) -> None:
     """Not a cascade of Permission denied (or doctor's failures that root would not see): one line, status 6."""
     ran = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
                           sys.executable, "-m", "gpuckpt.cli.main", *argv],
-                         capture_output=True, text=True, timeout=60, cwd="/")
+                         capture_output=True, text=True, timeout=60, cwd="/",
+                         env={key: value for key, value in os.environ.items() if key != "GPUCKPT_TRUST_DIR"})
     assert (ran.returncode, ran.stdout, ran.stderr) == (6, "", f"gpuckpt {argv[0]}: must be root (run it with sudo)\n")
 
 
