@@ -1,7 +1,8 @@
 """The error hierarchy of gpuckpt.
 
 `str(error)` is the one line a user (or an engine, through runc's log) sees;
-the CLI edges turn an error into that line and runc's exit status, once.
+the CLI edges turn an error into that line and an exit status, once: the runtime into runc's
+(`exit_status`), the `gpuckpt` command through cli/exit_codes.py's table.
 """
 
 from __future__ import annotations
@@ -18,6 +19,14 @@ class GpuckptError(Exception):
 
 class UsageError(GpuckptError):
     """A command line gpuckpt cannot accept."""
+
+
+class NotFoundError(UsageError):
+    """A name or path given on the command line names nothing (no such container, file, checkpoint)."""
+
+
+class NotRootError(GpuckptError):
+    """A command that changes or reads root-only node state, run by another user."""
 
 
 class ConfigError(GpuckptError):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import GpuckptError, UsageError
+from ..errors import GpuckptError, NotFoundError, UsageError
 from ..host import process
 from ..host.programs import find_program
 from ..node.config import load_config
@@ -59,4 +59,4 @@ def find_container(name: str, engine: str = "auto", root: str | None = None) -> 
         found = lookups[each]()
         if found is not None:
             return found
-    raise UsageError(f"no running container {name!r} found through {', '.join(dict.fromkeys(order))}")
+    raise NotFoundError(f"no running container {name!r} found through {', '.join(dict.fromkeys(order))}")

@@ -1,8 +1,10 @@
 """`gpuckpt doctor`: does this node have what checkpoint/restore needs?
 
-One ok/warn/FAIL line per check, with the fix on a failure or a warning; exit status 1 if any failed (a
-warning is what works but costs: it fails nothing). A check that cannot apply here (no docker, no GPU, no
-systemd) prints nothing.
+A check is a function in CHECKS: it returns its ok line, raises CheckFailed or CheckWarned (with the fix),
+raises CheckSkipped where a whole section does not apply and the operator should know (no GPU: the GPU
+checks), or returns None where it cannot apply and nothing need be said (no docker, no systemd). One
+ok/warn/FAIL/skip line per check (`--json`: cli/output.py's DoctorReport); exit status 1 if any failed (a
+warning is what works but costs, or an exception the operator made: it fails nothing).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from ..cuda.devices import loaded_module_version
 from ..cuda.driver import load_driver, version_text
@@ -43,6 +45,7 @@ from ..shim.resident.call import listener_refusal
 from ..shim.resident.call import socket_path as resident_socket_path
 from ..shim.resolve import resolve_delegate
 from ..trust.keys import load_trust, node_key_path, policy_path
+from .output import DoctorCheck, DoctorReport
 
 MIN_CRIU_MAJOR = 4
 SERVICE_UNIT = "gpuckptd.service"  # packaging/systemd/gpuckptd.service
@@ -66,6 +69,10 @@ class CheckFailed(Exception):
         self.fix = fix
 
 
+class CheckSkipped(Exception):
+    """A check (or a section of them) that does not apply to this node; the message says why."""
+
+
 class CheckWarned(Exception):
     """A check that passes at a cost the node need not pay: the message says what it costs, `fix` how to stop."""
 
@@ -78,6 +85,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = commands.add_parser("doctor", help="check this node for what checkpoint/restore needs")
     parser.add_argument("--containerd-config", default=CONTAINERD_CONFIG,
                         help=f"containerd's config file to check (default {CONTAINERD_CONFIG})")
+    parser.add_argument("--json", action="store_true", help="the checks as JSON (docs/cli-output.md)")
     parser.set_defaults(handler=run)
 
 
@@ -88,8 +96,15 @@ def check_kernel() -> str:
     return "kernel has checkpoint/restore support"
 
 
+# What an operator with only the package can do (docs/node.md says the same): Debian 12's criu 3.17 fails on
+# current kernels and 4.1 (Debian 13's) cannot dump TCP sockets on kernels >= 6.16
+CRIU_FIX = ("install CRIU >= 4.2 and put it first on PATH: Debian forky's `apt-get install criu`, or on Debian 12 "
+            "and 13 build it from https://github.com/checkpoint-restore/criu (`make && make install "
+            "PREFIX=/usr/local`, which puts /usr/local/sbin/criu first on PATH); see docs/node.md")
+
+
 def check_criu() -> str:
-    install_fix = "install CRIU >= 4 (integration/testbed/install-system.sh shows how on Debian 12)"
+    install_fix = CRIU_FIX
     try:
         version_text = process.run(["criu", "--version"], timeout_s=30).stdout
     except process.CommandError as error:
@@ -111,8 +126,9 @@ def check_criu_image_definitions() -> str:
     try:
         criu_messages()
     except ImageError as error:
-        raise CheckFailed(str(error), "install Debian's python3-pycriu (forky or newer; "
-                                      "integration/testbed/install-system.sh shows how on Debian 12)") from None
+        raise CheckFailed(str(error), "install Debian's python3-pycriu (forky or newer), or the bindings of the "
+                                      "CRIU you built (`make install-lib` in its source tree); see docs/node.md") \
+            from None
     return "CRIU's image definitions (python3-pycriu) load: restores can be checked"
 
 
@@ -139,9 +155,12 @@ def check_trust() -> str:
         raise CheckFailed(f"{node_key_path()}: this node has no signing key: gpuckpt export cannot sign",
                           "gpuckpt install --engine podman (makes the key)")
     names = ", ".join(sorted(entry.name for entry in trust.policy.key)) or "none"
-    unsigned = "; ".join(rule.source for rule in trust.policy.allow_unsigned)
-    return (f"trust: node key {trust.node_key_id} ({node_key_path()}) signs exports and dumps; trusted keys: {names}; "
-            + (f"UNSIGNED accepted (logged) from: {unsigned}" if unsigned else "unsigned checkpoints refused"))
+    line = f"trust: node key {trust.node_key_id} ({node_key_path()}) signs exports and dumps; trusted keys: {names}; "
+    if unsigned := [rule.source for rule in trust.policy.allow_unsigned]:  # works, but whoever wrote it is trusted
+        raise CheckWarned(f"{line}UNSIGNED accepted (logged) from: {'; '.join(unsigned)}",
+                          f"once they are no longer needed: gpuckpt trust disallow-unsigned {unsigned[0]}"
+                          + (" (and the others)" if len(unsigned) > 1 else ""))
+    return f"{line}unsigned checkpoints refused"
 
 
 def check_network_lock() -> str:
@@ -310,10 +329,14 @@ def check_resident_helper() -> str:
                       f"~{RESIDENT_ADDED_MS} ms", fix)
 
 
-def check_driver() -> str | None:
+NVIDIA_CONTROL_DEVICE = "/dev/nvidiactl"  # made by the NVIDIA driver's kernel module
+
+
+def check_driver() -> str:
     """Only on a node with an NVIDIA GPU: the driver's checkpoint API must be there."""
-    if not os.path.exists("/dev/nvidiactl"):
-        return None
+    if not os.path.exists(NVIDIA_CONTROL_DEVICE):
+        raise CheckSkipped(f"GPU checks skipped: no NVIDIA GPU driver on this node ({NVIDIA_CONTROL_DEVICE} absent); "
+                           "CPU containers are checkpointed as runc does")
 
     try:
         version = load_driver().driver_version()
@@ -397,23 +420,37 @@ CHECKS: list[Callable[[], str | None]] = [
 ]
 
 
-def results(containerd_config: str = CONTAINERD_CONFIG) -> Iterator[tuple[str, str]]:
-    """Each check's level ("ok", "warn" or "FAIL") and line."""
-    for check in CHECKS:
-        try:
-            line = check_containerd(containerd_config) if check is check_containerd else check()
-        except (CheckFailed, CheckWarned) as found:
-            yield "FAIL" if isinstance(found, CheckFailed) else "warn", f"{found}\n       fix: {found.fix}"
-        except GpuckptError as error:
-            yield "FAIL", str(error)
-        else:
-            if line is not None:
-                yield "ok", line
+def _run_check(check: Callable[[], str | None], containerd_config: str) -> DoctorCheck | None:
+    name = check.__name__.removeprefix("check_")
+    try:
+        line = check_containerd(containerd_config) if check is check_containerd else check()
+    except CheckFailed as failed:
+        return DoctorCheck(check=name, level="fail", message=str(failed), fix=failed.fix)
+    except CheckWarned as warned:
+        return DoctorCheck(check=name, level="warn", message=str(warned), fix=warned.fix)
+    except CheckSkipped as skipped:
+        return DoctorCheck(check=name, level="skip", message=str(skipped))
+    except GpuckptError as error:
+        return DoctorCheck(check=name, level="fail", message=str(error))
+    return None if line is None else DoctorCheck(check=name, level="ok", message=line)
+
+
+def report(containerd_config: str = CONTAINERD_CONFIG) -> DoctorReport:
+    """Every check that applies here, in CHECKS' order."""
+    checks = [found for check in CHECKS if (found := _run_check(check, containerd_config)) is not None]
+    return DoctorReport(checks=checks, failed=sum(check.level == "fail" for check in checks),
+                        warned=sum(check.level == "warn" for check in checks))
+
+
+LEVEL_TEXT = {"ok": "ok", "warn": "warn", "fail": "FAIL", "skip": "skip"}  # FAIL stands out in a column of ok
 
 
 def run(options: argparse.Namespace) -> int:
-    failed = 0
-    for level, line in results(options.containerd_config):
-        print(f"{level:<4}   {line}")
-        failed += level == "FAIL"
-    return 1 if failed else 0
+    done = report(options.containerd_config)
+    if options.json:
+        done.print_json()
+    else:
+        for check in done.checks:
+            fix = f"\n       fix: {check.fix}" if check.fix else ""
+            print(f"{LEVEL_TEXT[check.level]:<4}   {check.message}{fix}")
+    return 1 if done.failed else 0

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 
 from ..errors import UsageError
 from ..node.config import load_config
+from ..node.container_record import container_label
 from ..service.api import ContainerEvent, Event, Periodic, Plan, Preemption, Request, Result, Scheduled, Status
 from ..service.client import request
 from .progress import bytes_done, container_bar, line_above
@@ -39,7 +40,8 @@ def _line(event: Event) -> str:
     if isinstance(event, ContainerEvent):
         figures = f" ({event.bytes / 2**20:.1f} MiB, {event.seconds:.1f} s)" if event.state == "done" else ""
         detail = f": {event.message}" if event.message else ""
-        return f"{event.phase} {event.state:<7} {event.id[:12]} ({event.engine}){figures}{detail}"
+        named = container_label(event.name, event.id)
+        return f"{event.phase} {event.state:<7} {named} ({event.engine}){figures}{detail}"
     if isinstance(event, Plan):
         held = "of host memory now" if event.phase == "checkpoint" else "of checkpoints"
         return f"{event.phase} {event.containers} containers ({event.bytes / 2**20:.1f} MiB {held})"

@@ -11,13 +11,15 @@ import json
 import os
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import NotFoundError
 from ..host import process
 from ..host.programs import find_program
 from ..host.safefiles import read_bounded
+from ..node.container_record import container_label, short_id
 from ..oci.image_layout import is_layout, parse_target, read_layout, verify_layer
 from ..oci.manifest import read_manifest
 from ..oci.podman_archive import CONFIG_DUMP, SMALL_FILES, PodmanArchive, check_podman_archive, described
+from .output import Inspected, counted, size_text
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -103,23 +105,24 @@ def _summary(path: str) -> dict[str, Any]:
     storage_name = path.removeprefix("containers-storage:")
     if not storage_name.startswith(("/", ".")) and (stored := _storage_image_summary(storage_name)) is not None:
         return stored
-    raise UsageError(f"{path}: no such checkpoint archive, image layout, directory or podman image")
+    raise NotFoundError(f"{path}: no such checkpoint archive, image layout, directory or podman image")
 
 
 def run(options: argparse.Namespace) -> int:
-    summary = _summary(options.path)
+    inspected = Inspected.model_validate(_summary(options.path))
     if options.json:
-        print(json.dumps(summary, indent=2))
+        inspected.print_json()
         return 0
+    summary = inspected.model_dump()
     manifest = summary["manifest"]
-    print(f"{summary['path']}: {summary['kind']}, {summary['files']} files, {summary['bytes'] / 2**20:.1f} MiB"
-          f" ({summary['stored_bytes'] / 2**20:.1f} MiB stored)")
+    print(f"{summary['path']}: {summary['kind']}, {counted(summary['files'], 'file')}, {size_text(summary['bytes'])}"
+          f" ({size_text(summary['stored_bytes'])} stored)")
     if summary["container"]:
         container = summary["container"]
-        print(f"{summary['engine']:<11} container {container['name']} ({container['id'][:12]}), image "
+        print(f"{summary['engine']:<11} container {container_label(container['name'], container['id'])}, image "
               f"{container['image'] or '-'}, runtime {container['runtime'] or '-'}, created "
               f"{container['created'] or '-'}")
-    if "image" in summary:
+    if summary["image"] is not None:
         image = summary["image"]
         where = (f"layer {image['layer_digest'][:19]} ({image['layer_media_type'].rsplit('.', 1)[-1]})"
                  if image["layer_digest"] else "in podman's storage")
@@ -128,7 +131,7 @@ def run(options: argparse.Namespace) -> int:
         print("no gpuckpt manifest: not made through gpuckpt-runtime")
         return 0
     timings = manifest["timings"]
-    print(f"container   {manifest['container_id']}  (created {manifest['created']})")
+    print(f"container   {short_id(manifest['container_id'])}  (created {manifest['created']})")
     print(f"delegate    {manifest['delegate']}  args: {' '.join(manifest['delegate_args'])}")
     print(f"GPU handler {manifest['gpu_handler']}; driver {manifest['driver_version'] or '-'}")
     if files := manifest.get("driver_files"):  # what a restore must bring again (docs/cdi.md)

@@ -20,15 +20,15 @@ from contextlib import contextmanager
 from dataclasses import asdict
 
 from ..errors import ImageError, UsageError
+from ..node.container_record import container_label, short_id
 from ..store import podman
 from ..store.catalog import usage, verify_store
 from ..store.manifest import check_name
 from ..store.repository import DEFAULT_STORE_DIR, Store
 from ..store.retention import Collected, checkpoints, collect, to_prune
+from .output import StoredRow, StoreList, counted, size_text
 from .progress import byte_bar, moved_to
 from .transfer import add_restore_options, restore_options
-
-MIB = 2**20
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -93,24 +93,27 @@ def run_checkpoint(options: argparse.Namespace) -> int:
     started = time.monotonic()
     with _open(options) as store:
         stored = podman.checkpoint_into(store, options.container, options.name, flags, threads=options.threads,
-                                        progress=_bar)
-    print(f"stored {options.container} as {stored.name} in {time.monotonic() - started:.1f} s: "
-          f"{stored.logical_bytes / MIB:.0f} MiB of checkpoint, {stored.new_bytes / MIB:.0f} MiB of it new "
-          f"({stored.new_stored_bytes / MIB:.0f} MiB written)")
+                                        progress=_bar)  # a failed one removes the chunks it wrote (store/podman.py)
+    print(f"stored {container_label(stored.container, stored.container_id)} as {stored.name} in "
+          f"{time.monotonic() - started:.1f} s: {size_text(stored.logical_bytes)} of checkpoint, "
+          f"{size_text(stored.new_bytes)} of it new ({size_text(stored.new_stored_bytes)} written)")
     return 0
 
 
 def run_show(options: argparse.Namespace) -> int:
     with _open(options) as store:
         if options.verb == "list":
-            stored = checkpoints(store)
+            listed = StoreList(store=store.root, checkpoints=[
+                StoredRow(short_id=short_id(checkpoint.container_id),
+                          **checkpoint.model_dump(include=set(StoredRow.model_fields) - {"short_id"}))
+                for checkpoint in checkpoints(store)])
             if options.json:
-                print(json.dumps([checkpoint.model_dump(exclude={"entries"}) for checkpoint in stored], indent=2))
+                listed.print_json()
                 return 0
-            print(f"{'NAME':40} {'CONTAINER':24} {'CREATED':20} {'SIZE':>10}")
-            for checkpoint in stored:
-                print(f"{checkpoint.name:40} {checkpoint.container:24} {checkpoint.created:20} "
-                      f"{checkpoint.logical_bytes / MIB:>6.0f} MiB")
+            print(f"{'NAME':40} {'CONTAINER':24} {'ID':12} {'CREATED':20} {'SIZE':>10}")
+            for row in listed.checkpoints:
+                print(f"{row.name:40} {row.container:24} {row.short_id:12} {row.created:20} "
+                      f"{size_text(row.logical_bytes):>10}")
             return 0
         shown = usage(store)
     if options.json:
@@ -119,9 +122,9 @@ def run_show(options: argparse.Namespace) -> int:
     print(f"{'NAME':40} {'CONTAINER':20} {'LOGICAL':>10} {'NEW':>10} {'SHARED':>10} {'ONLY ITS':>10}")
     for used in shown.checkpoints:
         sizes = (used.logical_bytes, used.new_bytes, used.shared_bytes, used.unique_bytes)
-        print(f"{used.name:40} {used.container:20} " + " ".join(f"{size / MIB:>6.0f} MiB" for size in sizes))
-    print(f"{len(shown.checkpoints)} checkpoints, {shown.logical_bytes / MIB:.0f} MiB in all, kept as "
-          f"{shown.chunks} chunks: {shown.chunk_bytes / MIB:.0f} MiB, {shown.stored_bytes / MIB:.0f} MiB on disk")
+        print(f"{used.name:40} {used.container:20} " + " ".join(f"{size_text(size):>10}" for size in sizes))
+    print(f"{counted(len(shown.checkpoints), 'checkpoint')}, {size_text(shown.logical_bytes)} in all, kept as "
+          f"{counted(shown.chunks, 'chunk')}: {size_text(shown.chunk_bytes)}, {size_text(shown.stored_bytes)} on disk")
     return 0
 
 
@@ -133,8 +136,9 @@ def run_restore(options: argparse.Namespace) -> int:
         restored = podman.restore_from(store, options.checkpoint, chosen, trust_config=options.trust_config,
                                        threads=options.threads, progress=_bar, standby=options.standby)
     state = " in standby (gpuckpt resume)" if options.standby else ""
-    print(f"restored {restored.container}{state} as {restored.podman_line[:12]} from checkpoint "
-          f"{options.checkpoint} in {time.monotonic() - started:.1f} s ({', '.join(restored.phases)})")
+    # --name's container, where given: the checkpoint's own name is the container it was made of
+    print(f"restored {container_label(options.container_name or restored.container, restored.podman_line)}{state} "
+          f"from checkpoint {options.checkpoint} in {time.monotonic() - started:.1f} s ({', '.join(restored.phases)})")
     return 0
 
 
@@ -143,7 +147,7 @@ def run_export(options: argparse.Namespace) -> int:
     started = time.monotonic()
     with _open(options) as store:
         where, signed, size = podman.export_from(store, options.checkpoint, options.output, options.threads, _bar)
-    print(f"exported checkpoint {options.checkpoint} to {where}: {size / MIB:.0f} MiB of checkpoint, "
+    print(f"exported checkpoint {options.checkpoint} to {where}: {size_text(size)} of checkpoint, "
           f"{time.monotonic() - started:.1f} s, signed ({signed})")
     return 0
 
@@ -159,16 +163,16 @@ def run_verify(options: argparse.Namespace) -> int:
         broken = sorted({name for names in verified.referenced_by.values() for name in names})
         raise ImageError(f"{len(verified.bad)} of {verified.chunks} chunks are missing or corrupt: "
                          f"{', '.join(broken[:5])}{' and others' if len(broken) > 5 else ''} cannot be restored")
-    print(f"verified {verified.checkpoints} checkpoints: {verified.chunks} chunks, "
-          f"{verified.chunk_bytes / MIB:.0f} MiB, all intact"
-          + (f"; {verified.unreferenced} chunks no checkpoint names (gpuckpt store prune collects them)"
+    print(f"verified {counted(verified.checkpoints, 'checkpoint')}: {counted(verified.chunks, 'chunk')}, "
+          f"{size_text(verified.chunk_bytes)}, all intact"
+          + (f"; {counted(verified.unreferenced, 'chunk')} no checkpoint names (gpuckpt store prune collects them)"
              if verified.unreferenced else ""))
     return 0
 
 
 def _collected(removed: list[str], collected: Collected) -> None:
-    print(f"removed {', '.join(removed) if removed else 'no checkpoint'}; collected {collected.chunks} chunks "
-          f"({collected.bytes / MIB:.0f} MiB on disk)"
+    print(f"removed {', '.join(removed) if removed else 'no checkpoint'}; collected "
+          f"{counted(collected.chunks, 'chunk')} ({size_text(collected.bytes)} on disk)"
           + (f", kept {collected.kept_recent} written since the collection began" if collected.kept_recent else ""))
 
 

@@ -40,6 +40,9 @@ def run_suspend(options: argparse.Namespace) -> int:
     if read_suspension(container.container_id):
         raise UsageError(f"container {options.container} is already suspended (gpuckpt resume {options.container})")
     gpus, cuda = NodeGpus(), load_config().cuda
+    if not gpus.find_cuda_pids(gpus.descendants(container.init_pid)):  # before the driver: a CPU node has none
+        raise UsageError(f"container {options.container} has no CUDA process: nothing to suspend (suspend frees "
+                         "the GPU memory of a container's CUDA processes)")
     record = suspend(gpus.load_driver(), container.container_id, container.engine, container.init_pid,
                      cuda.lock_timeout_ms, gpus=gpus, hugepages=cuda.wants_hugepages)
     write_suspension(record)

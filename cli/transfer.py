@@ -23,12 +23,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..errors import ImageError, UsageError
+from ..errors import ImageError, NotFoundError, UsageError
 from ..host.direct_read import file_kind
 from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
 from ..host.programs import find_program
 from ..node.config import ImportConfig, load_config
+from ..node.container_record import container_label, short_id
 from ..node.engines import PODMAN_CONF, RUNTIME_NAME, own_hook_paths, podman_registration
 from ..node.paths import config_path
 from ..node.put_back import put_back, raise_with_outcome
@@ -59,6 +60,7 @@ from ..trust.provenance import (
     verify_archive_signature,
     verify_image_signature,
 )
+from .output import ExportResult, ImportResult, size_text
 from .progress import byte_bar, moved_to, watched
 from .signals import termination_deferred
 
@@ -77,6 +79,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     export.add_argument("--leave-running", action="store_true", help="keep the container running")
     export.add_argument("--tcp-established", action="store_true", help="checkpoint established TCP connections")
     export.add_argument("--threads", type=int, default=0, help="compression threads (default: one per CPU)")
+    export.add_argument("--json", action="store_true", help="the result as JSON (docs/cli-output.md)")
     export.set_defaults(handler=run_export)
     restore = commands.add_parser("import", help="restore a podman container from an archive (ours or podman's)")
     restore.add_argument("archive", help="an archive written by gpuckpt export or podman checkpoint --export, or "
@@ -86,6 +89,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          help="restore even if the archive's container config has OCI hooks, privilege, added "
                               "capabilities, host bind mounts or a runtime path (podman's own --import trusts them)")
     restore.add_argument("--signature", metavar="FILE", help="the archive's signature (default: ARCHIVE.sig)")
+    restore.add_argument("--json", action="store_true", help="the result as JSON (docs/cli-output.md)")
     restore.set_defaults(handler=run_import, standby=False)  # gpuckpt restore --standby sets it
 
 
@@ -176,15 +180,20 @@ def run_export(options: argparse.Namespace) -> int:
             podman_run.wait(check=True)
             if fd is None:
                 raise UsageError(f"podman finished without writing the archive of {options.container}")
-            writer.finish(described(where, kept, copied.names, copied.files, copied.bytes))
+            archive = described(where, kept, copied.names, copied.files, copied.bytes)
+            writer.finish(archive)
             signed = signing.finish(writer)
         except BaseException as failure:  # noqa: BLE001 -- every failure, Ctrl-C too, puts it back; re-raised
             writer.discard()
             outcome = put_back(podman, options.container, podman_run, fifo, tcp_established=options.tcp_established)
             raise_with_outcome("export", failure, "no archive written" + (f"; {outcome}" if outcome else ""), where,
                                podman_run=podman_run, podman_waited=podman_waited)
-    print(f"exported {options.container} to {where}: {copied.bytes / 2**20:.0f} MiB of checkpoint, "
-          f"{time.monotonic() - started:.1f} s, signed by key {signing.signer.key_id} ({signed})")
+    result = ExportResult(container=archive.config.name, container_id=archive.config.id,
+                          short_id=short_id(archive.config.id), output=where, checkpoint_bytes=copied.bytes,
+                          seconds=round(time.monotonic() - started, 3), key_id=signing.signer.key_id, signature=signed)
+    result.emit(options.json, f"exported {container_label(result.container, result.container_id)} to {where}: "
+                              f"{size_text(result.checkpoint_bytes)} of checkpoint, {result.seconds:.1f} s, signed by "
+                              f"key {result.key_id} ({signed})")
     return 0
 
 
@@ -197,11 +206,14 @@ def exported(stream: ByteSource, writer: CheckpointImageWriter | ArchiveWriter, 
                             progress=lambda done: moved_to(bar, done), kept=kept, observe=observe)
 
 
-def _require_archive_file(path: str) -> None:
+def require_archive_file(path: str) -> None:
     """The archive named is a regular file (a link to one is fine), before its signature is looked for: a
-    directory or FIFO gave a bare "Is a directory" or "Illegal seek", and a FIFO nobody writes hung."""
+    directory or FIFO gave a bare "Is a directory" or "Illegal seek", and a FIFO nobody writes hung; a
+    missing one gave "no signature"."""
     try:
         mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise NotFoundError(f"{path}: no such file") from None
     except OSError as error:
         raise ImageError(f"{path}: cannot read: {error.strerror}") from None
     if not stat.S_ISREG(mode):
@@ -269,10 +281,16 @@ def run_import(options: argparse.Namespace) -> int:
                            timeout_s=3600)
     finally:
         staging.remove()
-    restored = finished.stdout.strip().splitlines()[-1:] or [checked.config.name]
+    restored_id = (finished.stdout.strip().splitlines()[-1:] or [""])[0]  # podman's last line: the new ID
+    result = ImportResult(archive=options.archive, container=options.name or checked.config.name,
+                          container_id=restored_id, short_id=short_id(restored_id),
+                          checkpointed_container=checked.config.name, seconds=round(time.monotonic() - started, 3),
+                          provenance=vouched, phases=phases)
+    # the name it has now (--name's, where given), as podman ps shows it
     state = " in standby (gpuckpt resume)" if options.standby else ""
-    print(f"restored {checked.config.name}{state} as {restored[0][:12]} from {options.archive} in "
-          f"{time.monotonic() - started:.1f} s ({', '.join(phases)})")
+    result.emit(options.json, f"restored {container_label(result.container, restored_id)}{state} from "
+                              f"{options.archive} in "
+                              f"{result.seconds:.1f} s ({', '.join(phases)})")
     return 0
 
 
@@ -294,7 +312,7 @@ def _verified_source(target: str, signature: str | None) -> tuple[str, Verificat
         signed = verify_image_signature(layout.manifest, trust, target)
         by = f"signed by {signed[1]}" if signed else "unsigned, the trust policy allows restore:any"
         return layout.layer_path, LayerVerification(layout.layer.digest, target), by
-    _require_archive_file(target)
+    require_archive_file(target)
     verification = verify_archive_signature(target, trust, signature)
     by = (f"signed by {verification.signer_name}" if isinstance(verification, ArchiveVerification)
           else "unsigned, allowed by the trust policy")

@@ -41,6 +41,8 @@ from ..trust.keys import (
 )
 from ..trust.provenance import ArchiveVerification, verify_archive_signature, verify_image_signature
 from ..trust.signature import key_id_of, parse_public_key, public_key_line
+from .output import TrustedKey, TrustList, TrustVerification, UnsignedException
+from .transfer import require_archive_file
 
 
 class Verb(NamedTuple):
@@ -153,38 +155,63 @@ def run_export_key(options: argparse.Namespace) -> int:
 
 def run_list(options: argparse.Namespace) -> int:
     signer, policy = load_node_key(), load_policy()
-    print(f"{THIS_NODE}: {signer.key_id + ' (' + node_key_path() + ')' if signer else 'no node key (gpuckpt install)'}")
-    for entry in policy.key:
-        print(f"{entry.name}: {key_id_of(parse_public_key(entry.public_key, entry.name))} (added {entry.added or '?'})")
-    for rule in policy.allow_unsigned:
+    keys = [TrustedKey(name=entry.name, key_id=key_id_of(parse_public_key(entry.public_key, entry.name)),
+                       added=entry.added) for entry in policy.key]
+    listed = TrustList(node_key_id=signer.key_id if signer else None, node_key_path=node_key_path(), keys=keys,
+                       unsigned_allowed=[UnsignedException(source=rule.source, note=rule.note)
+                                         for rule in policy.allow_unsigned],
+                       policy_path=policy_path())
+    if options.json:
+        listed.print_json()
+        return 0
+    node_key = (f"{listed.node_key_id} ({listed.node_key_path})" if listed.node_key_id
+                else "no node key (gpuckpt install)")
+    print(f"{THIS_NODE}: {node_key}")
+    for key in listed.keys:
+        print(f"{key.name}: {key.key_id} (added {key.added or '?'})")
+    for rule in listed.unsigned_allowed:
         print(f"UNSIGNED accepted from {rule.source}{' (' + rule.note + ')' if rule.note else ''}")
-    print(f"policy: {policy_path()}")
+    print(f"policy: {listed.policy_path}")
     return 0
 
 
 def run_verify(options: argparse.Namespace) -> int:
+    image = parse_target(options.target)
+    if image is None:
+        require_archive_file(options.target)  # a missing archive said "no signature"
     trust = load_trust()
-    if (image := parse_target(options.target)) is not None:
+    if image is not None:
         layout = read_layout(*image)
         signed = verify_image_signature(layout.manifest, trust, options.target)
         verify_layer(layout)
-        print(f"{options.target}: unsigned, allowed by the trust policy" if signed is None else
-              f"{options.target}: signed by {signed[1]} (key {signed[0].key_id}, {signed[0].created}); "
-              f"layer {layout.layer.digest} verified")
-        return 0
-
-    verification = verify_archive_signature(options.target, trust, options.signature)
-    with open_archive(options.target) as raw:
-        copy_checked(decompressed(verification.reader(raw)), None, options.target, observe=verification.observe)
-        verification.finish()
-    if isinstance(verification, ArchiveVerification):
-        print(f"{options.target}: signed by {verification.signer_name} (key {verification.content.key_id}, "
-              f"{verification.content.created}); {len(verification.content.entries)} entries and the archive verified")
+        verified = TrustVerification(target=options.target, signed=signed is not None, layer_digest=layout.layer.digest)
+        if signed is not None:
+            verified = verified.model_copy(update={"signer": signed[1], "key_id": signed[0].key_id,
+                                                   "signed_at": signed[0].created})
     else:
+        verification = verify_archive_signature(options.target, trust, options.signature)
+        with open_archive(options.target) as raw:
+            copy_checked(decompressed(verification.reader(raw)), None, options.target, observe=verification.observe)
+            verification.finish()
+        verified = TrustVerification(target=options.target, signed=False)
+        if isinstance(verification, ArchiveVerification):
+            verified = verified.model_copy(update={
+                "signed": True, "signer": verification.signer_name, "key_id": verification.content.key_id,
+                "signed_at": verification.content.created, "entries": len(verification.content.entries)})
+    if options.json:
+        verified.print_json()
+    elif not verified.signed:
         print(f"{options.target}: unsigned, allowed by the trust policy")
+    elif verified.layer_digest:
+        print(f"{options.target}: signed by {verified.signer} (key {verified.key_id}, {verified.signed_at}); "
+              f"layer {verified.layer_digest} verified")
+    else:
+        print(f"{options.target}: signed by {verified.signer} (key {verified.key_id}, {verified.signed_at}); "
+              f"{verified.entries} entries and the archive verified")
     return 0
 
 
+JSON = ("--json", {"action": "store_true", "help": "as JSON (docs/cli-output.md)"})
 # The verbs in --help's order (here, below the handlers they name).
 VERBS = (
     Verb("init", "make this node's signing key if it has none (gpuckpt install does)", run_init),
@@ -192,7 +219,7 @@ VERBS = (
         ("name", {"help": "a name for that node (letters, digits, '.', '_', '-')"}),
         ("key_file", {"metavar": "PUBKEYFILE|-", "help": "what `gpuckpt trust export-key` printed there"}))),
     Verb("remove", "stop trusting a key", run_remove, (("name", {}),)),
-    Verb("list", "this node's key, the trusted keys, the unsigned exceptions", run_list),
+    Verb("list", "this node's key, the trusted keys, the unsigned exceptions", run_list, (JSON,)),
     Verb("export-key", "print this node's public key (for the other node's trust add)", run_export_key),
     Verb("allow-unsigned", "accept unsigned checkpoints from a source (logged)", run_allow_unsigned, (
         ("source", {"help": "archive:/PATH (that archive, or every one under that directory) or restore:any"}),
@@ -200,5 +227,5 @@ VERBS = (
     Verb("disallow-unsigned", "remove an unsigned exception", run_disallow_unsigned, (("source", {}),)),
     Verb("verify", "check an archive's or checkpoint image's signature", run_verify, (
         ("target", {"help": "ARCHIVE (its ARCHIVE.sig beside it) or oci:DIR[:TAG]"}),
-        ("--signature", {"metavar": "FILE", "help": "the archive's signature (default: ARCHIVE.sig)"}))),
+        ("--signature", {"metavar": "FILE", "help": "the archive's signature (default: ARCHIVE.sig)"}), JSON)),
 )

@@ -132,7 +132,7 @@ def with_diff_entries(diff: bytes, entries: list[tuple[str, str, str]]) -> bytes
 def imported(archive: Path | str, name: str) -> str:
     """`gpuckpt import` expected to refuse: its one line; no container and nothing staged left."""
     result = sh(GPUCKPT, "import", str(archive), "--name", name, check=False)
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 3, result.stdout + result.stderr
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1, line
     assert containers_named(name) == ""
@@ -461,7 +461,7 @@ def test_volumes_and_dev_shm_come_back_applied_by_the_shim(exported_with_volume)
         # the volume's name is this node's now: a second import naming it is refused before podman runs
         sh("podman", "rm", "-f", "-t", "0", name)
         refused = sh(GPUCKPT, "import", "--trust-config", str(archive), check=False)
-        assert refused.returncode == 1 and containers_named(name) == "" and staging_leftovers() == []
+        assert refused.returncode == 3 and containers_named(name) == "" and staging_leftovers() == []
         assert f"names the volume {volume}, which this node already has: refused" in refused.stderr, refused.stderr
     finally:
         sh("podman", "rm", "-f", "-t", "0", name, check=False)

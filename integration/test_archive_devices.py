@@ -51,7 +51,7 @@ def test_a_device_named_like_nvidia_is_refused_by_its_numbers(runc_delegate, tmp
         assert all(device["path"].startswith("/dev/nvidia") for device in spec["linux"]["devices"])
 
         refused = sh(GPUCKPT, "import", str(edited), check=False)
-        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert refused.returncode == 3, refused.stdout + refused.stderr
         line = refused.stderr.strip()
         assert len(line.splitlines()) == 1, line
         assert "host devices in spec.dump (/dev/nvidia-rt (c 1:11), cgroup rule allow c 1:11 rwm; allowed: this " \

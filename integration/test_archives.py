@@ -133,7 +133,7 @@ def test_hostile_archive_is_refused_before_podman_sees_it(tmp_path, unsigned_all
     archive = tmp_path / "hostile.tar.zst"
     hostile_archive(archive, evil_entry(kind))
     result = sh(GPUCKPT, "import", str(archive), check=False)
-    assert result.returncode == 1
+    assert result.returncode == 3
     message = result.stderr.strip()
     assert len(message.splitlines()) == 1 and str(archive) in message, message
     assert evil_entry(kind).name.lstrip("/") in message or evil_entry(kind).name in message, message
@@ -148,11 +148,11 @@ def test_corrupt_config_and_truncated_stream_are_refused(tmp_path, unsigned_allo
     info.size = 6
     hostile_archive(bad_config, info, good_config=False)
     result = sh(GPUCKPT, "import", str(bad_config), check=False)
-    assert result.returncode == 1 and "config.dump" in result.stderr, result.stderr
+    assert result.returncode == 3 and "config.dump" in result.stderr, result.stderr
     truncated = tmp_path / "truncated.tar.zst"
     truncated.write_bytes(bad_config.read_bytes()[:-40])
     result = sh(GPUCKPT, "import", str(truncated), check=False)
-    assert result.returncode == 1 and "truncated or corrupt" in result.stderr, result.stderr
+    assert result.returncode == 3 and "truncated or corrupt" in result.stderr, result.stderr
 
 
 def test_a_host_bind_mount_needs_trust_config(runc_delegate, tmp_path) -> None:
@@ -166,7 +166,7 @@ def test_a_host_bind_mount_needs_trust_config(runc_delegate, tmp_path) -> None:
         sh(GPUCKPT, "export", name, "-o", str(archive))
         sh("podman", "rm", "-f", name)
         refused = sh(GPUCKPT, "import", str(archive), check=False)
-        assert refused.returncode == 1 and f"host bind mounts in spec.dump ({host_dir})" in refused.stderr
+        assert refused.returncode == 3 and f"host bind mounts in spec.dump ({host_dir})" in refused.stderr
         assert "--trust-config" in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
         assert not podman_made(name) and staging_leftovers() == []
         sh(GPUCKPT, "import", "--trust-config", str(archive))
@@ -248,7 +248,7 @@ def test_a_small_archive_of_zero_pages_stages_nothing(tmp_path, unsigned_allowed
     with StagingWatch() as watch:
         result = sh(GPUCKPT, "import", str(archive), check=False)
     message = result.stderr.strip()
-    assert result.returncode == 1 and len(message.splitlines()) == 1 and f" {archive}: " in message, message
+    assert result.returncode == 3 and len(message.splitlines()) == 1 and f" {archive}: " in message, message
     if pages_first:
         assert "checkpoint/inventory.img comes before config.dump and spec.dump: refused" in message
         assert watch.most_bytes == 0 and not watch.names  # no staging directory was ever made
@@ -277,7 +277,7 @@ def test_an_import_past_the_staging_cap_is_refused_and_leaves_nothing(runc_deleg
         with StagingWatch() as watch:
             refused = sh(GPUCKPT, "import", str(archive), check=False, env=dict(os.environ, GPUCKPT_CONFIG=str(capped)))
         message = refused.stderr.strip()
-        assert refused.returncode == 1 and len(message.splitlines()) == 1, message
+        assert refused.returncode == 3 and len(message.splitlines()) == 1, message
         assert f"{archive}: checkpoint/pages-1.img needs " in message, message
         assert "MiB of staging, more than this import may still stage" in message, message
         assert "import.max_staged_bytes 8 MiB" in message, message

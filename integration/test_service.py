@@ -119,6 +119,8 @@ def test_drain_then_restore_when_the_service_starts_again(service, counters, tmp
     events = [json.loads(line) for line in drained.stdout.splitlines()]
     done = {event["id"] for event in events if event["event"] == "container" and event["state"] == "done"}
     assert set(ids) <= done, drained.stdout
+    named = {event["id"]: event["name"] for event in events if event["event"] == "container"}
+    assert all(named[cid] == name for cid, name in ids.items()), named  # the engine's name, as podman ps
     assert events[-1]["event"] == "result" and events[-1]["ok"], events[-1]
     for name in counters:
         assert sh("podman", "inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "false"
@@ -135,6 +137,7 @@ def test_drain_then_restore_when_the_service_starts_again(service, counters, tmp
     assert not list((tmp_path / "archive").glob("*.json")), "the records of restored containers are removed"
     log = (tmp_path / "gpuckptd.log").read_text()
     assert "CONTAINER_ID=" in log and "PHASE=checkpoint" in log and "PHASE=restore" in log and "BYTES=" in log
+    assert all(f"checkpoint of podman container {name} ({cid[:12]}) started" in log for cid, name in ids.items())
 
 
 def test_drain_under_a_deadline_reports_what_it_could_not_start(service, counters, tmp_path) -> None:

@@ -65,7 +65,7 @@ def test_checkpointed_twice_restored_from_the_store_state_goes_on(counter, store
     # the workload's 16 MiB buffer and the interpreter are unchanged between the two
     assert rows["second"]["new_bytes"] < 0.5 * rows["first"]["new_bytes"]
     assert rows["second"]["shared_bytes"] > 0.5 * rows["second"]["logical_bytes"]
-    listed = json.loads(store(store_dir, "list", "--json").stdout)
+    listed = json.loads(store(store_dir, "list", "--json").stdout)["checkpoints"]
     assert [row["name"] for row in listed] == ["first", "second"] and listed[0]["container"] == name
     sh("podman", "rm", "-f", name)
     leftovers = staging_leftovers()  # others' imports may be running on this machine
@@ -101,14 +101,36 @@ def test_a_corrupted_chunk_refuses_the_restore_naming_it(counter, store_dir) -> 
     chunk.write_bytes(bytes(data))
     before = staging_leftovers()
     result = store(store_dir, "restore", "only", check=False)
-    assert result.returncode == 1
+    assert result.returncode == 3
     message = result.stderr.strip()
     assert len(message.splitlines()) == 1 and digest in message and pages["name"] in message, message
     assert not podman_has(name)  # podman never ran
     assert staging_leftovers() <= before
     verified = store(store_dir, "verify", check=False)
-    assert verified.returncode == 1 and digest in verified.stdout and "only cannot be restored" in verified.stderr
+    assert verified.returncode == 3 and digest in verified.stdout and "only cannot be restored" in verified.stderr
     chunk.unlink()  # missing now: named before any chunk is read
     missing = store(store_dir, "restore", "only", check=False)
-    assert missing.returncode == 1 and digest in missing.stderr and "missing" in missing.stderr
+    assert missing.returncode == 3 and digest in missing.stderr and "missing" in missing.stderr
     assert not podman_has(name)
+
+
+@pytest.fixture
+def full_store(tmp_path):
+    """A store on a 4 MiB tmpfs: the counter's 16 MiB of random pages cannot fit."""
+    mount = tmp_path / "ops-full"
+    mount.mkdir()
+    sh("mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "ops-full-store", str(mount))
+    yield mount / "store"
+    sh("umount", str(mount), check=False)
+
+
+def test_checkpoint_onto_a_full_disk_names_the_store_and_removes_its_chunks(counter, full_store) -> None:
+    """It said "truncated or corrupt archive: [Errno 28] ..." and left its chunks until a prune (issue 33)."""
+    wait_counter(read_state(counter), minimum=3)
+    result = store(full_store, "checkpoint", "--leave-running", counter, check=False)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"gpuckpt store: {full_store}: No space left on device: cannot write a chunk"), lines
+    left = [os.path.join(d, f) for d, _, files in os.walk(full_store / "chunks") for f in files]
+    assert left == [] and os.listdir(full_store / "checkpoints") == []
+    assert sh("podman", "inspect", "--format", "{{.State.Running}}", counter).stdout.strip() == "true"

@@ -194,7 +194,8 @@ def test_a_drain_puts_each_containers_fields_in_the_journal(machine: Machine) ->
     assert container in drained[-1]["done"]
     assert not machine.running(container)
     entries = machine.service_log(cursor)
-    assert by_message(entries, "checkpoint started", container)
+    [started] = by_message(entries, "checkpoint of podman container ", container)
+    assert started["MESSAGE"].endswith(f" ({container[:12]}) started"), started  # its name and short ID, as podman ps
     [done] = by_message(entries, "checkpointed", container)
     assert (done["ENGINE"], done["PHASE"], done["_SYSTEMD_UNIT"]) == ("podman", "checkpoint", UNIT)
     assert int(done["BYTES"]) > 16 << 20 and float(done["SECONDS"]) > 0  # the counter's 16 MiB buffer, at least

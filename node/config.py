@@ -247,21 +247,42 @@ def _field(section: type[BaseModel], key: str) -> FieldInfo:
     return next(field for name, field in section.model_fields.items() if (field.alias or name) == key)
 
 
-def _describe(error: ErrorDetails, model: type[BaseModel]) -> str:
-    key = ".".join(str(part) for part in error["loc"])
+def _describe(errors: list[ErrorDetails], model: type[BaseModel]) -> str:
+    """The first problem as one line: the key, the value given and what is allowed. A key of several
+    types (`"auto"` or a number) fails once per type, each under a location pydantic adds below the key
+    (`literal['auto']`): those are one problem, and their messages together say what is allowed."""
+    error = errors[0]
+    key_parts: list[str] = []
+    walked: object = model  # a section, or at the end the key's own type
+    for part in error["loc"]:
+        if not (isinstance(walked, type) and issubclass(walked, BaseModel)) or not any(
+                (field.alias or name) == str(part) for name, field in walked.model_fields.items()):
+            break
+        key_parts.append(str(part))
+        walked = _field(walked, str(part)).annotation
     if error["type"] == "extra_forbidden":
+        key = ".".join(str(part) for part in error["loc"])
         section: type[BaseModel] = model
         for part in error["loc"][:-1]:
             # every key above the unknown one is a table: a section's field whose type is a section
             section = cast(type[BaseModel], _field(section, str(part)).annotation)
         allowed = ", ".join(field.alias or name for name, field in section.model_fields.items())
         return f"unknown key {key!r} (allowed: {allowed})"
-    message = error["msg"].removeprefix("Value error, ")
-    return f"key {key!r}: {message}"
+    key = ".".join(key_parts) or ".".join(str(part) for part in error["loc"])
+    same_key = [each for each in errors if tuple(each["loc"][:len(key_parts)]) == tuple(error["loc"][:len(key_parts)])]
+    messages = list(dict.fromkeys(each["msg"].removeprefix("Value error, ").split(", unable to")[0]
+                                  for each in same_key))
+    if all(message.startswith("Input should be ") for message in messages):
+        messages = [" or ".join(message.removeprefix("Input should be ") for message in messages)
+                    .replace("greater than or equal to ", "a number >= ")]
+        messages[0] = f"should be {messages[0]}"
+    return f"{key} = {error['input']!r}: {'; '.join(messages)}"
 
 
-def validated_toml(text: str, source: str, model: type[ModelT], describe: Callable[[ErrorDetails], str]) -> ModelT:
-    """TOML text as `model`; a ConfigError naming `source` and, through `describe`, the first problem."""
+def validated_toml(text: str, source: str, model: type[ModelT],
+                   describe: Callable[[list[ErrorDetails]], str]) -> ModelT:
+    """TOML text as `model`; a ConfigError naming `source` and, through `describe` (given every problem,
+    the first first), the first problem."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
@@ -269,12 +290,12 @@ def validated_toml(text: str, source: str, model: type[ModelT], describe: Callab
     try:
         return model.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(f"{source}: {describe(error.errors()[0])}") from None
+        raise ConfigError(f"{source}: {describe(error.errors())}") from None
 
 
 def parse_config(text: str, source: str) -> Config:
     """Validate TOML text; `source` names the file in errors."""
-    return validated_toml(text, source, Config, lambda error: _describe(error, Config))
+    return validated_toml(text, source, Config, lambda errors: _describe(errors, Config))
 
 
 def load_config(path: str | None = None) -> Config:

@@ -16,6 +16,21 @@ from ..errors import ImageError
 from ..oci.problems import first_problem
 
 RECORD_VERSION = 1
+SHORT_ID_LENGTH = 12  # podman ps, docker ps: what every view and log line shows of an ID
+
+
+def short_id(container_id: str) -> str:
+    return container_id[:SHORT_ID_LENGTH]
+
+
+def container_label(name: str | None, container_id: str) -> str:
+    """A container as `podman ps` shows it: its name and short ID ("web (3f2a9c1b0d4e)"); the short ID
+    alone where it has no name, or the name alone where the ID is not known."""
+    if not container_id:
+        return name or "?"
+    return f"{name} ({short_id(container_id)})" if name and name != container_id else short_id(container_id)
+
+
 # Which engine made the container, so the service acts through that engine and no other.
 Engine = Literal["podman", "docker", "containerd", "cri-o", "runc"]
 

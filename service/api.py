@@ -35,6 +35,7 @@ class ContainerEvent(_Message):
 
     event: Literal["container"] = "container"
     id: str
+    name: str = ""  # the engine's name for it, where it answered (a gpuckptd before issue 33 sends none)
     engine: str
     phase: Literal["checkpoint", "restore"]
     state: Literal["started", "done", "failed", "skipped"]

@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypedDict, TypeVar
+from typing import Literal, TypedDict, TypeVar
 
 from ..errors import GpuckptError
 from ..host.procfs import descendants, resident_bytes
 from ..host.safefiles import open_directory, private_directory, require_private, write_private_at
 from ..node.config import ServiceConfig
-from ..node.container_record import ContainerRecord, parse_record
+from ..node.container_record import ContainerRecord, container_label, parse_record
 from ..node.inventory import read_records, remove_record
 from ..oci.timestamps import utc_now
 from . import through_engine
@@ -53,6 +53,17 @@ class Facts(TypedDict):
 
 def facts(container: ContainerRecord | DrainedContainer, phase: str) -> Facts:
     return {"CONTAINER_ID": container.id, "ENGINE": container.engine, "PHASE": phase}
+
+
+def _named(container: ContainerRecord | DrainedContainer, phase: Literal["checkpoint", "restore"]) -> ContainerEvent:
+    """The container's first event, with the engine's name for it; the lines logged of it name it as
+    `podman ps` does (`label`)."""
+    return ContainerEvent(id=container.id, name=through_engine.name(container.engine, container.id) or "",
+                          engine=container.engine, phase=phase, state="started")
+
+
+def label(event: ContainerEvent) -> str:
+    return f"{event.engine} container {container_label(event.name, event.id)}"
 
 
 def recorded() -> list[ContainerRecord]:
@@ -152,7 +163,7 @@ class Operations:
         def one(candidate: Candidate) -> None:
             nonlocal finished, written
             record = candidate.record
-            report = ContainerEvent(id=record.id, engine=record.engine, phase="checkpoint", state="started")
+            report = _named(record, "checkpoint")
             if deadline_s is not None and time.monotonic() - started > deadline_s:
                 outcomes[record.id] = "skipped"
                 emit(report.model_copy(update={"state": "skipped", "message": f"the {deadline_s:g} s deadline passed"}))
@@ -171,13 +182,13 @@ class Operations:
                                                if gone else "not running"}))
                 return
             emit(report)
-            log("checkpoint started", **facts(record, "checkpoint"))
+            log(f"checkpoint of {label(report)} started", **facts(record, "checkpoint"))
             began = time.monotonic()
             try:
                 engine, where, size = through_engine.checkpoint(record, self.config.archive_dir)
             except GpuckptError as error:
                 outcomes[record.id] = "failed"
-                log(f"checkpoint failed: {error}", **facts(record, "checkpoint"))
+                log(f"checkpoint of {label(report)} failed: {error}", **facts(record, "checkpoint"))
                 emit(report.model_copy(update={"state": "failed", "message": str(error)}))
                 return
             seconds = round(time.monotonic() - began, 3)
@@ -189,7 +200,7 @@ class Operations:
             with counted:
                 finished, written = finished + 1, written + size
                 notify(_status("drain", finished, len(candidates), "checkpointed", written))
-            log("checkpointed", **facts(record, "checkpoint"), BYTES=size, SECONDS=seconds)
+            log(f"checkpointed {label(report)}", **facts(record, "checkpoint"), BYTES=size, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "message": where, "bytes": size, "seconds": seconds}))
 
         try:
@@ -214,14 +225,15 @@ class Operations:
 
         def one(record: DrainedContainer) -> None:
             nonlocal restored, restored_bytes
-            report = ContainerEvent(id=record.id, engine=record.engine, phase="restore", state="started")
+            report = _named(record, "restore")
             emit(report)
             began = time.monotonic()
             try:
                 through_engine.restore(record)
             except GpuckptError as error:
                 outcomes[record.id] = "failed"
-                log(f"restore failed, checkpoint kept at {record.checkpoint}: {error}", **facts(record, "restore"))
+                log(f"restore of {label(report)} failed, checkpoint kept at {record.checkpoint}: {error}",
+                    **facts(record, "restore"))
                 emit(report.model_copy(update={"state": "failed", "message": f"{error} (kept: {record.checkpoint})"}))
                 return
             seconds = round(time.monotonic() - began, 3)
@@ -232,7 +244,7 @@ class Operations:
                 restored, restored_bytes = restored + 1, restored_bytes + record.bytes
                 notify(_status("restore", restored, len(waiting), "restored", restored_bytes,
                                total_bytes=waiting_bytes))
-            log("restored", **facts(record, "restore"), BYTES=record.bytes, SECONDS=seconds)
+            log(f"restored {label(report)}", **facts(record, "restore"), BYTES=record.bytes, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "bytes": record.bytes, "seconds": seconds}))
 
         emit(Plan(phase="restore", containers=len(waiting), bytes=waiting_bytes))

@@ -54,6 +54,16 @@ def exists(engine: str, container_id: str) -> bool:
                        check=False).returncode == 0
 
 
+def name(engine: str, container_id: str) -> str | None:
+    """The engine's name for the container, for people's lines (None: the engine does not answer)."""
+    if engine not in DRAINED_ENGINES:
+        return None
+    found = process.run([engine, "inspect", "--format", "{{.Name}}", container_id], timeout_s=60, check=False)
+    if found.returncode != 0:
+        return None
+    return found.stdout.strip().lstrip("/") or None  # docker's name has a leading /
+
+
 def _tree_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)

@@ -29,7 +29,7 @@ from types import TracebackType
 
 import zstandard
 
-from ..errors import ImageError, UsageError
+from ..errors import ImageError, NotFoundError, UsageError
 from ..host.safefiles import make_directory_at, private_directory, read_regular
 from .chunking import DIGEST, MAX_CHUNK_BYTES, chunk_digest
 from .manifest import MAX_MANIFEST_BYTES, NAME, StoredCheckpoint, check_name, parse_stored
@@ -292,7 +292,7 @@ class Store:
         try:
             fd = os.open(relative, _READ_FLAGS, dir_fd=self.fd)
         except FileNotFoundError:
-            raise UsageError(f"no checkpoint {name!r} in {self.root} (gpuckpt store list shows them)") from None
+            raise NotFoundError(f"no checkpoint {name!r} in {self.root} (gpuckpt store list shows them)") from None
         except OSError as error:
             raise ImageError(f"{what}: cannot read: {error.strerror}") from None
         stored = parse_stored(read_regular(fd, MAX_MANIFEST_BYTES, what), what)

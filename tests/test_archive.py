@@ -130,12 +130,12 @@ def test_inspect_refuses_an_archive_that_is_not_podmans(tmp_path, capsys, node) 
     """The only archives written are podman's layout (podman, gpuckpt export): anything else is refused."""
     archive = tar_zst(tmp_path / "ckpt.tar.zst", lambda t: add_file(t, "gpuckpt-manifest.json", b'{"schema_version": '
                                                                                                 b'1}'))
-    assert main(["inspect", archive]) == 1
+    assert main(["inspect", archive]) == 3  # refused (cli/exit_codes.py)
     assert "not a podman checkpoint archive" in capsys.readouterr().err
 
 
 def test_inspect_refuses_an_unknown_manifest_version(tmp_path, capsys, node) -> None:
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / "gpuckpt-manifest.json").write_text('{"schema_version": 99}')
-    assert main(["inspect", str(tmp_path / "ckpt")]) == 1
+    assert main(["inspect", str(tmp_path / "ckpt")]) == 3
     assert "schema_version 99 is not supported" in capsys.readouterr().err

@@ -30,16 +30,19 @@ def test_valid_file(node) -> None:
 @pytest.mark.parametrize("text, expected", [
     ('delegat = "crun"\n', "unknown key 'delegat' (allowed: delegate, cuda, criu"),
     ('[cuda]\nlock_timeout = 5\n', "unknown key 'cuda.lock_timeout' (allowed: lock_timeout_ms"),
-    ('[cuda]\ndriver_version_policy = "any"\n', "key 'cuda.driver_version_policy': Input should be 'equal' or "
+    ('[cuda]\ndriver_version_policy = "any"\n', "cuda.driver_version_policy = 'any': should be 'equal' or "
                                                 "'same-major'"),
-    ('[cuda]\nlock_timeout_ms = 0\n', "key 'cuda.lock_timeout_ms'"),
+    ('[cuda]\nlock_timeout_ms = 0\n', "cuda.lock_timeout_ms = 0: should be a number >= 1"),
+    # a key of two types (issue 33): one line naming the key, the value and both types, no pydantic locations
+    ('[import]\nmax_staged_bytes = "lots"\n', "import.max_staged_bytes = 'lots': should be 'auto' or a valid integer"),
+    ('[import]\nmax_staged_bytes = -1\n', "import.max_staged_bytes = -1: should be 'auto' or a number >= 0"),
     ('delegate = "bin/runc"\n', "must be a program name looked up on PATH"),
     ('delegate = \n', "not valid TOML"),
-    ('[criu]\ncontainer_config_dirs = ["etc/criu"]\n', "key 'criu.container_config_dirs': 'etc/criu' is not an "
-                                                       "absolute"),
+    ('[criu]\ncontainer_config_dirs = ["etc/criu"]\n', "criu.container_config_dirs = ['etc/criu']: 'etc/criu' is "
+                                                       "not an absolute"),
     ('[criu]\ncontainer_config_dirs = ["/"]\n', "normalised directory other than /"),
-    ('[cuda]\nallow_unrestorable = "sometimes"\n', "key 'cuda.allow_unrestorable': Input should be False, True or "
-                                                   "'never'"),
+    ('[cuda]\nallow_unrestorable = "sometimes"\n', "cuda.allow_unrestorable = 'sometimes': should be False, "
+                                                   "True or 'never'"),
 ])
 def test_errors_name_file_key_and_allowed(node, text: str, expected: str) -> None:
     path = write_config(node, text)

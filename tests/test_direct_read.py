@@ -146,4 +146,4 @@ def test_a_fifo_or_directory_is_refused_at_once_in_one_line(tmp_path) -> None:
             open_archive(str(path))
         assert time.monotonic() - started < 5
         with pytest.raises(ImageError, match=rf"^{path}: not a regular file \({kind}\)"):
-            transfer._require_archive_file(str(path))
+            transfer.require_archive_file(str(path))

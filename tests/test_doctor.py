@@ -176,7 +176,7 @@ def test_listener_the_runtime_would_refuse_is_a_warning(helper_socket) -> None:
 
 def test_warning_is_printed_as_such_and_fails_nothing(systemd, monkeypatch, capsys) -> None:
     monkeypatch.setattr(doctor, "CHECKS", [doctor.check_resident_helper])
-    assert doctor.run(argparse.Namespace(containerd_config=doctor.CONTAINERD_CONFIG)) == 0
+    assert doctor.run(argparse.Namespace(containerd_config=doctor.CONTAINERD_CONFIG, json=False)) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("warn   the runtime's resident helper is not in use")
     assert lines[1] == "       fix: systemctl enable --now gpuckpt-runtimed.socket"

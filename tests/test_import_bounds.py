@@ -314,5 +314,5 @@ def test_import_limits_in_the_config() -> None:
                                                          max_entry_ratio=4096)
     with pytest.raises(ConfigError, match=r"unknown key 'import.max_ratio' \(allowed: max_staged_bytes, "):
         parse_config('[import]\nmax_ratio = 5\n', "c")
-    with pytest.raises(ConfigError, match="key 'import.max_entry_ratio'"):
+    with pytest.raises(ConfigError, match="import.max_entry_ratio = 0: should be a number >= 1"):
         parse_config('[import]\nmax_entry_ratio = 0\n', "c")

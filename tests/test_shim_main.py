@@ -95,7 +95,7 @@ def test_broken_config_names_the_file(node) -> None:
     path = write_config(node, "delegate = 3\n")
     result = run_shim(["state", "c"])
     assert result.returncode == 1
-    assert result.stderr.startswith(f"{path}: key 'delegate'")
+    assert result.stderr.startswith(f"{path}: delegate = 3: should be a valid string")
 
 
 def test_version_names_shim_and_delegate(node, recording_runtime) -> None:

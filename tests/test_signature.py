@@ -344,14 +344,14 @@ def test_trust_commands_edit_the_policy_and_export_key_round_trips(tmp_path, tru
     assert parse_public_key(exported, "-").public_bytes_raw() == signer.public.public_bytes_raw()
     (tmp_path / "a.pub").write_text(public_key_line(Signer.generate().public))
     assert main(["trust", "add", "node-a", str(tmp_path / "a.pub")]) == 0
-    assert main(["trust", "add", "node-b", str(tmp_path / "a.pub")]) == 1  # the same key twice
+    assert main(["trust", "add", "node-b", str(tmp_path / "a.pub")]) == 2  # the same key twice
     assert "already trusted as node-a" in capsys.readouterr().err
     assert main(["trust", "list"]) == 0
     listed = capsys.readouterr().out
     assert f"this-node: {signer.key_id}" in listed and "node-a:" in listed
     assert [entry.name for entry in load_policy().key] == ["node-a"]
     assert main(["trust", "remove", "node-a"]) == 0 and load_policy().key == []
-    assert main(["trust", "remove", "node-a"]) == 1
+    assert main(["trust", "remove", "node-a"]) == 2
 
 
 @pytest.mark.parametrize("text, message", [

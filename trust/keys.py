@@ -146,7 +146,7 @@ def _read_root_file(path: str, limit: int, private: bool) -> bytes | None:
 
 
 def parse_policy(text: str, source: str) -> TrustPolicy:
-    return validated_toml(text, source, TrustPolicy, _describe)
+    return validated_toml(text, source, TrustPolicy, lambda errors: _describe(errors[0]))
 
 
 def load_policy(path: str | None = None) -> TrustPolicy:

@@ -1,0 +1,78 @@
+"""`gpuckpt doctor`'s levels (ok, warn, FAIL, skip), its --json, and fixes an operator with only the package
+can follow (issue 33)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuckpt.cli import doctor
+from gpuckpt.cli.main import main
+from gpuckpt.trust.keys import TrustPolicy, UnsignedSource, ensure_node_key, save_policy
+
+
+@pytest.fixture
+def trust_dir(node: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This node's own key, in a trust directory of the test's."""
+    monkeypatch.setenv("GPUCKPT_TRUST_DIR", str(node / "trust"))
+    ensure_node_key()
+    return node / "trust"
+
+
+@pytest.fixture
+def no_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NVIDIA control device this node would have, absent (the test bed's machine has none either)."""
+    monkeypatch.setattr(doctor, "NVIDIA_CONTROL_DEVICE", str(tmp_path / "nvidiactl"))
+
+
+def test_an_unsigned_exception_is_a_warning_not_ok(trust_dir: Path, monkeypatch, capsys) -> None:
+    save_policy(TrustPolicy(allow_unsigned=[UnsignedSource(source="restore:any")]))
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_trust])
+    assert main(["doctor"]) == 0  # a warning fails nothing
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("warn   trust: node key ") and "UNSIGNED accepted (logged) from: restore:any" in lines[0]
+    assert lines[1] == "       fix: once they are no longer needed: gpuckpt trust disallow-unsigned restore:any"
+
+
+def test_no_unsigned_exception_is_ok(trust_dir: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_trust])
+    assert main(["doctor"]) == 0
+    assert capsys.readouterr().out.startswith("ok     trust: node key ")
+
+
+def test_a_node_without_a_gpu_says_the_gpu_checks_are_skipped(node, no_gpu, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_driver])
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("skip   GPU checks skipped: no NVIDIA GPU driver on this node (") and out.count("\n") == 1
+
+
+def test_json_holds_each_check_with_its_level_and_fix(trust_dir: Path, no_gpu, monkeypatch, capsys) -> None:
+    save_policy(TrustPolicy(allow_unsigned=[UnsignedSource(source="restore:any")]))
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_kernel, doctor.check_trust, doctor.check_driver])
+    assert main(["doctor", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["schema_version"], shown["kind"], shown["failed"], shown["warned"]) == (1, "doctor", 0, 1)
+    assert [(check["check"], check["level"]) for check in shown["checks"]] == [
+        ("kernel", "ok" if os.path.exists("/proc/sys/kernel/ns_last_pid") else "fail"), ("trust", "warn"),
+        ("driver", "skip")]
+    assert shown["checks"][1]["fix"].endswith("gpuckpt trust disallow-unsigned restore:any")
+
+
+def test_an_old_criu_first_on_path_gets_a_fix_the_package_alone_can_follow(node, tmp_path, monkeypatch, capsys) -> None:
+    """Debian 12's CRIU 3.17: the fix named a test-bed script the package does not ship."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    criu = bin_dir / "criu"
+    criu.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    criu.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_criu])
+    assert main(["doctor"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "FAIL   criu 'Version: 3.17.1' is older than 4"
+    assert lines[1] == f"       fix: {doctor.CRIU_FIX}"
+    assert "integration/" not in lines[1] and "CRIU >= 4.2" in lines[1] and "docs/node.md" in lines[1]
