@@ -538,7 +538,7 @@ def test_a_volume_spec_dump_does_not_mount_is_refused_before_podman_acts(exporte
     env = dict(os.environ, GPUCKPT_TRUST_DIR=str(tmp_path / "trust"), GPUCKPT_TRUST_LOG=str(tmp_path / "trust.log"))
     sh(GPUCKPT, "trust", "allow-unsigned", f"archive:{archive.parent}/", "--note", "integration test", env=env)
     result = sh(GPUCKPT, "import", str(attack), "--trust-config", check=False, env=env)
-    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.returncode == 3, result.stdout + result.stderr  # refused (cli/exit_codes.py)
     assert f"volume {volume} at /data, which spec.dump does not mount" in result.stderr, result.stderr
     assert containers_named(name) == "" and staging_leftovers() == []
     assert sh("podman", "volume", "exists", volume, check=False).returncode != 0  # podman never made it

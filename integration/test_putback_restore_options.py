@@ -89,7 +89,7 @@ def test_a_bad_publish_is_refused_in_one_line_before_anything(archive, value) ->
     _, path = archive
     before = set(staging_leftovers())
     result = gpuckpt_import(path, "--name", new_name("badpub"), f"--publish={value}", check=False)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 2, result.stderr
     assert result.stderr.startswith(f"gpuckpt import: --publish {value!r}: "), result.stderr
     assert "give [[IP:][HOST_PORT]:]CONTAINER_PORT" in result.stderr and len(result.stderr.splitlines()) == 1
     assert set(staging_leftovers()) <= before
@@ -99,7 +99,7 @@ def test_pod_reaches_podman_and_a_missing_pod_is_refused_first(archive, restored
     _, path = archive
     pod, name = new_name("pod"), new_name("inpod")
     missing = gpuckpt_import(path, "--name", name, "--pod", pod, check=False)
-    assert missing.returncode == 1
+    assert missing.returncode == 2
     assert missing.stderr.strip() == f"gpuckpt import: --pod {pod}: no such pod on this node (podman pod create " \
                                      "makes one)"
     sh("podman", "pod", "create", "--infra=false", "--name", pod)
@@ -107,7 +107,7 @@ def test_pod_reaches_podman_and_a_missing_pod_is_refused_first(archive, restored
         restored.append(name)
         # the archive's container was in no pod: podman itself refuses it, which shows --pod reached podman
         refused = gpuckpt_import(path, "--name", name, "--pod", pod, check=False)
-        assert refused.returncode == 1 and "cannot restore non pod container into pod" in refused.stderr
+        assert refused.returncode == 5 and "cannot restore non pod container into pod" in refused.stderr
     finally:
         sh("podman", "pod", "rm", "-f", pod, check=False)
 
@@ -153,7 +153,7 @@ def test_a_name_taken_is_refused_before_the_archive_is_read(archive, restored, t
     started = time.monotonic()
     result = gpuckpt_import(path, "--name", taken, check=False)
     elapsed = time.monotonic() - started
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip() == f"gpuckpt import: a container with the name {taken} already exists on this " \
                                     "node: refused (give --name NEW, or remove it first)"
     assert elapsed < baseline + 1.0, f"{elapsed:.1f} s, {baseline:.1f} s to start: it was not refused at once"
@@ -166,7 +166,7 @@ def test_a_name_taken_is_refused_before_the_archive_is_read(archive, restored, t
     sh(GPUCKPT, "store", "checkpoint", "--leave-running", source, "--name", "one", "--store", str(stored),
        timeout=300)
     refused = sh(GPUCKPT, "store", "restore", "one", "--name", taken, "--store", str(stored), check=False)
-    assert refused.returncode == 1
+    assert refused.returncode == 2
     assert refused.stderr.strip() == f"gpuckpt store: a container with the name {taken} already exists on this " \
                                      "node: refused (give --name NEW, or remove it first)"
 
@@ -177,7 +177,7 @@ def test_without_name_the_archives_own_name_taken_is_refused_before_staging(arch
     restored.append(original)
     before = set(staging_leftovers())
     result = gpuckpt_import(path, check=False)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.strip() == f"gpuckpt import: a container with the name {original} already exists on " \
                                     "this node: refused (give --name NEW, or remove it first)"
     assert set(staging_leftovers()) <= before
@@ -203,4 +203,4 @@ def test_the_store_restore_passes_the_same_options(tmp_path, restored) -> None:
     assert '"80/tcp":[{"HostIp":"127.0.0.1","HostPort":"18483"}]' in bindings, bindings
     bad = sh(GPUCKPT, "store", "restore", "one", "--name", new_name("bad"), "-p", "80:80 -v /:/host",
              "--store", str(stored), check=False)
-    assert bad.returncode == 1 and bad.stderr.startswith("gpuckpt store: --publish '80:80 -v /:/host': ")
+    assert bad.returncode == 2 and bad.stderr.startswith("gpuckpt store: --publish '80:80 -v /:/host': ")
