@@ -92,7 +92,8 @@ def test_every_command_is_classified_root_or_not(monkeypatch) -> None:
 def _minimal(command: str) -> list[str]:
     """Enough arguments for argparse to accept `command`."""
     extra = {"suspend": ["c"], "resume": ["c"], "inspect": ["p"], "export": ["c", "-o", "x"], "import": ["a"],
-             "trust": ["list"], "store": ["list"], "service": ["status"], "install": ["--engine", "podman"]}
+             "trust": ["list"], "store": ["list"], "service": ["status"], "install": ["--engine", "podman"],
+             "restore": ["c"], "pool": ["status"]}
     return [command, *extra.get(command, [])]
 
 

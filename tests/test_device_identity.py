@@ -145,7 +145,7 @@ def test_the_operators_allow_list_by_number(tmp_path, dev) -> None:
 @pytest.mark.parametrize("entry", ["/dev/fuse", "c 10", "x 1:2", "c 1:2 rw", "c -1:2", "c 1:*"])
 def test_an_allow_list_entry_not_by_number_is_a_config_error(tmp_path, node, entry) -> None:
     (tmp_path / "config.toml").write_text(f'[import]\nallowed_devices = ["{entry}"]\n')
-    with pytest.raises(ConfigError, match=r"'import.allowed_devices': .* is not 'c MAJOR:MINOR' or 'b MAJOR:MINOR'"):
+    with pytest.raises(ConfigError, match=r"import.allowed_devices = .* is not 'c MAJOR:MINOR' or 'b MAJOR:MINOR'"):
         load_config()
 
 
