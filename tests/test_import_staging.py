@@ -71,6 +71,21 @@ def test_no_placeholder_no_work_and_a_placeholder_without_record_fails_the_resto
         claim_staged(str(image_dir))
 
 
+@pytest.mark.hostile("an archive's placeholder whose token is a path to a record the archive carries (F8)")
+def test_a_placeholder_token_that_names_a_path_is_refused(node) -> None:
+    """The attack of the second review: a token that holds 32 hex digits inside a path passed pydantic's
+    (searching) pattern and named a record the archive itself carried, vouching for an unsigned dump."""
+    image_dir = node / "checkpoint"
+    image_dir.mkdir()
+    forged = image_dir / f"x-{'b' * 32}"
+    forged.with_suffix(".json").write_text(json.dumps({"token": "b" * 32, "pages_dir": str(image_dir), "pages": [],
+                                                       "created": "2026-11-28T00:00:00Z", "vouched": "forged"}))
+    for token in (str(forged), f"../../../{forged}", f"{'b' * 32}/../x"):
+        (image_dir / PLACEHOLDER).write_text(json.dumps({"kind": "gpuckpt-staged-import", "token": token}))
+        with pytest.raises(ImageError, match="not a gpuckpt import placeholder"):
+            claim_staged(str(image_dir))
+
+
 def test_a_record_naming_other_files_is_refused(node) -> None:
     staging, light = stage(node, podman_tar())
     staging.pages = ["../../../etc/shadow"]

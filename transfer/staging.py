@@ -30,6 +30,7 @@ import contextlib
 import errno
 import os
 import queue
+import re
 import secrets
 import shutil
 import tarfile
@@ -53,7 +54,8 @@ from ..oci.tarstream import ByteSink, Data
 from ..oci.timestamps import utc_now
 from .bounds import StagedFile, StagingBudget
 
-TOKEN_PATTERN = r"[0-9a-f]{32}"
+# anchored: pydantic's pattern searches, and the token names a file (an archive's placeholder carries it)
+TOKEN_PATTERN = r"^[0-9a-f]{32}$"
 MAX_RECORD_BYTES = 1 << 20
 LIGHT_ARCHIVE = "archive.tar"  # what podman imports: everything but the pages
 HELD_BYTES = 64 << 20  # before the config: podman's default /dev/shm size, which devshm-checkpoint.tar holds
@@ -110,6 +112,9 @@ def _records_dir() -> str:
 
 
 def _record_path(token: str) -> str:
+    """The record of `token`, in the root-only records directory and nowhere else."""
+    if not re.fullmatch(TOKEN_PATTERN, token):
+        raise ImageError(f"{token[:80]!r} is not a staged import's token")
     return os.path.join(_records_dir(), f"{token}.json")
 
 

@@ -63,7 +63,7 @@ class SignedContent(_Strict):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     kind: SignedKind
-    key_id: str = Field(pattern=KEY_ID.pattern)
+    key_id: str = Field(pattern=rf"^{KEY_ID.pattern}$")
     created: str = Field(max_length=64)
     archive_sha256: str | None = Field(default=None, pattern=SHA256_HEX)  # archive: the compressed file
     layer_digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")  # image: the layer blob
@@ -81,7 +81,7 @@ class SignedContent(_Strict):
 class Envelope(_Strict):
     schema_version: Literal[1] = SCHEMA_VERSION
     payload_type: Literal["application/vnd.gpuckpt.signed-content.v1+json"] = PAYLOAD_TYPE
-    key_id: str = Field(pattern=KEY_ID.pattern)
+    key_id: str = Field(pattern=rf"^{KEY_ID.pattern}$")
     payload: str = Field(max_length=MAX_ENVELOPE_BYTES)  # base64 of the SignedContent JSON
     signature: str = Field(min_length=88, max_length=88)  # base64 of 64 bytes
 
