@@ -116,6 +116,18 @@ class NetworkPolicy(_Record):
     sockets_unreadable: Message = ""  # set when sock_diag could not be read: nothing was added for sockets
 
 
+class SpecGrants(_Record):
+    """What the checkpointed container's spec gave it that a restore spec could widen, kept in the signed manifest:
+    its hooks ("STAGE PATH"), its capabilities, its device nodes ("TYPE MAJOR:MINOR"; NVIDIA's left out: a restore
+    may give other GPUs). A restore spec comes from outside the dump (podman's own --import takes spec.dump as the
+    archive carries it)."""
+    hooks: Annotated[list[PathText], Field(max_length=256)] = []
+    capabilities: Annotated[list[Annotated[str, StringConstraints(pattern=r"^CAP_[A-Z_]{1,40}$")]],
+                            Field(max_length=128)] = []
+    devices: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[cbup] \d{1,10}:\d{1,10}$")]],
+                       Field(max_length=MAX_ITEMS)] = []
+
+
 class Manifest(_Record):
     kind: Literal["gpuckpt-manifest"] = "gpuckpt-manifest"
     schema_version: int = Field(default=SCHEMA_VERSION)
@@ -149,6 +161,8 @@ class Manifest(_Record):
     # The driver libraries the processes mapped (oci/nvidia_paths.py), from /proc before the dump. A manifest
     # without the field (a gpuckpt before it, or nothing mapped) is judged by cuda.driver_version_policy alone.
     driver_files: Annotated[list[DriverFileRecord], Field(max_length=MAX_ITEMS)] = []
+    # What the spec granted at the checkpoint (policy/spec_grants.py); None: a gpuckpt before it
+    spec_grants: SpecGrants | None = None
 
 
 DUMP_INCOMPLETE, DUMP_LAZY_COMPLETING, DUMP_COMPLETED = "incomplete", "lazy, completing", "completed"
@@ -164,8 +178,8 @@ def dump_state(manifest: Manifest) -> str:
 def write_manifest(image_dir: str, manifest: Manifest) -> str:
     """Write atomically, readable by root only (the image holds process memory anyway)."""
     path = os.path.join(image_dir, MANIFEST_NAME)
-    # lazy_pages and driver_files left out unless set: a gpuckpt that predates them still reads every other manifest
-    unset = {name for name in ("lazy_pages", "driver_files") if not getattr(manifest, name)}
+    # lazy_pages, driver_files and spec_grants left out unless set: a gpuckpt before them reads every other manifest
+    unset = {name for name in ("lazy_pages", "driver_files", "spec_grants") if not getattr(manifest, name)}
     replace_file(path, manifest.model_dump_json(indent=2, exclude=unset or None))
     return path
 

@@ -19,6 +19,7 @@ from ..cuda.plugin import gpu_handler
 from ..errors import GpuCheckpointError
 from ..oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
 from ..oci.timestamps import utc_now
+from ..policy.spec_grants import grants_of
 from ..trust.dump_signature import DUMP_SIGNATURE, sign_dump
 from .checkpoint_plan import CheckpointPlan
 
@@ -53,6 +54,7 @@ def write_checkpoint_manifest(plan: CheckpointPlan, inventory: Inventory, pid_in
         dump_completed=completed,
         lazy_pages=plan.lazy_pages and (completed or lazy_ready),
         driver_files=plan.driver_files,
+        spec_grants=grants_of(plan.spec),
     )
     write_manifest(plan.image_dir, manifest)
 

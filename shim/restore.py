@@ -39,6 +39,7 @@ from ..host.process import CommandError, start_detached
 from ..host.procfs import container_pid, container_processes
 from ..host.safefiles import read_bounded, require_image_directory_private
 from ..node.config import Config, load_config
+from ..node.engines import own_hook_paths
 from ..node.journal import (
     Journal,
     JournalProcess,
@@ -57,6 +58,7 @@ from ..policy.crun import crun_restore_refusals
 from ..policy.devices import device_refusals
 from ..policy.driver_files import driver_change_refusal
 from ..policy.image import check_restore
+from ..policy.spec_grants import widened
 from ..transfer.root_files import apply_staged
 from ..transfer.staging import ClaimedImport, claim_staged
 from ..trust.dump_signature import DUMP_SIGNATURE, dumped_here, verify_dump
@@ -126,12 +128,11 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     verified, signed = verify_dump_or_say_unfinished(image_dir_of(verb), f"restore of {container_id}",
                                                      staged.vouched if staged else "", lazy=lazy)
     log(args, "debug" if signed else "warning", verified)
-    if staged is None and not dumped_here(image_dir_of(verb), load_trust()):
-        # a staged import's config was checked by `gpuckpt import`, or trusted there (--trust-config)
-        refuse_foreign_devices(bundle, container_id)
     manifest = read_manifest(image_dir_of(verb))
     if manifest is not None:
         require_completed(manifest, image_dir_of(verb), lazy_restore=lazy)
+    if staged is None:  # a staged import's config was checked by `gpuckpt import`, or trusted there (--trust-config)
+        refuse_what_the_spec_adds(image_dir_of(verb), manifest, bundle, container_id, signed=signed)
     refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")
@@ -254,6 +255,16 @@ def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id:
     return container_state(delegate, args.global_argv, container_id).pid
 
 
+def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle: str, container_id: str, *,
+                              signed: bool) -> None:
+    """The restore spec of a restore `gpuckpt import` did not stage: a dump from elsewhere gets only the devices an
+    import allows; a signed one no more hooks, capabilities and devices than its checkpointed spec had."""
+    if not dumped_here(image_dir, load_trust()):
+        refuse_foreign_devices(bundle, container_id)
+    if signed:
+        refuse_widened_spec(manifest, bundle, container_id)
+
+
 def refuse_foreign_devices(bundle: str, container_id: str) -> None:
     """A dump from elsewhere (another node's, or unsigned) restores only with the devices an import allows: its
     bundle may be an archive's spec.dump as podman's own --import took it. This node's own dumps restore the
@@ -261,6 +272,17 @@ def refuse_foreign_devices(bundle: str, container_id: str) -> None:
     for refusal in device_refusals(read_spec(bundle), "the restore bundle's config.json"):
         raise ImageError(f"restore of {container_id}: a checkpoint not dumped on this node asks for {refusal}: "
                          "refused")
+
+
+def refuse_widened_spec(manifest: Manifest | None, bundle: str, container_id: str) -> None:
+    """The restore spec grants no hook, capability or device node the signed checkpoint's spec did not
+    (policy/spec_grants.py): podman's own restore of an archive takes its spec from spec.dump, unsigned."""
+    if manifest is None or manifest.spec_grants is None:
+        return  # a manifest of a gpuckpt before the record: judged as then
+    if problems := widened(manifest.spec_grants, read_spec(bundle), own_hook_paths()):
+        raise ImageError(f"restore of {container_id} refused: its spec grants {'; '.join(problems)}, which the "
+                         "checkpointed container did not have (the spec comes from outside the signed checkpoint: "
+                         "an archive's spec.dump); restore archives with `gpuckpt import`, which checks them")
 
 
 def refuse_driver_change(manifest: Manifest | None, bundle: str, gpus: NodeGpus) -> None:

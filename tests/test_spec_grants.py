@@ -1,0 +1,76 @@
+"""A restore spec grants no more than the checkpointed spec did (policy/spec_grants.py): the second review's F9,
+an edited spec.dump of a signed dump restored by podman's own --import."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from gpuckpt.oci.manifest import Manifest, SpecGrants
+from gpuckpt.oci.spec import Spec
+from gpuckpt.policy.spec_grants import grants_of, widened
+
+OWN_HOOK = "/usr/bin/gpuckpt-hook"
+SPEC = {
+    "process": {"capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_CHOWN"]}},
+    "hooks": {"createRuntime": [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"]}],
+              "createContainer": [{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]}]},
+    "linux": {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229},
+                          {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]},
+}
+
+
+def spec(change=lambda spec: None) -> Spec:
+    changed = copy.deepcopy(SPEC)
+    change(changed)
+    return Spec.model_validate(changed)
+
+
+RECORDED = grants_of(spec())
+
+
+def test_the_checkpointed_spec_restores_and_its_grants_travel_in_the_manifest() -> None:
+    assert widened(RECORDED, spec(), frozenset({OWN_HOOK})) == []
+    assert RECORDED.devices == ["c 10:229"]  # NVIDIA's left to the GPU checks
+    manifest = Manifest(created="2026-11-28T00:00:00Z", container_id="c1", spec_grants=RECORDED)
+    assert Manifest.model_validate_json(manifest.model_dump_json()).spec_grants == RECORDED
+
+
+@pytest.mark.hostile("restore spec with a hook the checkpointed spec did not have (spec.dump edited)")
+def test_a_hook_added_is_refused() -> None:
+    def add(changed: dict) -> None:
+        changed["hooks"]["createRuntime"].append({"path": "/bin/sh", "args": ["sh", "-c", "id > /x"]})
+    assert widened(RECORDED, spec(add), frozenset({OWN_HOOK})) == ["hooks (createRuntime /bin/sh)"]
+
+
+@pytest.mark.hostile("restore spec running a recorded hook program with other arguments")
+def test_the_same_hook_program_run_otherwise_is_refused() -> None:
+    def other_args(changed: dict) -> None:
+        changed["hooks"]["createContainer"][0]["args"] = ["nvidia-cdi-hook", "create-symlinks", "--link", "/:/x"]
+    assert widened(RECORDED, spec(other_args), frozenset({OWN_HOOK})) == [
+        "hooks (createContainer /usr/bin/nvidia-cdi-hook)"]
+
+
+def test_the_nodes_own_hook_and_other_gpus_are_not_counted() -> None:
+    def engine_changes(changed: dict) -> None:
+        changed["hooks"]["createRuntime"] = [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"],
+                                              "timeout": 60}]
+        changed["linux"]["devices"][1] = {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}
+    assert widened(RECORDED, spec(engine_changes), frozenset({OWN_HOOK})) == []
+
+
+@pytest.mark.hostile("restore spec with a capability or a host device the checkpointed spec did not have")
+def test_a_capability_or_a_device_added_is_refused() -> None:
+    def more(changed: dict) -> None:
+        changed["process"]["capabilities"]["permitted"] = ["CAP_SYS_ADMIN"]
+        changed["linux"]["devices"].append({"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11})
+    assert widened(RECORDED, spec(more), frozenset({OWN_HOOK})) == [
+        "capabilities (CAP_SYS_ADMIN)", "device nodes (c 1:11)"]
+
+
+def test_grants_refuse_what_is_not_a_capability_or_a_device() -> None:
+    with pytest.raises(ValueError):
+        SpecGrants(capabilities=["CAP_X; rm"])
+    with pytest.raises(ValueError):
+        SpecGrants(devices=["c 1:11\n"])
