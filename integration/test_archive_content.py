@@ -542,3 +542,64 @@ def test_a_volume_spec_dump_does_not_mount_is_refused_before_podman_acts(exporte
     assert f"volume {volume} at /data, which spec.dump does not mount" in result.stderr, result.stderr
     assert containers_named(name) == "" and staging_leftovers() == []
     assert sh("podman", "volume", "exists", volume, check=False).returncode != 0  # podman never made it
+
+
+# -- the second review: a signed dump's spec.dump edited (F9), a forged import placeholder (F8) --------------------
+
+def with_hook_and_device(scratch: Path) -> ArchiveEdit:
+    """spec.dump (and config.dump's spec) given a createRuntime hook that runs /bin/sh on the host and /dev/kmsg."""
+    def change(spec: dict) -> dict:
+        hooks = spec.setdefault("hooks", {})
+        hooks.setdefault("createRuntime", []).append(
+            {"path": "/bin/sh", "args": ["sh", "-c", f"id > {scratch}/hook-ran"]})
+        spec.setdefault("linux", {}).setdefault("devices", []).append(
+            {"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11, "fileMode": 438})
+        return spec
+    return edited_specs(change)
+
+
+@pytest.mark.hostile("this node's own signed export whose spec.dump gains a host hook and /dev/kmsg, through "
+                     "podman's own restore --import (the dump signature covers checkpoint/ only)")
+def test_a_signed_dump_whose_spec_dump_grants_more_is_refused_under_podmans_own_import(exported, host_scratch) -> None:
+    archive, name = exported
+    attack = edited_archive(archive, archive.parent / "spec-grants.tar.zst", with_hook_and_device(host_scratch))
+    restored = f"{name}-grants"
+    try:
+        result = sh("podman", "container", "restore", "--import", str(attack), "--name", restored, check=False,
+                    timeout=300)
+        assert result.returncode != 0
+        assert "its spec grants hooks (createRuntime /bin/sh); device nodes (c 1:11), which the checkpointed " \
+               "container did not have" in result.stderr, result.stderr
+        assert not (host_scratch / "hook-ran").exists()  # runc never ran: the hook with it
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False)
+
+
+@pytest.mark.hostile("an unsigned dump whose archive carries gpuckpt's import placeholder, its token a path to a "
+                     "record of the archive's own, through podman's own restore --import")
+def test_a_forged_import_placeholder_vouches_for_nothing(exported, host_scratch) -> None:
+    archive, name = exported
+    token = f"../../../../..{host_scratch}/x-{'c' * 32}"
+    (host_scratch / f"x-{'c' * 32}.json").write_text(json.dumps(
+        {"token": "c" * 32, "pages_dir": str(host_scratch), "pages": [], "created": "2026-11-28T00:00:00Z",
+         "volume_destinations": {}, "volume_directories": {}, "storage": "", "vouched": "forged"}))
+    hooked = with_hook_and_device(host_scratch)
+
+    def forged(entry: str, data: bytes | None) -> bytes | None:
+        if entry == f"checkpoint/{DUMP_SIGNATURE}":
+            return None  # unsigned: only a vouching record would let it restore
+        if entry == "checkpoint/gpuckpt-import.json":
+            return json.dumps({"kind": "gpuckpt-staged-import", "token": token}).encode()
+        return hooked(entry, data)
+
+    attack = edited_archive(archive, archive.parent / "forged.tar.zst", forged,
+                            added=("checkpoint/gpuckpt-import.json",))
+    restored = f"{name}-forged"
+    try:
+        result = sh("podman", "container", "restore", "--import", str(attack), "--name", restored, check=False,
+                    timeout=300)
+        assert result.returncode != 0
+        assert "not a gpuckpt import placeholder" in result.stderr, result.stderr
+        assert not (host_scratch / "hook-ran").exists()
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False)

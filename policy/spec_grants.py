@@ -53,8 +53,9 @@ def grants_of(spec: Spec) -> SpecGrants:
                       devices=sorted(devices))
 
 
-def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str]) -> list[str]:
-    """What `spec` grants beyond `recorded`, each as a phrase; [] when nothing."""
+def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hooks_only: bool = False) -> list[str]:
+    """What `spec` grants beyond `recorded`, each as a phrase; [] when nothing. `hooks_only`: its hooks alone (an
+    unsigned dump: its devices are judged by the import's allow-list, refuse_foreign_devices)."""
     now = grants_of(spec)
     unknown_capabilities = spec.process.capabilities is not None and any(
         not CAPABILITY.fullmatch(c) for c in spec.process.capabilities.all())
@@ -63,6 +64,8 @@ def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str]) -> list
     problems = []
     if hooks:
         problems.append(f"hooks ({', '.join(h[:120] for h in hooks[:4])})")
+    if hooks_only:
+        return problems
     if capabilities := sorted(set(now.capabilities) - set(recorded.capabilities)):
         problems.append(f"capabilities ({', '.join(capabilities[:8])})")
     if unknown_capabilities:

@@ -51,7 +51,7 @@ from ..node.journal import (
 )
 from ..node.lock import ContainerLock, StateKey
 from ..node.paths import config_path
-from ..oci.manifest import MANIFEST_NAME, Manifest, read_manifest, require_completed
+from ..oci.manifest import MANIFEST_NAME, Manifest, SpecGrants, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations, standby_asked
 from ..policy.crun import crun_restore_refusals
@@ -262,7 +262,9 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     if not dumped_here(image_dir, load_trust()):
         refuse_foreign_devices(bundle, container_id)
     if signed:
-        refuse_widened_spec(manifest, bundle, container_id)
+        refuse_widened_spec(manifest.spec_grants if manifest else None, bundle, container_id)
+    else:  # an unsigned dump the trust policy lets in (restore:any): nothing vouches for what it records
+        refuse_widened_spec(SpecGrants(), bundle, container_id, unsigned=True)
 
 
 def refuse_foreign_devices(bundle: str, container_id: str) -> None:
@@ -274,15 +276,18 @@ def refuse_foreign_devices(bundle: str, container_id: str) -> None:
                          "refused")
 
 
-def refuse_widened_spec(manifest: Manifest | None, bundle: str, container_id: str) -> None:
+def refuse_widened_spec(recorded: SpecGrants | None, bundle: str, container_id: str, *,
+                        unsigned: bool = False) -> None:
     """The restore spec grants no hook, capability or device node the signed checkpoint's spec did not
     (policy/spec_grants.py): podman's own restore of an archive takes its spec from spec.dump, unsigned."""
-    if manifest is None or manifest.spec_grants is None:
-        return  # a manifest of a gpuckpt before the record: judged as then
-    if problems := widened(manifest.spec_grants, read_spec(bundle), own_hook_paths()):
-        raise ImageError(f"restore of {container_id} refused: its spec grants {'; '.join(problems)}, which the "
-                         "checkpointed container did not have (the spec comes from outside the signed checkpoint: "
-                         "an archive's spec.dump); restore archives with `gpuckpt import`, which checks them")
+    if recorded is None:
+        return  # no manifest, or one of a gpuckpt before the record: judged as then
+    if problems := widened(recorded, read_spec(bundle), own_hook_paths(), hooks_only=unsigned):
+        had = "an unsigned checkpoint restores no hooks but gpuckpt-hook" if unsigned else \
+            "which the checkpointed container did not have"
+        raise ImageError(f"restore of {container_id} refused: its spec grants {'; '.join(problems)}, {had} (the spec "
+                         "comes from outside the signed checkpoint: an archive's spec.dump); restore archives with "
+                         "`gpuckpt import`, which checks them")
 
 
 def refuse_driver_change(manifest: Manifest | None, bundle: str, gpus: NodeGpus) -> None:

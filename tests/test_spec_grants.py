@@ -74,3 +74,11 @@ def test_grants_refuse_what_is_not_a_capability_or_a_device() -> None:
         SpecGrants(capabilities=["CAP_X; rm"])
     with pytest.raises(ValueError):
         SpecGrants(devices=["c 1:11\n"])
+
+
+@pytest.mark.hostile("an unsigned dump (restore:any allowed) whose restore spec carries a hook of its own")
+def test_an_unsigned_dump_restores_no_hook_but_gpuckpts() -> None:
+    """Nothing vouches for an unsigned dump's record: every hook but gpuckpt-hook's counts (its devices are the
+    import allow-list's to judge)."""
+    assert widened(SpecGrants(), spec(), frozenset({OWN_HOOK}), hooks_only=True) == [
+        "hooks (createContainer /usr/bin/nvidia-cdi-hook)"]
