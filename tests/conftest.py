@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +18,16 @@ def no_leaked_criu_config(monkeypatch: pytest.MonkeyPatch) -> None:
     or the integration tests' real CRIU would inherit a unit test's file."""
     monkeypatch.setenv("CRIU_CONFIG_FILE", "")
     monkeypatch.delenv("CRIU_CONFIG_FILE")
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_put_back() -> Iterator[None]:
+    """A command run in-process (cli.main) installs its SIGINT/SIGTERM/SIGHUP handlers for the process's life: put
+    back after each test, or a later test sees another test's handler."""
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    yield
+    for signum, handler in kept.items():
+        signal.signal(signum, handler)
 
 
 @pytest.fixture(autouse=True)

@@ -191,11 +191,12 @@ class SigtermDriver(FakeDriver):
 def test_sigterm_midway_rolls_back(make_node, monkeypatch) -> None:
     node = make_node(2)
     node.driver = SigtermDriver(node.pids, delay_s={"checkpoint": 0.3})
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(DelegateError, match="interrupted"):
         node.checkpoint()
     assert node.all_running()
     assert "checkpoint" not in node.verbs_called()
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers put back
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers put back
 
 
 class FakeFreezer:
