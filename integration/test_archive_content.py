@@ -574,6 +574,17 @@ def test_a_signed_dump_whose_spec_dump_grants_more_is_refused_under_podmans_own_
     finally:
         sh("podman", "rm", "-f", "-t", "0", restored, check=False)
 
+    def host_root(spec: dict) -> dict:
+        spec["mounts"].append({"destination": "/host", "type": "bind", "source": "/", "options": ["rbind", "rw"]})
+        return spec
+    attack = edited_archive(archive, archive.parent / "spec-bind.tar.zst", edited_specs(host_root))
+    try:
+        result = sh("podman", "container", "restore", "--import", str(attack), "--name", restored, check=False,
+                    timeout=300)
+        assert result.returncode != 0 and "its spec grants bind mounts (/host <- / rw)" in result.stderr, result.stderr
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", restored, check=False)
+
 
 @pytest.mark.hostile("an unsigned dump whose archive carries gpuckpt's import placeholder, its token a path to a "
                      "record of the archive's own, through podman's own restore --import")

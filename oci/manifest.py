@@ -126,6 +126,8 @@ class SpecGrants(_Record):
                             Field(max_length=128)] = []
     devices: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[cbup] \d{1,10}:\d{1,10}$")]],
                        Field(max_length=MAX_ITEMS)] = []
+    # bind mounts, "DESTINATION <- SOURCE ro|rw", the container's own directory in its engine's storage as <self>
+    binds: Annotated[list[PathText], Field(max_length=MAX_ITEMS)] = []
 
 
 class Manifest(_Record):

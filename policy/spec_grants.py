@@ -44,19 +44,34 @@ def _hook_path(hook: str) -> str:
     return hook.split(" ", 1)[1].rsplit(" #", 1)[0]
 
 
-def grants_of(spec: Spec) -> SpecGrants:
+def _binds(spec: Spec, container_id: str) -> list[str]:
+    """Each bind mount as "DESTINATION <- SOURCE ro|rw"; podman's directories of the container itself
+    (.../overlay-containers/ID/... in its graph and run roots: its /etc/hosts, /dev/shm, secrets) as <self>, so that
+    the same container restored under a new ID (podman's --import with --name) binds the same."""
+    own = f"/overlay-containers/{container_id}/"
+    found = []
+    for mount in spec.mounts:
+        if mount.is_bind():
+            source = mount.source.replace(own, "/overlay-containers/<self>/") if container_id else mount.source
+            found.append(f"{mount.destination[:1900]} <- {source[:1900]} {'ro' if 'ro' in mount.options else 'rw'}")
+    return sorted(set(found))
+
+
+def grants_of(spec: Spec, container_id: str = "") -> SpecGrants:
     capabilities = spec.process.capabilities.all() if spec.process.capabilities else set()
     devices = {f"{device.type or '?'} {device.major}:{device.minor}" for device in spec.linux.devices
                if not device.path.startswith(NVIDIA_DEVICE_PREFIX) and device.major is not None
                and device.minor is not None and device.type in ("c", "b", "u", "p")}
     return SpecGrants(hooks=_hooks(spec), capabilities=sorted(c for c in capabilities if CAPABILITY.fullmatch(c)),
-                      devices=sorted(devices))
+                      devices=sorted(devices), binds=_binds(spec, container_id))
 
 
-def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hooks_only: bool = False) -> list[str]:
+def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hooks_only: bool = False,
+            container_id: str = "") -> list[str]:
     """What `spec` grants beyond `recorded`, each as a phrase; [] when nothing. `hooks_only`: its hooks alone (an
-    unsigned dump: its devices are judged by the import's allow-list, refuse_foreign_devices)."""
-    now = grants_of(spec)
+    unsigned dump: its devices are judged by the import's allow-list, refuse_foreign_devices). `container_id`: the
+    restored container's, whose bind mounts are judged too (podman's bundle: its spec came from spec.dump)."""
+    now = grants_of(spec, container_id)
     unknown_capabilities = spec.process.capabilities is not None and any(
         not CAPABILITY.fullmatch(c) for c in spec.process.capabilities.all())
     hooks = [hook.rsplit(" #", 1)[0] for hook in now.hooks
@@ -72,4 +87,8 @@ def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hook
         problems.append("capabilities it names other than CAP_*")
     if devices := sorted(set(now.devices) - set(recorded.devices)):
         problems.append(f"device nodes ({', '.join(devices[:8])})")
+    if container_id:
+        had = set(recorded.binds) | {bind[:-2] + "ro" for bind in recorded.binds if bind.endswith(" rw")}
+        if binds := [bind for bind in now.binds if bind not in had]:
+            problems.append(f"bind mounts ({', '.join(b[:160] for b in binds[:3])})")
     return problems

@@ -54,7 +54,7 @@ def write_checkpoint_manifest(plan: CheckpointPlan, inventory: Inventory, pid_in
         dump_completed=completed,
         lazy_pages=plan.lazy_pages and (completed or lazy_ready),
         driver_files=plan.driver_files,
-        spec_grants=grants_of(plan.spec),
+        spec_grants=grants_of(plan.spec, plan.container_id),
     )
     write_manifest(plan.image_dir, manifest)
 

@@ -282,7 +282,11 @@ def refuse_widened_spec(recorded: SpecGrants | None, bundle: str, container_id: 
     (policy/spec_grants.py): podman's own restore of an archive takes its spec from spec.dump, unsigned."""
     if recorded is None:
         return  # no manifest, or one of a gpuckpt before the record: judged as then
-    if problems := widened(recorded, read_spec(bundle), own_hook_paths(), hooks_only=unsigned):
+    # podman's bundle (containers/storage's DRIVER-containers/ID/userdata): its spec was made from spec.dump, mounts too
+    parts = bundle.split("/")
+    podmans = len(parts) > 3 and parts[-3].endswith("-containers") and parts[-1] == "userdata"
+    if problems := widened(recorded, read_spec(bundle), own_hook_paths(), hooks_only=unsigned,
+                           container_id=container_id if podmans and recorded.binds else ""):
         had = "an unsigned checkpoint restores no hooks but gpuckpt-hook" if unsigned else \
             "which the checkpointed container did not have"
         raise ImageError(f"restore of {container_id} refused: its spec grants {'; '.join(problems)}, {had} (the spec "

@@ -12,7 +12,11 @@ from gpuckpt.oci.spec import Spec
 from gpuckpt.policy.spec_grants import grants_of, widened
 
 OWN_HOOK = "/usr/bin/gpuckpt-hook"
+OLD, NEW = "a" * 64, "b" * 64
 SPEC = {
+    "mounts": [{"destination": "/etc/hosts", "type": "bind", "options": ["rbind", "rw"],
+                "source": f"/var/lib/containers/storage/overlay-containers/{OLD}/userdata/hosts"},
+               {"destination": "/data", "type": "bind", "options": ["rbind", "rw"], "source": "/srv/data"}],
     "process": {"capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_CHOWN"]}},
     "hooks": {"createRuntime": [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"]}],
               "createContainer": [{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]}]},
@@ -82,3 +86,25 @@ def test_an_unsigned_dump_restores_no_hook_but_gpuckpts() -> None:
     import allow-list's to judge)."""
     assert widened(SpecGrants(), spec(), frozenset({OWN_HOOK}), hooks_only=True) == [
         "hooks (createContainer /usr/bin/nvidia-cdi-hook)"]
+
+
+def test_the_same_binds_under_a_new_container_id_restore() -> None:
+    """podman's --import with --name: a new ID, its own directories bound again; a bind made read-only is fine."""
+    recorded = grants_of(spec(), OLD)
+
+    def renamed(changed: dict) -> None:
+        changed["mounts"][0]["source"] = changed["mounts"][0]["source"].replace(OLD, NEW)
+        changed["mounts"][1]["options"] = ["rbind", "ro"]
+    assert widened(recorded, spec(renamed), frozenset({OWN_HOOK}), container_id=NEW) == []
+
+
+@pytest.mark.hostile("restore spec (podman's, from spec.dump) binding a host path, or another container's directory")
+def test_a_bind_added_or_pointed_elsewhere_is_refused() -> None:
+    recorded = grants_of(spec(), OLD)
+
+    def host_root(changed: dict) -> None:
+        changed["mounts"].append({"destination": "/host", "type": "bind", "options": ["rbind"], "source": "/"})
+        changed["mounts"][0]["source"] = changed["mounts"][0]["source"].replace(OLD, "c" * 64)
+    problems = widened(recorded, spec(host_root), frozenset({OWN_HOOK}), container_id=NEW)
+    assert len(problems) == 1 and problems[0].startswith("bind mounts (/etc/hosts <- /var/lib/containers/storage/"
+                                                         f"overlay-containers/{'c' * 64}/userdata/hosts rw, /host <- / rw")
