@@ -39,6 +39,33 @@ GPUCKPT = shutil.which("gpuckpt") or "/usr/local/bin/gpuckpt"
 RUNTIME_ROOT = "/run/gpuckpt-it"  # runc-level tests' --root
 
 
+# the counter with a 256 MiB buffer: a checkpoint's phases (CRIU's dump, the stream) last long enough to interrupt
+BIG_COUNTER = COUNTER_SOURCE.replace("16 << 20", "256 << 20")
+assert BIG_COUNTER != COUNTER_SOURCE, "the counter's buffer size moved: 256 MiB is what makes the phases long"
+
+
+def podman_counter(prefix: str, test_name: str) -> str:
+    """A podman container running BIG_COUNTER, named after the test; its name."""
+    name = f"{prefix}-{os.getpid()}-{test_name.translate(str.maketrans('[]-', '___'))}"
+    sh("podman", "run", "-d", "--name", name, "--network", "none", PODMAN_IMAGE, "python3", "-c", BIG_COUNTER)
+    return name
+
+
+def read_state(name: str) -> Callable[[], str]:
+    return lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout
+
+
+def running(name: str) -> bool:
+    return sh("podman", "inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true"
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
 def sh(*argv: str, check: bool = True, timeout: float = 180, **kwargs) -> subprocess.CompletedProcess:
     result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and result.returncode != 0:

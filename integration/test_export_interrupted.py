@@ -15,33 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
-
-BIG_COUNTER = COUNTER_SOURCE.replace("16 << 20", "256 << 20")
-assert BIG_COUNTER != COUNTER_SOURCE, "the counter's buffer size moved: 256 MiB is what makes the phases long"
+from bed import GPUCKPT, assert_continues, podman_counter, read_state, running, sh, wait_counter, wait_for
 
 
 @pytest.fixture
 def big_counter(runc_delegate, request):
-    name = f"nosilence-{os.getpid()}-{request.node.name.translate(str.maketrans('[]-', '___'))}"
-    sh("podman", "run", "-d", "--name", name, "--network", "none", PODMAN_IMAGE, "python3", "-c", BIG_COUNTER)
+    name = podman_counter("nosilence", request.node.name)
     yield name
     sh("podman", "rm", "-f", "-t", "0", name, check=False)
 
 
-def read_state(name: str):
-    return lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout
 
-
-def running(name: str) -> bool:
-    return sh("podman", "inspect", "--format", "{{.State.Running}}", name).stdout.strip() == "true"
-
-
-def wait_for(condition, what: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def dumping(checkpoint_dir: Path) -> bool:
