@@ -160,6 +160,15 @@ def _require_path_not_movable_by_others(path: str, error: type[GpuckptError], wh
             _require_not_movable_by_others(above, path, error, what)
 
 
+def not_movable_by_others(path: str) -> bool:
+    """Whether no user but root (or this one) can move or swap `path` or a directory it passes through."""
+    try:
+        _require_path_not_movable_by_others(path, GpuckptError)
+    except GpuckptError:
+        return False
+    return True
+
+
 def _unexaminable(failure: OSError, path: str, what: str, error: type[GpuckptError]) -> GpuckptError:
     """The refusal of a path whose parts cannot be looked at (not the error of a crash)."""
     return error(f"{what}{': ' if what else ''}{path}: cannot be examined ({failure.strerror}): refused")

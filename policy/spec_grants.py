@@ -16,6 +16,7 @@ import hashlib
 import json
 import re
 
+from ..host.safefiles import not_movable_by_others
 from ..oci.manifest import SpecGrants
 from ..oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
 from ..oci.spec import Spec
@@ -44,15 +45,24 @@ def _hook_path(hook: str) -> str:
     return hook.split(" ", 1)[1].rsplit(" #", 1)[0]
 
 
+def _own(source: str, container_id: str) -> str:
+    """`source` with podman's directory of the container itself (STORAGE/overlay-containers/ID/ in its graph or run
+    root: its /etc/hosts, /dev/shm, secrets) as <self>/: the same container restored under a new ID (podman's
+    --import with --name) or from another storage root binds the same. Only a directory no other user can move or
+    swap counts as podman's: a user's look-alike under /tmp is a host path like any other."""
+    marker = f"/overlay-containers/{container_id}/"
+    at = source.find(marker) if container_id else -1
+    if at > 0 and not_movable_by_others(source[:at + len(marker)]):
+        return "<self>/" + source[at + len(marker):]
+    return source
+
+
 def _binds(spec: Spec, container_id: str) -> list[str]:
-    """Each bind mount as "DESTINATION <- SOURCE ro|rw"; podman's directories of the container itself
-    (.../overlay-containers/ID/... in its graph and run roots: its /etc/hosts, /dev/shm, secrets) as <self>, so that
-    the same container restored under a new ID (podman's --import with --name) binds the same."""
-    own = f"/overlay-containers/{container_id}/"
+    """Each bind mount as "DESTINATION <- SOURCE ro|rw" (the container's own directories as <self>/)."""
     found = []
     for mount in spec.mounts:
         if mount.is_bind():
-            source = mount.source.replace(own, "/overlay-containers/<self>/") if container_id else mount.source
+            source = _own(mount.source, container_id)
             found.append(f"{mount.destination[:1900]} <- {source[:1900]} {'ro' if 'ro' in mount.options else 'rw'}")
     return sorted(set(found))
 

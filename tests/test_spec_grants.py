@@ -106,5 +106,19 @@ def test_a_bind_added_or_pointed_elsewhere_is_refused() -> None:
         changed["mounts"].append({"destination": "/host", "type": "bind", "options": ["rbind"], "source": "/"})
         changed["mounts"][0]["source"] = changed["mounts"][0]["source"].replace(OLD, "c" * 64)
     problems = widened(recorded, spec(host_root), frozenset({OWN_HOOK}), container_id=NEW)
-    assert len(problems) == 1 and problems[0].startswith("bind mounts (/etc/hosts <- /var/lib/containers/storage/"
-                                                         f"overlay-containers/{'c' * 64}/userdata/hosts rw, /host <- / rw")
+    assert len(problems) == 1 and problems[0].startswith(
+        f"bind mounts (/etc/hosts <- /var/lib/containers/storage/overlay-containers/{'c' * 64}/userdata/hosts rw, "
+        "/host <- / rw")
+
+
+@pytest.mark.hostile("restore spec binding a look-alike of podman's container directory that another user can swap")
+def test_a_look_alike_of_the_containers_directory_another_user_can_swap_is_a_host_path(tmp_path) -> None:
+    recorded = grants_of(spec(), OLD)
+    swappable = tmp_path / "anyone"
+    swappable.mkdir(mode=0o777)
+    swappable.chmod(0o777)  # no sticky bit: another user may rename what is in it
+
+    def look_alike(changed: dict) -> None:
+        changed["mounts"][0]["source"] = f"{swappable}/overlay-containers/{NEW}/userdata/hosts"
+    problems = widened(recorded, spec(look_alike), frozenset({OWN_HOOK}), container_id=NEW)
+    assert len(problems) == 1 and problems[0].startswith(f"bind mounts (/etc/hosts <- {swappable}/overlay-containers/")
