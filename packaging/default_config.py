@@ -45,6 +45,10 @@ def _field_lines(model: type[BaseModel]) -> dict[str, int]:
 
 def _commented_key(key: str, default: object) -> str:
     """`#key = default` in TOML (a tuple as an array)."""
+    if isinstance(default, dict):  # tomlkit writes a table, which has no one-line form: an inline one has
+        value = tomlkit.inline_table()
+        value.update(default)
+        return f"#{key} = {value.as_string()}"
     return f"#{key} = {tomlkit.item(list(default) if isinstance(default, tuple) else default).as_string()}"
 
 
