@@ -28,6 +28,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     restore.add_argument("--store", metavar="DIR", default=DEFAULT_STORE_DIR,
                          help=f"the store holding a named checkpoint (default {DEFAULT_STORE_DIR})")
     restore.add_argument("--threads", type=int, default=0, help="threads for a stored checkpoint's chunks")
+    restore.add_argument("--json", action="store_true", help="the result as JSON (docs/cli-output.md)")
     restore.set_defaults(handler=run_restore)
 
 

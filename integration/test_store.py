@@ -130,7 +130,7 @@ def test_checkpoint_onto_a_full_disk_names_the_store_and_removes_its_chunks(coun
     result = store(full_store, "checkpoint", "--leave-running", counter, check=False)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert lines[0].startswith(f"gpuckpt store: {full_store}: No space left on device: cannot write a chunk"), lines
+    assert lines[0].startswith(f"gpuckpt store: {full_store}: cannot store a chunk: No space left on device"), lines
     left = [os.path.join(d, f) for d, _, files in os.walk(full_store / "chunks") for f in files]
     assert left == [] and os.listdir(full_store / "checkpoints") == []
     assert sh("podman", "inspect", "--format", "{{.State.Running}}", counter).stdout.strip() == "true"
