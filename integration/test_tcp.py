@@ -147,7 +147,7 @@ def test_connection_survives_podman(namespaces, tmp_path, delegate) -> None:
 
 # A client and a server in one container, on 127.0.0.1: each exchange is counted in /tmp/count
 LOOPBACK_PAIR = """
-import socket, time
+import os, socket, time
 server = socket.create_server(("127.0.0.1", 5555))
 client = socket.create_connection(("127.0.0.1", 5555))
 peer, _ = server.accept()
@@ -156,8 +156,9 @@ while True:
     client.sendall(count.to_bytes(4, "big"))
     assert int.from_bytes(peer.recv(4), "big") == count
     count += 1
-    with open("/tmp/count", "w") as out:
+    with open("/tmp/count.new", "w") as out:
         out.write(str(count))
+    os.replace("/tmp/count.new", "/tmp/count")  # a reader never sees it empty
     time.sleep(0.05)
 """
 
