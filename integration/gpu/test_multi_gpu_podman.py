@@ -63,6 +63,14 @@ def keep_logs(podman: harness.Podman, name: str) -> None:
             shutil.copy(path, harness.result_path(f"{name}-{path.parent.name}-{path.stem}", path.suffix))
 
 
+def removed(podman: harness.Podman, name: str, archive: Path) -> None:
+    """The container gone (its logs kept first) and its archive with it."""
+    keep_logs(podman, name)
+    podman.cli("rm", "-f", name, check=False)
+    archive.unlink(missing_ok=True)
+    Path(f"{archive}.sig").unlink(missing_ok=True)
+
+
 def timed(call) -> float:
     started = time.monotonic()
     call()
@@ -129,10 +137,7 @@ def test_podman_ddp_two_gpus(results: dict, podman: harness.Podman, two_gpus: No
             f"{found['bit_exact_restore']}, {found['bit_exact_left_running']}, {found['bit_exact_import']}")
         assert found["bit_exact_restore"] and found["bit_exact_left_running"] and found["bit_exact_import"], found
     finally:
-        keep_logs(podman, name)
-        podman.cli("rm", "-f", name, check=False)
-        archive.unlink(missing_ok=True)
-        Path(f"{archive}.sig").unlink(missing_ok=True)
+        removed(podman, name, archive)
 
 
 @harness.nftables_network_lock()
@@ -177,10 +182,7 @@ def test_podman_tp_server_two_gpus(results: dict, podman: harness.Podman, two_gp
             f"{found['same_after_restore']}, {found['same_left_running']}, {found['same_after_import']}")
         assert found["same_after_restore"] and found["same_left_running"] and found["same_after_import"], found
     finally:
-        keep_logs(podman, name)
-        podman.cli("rm", "-f", name, check=False)
-        archive.unlink(missing_ok=True)
-        Path(f"{archive}.sig").unlink(missing_ok=True)
+        removed(podman, name, archive)
 
 
 @harness.nftables_network_lock()
