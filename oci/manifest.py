@@ -118,14 +118,17 @@ class NetworkPolicy(_Record):
 
 class SpecGrants(_Record):
     """What the checkpointed container's spec gave it that a restore spec could widen, kept in the signed manifest:
-    its hooks ("STAGE PATH"), its capabilities, its device nodes ("TYPE MAJOR:MINOR"; NVIDIA's left out: a restore
-    may give other GPUs). A restore spec comes from outside the dump (podman's own --import takes spec.dump as the
-    archive carries it)."""
+    its hooks ("STAGE PATH #DIGEST"), its capabilities, its device nodes and cgroup device rules (those runc,
+    the node's NVIDIA devices and the operator's allow-list do not already give: a restore may give other
+    GPUs). A restore spec comes from outside the dump (podman's own --import takes spec.dump as the archive
+    carries it)."""
     hooks: Annotated[list[PathText], Field(max_length=256)] = []
     capabilities: Annotated[list[Annotated[str, StringConstraints(pattern=r"^CAP_[A-Z_]{1,40}$")]],
                             Field(max_length=128)] = []
-    devices: Annotated[list[Annotated[str, StringConstraints(pattern=r"^[cbup] \d{1,10}:\d{1,10}$")]],
-                       Field(max_length=MAX_ITEMS)] = []
+    # device nodes and cgroup allow rules beyond runc's defaults, this node's NVIDIA devices and the operator's
+    # allow-list (policy/devices.py's words: "/dev/fuse (c 10:229)", "cgroup rule allow c 10:229 rwm")
+    devices: Annotated[list[PathText], Field(max_length=MAX_ITEMS)] = []
+    device_rules: Annotated[list[PathText], Field(max_length=MAX_ITEMS)] = []
     # bind mounts, "DESTINATION <- SOURCE ro|rw", the container's own directory in its engine's storage as <self>
     binds: Annotated[list[PathText], Field(max_length=MAX_ITEMS)] = []
 

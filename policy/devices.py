@@ -105,7 +105,7 @@ def _number(value: int | None) -> int | None:
     return None if value is None or value < 0 else value  # runc reads -1 as any number
 
 
-def _node_refusal(device: Device, allowance: DeviceAllowance) -> str | None:
+def node_refusal(device: Device, allowance: DeviceAllowance) -> str | None:
     kind = "c" if device.type == "u" else device.type  # "u": an unbuffered character device
     major, minor = _number(device.major), _number(device.minor)
     if kind in ("c", "b") and major is not None and minor is not None and allowance.allows(
@@ -114,7 +114,7 @@ def _node_refusal(device: Device, allowance: DeviceAllowance) -> str | None:
     return f"{device.path[:80]} ({device.type or '?'} {_shown(major)}:{_shown(minor)})"
 
 
-def _rule_refusal(rule: DeviceRule, allowance: DeviceAllowance) -> str | None:
+def rule_refusal(rule: DeviceRule, allowance: DeviceAllowance) -> str | None:
     if not rule.allow:
         return None  # a deny rule takes away, never gives
     kind, major, minor = rule.type or "a", _number(rule.major), _number(rule.minor)
@@ -136,8 +136,8 @@ def device_refusals(spec: Spec, where: str, allowance: DeviceAllowance | None = 
     """The device nodes (linux.devices) and cgroup allow rules (linux.resources.devices) of `spec` that are
     neither runc's defaults, this node's NVIDIA devices nor the operator's allow-list: one line naming them."""
     allowance = allowance or DeviceAllowance()
-    found = [refusal for device in spec.linux.devices if (refusal := _node_refusal(device, allowance))]
-    found += [refusal for rule in spec.linux.resources.devices if (refusal := _rule_refusal(rule, allowance))]
+    found = [refusal for device in spec.linux.devices if (refusal := node_refusal(device, allowance))]
+    found += [refusal for rule in spec.linux.resources.devices if (refusal := rule_refusal(rule, allowance))]
     if not found:
         return []
     found = list(dict.fromkeys(found))

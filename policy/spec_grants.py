@@ -17,32 +17,39 @@ import json
 import re
 
 from ..host.safefiles import not_movable_by_others
+from ..node.hook_entry import spec_entry
 from ..oci.manifest import SpecGrants
-from ..oci.nvidia_paths import NVIDIA_DEVICE_PREFIX
 from ..oci.spec import Spec
+from .devices import DeviceAllowance, node_refusal, rule_refusal
 
 CAPABILITY = re.compile(r"CAP_[A-Z_]{1,40}")
 HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 
+def _hook(stage: str, entry: dict[str, object]) -> str:
+    """A hook as "STAGE PATH #DIGEST", the digest of its arguments, environment and timeout: the same program run
+    otherwise (other arguments, an LD_PRELOAD) is another hook."""
+    named = entry.get("path")
+    path = named if isinstance(named, str) else "?"
+    rest = json.dumps({key: entry.get(key) for key in ("args", "env", "timeout")}, sort_keys=True)
+    return f"{stage} {path[:3900]} #{hashlib.sha256(rest.encode()).hexdigest()[:16]}"
+
+
 def _hooks(spec: Spec) -> list[str]:
-    """Each hook as "STAGE PATH #DIGEST", the digest of its arguments, environment and timeout: the same
-    program run otherwise is another hook."""
     hooks = spec.hooks if isinstance(spec.hooks, dict) else {}
     found = []
     for stage in HOOK_STAGES:
         entries = hooks.get(stage)
-        for entry in entries if isinstance(entries, list) else []:
-            entry = entry if isinstance(entry, dict) else {}
-            named = entry.get("path")
-            path = named if isinstance(named, str) else "?"
-            rest = json.dumps({key: entry.get(key) for key in ("args", "env", "timeout")}, sort_keys=True)
-            found.append(f"{stage} {path[:3900]} #{hashlib.sha256(rest.encode()).hexdigest()[:16]}")
+        found += [_hook(stage, entry if isinstance(entry, dict) else {})
+                  for entry in (entries if isinstance(entries, list) else [])]
     return sorted(set(found))
 
 
-def _hook_path(hook: str) -> str:
-    return hook.split(" ", 1)[1].rsplit(" #", 1)[0]
+def _own_entries(own_hooks: frozenset[str]) -> set[str]:
+    """gpuckpt-hook's entries exactly as hooks.d and hook.add_to_spec write them (no environment): only these are
+    the node's own; its path with other arguments or an environment is any other hook."""
+    return {_hook(stage, spec_entry(path, stage)) for path in own_hooks for stage in HOOK_STAGES}
+
 
 
 def _own(source: str, container_id: str) -> str:
@@ -67,25 +74,25 @@ def _binds(spec: Spec, container_id: str) -> list[str]:
     return sorted(set(found))
 
 
-def grants_of(spec: Spec, container_id: str = "") -> SpecGrants:
+def grants_of(spec: Spec, container_id: str = "", allowance: DeviceAllowance | None = None) -> SpecGrants:
     capabilities = spec.process.capabilities.all() if spec.process.capabilities else set()
-    devices = {f"{device.type or '?'} {device.major}:{device.minor}" for device in spec.linux.devices
-               if not device.path.startswith(NVIDIA_DEVICE_PREFIX) and device.major is not None
-               and device.minor is not None and device.type in ("c", "b", "u", "p")}
+    allowance = allowance or DeviceAllowance()
+    devices = {refusal for device in spec.linux.devices if (refusal := node_refusal(device, allowance))}
+    rules = {refusal for rule in spec.linux.resources.devices if (refusal := rule_refusal(rule, allowance))}
     return SpecGrants(hooks=_hooks(spec), capabilities=sorted(c for c in capabilities if CAPABILITY.fullmatch(c)),
-                      devices=sorted(devices), binds=_binds(spec, container_id))
+                      devices=sorted(devices), device_rules=sorted(rules), binds=_binds(spec, container_id))
 
 
 def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hooks_only: bool = False,
-            container_id: str = "") -> list[str]:
+            container_id: str = "", allowance: DeviceAllowance | None = None) -> list[str]:
     """What `spec` grants beyond `recorded`, each as a phrase; [] when nothing. `hooks_only`: its hooks alone (an
     unsigned dump: its devices are judged by the import's allow-list, refuse_foreign_devices). `container_id`: the
     restored container's, whose bind mounts are judged too (podman's bundle: its spec came from spec.dump)."""
-    now = grants_of(spec, container_id)
+    now = grants_of(spec, container_id, allowance)
     unknown_capabilities = spec.process.capabilities is not None and any(
         not CAPABILITY.fullmatch(c) for c in spec.process.capabilities.all())
-    hooks = [hook.rsplit(" #", 1)[0] for hook in now.hooks
-             if hook not in recorded.hooks and _hook_path(hook) not in own_hooks]
+    own = _own_entries(own_hooks)
+    hooks = [hook.rsplit(" #", 1)[0] for hook in now.hooks if hook not in recorded.hooks and hook not in own]
     problems = []
     if hooks:
         problems.append(f"hooks ({', '.join(h[:120] for h in hooks[:4])})")
@@ -97,6 +104,8 @@ def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hook
         problems.append("capabilities it names other than CAP_*")
     if devices := sorted(set(now.devices) - set(recorded.devices)):
         problems.append(f"device nodes ({', '.join(devices[:8])})")
+    if rules := sorted(set(now.device_rules) - set(recorded.device_rules)):
+        problems.append(f"device rules ({', '.join(rules[:8])})")
     if container_id:
         had = set(recorded.binds) | {bind[:-2] + "ro" for bind in recorded.binds if bind.endswith(" rw")}
         if binds := [bind for bind in now.binds if bind not in had]:

@@ -9,7 +9,20 @@ import pytest
 
 from gpuckpt.oci.manifest import Manifest, SpecGrants
 from gpuckpt.oci.spec import Spec
-from gpuckpt.policy.spec_grants import grants_of, widened
+from gpuckpt.policy.devices import DeviceAllowance, DeviceId
+from gpuckpt.policy.spec_grants import grants_of as _grants_of
+from gpuckpt.policy.spec_grants import widened as _widened
+
+# this node's NVIDIA devices for the tests: two GPUs' nodes; no operator allow-list
+ALLOWANCE = DeviceAllowance(nvidia=[DeviceId("c", 195, 0), DeviceId("c", 195, 1), DeviceId("c", 195, 255)], listed=[])
+
+
+def grants_of(spec: Spec, container_id: str = "") -> SpecGrants:
+    return _grants_of(spec, container_id, ALLOWANCE)
+
+
+def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], **options) -> list[str]:
+    return _widened(recorded, spec, own_hooks, allowance=ALLOWANCE, **options)
 
 OWN_HOOK = "/usr/bin/gpuckpt-hook"
 OLD, NEW = "a" * 64, "b" * 64
@@ -18,10 +31,13 @@ SPEC = {
                 "source": f"/var/lib/containers/storage/overlay-containers/{OLD}/userdata/hosts"},
                {"destination": "/data", "type": "bind", "options": ["rbind", "rw"], "source": "/srv/data"}],
     "process": {"capabilities": {"bounding": ["CAP_CHOWN", "CAP_KILL"], "effective": ["CAP_CHOWN"]}},
-    "hooks": {"createRuntime": [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"]}],
+    "hooks": {"createRuntime": [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"], "timeout": 60}],
               "createContainer": [{"path": "/usr/bin/nvidia-cdi-hook", "args": ["nvidia-cdi-hook", "update-ldcache"]}]},
     "linux": {"devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229},
-                          {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}]},
+                          {"path": "/dev/nvidia0", "type": "c", "major": 195, "minor": 0}],
+              "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                        {"allow": True, "type": "c", "major": 10, "minor": 229, "access": "rwm"},
+                                        {"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rw"}]}},
 }
 
 
@@ -36,7 +52,8 @@ RECORDED = grants_of(spec())
 
 def test_the_checkpointed_spec_restores_and_its_grants_travel_in_the_manifest() -> None:
     assert widened(RECORDED, spec(), frozenset({OWN_HOOK})) == []
-    assert RECORDED.devices == ["c 10:229"]  # NVIDIA's left to the GPU checks
+    assert RECORDED.devices == ["/dev/fuse (c 10:229)"]  # NVIDIA's by its numbers, left to the GPU checks
+    assert RECORDED.device_rules == ["cgroup rule allow c 10:229 rwm"]
     manifest = Manifest(created="2026-11-28T00:00:00Z", container_id="c1", spec_grants=RECORDED)
     assert Manifest.model_validate_json(manifest.model_dump_json()).spec_grants == RECORDED
 
@@ -58,9 +75,9 @@ def test_the_same_hook_program_run_otherwise_is_refused() -> None:
 
 def test_the_nodes_own_hook_and_other_gpus_are_not_counted() -> None:
     def engine_changes(changed: dict) -> None:
-        changed["hooks"]["createRuntime"] = [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"],
-                                              "timeout": 60}]
+        changed["hooks"]["poststop"] = [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "poststop"], "timeout": 60}]
         changed["linux"]["devices"][1] = {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}
+        changed["linux"]["resources"]["devices"][2]["minor"] = 1
     assert widened(RECORDED, spec(engine_changes), frozenset({OWN_HOOK})) == []
 
 
@@ -70,7 +87,32 @@ def test_a_capability_or_a_device_added_is_refused() -> None:
         changed["process"]["capabilities"]["permitted"] = ["CAP_SYS_ADMIN"]
         changed["linux"]["devices"].append({"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11})
     assert widened(RECORDED, spec(more), frozenset({OWN_HOOK})) == [
-        "capabilities (CAP_SYS_ADMIN)", "device nodes (c 1:11)"]
+        "capabilities (CAP_SYS_ADMIN)", "device nodes (/dev/kmsg (c 1:11))"]
+
+
+@pytest.mark.hostile("restore spec with a cgroup rule for a host device only (its node from the archive's diff) "
+                     "(third review G2)")
+def test_a_device_rule_added_is_refused() -> None:
+    def rule(changed: dict) -> None:
+        changed["linux"]["resources"]["devices"].append(
+            {"allow": True, "type": "c", "major": 1, "minor": 11, "access": "rw"})
+    assert widened(RECORDED, spec(rule), frozenset({OWN_HOOK})) == ["device rules (cgroup rule allow c 1:11 rw)"]
+
+
+@pytest.mark.hostile("restore spec naming a host device by an NVIDIA path (/dev/nvidia-x as c 1:11)")
+def test_an_nvidia_path_with_other_numbers_is_a_host_device() -> None:
+    def disguised(changed: dict) -> None:
+        changed["linux"]["devices"].append({"path": "/dev/nvidia-x", "type": "c", "major": 1, "minor": 11})
+    assert widened(RECORDED, spec(disguised), frozenset({OWN_HOOK})) == ["device nodes (/dev/nvidia-x (c 1:11))"]
+
+
+@pytest.mark.hostile("restore spec running gpuckpt-hook's own path with an environment of its choosing (LD_PRELOAD) "
+                     "(third review G1)")
+def test_the_hooks_own_path_run_otherwise_is_refused() -> None:
+    def preloaded(changed: dict) -> None:
+        changed["hooks"]["createRuntime"].append({"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"],
+                                                  "env": ["LD_PRELOAD=/tmp/evil.so"], "timeout": 60})
+    assert widened(RECORDED, spec(preloaded), frozenset({OWN_HOOK})) == [f"hooks (createRuntime {OWN_HOOK})"]
 
 
 def test_grants_refuse_what_is_not_a_capability_or_a_device() -> None:
