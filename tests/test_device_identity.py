@@ -179,7 +179,11 @@ def restore_refusal(node) -> str | None:
                      "restored with a bundle giving /dev/nvidia-rt c 1:11 and its cgroup rule (podman --import)")
 def test_a_foreign_dumps_bundle_devices_are_checked_by_identity(restorable, tmp_path, monkeypatch) -> None:
     node = restorable([KMSG_NODE], [DENY_ALL, KMSG_RULE])
-    assert restore_refusal(node) is None  # this node's own dump: its container's own spec, whatever it holds
+    # this node's own dump restores with what its checkpointed spec granted, no more (policy/spec_grants.py): the
+    # bundle given the device after the checkpoint is refused, by its numbers though its path looks like NVIDIA's
+    line = restore_refusal(node)
+    assert line is not None and "its spec grants device nodes (/dev/nvidia-rt (c 1:11)); device rules (cgroup rule " \
+        "allow c 1:11 rwm), which the checkpointed container did not have" in line, line
 
     node = restorable([KMSG_NODE], [DENY_ALL, KMSG_RULE])
     (node.images / DUMP_SIGNATURE).unlink()
