@@ -24,6 +24,7 @@ from ..host.netns import in_netns_of, loopback_up
 from ..host.safefiles import read_bounded
 from ..node.hook_entry import STAGES
 from ..node.inventory import check_container_id, remove_record, write_record
+from ..oci.bundle_layout import in_containers_storage
 from ..oci.nvidia_paths import gpu_minor
 from ..oci.timestamps import utc_now
 
@@ -111,7 +112,7 @@ def engine_of(bundle: str, annotations: dict[str, object]) -> str:
         return "cri-o"  # CRI-O's own key (podman sets other io.kubernetes.cri-o.* keys, not this one)
     # containers/storage's layout (DRIVER-containers/ID/userdata), where podman's bundles are: the
     # engine's choice, where io.container.manager is one a user's --annotation overrides
-    if len(parts) > 3 and parts[-3].endswith("-containers") and parts[-1] == "userdata":
+    if in_containers_storage(bundle):
         return "podman"
     if annotations.get("io.container.manager") == "libpod":
         return "podman"

@@ -137,13 +137,13 @@ class Spec(_Part):
 
 
 # OCI runtime-spec keys (config-linux.md, config.md) by where they sit, whether or not our models read them
+HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 _HOOK = ("path", "args", "env", "timeout")
 _SYSCALL = ("names", "action", "errnoRet", "args")
 OCI_KEYS_AT: dict[tuple[str, ...], tuple[str, ...]] = {
     (): ("ociVersion", "hooks", "process", "mounts", "linux", "root", "annotations", "hostname", "domainname"),
-    ("hooks",): ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"),
-    **{("hooks", stage): _HOOK for stage in ("prestart", "createRuntime", "createContainer", "startContainer",
-                                              "poststart", "poststop")},
+    ("hooks",): HOOK_STAGES,
+    **{("hooks", stage): _HOOK for stage in HOOK_STAGES},
     ("root",): ("path", "readonly"),
     ("mounts",): ("destination", "source", "type", "options", "uidMappings", "gidMappings"),
     ("process",): ("terminal", "consoleSize", "cwd", "env", "args", "commandLine", "rlimits", "apparmorProfile",

@@ -19,11 +19,10 @@ import re
 from ..host.safefiles import not_movable_by_others
 from ..node.hook_entry import spec_entry
 from ..oci.manifest import SpecGrants
-from ..oci.spec import Spec
+from ..oci.spec import HOOK_STAGES, Spec
 from .devices import DeviceAllowance, node_refusal, rule_refusal
 
 CAPABILITY = re.compile(r"CAP_[A-Z_]{1,40}")
-HOOK_STAGES = ("prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop")
 
 
 def _hook(stage: str, entry: dict[str, object]) -> str:
@@ -49,7 +48,6 @@ def _own_entries(own_hooks: frozenset[str]) -> set[str]:
     """gpuckpt-hook's entries exactly as hooks.d and hook.add_to_spec write them (no environment): only these are
     the node's own; its path with other arguments or an environment is any other hook."""
     return {_hook(stage, spec_entry(path, stage)) for path in own_hooks for stage in HOOK_STAGES}
-
 
 
 def _own(source: str, container_id: str) -> str:

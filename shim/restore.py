@@ -51,6 +51,7 @@ from ..node.journal import (
 )
 from ..node.lock import ContainerLock, StateKey
 from ..node.paths import config_path
+from ..oci.bundle_layout import in_containers_storage
 from ..oci.manifest import MANIFEST_NAME, Manifest, SpecGrants, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations, standby_asked
@@ -278,13 +279,13 @@ def refuse_foreign_devices(bundle: str, container_id: str) -> None:
 
 def refuse_widened_spec(recorded: SpecGrants | None, bundle: str, container_id: str, *,
                         unsigned: bool = False) -> None:
-    """The restore spec grants no hook, capability or device node the signed checkpoint's spec did not
-    (policy/spec_grants.py): podman's own restore of an archive takes its spec from spec.dump, unsigned."""
+    """The restore spec grants no hook, capability, device node or rule (nor, in podman's bundle, bind mount) the
+    signed checkpoint's spec did not (policy/spec_grants.py): podman's own restore of an archive takes its spec
+    from spec.dump, unsigned."""
     if recorded is None:
         return  # no manifest, or one of a gpuckpt before the record: judged as then
-    # podman's bundle (containers/storage's DRIVER-containers/ID/userdata): its spec was made from spec.dump, mounts too
-    parts = bundle.split("/")
-    podmans = len(parts) > 3 and parts[-3].endswith("-containers") and parts[-1] == "userdata"
+    # a podman bundle's spec was made from spec.dump, its mounts too: judged as well
+    podmans = in_containers_storage(bundle)
     if problems := widened(recorded, read_spec(bundle), own_hook_paths(), hooks_only=unsigned,
                            container_id=container_id if podmans and recorded.binds else ""):
         had = "an unsigned checkpoint restores no hooks but gpuckpt-hook" if unsigned else \
