@@ -51,6 +51,18 @@ def podman_counter(prefix: str, test_name: str) -> str:
     return name
 
 
+@contextlib.contextmanager
+def small_filesystem(directory: Path, size: str, label: str) -> Iterator[Path]:
+    """A tmpfs of `size` (mount's size=, e.g. "4m") mounted at `directory`, root's only, unmounted after: a disk that
+    fills up."""
+    directory.mkdir()
+    sh("mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", label, str(directory))
+    try:
+        yield directory
+    finally:
+        sh("umount", str(directory), check=False)
+
+
 def read_state(name: str) -> Callable[[], str]:
     return lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout
 

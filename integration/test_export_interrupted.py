@@ -15,7 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from bed import GPUCKPT, assert_continues, podman_counter, read_state, running, sh, wait_counter, wait_for
+from bed import (
+    GPUCKPT,
+    assert_continues,
+    podman_counter,
+    read_state,
+    running,
+    sh,
+    small_filesystem,
+    wait_counter,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -71,11 +81,8 @@ def test_interrupted_export_puts_the_container_back(big_counter, tmp_path, phase
 
 @pytest.fixture
 def full_filesystem(tmp_path):
-    mount = tmp_path / "full"
-    mount.mkdir()
-    sh("mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "nosilence-full", str(mount))
-    yield mount
-    sh("umount", str(mount), check=False)
+    with small_filesystem(tmp_path / "full", "4m", "nosilence-full") as mount:
+        yield mount
 
 
 def test_export_onto_a_full_filesystem_names_it_and_puts_the_container_back(big_counter, full_filesystem) -> None:

@@ -15,7 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from bed import GPUCKPT, assert_continues, podman_counter, read_state, running, sh, wait_counter, wait_for
+from bed import (
+    GPUCKPT,
+    assert_continues,
+    podman_counter,
+    read_state,
+    running,
+    sh,
+    small_filesystem,
+    wait_counter,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -82,11 +92,8 @@ def test_interrupted_store_checkpoint_puts_the_container_back(big_counter, tmp_p
 
 @pytest.fixture
 def full_filesystem(tmp_path):
-    mount = tmp_path / "full"
-    mount.mkdir()
-    sh("mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "putback-full", str(mount))
-    yield mount
-    sh("umount", str(mount), check=False)
+    with small_filesystem(tmp_path / "full", "8m", "putback-full") as mount:
+        yield mount
 
 
 def test_store_on_a_full_filesystem_names_it_removes_its_chunks_and_puts_the_container_back(

@@ -10,7 +10,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, small_filesystem, wait_counter
 
 pytestmark = pytest.mark.integration
 _names = itertools.count()
@@ -117,11 +117,8 @@ def test_a_corrupted_chunk_refuses_the_restore_naming_it(counter, store_dir) -> 
 @pytest.fixture
 def full_store(tmp_path):
     """A store on a 4 MiB tmpfs: the counter's 16 MiB of random pages cannot fit."""
-    mount = tmp_path / "ops-full"
-    mount.mkdir()
-    sh("mount", "-t", "tmpfs", "-o", "size=4m,mode=0700", "ops-full-store", str(mount))
-    yield mount / "store"
-    sh("umount", str(mount), check=False)
+    with small_filesystem(tmp_path / "ops-full", "4m", "ops-full-store") as mount:
+        yield mount / "store"
 
 
 def test_checkpoint_onto_a_full_disk_names_the_store_and_removes_its_chunks(counter, full_store) -> None:
