@@ -260,33 +260,35 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
                               signed: bool) -> None:
     """The restore spec of a restore `gpuckpt import` did not stage: a dump from elsewhere gets only the devices an
     import allows; a signed one no more hooks, capabilities and devices than its checkpointed spec had."""
-    if not dumped_here(image_dir, load_trust()):
-        refuse_foreign_devices(bundle, container_id)
-    if signed:
-        refuse_widened_spec(manifest.spec_grants if manifest else None, bundle, container_id)
-    else:  # an unsigned dump the trust policy lets in (restore:any): nothing vouches for what it records
-        refuse_widened_spec(SpecGrants(), bundle, container_id, unsigned=True)
+    foreign = not dumped_here(image_dir, load_trust())
+    # an unsigned dump the trust policy lets in (restore:any): nothing vouches for what it records
+    recorded = (manifest.spec_grants if manifest else None) if signed else SpecGrants()
+    if not (foreign or recorded is not None):
+        return  # a manifest of a gpuckpt before the record: judged as then
+    spec = read_spec(bundle)  # once, for both judgements
+    if foreign:
+        refuse_foreign_devices(spec, container_id)
+    if recorded is not None:
+        refuse_widened_spec(recorded, spec, bundle, container_id, unsigned=not signed)
 
 
-def refuse_foreign_devices(bundle: str, container_id: str) -> None:
+def refuse_foreign_devices(spec: Spec, container_id: str) -> None:
     """A dump from elsewhere (another node's, or unsigned) restores only with the devices an import allows: its
     bundle may be an archive's spec.dump as podman's own --import took it. This node's own dumps restore the
     container's own spec, whatever devices the operator gave it."""
-    for refusal in device_refusals(read_spec(bundle), "the restore bundle's config.json"):
+    for refusal in device_refusals(spec, "the restore bundle's config.json"):
         raise ImageError(f"restore of {container_id}: a checkpoint not dumped on this node asks for {refusal}: "
                          "refused")
 
 
-def refuse_widened_spec(recorded: SpecGrants | None, bundle: str, container_id: str, *,
+def refuse_widened_spec(recorded: SpecGrants, spec: Spec, bundle: str, container_id: str, *,
                         unsigned: bool = False) -> None:
     """The restore spec grants no hook, capability, device node or rule (nor, in podman's bundle, bind mount) the
     signed checkpoint's spec did not (policy/spec_grants.py): podman's own restore of an archive takes its spec
     from spec.dump, unsigned."""
-    if recorded is None:
-        return  # no manifest, or one of a gpuckpt before the record: judged as then
     # a podman bundle's spec was made from spec.dump, its mounts too: judged as well
     podmans = in_containers_storage(bundle)
-    if problems := widened(recorded, read_spec(bundle), own_hook_paths(), hooks_only=unsigned,
+    if problems := widened(recorded, spec, own_hook_paths(), hooks_only=unsigned,
                            container_id=container_id if podmans and recorded.binds else ""):
         had = "an unsigned checkpoint restores no hooks but gpuckpt-hook" if unsigned else \
             "which the checkpointed container did not have"
