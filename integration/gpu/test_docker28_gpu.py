@@ -43,8 +43,10 @@ def test_docker28_cdi(results: dict, docker28: harness.Docker28) -> None:
         imported = docker28.import_rootfs()
         docker28.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state)
         container_id = docker28.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
-        driver_files = "ls /usr/lib/x86_64-linux-gnu /usr/local/nvidia/lib64 2>/dev/null | grep -c '^libcuda.so'"
-        libcuda_before = docker28.cli("exec", name, "sh", "-c", driver_files).stdout.strip()
+        # the self-contained image has python but no grep: the count of libcuda files the CDI spec mounted
+        driver_files = ("import glob; print(len(glob.glob('/usr/lib/x86_64-linux-gnu/libcuda.so*') + "
+                        "glob.glob('/usr/local/nvidia/lib64/libcuda.so*')))")
+        libcuda_before = docker28.cli("exec", name, "python3", "-c", driver_files).stdout.strip()
         before = wait_counters(state, 1, 3)
         started = time.monotonic()
         docker28.cli("checkpoint", "create", name, "cp1")
@@ -56,7 +58,7 @@ def test_docker28_cdi(results: dict, docker28: harness.Docker28) -> None:
         assert info["processes"] and info["gpu_handler"] == "gpuckpt", info
         restore_s = start_from_checkpoint(docker28, name, "cp1")
         after = assert_continues(state, before)
-        assert docker28.cli("exec", name, "sh", "-c", driver_files).stdout.strip() == libcuda_before
+        assert docker28.cli("exec", name, "python3", "-c", driver_files).stdout.strip() == libcuda_before
         started = time.monotonic()
         docker28.cli("checkpoint", "create", "--leave-running", name, "cp2")
         live_s = time.monotonic() - started
