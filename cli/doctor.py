@@ -298,13 +298,19 @@ def check_service() -> str | None:
         _service_status(config.socket) if active == "active" else "not serving yet")
 
 
+def _ask_status(socket_path: str) -> Status | None:
+    """The running service's status answer (None: it answered without one); its API answers only root."""
+    # a status answer is immediate
+    return next((event for event in list(request(socket_path, Request(op="status"), STATUS_TIMEOUT_S))
+                 if isinstance(event, Status)), None)
+
+
 def _service_status(socket_path: str) -> str:
     """What the running service itself says (its API answers only root)."""
     if os.geteuid() != 0:
         return "run as root to ask it"
-    try:  # a status answer is immediate
-        status = next((event for event in list(request(socket_path, Request(op="status"), STATUS_TIMEOUT_S))
-                       if isinstance(event, Status)), None)
+    try:
+        status = _ask_status(socket_path)
     except (GpuckptError, OSError) as error:
         raise CheckFailed(f"{SERVICE_UNIT} is active but its API does not answer: {error}",
                           "journalctl -u gpuckptd says what it is doing") from None
@@ -312,6 +318,35 @@ def _service_status(socket_path: str) -> str:
         raise CheckFailed(f"{SERVICE_UNIT} answered on {socket_path} without a status", "journalctl -u gpuckptd")
     busy = f", busy: {status.busy}" if status.busy else ""
     return f"{len(status.recorded)} container(s) recorded, {len(status.drained)} drained waiting for a restore{busy}"
+
+
+def check_preemption() -> str | None:
+    """A preemption gpuckptd took and nobody cleared (service/preemption.py): periodic checkpoints and idle
+    reclaim wait and new notices are not watched until `gpuckpt service reset`, which only a restart did too.
+    Asked wherever gpuckptd answers, under systemd or in the foreground; nothing said where it does not (as
+    root, check_service says whether it should) or where only root may ask."""
+    socket_path = load_config().service.socket
+    if os.geteuid() != 0 or not os.path.exists(socket_path):
+        return None
+    try:
+        status = _ask_status(socket_path)
+    except (GpuckptError, OSError):
+        return None  # check_service names a service that does not answer
+    preemption = status.preemption if status else None
+    if preemption is None:
+        return None  # a gpuckptd older than its client, or one still starting
+    if preemption.state == "watching":
+        return f"gpuckptd watches for preemption: {', '.join(preemption.sources)}"
+    when = (f"notice at {preemption.noticed_at} from {preemption.source}, the node goes at (deadline) "
+            f"{preemption.deadline_at}")
+    if preemption.state == "draining":
+        raise CheckWarned(f"gpuckptd is draining for a preemption: {when}; periodic checkpoints and idle reclaim "
+                          "wait", "once its drain ends, if the node stays: gpuckpt service restore, then gpuckpt "
+                          "service reset (gpuckpt service status shows the drain)")
+    raise CheckWarned(f"a preemption is pending in gpuckptd: {when}; {preemption.drain or 'drain ended'}; "
+                      "periodic checkpoints and idle reclaim wait and new notices are not watched",
+                      "if the node stays: gpuckpt service restore (brings back what the drain left), then "
+                      "gpuckpt service reset (watching again, without a restart)")
 
 
 def check_resident_helper() -> str:
@@ -415,7 +450,7 @@ CHECKS: list[Callable[[], str | None]] = [
     check_kernel, check_cgroup_hierarchies, check_criu, check_criu_image_definitions, check_config_and_delegate,
     check_trust, check_network_lock, check_journals,
     check_podman, check_podman_runtime_names, check_docker, check_containerd, check_hook, check_service,
-    check_resident_helper,
+    check_preemption, check_resident_helper,
     check_driver, check_cdi,
 ]
 

@@ -37,7 +37,7 @@ class ExitCode(NamedTuple):
 
 
 EXIT_CODES = (
-    ExitCode(4, "not found: no such container, file, archive or stored checkpoint", (NotFoundError,)),
+    ExitCode(4, "not found: no such container, pod, file, archive or stored checkpoint", (NotFoundError,)),
     ExitCode(2, "bad input: a command line or configuration value gpuckpt cannot accept", (UsageError, ConfigError)),
     ExitCode(3, "refused: by the trust or import policy, or a checkpoint, archive or node that checks refuse",
              (PolicyError, ImageError, CheckpointRefusedError, UnsafeNodeError)),

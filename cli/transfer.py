@@ -21,6 +21,7 @@ import os
 import stat
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ..errors import ImageError, NotFoundError, UsageError
@@ -32,7 +33,7 @@ from ..node.config import ImportConfig, load_config
 from ..node.container_record import container_label, short_id
 from ..node.engines import PODMAN_CONF, RUNTIME_NAME, own_hook_paths, podman_registration
 from ..node.paths import config_path
-from ..node.put_back import put_back, raise_with_outcome
+from ..node.put_back import put_back, raise_with_outcome, require_container
 from ..oci.archive import READ_BYTES, RatioGuard, decompressed, open_archive
 from ..oci.image_layout import CheckpointImageWriter, parse_target, read_layout
 from ..oci.podman_archive import (
@@ -49,7 +50,13 @@ from ..policy.annotations import refuse_runtime_annotations
 from ..policy.archive_import import import_refusals, volume_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
-from ..transfer.restore_options import RestoreOptions, refuse_taken, require_pod, require_supported
+from ..transfer.restore_options import (
+    RestoreOptions,
+    refuse_as_config_says,
+    refuse_taken,
+    require_pod,
+    require_supported,
+)
 from ..transfer.staging import HeldOutput, Staging
 from ..trust.keys import load_trust, require_node_key
 from ..trust.provenance import (
@@ -122,8 +129,7 @@ def restore_options(podman: str, options: argparse.Namespace, name: str | None) 
     if name:  # first: what podman would refuse only after the whole archive is checked and staged
         refuse_taken(podman, name)
     require_supported(podman, chosen)
-    require_pod(podman, chosen.pod)
-    return chosen
+    return replace(chosen, pod_id=require_pod(podman, chosen.pod))
 
 
 def _podman() -> str:
@@ -157,6 +163,7 @@ def run_export(options: argparse.Namespace) -> int:
     podman = _podman()
     if options.threads < 0:
         raise UsageError(f"--threads {options.threads}: give 0 (one per CPU) or more")
+    require_container(podman, options.container)
     signing = ExportSigning(require_node_key())  # no key: refused before podman checkpoints
     writer, where = _writer(options.output, options.threads)
     signing.attach(writer)
@@ -244,8 +251,7 @@ def run_import(options: argparse.Namespace) -> int:
     def config_read(kept: dict[str, bytes]) -> None:
         """config.dump and spec.dump, checked before anything is staged."""
         dumps = described_dumps(options.archive, kept)
-        if not options.name:  # podman keeps the checkpointed container's name and ID
-            refuse_taken(podman, dumps.config.name, dumps.config.id)
+        refuse_as_config_says(podman, options.archive, dumps.config, restoring)
         if not options.trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
                                                                      graph_root=graph_root)):
             raise ImageError(f"{options.archive}: its container config asks for {'; '.join(refusals)}: refused "

@@ -4,7 +4,8 @@ workload left down in silence.
 podman writes its export into our FIFO opened read-write (Go's os.Create), so closing our end never
 fails its write: it blocks for ever, holding the container's lock. So the stream is drained to nowhere
 until podman ends (its checkpoint completes and is recorded), then the container, if stopped, is
-restored from the checkpoint podman keeps; where that fails, the one command that does is said.
+restored from the checkpoint podman keeps; where that fails, the one command that does is said. Before
+all that, a container podman does not know is said as such (not found), not as podman's checkpoint failing.
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import sys
 import time
 from typing import NoReturn
 
-from ..errors import GpuckptError, ImageError
+from ..errors import GpuckptError, ImageError, NotFoundError
 from ..host.process import Background, run
 from ..host.signals import Terminated, termination_deferred
 
 DRAIN_READ_BYTES = 1 << 20
+
+
+def require_container(podman: str, container: str) -> None:
+    """podman knows `container` (name or ID), before it is asked to checkpoint it: else not found (podman's own
+    checkpoint would fail as the engine failing, with its "no such container" last)."""
+    if run([podman, "container", "exists", container], check=False).returncode == 1:  # 1: none; 125: podman failed
+        raise NotFoundError(f"no container {container!r} in podman (podman ps -a lists them)")
 
 
 def drain_until_ended(fifo: str, podman_run: Background, container: str, command: str = "export") -> None:

@@ -90,6 +90,7 @@ class PodmanConfigDump(BaseModel):
     secret_env: dict[str, dict[str, Any]] = {}
     # mounted at the container's next start: a host path as an overlay's lower (or upper) layer
     overlayVolumes: list[dict[str, Any]] = []
+    pod: str = ""  # the pod's ID, where the container was in one: podman restores it only into a pod (--pod)
     # `--pid container:X` and the like: joined at the container's next start (generateSpec), whatever spec.dump says
     ipcNsCtr: str = ""
     mountNsCtr: str = ""

@@ -29,7 +29,7 @@ from ..host.programs import find_program
 from ..host.signals import termination_deferred
 from ..node.config import load_config
 from ..node.engines import RUNTIME_NAME, own_hook_paths
-from ..node.put_back import put_back, raise_with_outcome
+from ..node.put_back import put_back, raise_with_outcome, require_container
 from ..oci.image_layout import CheckpointImageWriter, parse_target
 from ..oci.podman_archive import (
     CONFIG_DUMP,
@@ -45,7 +45,7 @@ from ..oci.podman_archive import (
 from ..policy.archive_import import import_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
-from ..transfer.restore_options import RestoreOptions, refuse_taken
+from ..transfer.restore_options import RestoreOptions, refuse_as_config_says
 from ..transfer.staging import Staging
 from ..trust.keys import require_node_key
 from ..trust.provenance import ExportSigning
@@ -88,6 +88,7 @@ def checkpoint_into(store: Store, container: str, name: str | None, flags: list[
     if name is not None and store.has_checkpoint(check_name(name)):
         raise UsageError(f"a checkpoint named {name!r} is already in {store.root}: give another --name")
     program = podman()
+    require_container(program, container)
     what = f"podman's export of {container}"
     writer = CheckpointWriter(store, threads)
     with private_fifo("gpuckpt-store-") as fifo:
@@ -157,8 +158,7 @@ def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_conf
             if None in small.values():
                 raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
             dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
-            if not options.name:  # podman keeps the checkpointed container's name and ID
-                refuse_taken(program, dumps.config.name, dumps.config.id)
+            refuse_as_config_says(program, what, dumps.config, options)
             if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
                                                                  graph_root=graph_root)):
                 raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "

@@ -13,7 +13,7 @@ from gpuckpt.errors import UsageError
 from gpuckpt.node.config import ImportConfig
 from gpuckpt.oci.podman_archive import copy_checked
 from gpuckpt.transfer.bounds import StagingBudget
-from gpuckpt.transfer.restore_options import RestoreOptions, check_publish, require_supported
+from gpuckpt.transfer.restore_options import RestoreOptions, check_publish, refuse_pod_mismatch, require_supported
 from gpuckpt.transfer.staging import Staging
 
 
@@ -43,6 +43,19 @@ def test_each_value_is_joined_to_its_flag() -> None:
                               "--keep", "--ignore-rootfs", "--ignore-volumes", "--publish=8080:80",
                               "--publish=127.0.0.1::81", "--pod=p1"]
     assert RestoreOptions().flags() == []
+    # podman 4.3's restore takes the pod's name for its ID: it is given the ID require_pod found
+    assert RestoreOptions(pod="p1", pod_id="ab" * 32).flags() == [f"--pod={'ab' * 32}"]
+
+
+def test_a_pod_is_asked_for_exactly_when_the_archive_was_in_one() -> None:
+    """podman's own rule, said from config.dump's `pod` before anything is staged (it says it after)."""
+    refuse_pod_mismatch("web.tar.zst", "", None)
+    refuse_pod_mismatch("web.tar.zst", "cd" * 32, "p1")
+    with pytest.raises(UsageError, match=r"^web.tar.zst: its container was in a pod \(ID cdcdcdcdcdcd\): .*give "
+                                         r"--pod POD, an existing pod"):
+        refuse_pod_mismatch("web.tar.zst", "cd" * 32, None)
+    with pytest.raises(UsageError, match=r"^--pod p1: the container of web.tar.zst was in no pod.*leave --pod out$"):
+        refuse_pod_mismatch("web.tar.zst", "", "p1")
 
 
 @pytest.mark.parametrize("options", [RestoreOptions(name="-x"), RestoreOptions(pod="a b"),

@@ -6,7 +6,10 @@ What each means for the import's checks: --ignore-rootfs and --ignore-volumes ha
 container's changed files and its volumes' content out, so the import stages none of them (they are still
 checked as they pass) and the shim, which applies only what was staged, applies none (transfer/staging.py).
 --publish values are parsed here ([[IP:][HOST_PORT]:]CONTAINER_PORT[/PROTOCOL], ports or ranges) and given
-to podman as one `--publish=VALUE` each, never as raw words; --pod must name a pod that exists.
+to podman as one `--publish=VALUE` each, never as raw words; --pod must name a pod that exists, and is given
+to podman as the pod's ID (podman 4.3's restore looks a pod up by name, then adds the container by that name as
+if it were an ID: "pod with ID NAME not found"); an archive's container restores into a pod exactly when it was
+in one (podman's own rule, said before anything is staged).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..errors import NotFoundError, UsageError
 from ..host.process import run
+from ..oci.podman_archive import PodmanConfigDump
 
 NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,252}")  # podman's container and pod names
 PORTS = r"[0-9]{1,5}(?:-[0-9]{1,5})?"
@@ -33,7 +37,8 @@ class RestoreOptions:
     name: str | None = None  # --name: the restored container's name (podman then gives it a new ID)
     tcp_established: bool = False
     publish: tuple[str, ...] = ()  # --publish, each checked (check_publish)
-    pod: str | None = None  # --pod: an existing pod the container joins
+    pod: str | None = None  # --pod: an existing pod the container joins, as given
+    pod_id: str | None = None  # that pod's full ID (require_pod), what podman is given
     ignore_static_ip: bool = False
     ignore_static_mac: bool = False
     keep: bool = False  # --keep: podman keeps its temporary checkpoint files (they hold process memory)
@@ -48,7 +53,8 @@ class RestoreOptions:
         words = [f"--name={self.name}"] if self.name else []
         words += [flag for flag, wanted in switches.items() if wanted]
         words += [f"--publish={value}" for value in self.publish]
-        return words + ([f"--pod={self.pod}"] if self.pod else [])
+        pod = self.pod_id or self.pod
+        return words + ([f"--pod={pod}"] if pod else [])
 
     def check(self) -> None:
         """Every value within its allow-list (a one-line UsageError naming the first that is not)."""
@@ -110,6 +116,32 @@ def refuse_taken(podman: str, name: str, container_id: str | None = None) -> Non
             raise UsageError(f"a container with the {what} {taken[:64]} already exists on this node: refused ({hint})")
 
 
-def require_pod(podman: str, pod: str | None) -> None:
-    if pod and run([podman, "pod", "exists", pod], check=False).returncode != 0:
-        raise UsageError(f"--pod {pod}: no such pod on this node (podman pod create makes one)")
+def require_pod(podman: str, pod: str | None) -> str | None:
+    """The full ID of the existing pod `pod` names (None where no --pod is given)."""
+    if not pod:
+        return None
+    found = run([podman, "pod", "inspect", "--format", "{{.ID}}", pod], check=False)
+    pod_id = found.stdout.strip()
+    if found.returncode != 0 or not re.fullmatch(r"[0-9a-f]{64}", pod_id):
+        raise NotFoundError(f"--pod {pod}: no such pod on this node (podman pod create makes one)")
+    return pod_id
+
+
+def refuse_as_config_says(podman: str, what: str, config: PodmanConfigDump, options: RestoreOptions) -> None:
+    """What `what`'s config.dump refuses before anything is staged: without --name podman keeps the checkpointed
+    container's name and ID (one taken: refused), and a pod is asked for exactly when the container was in one."""
+    if not options.name:
+        refuse_taken(podman, config.name, config.id)
+    refuse_pod_mismatch(what, config.pod, options.pod)
+
+
+def refuse_pod_mismatch(what: str, archive_pod: str, pod: str | None) -> None:
+    """podman restores a container that was in a pod only into a pod (--pod), and one that was not only outside
+    one; said in one line from config.dump, before anything is staged (podman says it only after)."""
+    if archive_pod and not pod:
+        raise UsageError(f"{what}: its container was in a pod (ID {archive_pod[:12]}): podman restores it only "
+                         "into a pod; give --pod POD, an existing pod that shares the same namespaces (podman pod "
+                         "create makes one)")
+    if pod and not archive_pod:
+        raise UsageError(f"--pod {pod}: the container of {what} was in no pod, and podman restores such a "
+                         "container only outside one: leave --pod out")
