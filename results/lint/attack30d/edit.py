@@ -10,8 +10,10 @@ MODE binfmt:    mountpoints: a binfmt_misc mount at /mnt (fstype 4, a new mnt_id
                 <podman's userdata of the container>/attack30d-interp, a script shipped at the archive's root.
                 (CRIU did not register it on this node: the entry never appeared; the mount is what matters.)
 MODE binfmtmnt: the binfmt_misc mount alone (no extra image, no extra archive entry).
-MODE devtmpfs:  mountpoints: a devtmpfs mount at /mnt (the host's device nodes).
-MODE debugfs:   mountpoints: a debugfs mount at /mnt.
+MODE sysrw:     mountpoints: the /sys mount loses MS_RDONLY (mount and superblock flags).
+MODE devtmpfs, debugfs, tracefs, securityfs: mountpoints: a mount of that type at /mnt.
+MODE autoext4:  mountpoints: fstype AUTO, fsname ext4, source /dev/vda (the host's root disk) at /mnt.
+MODE overlayhost: mountpoints: an overlay at /mnt, options lowerdir=/ (resolved where CRIU mounts it).
 """
 import io, json, os, struct, subprocess, sys, tarfile, tempfile
 import zstandard
@@ -49,11 +51,20 @@ def binfmt_image(name, interpreter, extension):
     return struct.pack("<III", 0x54564319, 0x67343323, len(entry)) + entry
 
 
-def extra_mount(entries, fstype, source):
+# mode: (fstype, source, options, fsname) of a mount added at /mnt
+EXTRA = {"devtmpfs": (3, "devtmpfs", ""), "debugfs": (11, "debugfs", ""), "tracefs": (19, "tracefs", ""),
+         "securityfs": (9, "securityfs", ""),
+         "autoext4": (16, "/dev/vda", "", "ext4"),  # AUTO with an fsname: the host's root disk
+         "overlayhost": (17, "overlay", "lowerdir=/")}  # an overlay whose lower layer is the restorer's /
+
+
+def extra_mount(entries, fstype, source, options="", fsname=None):
     root = next(e for e in entries if e["mountpoint"] == "/")
     entries.append({"fstype": fstype, "mnt_id": 777, "root_dev": 0xff309, "parent_mnt_id": root["mnt_id"],
                     "flags": 0x20000e, "root": "/", "mountpoint": "/mnt",
-                    "source": source, "options": "", "shared_id": 0, "master_id": 0, "sb_flags": 0})
+                    "source": source, "options": options, "shared_id": 0, "master_id": 0, "sb_flags": 0})
+    if fsname:
+        entries[-1]["fsname"] = fsname
 
 
 def mounts(doc):
@@ -66,10 +77,12 @@ def mounts(doc):
         doc["entries"] = [e for e in entries if e["mountpoint"] != "/proc/sys"]
     elif mode in ("binfmt", "binfmtmnt"):
         extra_mount(entries, 4, "binfmt_misc")
-    elif mode == "devtmpfs":
-        extra_mount(entries, 3, "devtmpfs")
-    elif mode == "debugfs":
-        extra_mount(entries, 11, "debugfs")
+    elif mode == "sysrw":
+        for e in entries:
+            if e["mountpoint"] == "/sys":
+                e["flags"], e["sb_flags"] = e["flags"] & ~1, e.get("sb_flags", 0) & ~1
+    elif mode in EXTRA:
+        extra_mount(entries, *EXTRA[mode])
     return doc
 
 

