@@ -6,7 +6,11 @@ MODE rootfs:    config.dump rootfs = "/" (podman's --rootfs: a host directory as
 MODE unmask:    spec linux.maskedPaths and linux.readonlyPaths emptied.
 MODE privileged: config.dump privileged = true, mountAllDevices = true.
 MODE procrw:    spec mounts: /sys loses "ro", and a sysfs mount rw at /mnt is added.
-MODE cgroupsys: spec linux.cgroupsPath = /system.slice/attack30d (another cgroup tree than podman's).
+MODE cgroupnew: spec linux.cgroupsPath = /attack30d-cg (out of podman's libpod_parent).
+MODE noseccomp: spec linux.seccomp removed, noNewPrivileges false.
+MODE sysctl:    spec linux.sysctl kernel.core_pattern (not namespaced) and net.ipv4.ip_forward.
+MODE apparmor:  spec process.apparmorProfile unconfined (this node has no LSM).
+MODE rlimits:   spec process.rlimits NOFILE 2^20, CORE unlimited.
 """
 import io, json, sys, tarfile
 import zstandard
@@ -25,8 +29,18 @@ def edit(spec):
             if m["destination"] == "/sys":
                 m["options"] = [o for o in m["options"] if o != "ro"]
         spec["mounts"].append({"destination": "/mnt", "type": "sysfs", "source": "sysfs", "options": ["rw"]})
-    if mode == "cgroupsys":
-        linux["cgroupsPath"] = "/system.slice/attack30d"
+    if mode == "cgroupnew":
+        linux["cgroupsPath"] = "/attack30d-cg"
+    if mode == "noseccomp":
+        linux.pop("seccomp", None)
+        spec["process"]["noNewPrivileges"] = False
+    if mode == "sysctl":
+        linux["sysctl"] = {"kernel.core_pattern": "|/var/tmp/attack30d/sysctl-core", "net.ipv4.ip_forward": "1"}
+    if mode == "apparmor":
+        spec["process"]["apparmorProfile"] = "unconfined"
+    if mode == "rlimits":
+        spec["process"]["rlimits"] = [{"type": "RLIMIT_NOFILE", "hard": 1 << 20, "soft": 1 << 20},
+                                      {"type": "RLIMIT_CORE", "hard": 18446744073709551615, "soft": 18446744073709551615}]
     return spec
 
 
