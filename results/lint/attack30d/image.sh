@@ -39,12 +39,13 @@ cp /etc/gpuckpt/trust.toml $D/trust.toml.before
 echo "--- control, default policy: gpuckpt import oci:"
 timeout 200 gpuckpt import oci:$D/img-edit:v1 2>&1 | cut -c1-400; echo "gpuckpt import rc=${PIPESTATUS[0]}"
 gpuckpt trust allow-unsigned restore:any --note attack30d
-echo "=== (1) gpuckpt import oci: $MODE"
+victim() { [ $MODE = cgprop ] && { printf 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA\n' > $D/victim; chmod 600 $D/victim; echo "host victim before: $(ls -la $D/victim | cut -d' ' -f1,3,4) content: $(cat $D/victim)"; }; true; }
+echo "=== (1) gpuckpt import oci: $MODE"; victim
 podman rm -f -t 0 attack30d-src >/dev/null 2>&1
 timeout 200 gpuckpt import oci:$D/img-edit:v1 2>&1 | cut -c1-400; echo "gpuckpt import rc=${PIPESTATUS[0]}"
 PROOF_ONLY=1 bash $H/run.sh $MODE
 podman rm -f -t 0 attack30d-src >/dev/null 2>&1
-echo "=== (2) podman container restore IMAGE $MODE"
+echo "=== (2) podman container restore IMAGE $MODE"; victim
 skopeo copy -q oci:$D/img-edit:v1 containers-storage:localhost/attack30d-img:v1 && echo "copied in"
 timeout 200 podman container restore localhost/attack30d-img:v1 2>&1 | tail -1 | cut -c1-300; echo "restore IMAGE rc=${PIPESTATUS[0]}"
 PROOF_ONLY=1 bash $H/run.sh $MODE
