@@ -58,6 +58,11 @@ for mode in "$@"; do
     cgprop)
       echo "host victim after: $(ls -la $D/victim | cut -d' ' -f1,3,4) content: $(cat $D/victim)"
       grep -q attack30d-written-by-criu $D/victim && echo "HOST FILE written and chmod'ed by CRIU from the image";;
+    tracefs)
+      podman exec attack30d-src sh -c "grep ' /mnt ' /proc/self/mountinfo; echo attack30d-marker-$$ > /mnt/trace_marker; echo 'p:attack30d_probe do_sys_openat2' >> /mnt/kprobe_events" 2>&1; echo "exec rc=$?"
+      mkdir -p $D/tr; mount -t tracefs tracefs $D/tr
+      echo "host kprobe_events: $(cat $D/tr/kprobe_events)"; grep -m1 "attack30d-marker-$$" $D/tr/trace && echo "HOST KERNEL STATE (trace buffer, kprobe) written from the container"
+      echo '-:attack30d_probe' >> $D/tr/kprobe_events 2>/dev/null; echo "kprobe removed: [$(cat $D/tr/kprobe_events)]"; umount $D/tr; rmdir $D/tr;;
     debugfs)
       mkdir -p $D/dbg; mount -t debugfs debugfs $D/dbg; f=$D/dbg/fault_around_bytes; before=$(cat $f)
       podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; echo 8192 > /mnt/fault_around_bytes' 2>&1; echo "exec rc=$?"
