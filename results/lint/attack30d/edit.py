@@ -12,6 +12,7 @@ MODE binfmt:    mountpoints: a binfmt_misc mount at /mnt (fstype 4, a new mnt_id
 MODE binfmtmnt: the binfmt_misc mount alone (no extra image, no extra archive entry).
 MODE cgprop:    cgroup.img: a new child cgroup under the container's hugetlb cgroup with a property named
                 ../../(x40)var/tmp/attack30d/victim, value "attack30d-written-by-criu", perms mode 04777 uid 0.
+MODE extroot:   mountpoints: the external /dev/shm bind's root = /../../(...) (does CRIU join it to runc's source?).
 MODE sysrw:     mountpoints: the /sys mount loses MS_RDONLY (mount and superblock flags).
 MODE devtmpfs, debugfs, tracefs, securityfs: mountpoints: a mount of that type at /mnt.
 MODE autoext4:  mountpoints: fstype AUTO, fsname ext4, source /dev/vda (the host's root disk) at /mnt.
@@ -84,6 +85,10 @@ def mounts(doc):
         for e in entries:
             if e["mountpoint"] == "/sys":
                 e["flags"], e["sb_flags"] = e["flags"] & ~1, e.get("sb_flags", 0) & ~1
+    elif mode == "extroot":  # the external /dev/shm bind (runc gives its source) with a root climbing out of it
+        for e in entries:
+            if e["mountpoint"] == "/dev/shm":
+                e["root"] = "/../../../../../../../../.."
     elif mode in EXTRA:
         extra_mount(entries, *EXTRA[mode])
     return doc

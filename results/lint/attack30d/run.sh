@@ -68,6 +68,7 @@ for mode in "$@"; do
       podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; echo 8192 > /mnt/fault_around_bytes' 2>&1; echo "exec rc=$?"
       now=$(cat $f); echo "host debugfs fault_around_bytes: before $before, now $now"; [ "$now" = 8192 ] && [ "$before" != 8192 ] && echo "HOST KERNEL STATE written from the container"
       echo $before > $f; echo "put back: $(cat $f)"; umount $D/dbg; rmdir $D/dbg;;
+    extroot) podman exec attack30d-src sh -c 'grep " /dev/shm " /proc/self/mountinfo; ls /dev/shm | head | tr "\n" " "' 2>&1; echo "exec rc=$?";;
     *) podman exec attack30d-src sh -c 'grep " /mnt " /proc/self/mountinfo; ls /mnt | head -40 | tr "\n" " "' 2>&1; echo "exec rc=$?";;
   esac
   podman rm -f -t 0 attack30d-src >/dev/null 2>&1
