@@ -3,8 +3,10 @@
 Phases: load CRIU's own message definitions (the protobuf modules of Debian's python3-pycriu,
 from a root-owned directory), then read inventory.img (the dumper's namespaces), pstree.img
 (tasks and their threads), each thread's core-<tid>.img (credentials, seccomp mode), each
-task's ids-<pid>.img (namespaces), seccomp.img (filter chains) and userns-<id>.img (user
-namespace maps). Files come from a directory (opened without following links, regular files
+task's ids-<pid>.img (namespaces), seccomp.img (filter chains), userns-<id>.img (user
+namespace maps), mountpoints-<id>.img (the mounts CRIU makes, as root, in each mount
+namespace) and cgroup.img (the cgroup directories and files CRIU makes and writes under its
+cgroup yard). Files come from a directory (opened without following links, regular files
 only) or from an archive's entries already in memory; every file, entry and count is capped.
 Any problem is one ImageError naming the file.
 """
@@ -32,7 +34,8 @@ from ..errors import ImageError
 # directory and every parent must be root's and writable by no one else.
 PYCRIU_DIRS = ("/opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu/images",
                "/usr/lib/python3/dist-packages/pycriu/images")
-PB2_MODULES = ("creds_pb2", "core_pb2", "pstree_pb2", "inventory_pb2", "seccomp_pb2", "userns_pb2", "cgroup_pb2")
+PB2_MODULES = ("creds_pb2", "core_pb2", "pstree_pb2", "inventory_pb2", "seccomp_pb2", "userns_pb2", "cgroup_pb2",
+               "mnt_pb2")
 
 MAX_FILE_BYTES = 1 << 20         # core-N.img holds registers, sigactions, rlimits: a few KiB
 MAX_SECCOMP_BYTES = 16 << 20     # every distinct filter program of the tree (4096 insns each at most)
@@ -43,8 +46,12 @@ MAX_MAP_EXTENTS = 340            # the kernel's limit for uid_map/gid_map lines
 SECCOMP_FILTER_FLAG_TSYNC = 1
 TASK_DEAD = 2                    # a zombie: restored only to be reaped, never runs
 NAMESPACE_FIELDS = ("pid", "net", "ipc", "uts", "mnt", "user", "cgroup", "time")
-IMAGE_NAME = re.compile(r"(inventory|pstree|seccomp|cgroup|(?:core|ids|userns|creds)-[0-9]{1,10})\.img")
+IMAGE_NAME = re.compile(r"(inventory|pstree|seccomp|cgroup|(?:core|ids|userns|creds|mountpoints)-[0-9]{1,10})\.img")
 MAX_CGROUP_CONTROLLERS = 64  # a kernel has about 15 v1 controllers
+MAX_MOUNTS = 4_096           # mounts of one namespace (a container has a few dozen)
+MAX_CGROUP_NAMES = 65_536    # cgroup directories and files of cgroup.img together
+MAX_CGROUP_DEPTH = 64
+MS_RDONLY = 1
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,29 @@ class IdMap:
     count: int
 
 
+@dataclass(frozen=True)
+class MountImage:
+    """One mount CRIU will make in a restored mount namespace (mountpoints-<id>.img's mnt_entry)."""
+
+    mountpoint: str
+    fstype: int        # mnt.proto's fstype: 1 proc, 2 sysfs, 5 tmpfs, 12 cgroup, 17 overlay, ...
+    root: str          # the part of its filesystem it shows (a bind of a subtree: not "/")
+    read_only: bool    # MS_RDONLY on the mount or its superblock
+    external: bool     # ext_key/ext_mount: the runtime's map names its source, not the image
+    fsname: str        # the filesystem CRIU mounts by name (fstype AUTO)
+    with_plugin: bool  # a CRIU plugin restores it
+
+
+@dataclass(frozen=True)
+class CgroupName:
+    """A directory or file CRIU creates, chmods or writes under its cgroup yard (cgroup.img)."""
+
+    controllers: str   # as /proc/self/cgroup names them
+    path: str          # the directory, from the hierarchy's root (a set's path, or nested dir_names)
+    name: str          # a property file in it ("" for the directory itself or a set's path)
+    mode: int          # the perms CRIU sets (0: none)
+
+
 @dataclass
 class CheckpointImages:
     """What a checkpoint's processes will be restored with."""
@@ -111,6 +141,8 @@ class CheckpointImages:
     seccomp_programs: list[bytes] = field(default_factory=list)  # seccomp.img's filters (BPF)
     tasks: list[TaskImage] = field(default_factory=list)
     user_namespaces: dict[int, tuple[tuple[IdMap, ...], tuple[IdMap, ...]]] = field(default_factory=dict)
+    mounts: dict[int, tuple[MountImage, ...]] = field(default_factory=dict)  # mount namespace id -> its mounts
+    cgroup_names: list[CgroupName] = field(default_factory=list)
 
 
 @cache
@@ -152,6 +184,7 @@ class _Messages:
         self.userns = modules["userns_pb2"].userns_entry
         self.creds = modules["creds_pb2"].creds_entry
         self.cgroup = modules["cgroup_pb2"].cgroup_entry
+        self.mount = modules["mnt_pb2"].mnt_entry
 
 
 def _require_root_owned(path: str) -> None:
@@ -359,6 +392,8 @@ def read_checkpoint_images(read: FileSource, where: str) -> CheckpointImages:
             tids = [process.pid]
         images.tasks.append(_task(read, at, messages, images, pid=process.pid, tids=tids, filters=filters))
     _read_user_namespaces(read, images, messages, at)
+    _read_mounts(read, images, messages, at)
+    images.cgroup_names = _cgroup_names(read, messages, at("cgroup.img"))
     return images
 
 
@@ -482,3 +517,58 @@ def _read_user_namespaces(read: FileSource, images: CheckpointImages, messages: 
                 raise ImageError(f"{at(name)}: {len(extents)} map lines, more than the kernel's {MAX_MAP_EXTENTS}")
             maps.append(tuple(IdMap(extent.first, extent.lower_first, extent.count) for extent in extents))
         images.user_namespaces[user_ns] = (maps[0], maps[1])
+
+
+def _read_mounts(read: FileSource, images: CheckpointImages, messages: _Messages, at: Callable[[str], str]) -> None:
+    """The mounts of each mount namespace the tasks are in (CRIU restores those alone; one it was in itself is the
+    restorer's, which the namespace check judges)."""
+    ids = {spaces["mnt"] for task in images.tasks for spaces in task.namespaces if "mnt" in spaces}
+    for mnt_ns in sorted(ids - {images.dumper_namespaces.get("mnt", -1)}):
+        name = f"mountpoints-{mnt_ns}.img"
+        data = read(name, MAX_FILE_BYTES)
+        if data is None:
+            continue  # CRIU restores no namespace without its mounts: it fails, naming the file
+        entries = _entries(data, at(name), "MNTS", messages.mount, messages, limit=MAX_MOUNTS)
+        images.mounts[mnt_ns] = tuple(
+            MountImage(_text(entry.mountpoint), entry.fstype, _text(entry.root),
+                       bool((entry.flags | entry.sb_flags) & MS_RDONLY),
+                       bool(entry.HasField("ext_key") or (entry.HasField("ext_mount") and entry.ext_mount)),
+                       _text(entry.fsname) if entry.HasField("fsname") else "",
+                       bool(entry.HasField("with_plugin") and entry.with_plugin))
+            for entry in entries)
+
+
+def _cgroup_names(read: FileSource, messages: _Messages, where: str) -> list[CgroupName]:
+    """Every directory and file cgroup.img has CRIU make, move tasks into, chmod or write."""
+    entry = _optional(read("cgroup.img", MAX_FILE_BYTES), where, "CGROUP", messages.cgroup, messages)
+    if entry is None:
+        return []
+    names = [CgroupName(_text(control.name), _text(control.path), "", 0) for cg_set in entry.sets
+             for control in cg_set.ctls]
+    for controller in entry.controllers:
+        controllers = ",".join(sorted(_text(name) for name in controller.cnames))
+        _cgroup_dirs(names, controllers, "", controller.dirs, depth=0, where=where)
+    if len(names) > MAX_CGROUP_NAMES:
+        raise ImageError(f"{where}: more than {MAX_CGROUP_NAMES} cgroup directories and files")
+    return names
+
+
+def _cgroup_dirs(names: list[CgroupName], controllers: str, parent: str, directories: Sequence[Message], *,
+                 depth: int, where: str) -> None:
+    """cgroup.img's directories below `parent`, their property files, and their children, into `names`."""
+    if depth > MAX_CGROUP_DEPTH:
+        raise ImageError(f"{where}: cgroup directories nested deeper than {MAX_CGROUP_DEPTH}")
+    for directory in directories:
+        if len(names) > MAX_CGROUP_NAMES:
+            raise ImageError(f"{where}: more than {MAX_CGROUP_NAMES} cgroup directories and files")
+        path = f"{parent}/{_text(directory.dir_name)}"
+        names.append(CgroupName(controllers, path, "", directory.dir_perms.mode if directory.HasField("dir_perms")
+                                else 0))
+        names += [CgroupName(controllers, path, _text(prop.name), prop.perms.mode if prop.HasField("perms") else 0)
+                  for prop in directory.properties]
+        _cgroup_dirs(names, controllers, path, directory.children, depth=depth + 1, where=where)
+
+
+def _text(value: str | bytes) -> str:
+    """A string field as text: protobuf's Python decoder hands invalid UTF-8 back as bytes."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value

@@ -56,7 +56,8 @@ from ..oci.criu_images import (
     read_checkpoint_images,
     wanted_image,
 )
-from ..oci.spec import Capabilities, Spec, load_exact_json
+from ..oci.spec import Capabilities, Mount, Spec, load_exact_json
+from .image_mounts import cgroup_problems, mount_problems
 from .seccomp_bpf import AUDIT_ARCH_X86_64, allowed_syscalls, decode
 
 # Linux capability numbers (include/uapi/linux/capability.h)
@@ -68,6 +69,7 @@ CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", 
                 "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ", "PERFMON", "BPF", "CHECKPOINT_RESTORE")
 CAP_NUMBERS = {f"CAP_{name}": number for number, name in enumerate(CAPABILITIES)}
 CAP_SETGID, CAP_SETUID, CAP_SETPCAP = CAP_NUMBERS["CAP_SETGID"], CAP_NUMBERS["CAP_SETUID"], CAP_NUMBERS["CAP_SETPCAP"]
+CAP_SYS_ADMIN = CAP_NUMBERS["CAP_SYS_ADMIN"]
 # OCI namespace types -> CRIU's namespace ids; the kinds CRIU decides to create from the ids
 # (criu/pstree.c get_clone_mask). cgroup namespaces are restored from the cgroup image instead.
 NAMESPACE_KINDS = {"pid": "pid", "network": "net", "ipc": "ipc", "uts": "uts", "mount": "mnt", "user": "user",
@@ -142,12 +144,15 @@ class SpecLinux(_Part):
     uidMappings: list[SpecIdMapping] = []
     gidMappings: list[SpecIdMapping] = []
     seccomp: dict[str, Any] | None = None  # JSON as the spec has it: _denied_by reads what it knows
+    maskedPaths: list[str] = []
+    readonlyPaths: list[str] = []
 
 
 class SpecGrant(_Part):
     """The parts of an OCI spec that bound what the container's processes may hold."""
 
     process: SpecProcess = SpecProcess()
+    mounts: list[Mount] = []
     linux: SpecLinux = SpecLinux()
 
 
@@ -189,13 +194,16 @@ class Grant:
         self.secbits_free = self._reachable(CAP_SETPCAP)
         self.new_namespaces = {ns.type for ns in spec.linux.namespaces if not ns.path}
         self.denied_syscalls = _denied_by(spec.linux.seccomp) if spec.linux.seccomp is not None else {}
+        # CAP_SYS_ADMIN in the host's user namespace: the container could make any mount itself
+        self.mounts_itself = self._reachable(CAP_SYS_ADMIN) and "user" not in self.new_namespaces
 
     def _reachable(self, cap: int) -> bool:
         return not self.limits_caps or cap in self.reachable
 
 
-def refusals(images: CheckpointImages, spec: SpecGrant) -> list[str]:
-    """One line per thing a live process of the images holds beyond the spec's grant."""
+def refusals(images: CheckpointImages, spec: SpecGrant, *, floor: bool = False) -> list[str]:
+    """One line per thing a live process of the images holds beyond the spec's grant, or a mount or cgroup they
+    make beyond it (`floor`: the spec came with the images, unsigned: held to every runtime's default masking)."""
     grant, problems = Grant(spec), []
     filters = _Filters(images)
     for task in images.tasks:
@@ -205,12 +213,15 @@ def refusals(images: CheckpointImages, spec: SpecGrant) -> list[str]:
         for thread in task.threads:
             who = f"process {task.pid} ({task.comm})" + (f" thread {thread.tid}" if thread.tid != task.pid else "")
             problems += [f"{who}: {problem}" for problem in _thread_problems(thread, grant, filters)]
+    problems += mount_problems(images, spec.mounts, spec.linux.maskedPaths, spec.linux.readonlyPaths,
+                               mounts_itself=grant.mounts_itself, floor=floor)
+    problems += cgroup_problems(images.cgroup_names)
     return list(dict.fromkeys(problems))
 
 
-def check_images(images: CheckpointImages, spec: SpecGrant, what: str) -> None:
+def check_images(images: CheckpointImages, spec: SpecGrant, what: str, *, floor: bool = False) -> None:
     """ImageError, one line, if the images ask for more than the spec grants."""
-    found = refusals(images, spec)
+    found = refusals(images, spec, floor=floor)
     if found:
         more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
         raise ImageError(f"{what}: the checkpoint holds more than the container's spec grants: {found[0]}{more}: "
@@ -373,13 +384,14 @@ MAX_KEPT_BYTES = 256 << 20  # every credential-bearing image of an archive toget
 CHECKPOINT_PREFIX = "checkpoint/"
 
 
-def check_restore(image_dir: str, bundle: str, what: str) -> None:
-    """The shim's restore: CRIU's images in `image_dir` against the bundle's config.json."""
+def check_restore(image_dir: str, bundle: str, what: str, *, unsigned: bool = False) -> None:
+    """The shim's restore: CRIU's images in `image_dir` against the bundle's config.json (`unsigned`: a dump no
+    signature vouches for, whose spec may have come with it)."""
     if not os.path.lexists(os.path.join(image_dir, "inventory.img")):
         return  # CRIU restores nothing without it (it is the first file CRIU reads): the delegate says why
     spec_path = f"{bundle.rstrip('/')}/config.json"
     spec = parse_grant(read_bounded(spec_path, MAX_SPEC_BYTES, spec_path), spec_path)
-    check_images(read_checkpoint_images(directory_source(image_dir), image_dir), spec, what)
+    check_images(read_checkpoint_images(directory_source(image_dir), image_dir), spec, what, floor=unsigned)
 
 
 def check_archive(tar_path: str, spec_bytes: bytes, what: str) -> None:

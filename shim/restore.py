@@ -136,7 +136,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
         refuse_what_the_spec_adds(image_dir_of(verb), manifest, bundle, container_id, signed=signed)
     refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
-    check_restore(image_dir_of(verb), bundle, f"restore of {container_id}")
+    check_restore(image_dir_of(verb), bundle, f"restore of {container_id}", unsigned=not signed)
     refuse_driver_change(manifest, bundle, gpus)
     if network_lock := network_lock_lines(config.criu.network_lock):
         use_criu_config(network_lock)  # CRIU locks the network while it restores TCP connections too

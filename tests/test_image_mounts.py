@@ -1,0 +1,180 @@
+"""CRIU's mount and cgroup images against the restore spec (policy/image_mounts.py): a real podman dump restores;
+each edit the fourth attacker review (results/lint/attack30d) took host root or wrote a host file with is refused,
+naming the mount or the cgroup file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.criu_images import criu_messages
+from gpuckpt.policy.image import check_restore
+
+REAL = Path(__file__).parent / "data" / "criu-podman-mounts"  # podman 4.3 + runc 1.1.5 + CRIU 4.2.1, cgroup v1
+MOUNTS = "mountpoints-13.img"
+RDONLY = 1
+
+
+def _entries(data: bytes, message) -> list:
+    found, offset = [], 8  # IMG_COMMON, then the image's magic
+    while offset < len(data):
+        (size,) = struct.unpack_from("<I", data, offset)
+        entry = message()
+        entry.ParseFromString(data[offset + 4:offset + 4 + size])
+        found.append(entry)
+        offset += 4 + size
+    return found
+
+
+def _write(path: Path, head: bytes, entries: list) -> None:
+    path.write_bytes(head + b"".join(struct.pack("<I", len(raw)) + raw
+                                     for raw in (entry.SerializeToString() for entry in entries)))
+
+
+@pytest.fixture
+def dump(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the real dump (images, bundle with its config.json)."""
+    images, bundle = tmp_path / "checkpoint", tmp_path / "bundle"
+    shutil.copytree(REAL, images)
+    bundle.mkdir()
+    shutil.move(images / "config.json", bundle / "config.json")
+    return images, bundle
+
+
+def edit_mounts(images: Path, change) -> None:
+    """Rewrite the mount image's entries with CRIU's own message: `change(entries)` edits the list in place."""
+    data = (images / MOUNTS).read_bytes()
+    entries = _entries(data, criu_messages().mount)
+    change(entries)
+    _write(images / MOUNTS, data[:8], entries)
+
+
+def at(entries: list, mountpoint: str):
+    return next(entry for entry in entries if entry.mountpoint == mountpoint)
+
+
+def added(entries: list, fstype: int, mountpoint: str, **fields) -> None:
+    entry = criu_messages().mount(fstype=fstype, mnt_id=900 + len(entries), root_dev=1,
+                                  parent_mnt_id=at(entries, "/").mnt_id, flags=0, root=fields.pop("root", "/"),
+                                  mountpoint=mountpoint, source=fields.pop("source", "none"), options="", **fields)
+    entries.append(entry)
+
+
+def refusal(images: Path, bundle: Path) -> str:
+    with pytest.raises(ImageError) as refused:
+        check_restore(str(images), str(bundle), "restore of c1")
+    return str(refused.value)
+
+
+def test_the_real_podman_dump_restores(dump):
+    check_restore(str(dump[0]), str(dump[1]), "restore of c1")  # nothing refused
+
+
+def _clear_rdonly(entry) -> None:
+    entry.flags &= ~RDONLY
+    entry.sb_flags &= ~RDONLY
+
+
+@pytest.mark.parametrize(("name", "change", "expected"), [
+    ("/proc/sys read-write (core_pattern)", lambda e: _clear_rdonly(at(e, "/proc/sys")),
+     "/proc/sys (proc) is mounted read-write, which the spec makes read-only"),
+    ("/proc/sys's read-only bind dropped", lambda e: e.remove(at(e, "/proc/sys")),
+     "/proc/sys is not read-only, which the spec makes it"),
+    ("/sys read-write", lambda e: _clear_rdonly(at(e, "/sys")),
+     "/sys (sysfs) is mounted read-write, which the spec makes read-only"),
+    ("a cgroup hierarchy read-write", lambda e: _clear_rdonly(at(e, "/sys/fs/cgroup/memory")),
+     "/sys/fs/cgroup/memory (cgroup) is mounted read-write"),
+    ("binfmt_misc", lambda e: added(e, 4, "/mnt"), "/mnt: a binfmt_misc mount, which no runtime makes from a spec"),
+    ("tracefs", lambda e: added(e, 19, "/mnt"), "/mnt: a tracefs mount"),
+    ("the host's disk by name", lambda e: added(e, 16, "/mnt", fsname="ext4", source="/dev/vda"),
+     "/mnt: a ext4 mount CRIU makes by name"),
+    ("a second proc, all of it writable", lambda e: added(e, 1, "/mnt/proc"),
+     "/mnt/proc: a proc mount where the spec mounts none"),
+    ("a writable bind of proc's sys", lambda e: added(e, 1, "/mnt/sys", root="/sys"),
+     "/mnt/sys: a read-write bind of proc's /sys"),
+    ("a mountpoint climbing out", lambda e: added(e, 5, "/../../etc"), "climbs out with '..'"),
+    ("/sys/firmware unmasked", lambda e: e.remove(at(e, "/sys/firmware")),
+     "/sys/firmware is not masked, which the spec masks"),
+])
+def test_an_edited_mount_image_is_refused(dump, name, change, expected):
+    edit_mounts(dump[0], change)
+    line = refusal(*dump)
+    assert expected in line and line.startswith("restore of c1: the checkpoint holds more than"), (name, line)
+    assert "\n" not in line
+
+
+def test_a_container_that_may_mount_things_itself_keeps_them_but_not_a_writable_proc_sys(dump):
+    """With CAP_SYS_ADMIN (no user namespace) the container could mount binfmt_misc after the restore itself: not
+    refused; /proc/sys made writable is the spec's read-only path all the same."""
+    spec = json.loads((dump[1] / "config.json").read_text())
+    for kind in ("bounding", "effective", "permitted"):
+        spec["process"]["capabilities"][kind].append("CAP_SYS_ADMIN")
+    (dump[1] / "config.json").write_text(json.dumps(spec))
+    edit_mounts(dump[0], lambda e: added(e, 4, "/mnt"))
+    check_restore(str(dump[0]), str(dump[1]), "restore of c1")
+    edit_mounts(dump[0], lambda e: _clear_rdonly(at(e, "/proc/sys")))
+    assert "/proc/sys (proc) is mounted read-write" in refusal(*dump)
+
+
+def test_a_masked_path_this_kernel_lacks_is_not_asked_for(dump):
+    """The spec masks /proc/kcore; a kernel without it has nothing to mask, and the real image has no such mount."""
+    spec = json.loads((dump[1] / "config.json").read_text())
+    assert "/proc/kcore" in spec["linux"]["maskedPaths"]
+    entries = _entries((dump[0] / MOUNTS).read_bytes(), criu_messages().mount)
+    assert "/proc/kcore" not in {entry.mountpoint for entry in entries}
+    check_restore(str(dump[0]), str(dump[1]), "restore of c1")
+
+
+def _edit_cgroup(images: Path, change) -> None:
+    data = (images / "cgroup.img").read_bytes()
+    (entry,) = _entries(data, criu_messages().cgroup)
+    change(entry)
+    _write(images / "cgroup.img", data[:8], [entry])
+
+
+def test_a_cgroup_file_named_out_of_criu_s_yard_is_refused(dump):
+    """attack30d C1: a property "../../var/tmp/victim" CRIU would chmod and write outside its cgroup yard."""
+    def climb(entry) -> None:
+        prop = entry.controllers[0].dirs[0].properties.add()
+        prop.name, prop.value = "../" * 40 + "var/tmp/victim", "written-by-criu"
+    _edit_cgroup(dump[0], climb)
+    assert "is not a plain file name" in refusal(*dump)
+
+
+def test_a_cgroup_directory_climbing_out_or_a_set_id_mode_is_refused(dump):
+    def climb(entry) -> None:
+        child = entry.controllers[0].dirs[0].children.add()
+        child.dir_name = "../../.."
+    _edit_cgroup(dump[0], climb)
+    assert "climbs out of CRIU's cgroup yard" in refusal(*dump)
+    shutil.copy(REAL / "cgroup.img", dump[0] / "cgroup.img")
+
+    def setuid(entry) -> None:
+        entry.controllers[0].dirs[0].properties[0].perms.mode = 0o104777
+    _edit_cgroup(dump[0], setuid)
+    assert "gets mode 4777 (set-id or sticky bits)" in refusal(*dump)
+
+
+def test_an_unsigned_dump_s_spec_cannot_lower_the_default_masking(dump):
+    """An unsigned dump's spec (podman's own --import takes it from spec.dump) comes with its images: one that drops
+    /proc/sys from readonlyPaths and /sys's "ro", with images to match, is held to every runtime's defaults all
+    the same; a signed dump's spec is the checkpointed container's own."""
+    spec = json.loads((dump[1] / "config.json").read_text())
+    spec["linux"]["readonlyPaths"] = []
+    for mount in spec["mounts"]:
+        mount["options"] = [option for option in mount["options"] if option != "ro"]
+    (dump[1] / "config.json").write_text(json.dumps(spec))
+
+    def writable(entries) -> None:
+        _clear_rdonly(at(entries, "/sys"))
+        entries.remove(at(entries, "/proc/sys"))
+    edit_mounts(dump[0], writable)
+    check_restore(str(dump[0]), str(dump[1]), "restore of c1")  # signed: as the spec says
+    with pytest.raises(ImageError) as refused:
+        check_restore(str(dump[0]), str(dump[1]), "restore of c1", unsigned=True)
+    assert "/sys (sysfs) is mounted read-write" in str(refused.value) and "(and 1 more)" in str(refused.value)
