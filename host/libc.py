@@ -53,3 +53,14 @@ def openat2(dir_fd: int, path: str, flags: int, resolve: int, mode: int = 0) -> 
     how = _OpenHow(flags | os.O_CLOEXEC, mode, resolve)
     return _checked(_loaded().syscall(ctypes.c_long(SYS_OPENAT2), ctypes.c_int(dir_fd), os.fsencode(path),
                                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how))))
+
+
+RESOLVE_NO_SYMLINKS = 0x04
+AT_EMPTY_PATH = 0x1000
+
+
+def link_descriptor(fd: int, dir_fd: int, name: str) -> None:
+    """linkat(fd, "", dir_fd, name, AT_EMPTY_PATH): a new name for the file open at `fd` (an O_PATH
+    descriptor will do; CAP_DAC_READ_SEARCH), with no path to it looked up at all."""
+    libc = _loaded()
+    _checked(libc.linkat(ctypes.c_int(fd), b"", ctypes.c_int(dir_fd), os.fsencode(name), ctypes.c_int(AT_EMPTY_PATH)))

@@ -13,18 +13,9 @@ from collections.abc import Iterable, Iterator
 
 def open_fds(pid: int) -> list[tuple[str, str]]:
     """(fd, target) of every open fd of `pid`: target "/dev/nvidia0", "socket:[1234]", ...
-    The links are read, never followed; [] if it is gone."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return []
-    found = []
-    for fd in fds:  # every one: a policy that missed one past a cut-off would pass what it must refuse
-        try:
-            found.append((fd, os.readlink(f"/proc/{pid}/fd/{fd}")))
-        except OSError:
-            continue  # closed meanwhile
-    return found
+    The links are read, never followed; [] if it is gone. Every one: a policy that missed one past a
+    cut-off would pass what it must refuse."""
+    return _links(pid, "fd")
 
 
 def fd_entries(pids: Iterable[int]) -> Iterator[tuple[int, str, str]]:
@@ -57,19 +48,7 @@ def deleted_files(pid: int, fds: list[tuple[str, str]] | None = None) -> list[tu
     `fds`: its open_fds() when they were read already (their links are not read again)."""
     found = []
     for kind in ("fd", "map_files"):
-        if kind == "fd" and fds is not None:
-            links = fds
-        else:
-            try:
-                entries = os.listdir(f"/proc/{pid}/{kind}")
-            except OSError:
-                continue
-            links = []
-            for entry in entries:
-                try:
-                    links.append((entry, os.readlink(f"/proc/{pid}/{kind}/{entry}")))
-                except OSError:
-                    continue  # closed or unmapped meanwhile
+        links = fds if kind == "fd" and fds is not None else _links(pid, kind)
         for entry, target in links:
             if not target.endswith(" (deleted)") or target.startswith(_NOT_GHOSTS):
                 continue
@@ -80,6 +59,41 @@ def deleted_files(pid: int, fds: list[tuple[str, str]] | None = None) -> list[tu
             if stat.S_ISREG(status.st_mode):
                 found.append((target.removesuffix(" (deleted)"), status))
     return found
+
+
+def open_deleted(pid: int, path: str) -> list[int]:
+    """O_PATH descriptors (the caller closes them) of the regular files `pid` holds open or mapped under
+    the removed name `path`: /proc's fd and map_files links lead to the open file itself, the kernel's
+    object, never through a name the process could have put there."""
+    found = []
+    for kind in ("fd", "map_files"):
+        for entry, target in _links(pid, kind):
+            if target != f"{path} (deleted)":
+                continue
+            try:
+                fd = os.open(f"/proc/{pid}/{kind}/{entry}", os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # closed or unmapped meanwhile
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                found.append(fd)
+            else:
+                os.close(fd)
+    return found
+
+
+def _links(pid: int, kind: str) -> list[tuple[str, str]]:
+    """(entry, target) of /proc/PID/<kind> (fd, map_files), each link read, never followed; [] if it is gone."""
+    try:
+        entries = os.listdir(f"/proc/{pid}/{kind}")
+    except OSError:
+        return []
+    links = []
+    for entry in entries:
+        try:
+            links.append((entry, os.readlink(f"/proc/{pid}/{kind}/{entry}")))
+        except OSError:
+            continue  # closed or unmapped meanwhile
+    return links
 
 
 def named_mappings(pid: int) -> list[str]:

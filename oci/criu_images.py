@@ -6,8 +6,9 @@ from a root-owned directory), then read inventory.img (the dumper's namespaces),
 task's ids-<pid>.img (namespaces), seccomp.img (filter chains), userns-<id>.img (user
 namespace maps), mountpoints-<id>.img (the mounts CRIU makes, as root, in each mount
 namespace) and cgroup.img (the cgroup directories and files CRIU makes and writes under its
-cgroup yard). Files come from a directory (opened without following links, regular files
-only) or from an archive's entries already in memory; every file, entry and count is capped.
+cgroup yard); apart, remap-fpath.img and files.img (which link_remap name CRIU's link-remap
+made for which removed name). Files come from a directory (opened without following links,
+regular files only) or from an archive's entries already in memory; every file, entry and count is capped.
 Any problem is one ImageError naming the file.
 """
 
@@ -35,7 +36,7 @@ from ..errors import ImageError
 PYCRIU_DIRS = ("/opt/gpuckpt/criu/usr/lib/python3/dist-packages/pycriu/images",
                "/usr/lib/python3/dist-packages/pycriu/images")
 PB2_MODULES = ("creds_pb2", "core_pb2", "pstree_pb2", "inventory_pb2", "seccomp_pb2", "userns_pb2", "cgroup_pb2",
-               "mnt_pb2")
+               "mnt_pb2", "fdinfo_pb2", "remap_file_path_pb2", "regfile_pb2")
 
 MAX_FILE_BYTES = 1 << 20         # core-N.img holds registers, sigactions, rlimits: a few KiB
 MAX_SECCOMP_BYTES = 16 << 20     # every distinct filter program of the tree (4096 insns each at most)
@@ -52,6 +53,12 @@ MAX_MOUNTS = 4_096           # mounts of one namespace (a container has a few do
 MAX_CGROUP_NAMES = 65_536    # cgroup directories and files of cgroup.img together
 MAX_CGROUP_DEPTH = 64
 MS_RDONLY = 1
+MAX_FILES_BYTES = 64 << 20       # files.img: one entry (about 100 bytes, a path) per file the tree holds
+MAX_FILE_ENTRIES = 1 << 20
+MAX_REMAPS = 65_536              # remap-fpath.img entries: one per deleted or removed-name file held
+FD_TYPE_REG = 1                  # fd_types.REG: a regular file's entry in files.img
+REMAP_TYPE_LINKED = 0            # remap_type.LINKED: CRIU's link-remap (a hard link beside the removed name)
+LINK_REMAP_NAME = re.compile(r"link_remap\.[0-9]{1,10}")  # criu/files-reg.c create_link_remap's "link_remap.%d"
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,15 @@ class CgroupName:
     mode: int          # the perms CRIU sets (0: none)
 
 
+@dataclass(frozen=True)
+class LinkRemap:
+    """One hard link CRIU's link-remap made for the dump: the restore links `remap_name` to
+    `removed_name` again, opens it there and removes both names it made (paths in the container)."""
+
+    remap_name: str    # "/dev/shm/link_remap.16"
+    removed_name: str  # the name the processes hold the file under, removed: "/dev/shm/sem.x"
+
+
 @dataclass
 class CheckpointImages:
     """What a checkpoint's processes will be restored with."""
@@ -185,6 +201,9 @@ class _Messages:
         self.creds = modules["creds_pb2"].creds_entry
         self.cgroup = modules["cgroup_pb2"].cgroup_entry
         self.mount = modules["mnt_pb2"].mnt_entry
+        self.file = modules["fdinfo_pb2"].file_entry
+        self.reg_file = modules["regfile_pb2"].reg_file_entry
+        self.remap = modules["remap_file_path_pb2"].remap_file_path_entry
 
 
 def _require_root_owned(path: str) -> None:
@@ -460,6 +479,55 @@ def read_cgroup_hierarchies(read: FileSource, where: str) -> list[str]:
         raise ImageError(f"{where}/cgroup.img: {len(entry.controllers)} cgroup controllers, more than "
                          f"{MAX_CGROUP_CONTROLLERS}")
     return [",".join(sorted(str(name) for name in controller.cnames)) for controller in entry.controllers]
+
+
+def read_link_remaps(read: FileSource, where: str) -> list[LinkRemap]:
+    """The link-remaps of a dump (remap-fpath.img's LINKED entries, the names from files.img, or
+    reg-files.img of an older CRIU); [] when it made none. A remap name other than link_remap.N
+    beside (or above) the removed name is refused: it is where CRIU's restore looks for it."""
+    messages = criu_messages()
+    data = read("remap-fpath.img", MAX_FILE_BYTES)
+    if data is None:
+        return []
+    remaps = [entry for entry in _entries(data, f"{where}/remap-fpath.img", "REMAP_FPATH", messages.remap, messages,
+                                          limit=MAX_REMAPS) if entry.remap_type == REMAP_TYPE_LINKED]
+    if not remaps:
+        return []
+    names = _regular_file_names(read, where, messages)
+    found = []
+    for remap in remaps:
+        removed, made = names.get(remap.orig_id), names.get(remap.remap_id)
+        if removed is None or made is None:
+            missing = remap.orig_id if removed is None else remap.remap_id
+            raise ImageError(f"{where}/remap-fpath.img: link-remap of file id {missing}, which files.img does not hold")
+        directory, _, base = made.rpartition("/")
+        if (not made.startswith("/") or not LINK_REMAP_NAME.fullmatch(base) or not removed.startswith(directory + "/")
+                or {".", ".."} & set(made.split("/"))):
+            raise ImageError(f"{where}/files.img: link-remap name {made[:200]!r} for {removed[:200]!r} is not "
+                             "CRIU's link_remap.N in a directory above it")
+        found.append(LinkRemap(made, removed))
+    return found
+
+
+def _regular_file_names(read: FileSource, where: str, messages: _Messages) -> dict[int, str]:
+    """File id -> name of every regular file entry (files.img; reg-files.img before CRIU 3.15 merged them)."""
+    data = read("files.img", MAX_FILES_BYTES)
+    if data is not None:
+        entries = _entries(data, f"{where}/files.img", "FILES", messages.file, messages, limit=MAX_FILE_ENTRIES)
+        regular = [entry.reg for entry in entries if entry.type == FD_TYPE_REG and entry.HasField("reg")]
+    else:
+        data = read("reg-files.img", MAX_FILES_BYTES)
+        if data is None:
+            raise ImageError(f"{where}/files.img: missing, and remap-fpath.img names link-remaps")
+        regular = _entries(data, f"{where}/reg-files.img", "REG_FILES", messages.reg_file, messages,
+                           limit=MAX_FILE_ENTRIES)
+    names = {}
+    for entry in regular:
+        name = entry.name
+        if isinstance(name, bytes) or "\0" in name:  # protobuf's Python decoder hands invalid UTF-8 back as bytes
+            continue  # no name the container's processes could be matched by: never one link-remap names
+        names[entry.id] = name
+    return names
 
 
 def _propagate_tsync(leader_tid: int, threads: list[ThreadImage], filters: list[Message],

@@ -6,7 +6,8 @@ read once (host/processes.py) and judged (policy/), driver files noted; CRIU's n
 added to the plan; the CUDA processes found and what the driver could not restore refused;
 the manifest written marked incomplete (shim/checkpoint_manifest.py); lock and checkpoint
 them (thawing a frozen container for that); the delegate's dump; with --leave-running
-restore and unlock them; the manifest marked complete and signed. A lazy dump (--lazy-pages, CPU
+restore and unlock them, and put back the link-remap names CRIU removed as it ended
+(shim/link_remap.py); the manifest marked complete and signed. A lazy dump (--lazy-pages, CPU
 containers only: shim/checkpoint_lazy.py) is marked "lazy, completing" and signed when its page
 server is ready, before the engine hears of it. Each step that changes
 something registers its undo as it is done (shim/rollback.py): until the dump succeeded, any
@@ -38,7 +39,7 @@ from ..cuda.hugepages import hugepages_always
 from ..cuda.inventory import Inventory
 from ..cuda.node import NodeGpus
 from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins
-from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, GpuckptError
+from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, GpuckptError, ImageError
 from ..host.processes import Processes, read_container
 from ..host.procfs import resident_bytes
 from ..host.safefiles import require_image_directory_private
@@ -80,6 +81,7 @@ from .delegate import (
 )
 from .freezer import Freezer, thawed
 from .interrupt import Interrupted, SignalFlag, deferred_signals
+from .link_remap import put_back_link_remaps, remove_left_link_remaps
 from .log import drop_held_stderr, log, release_stderr
 from .pause import PAUSE_ENGINE
 from .recover import finish_left_journal
@@ -201,6 +203,7 @@ class Checkpoint:
         # what a restore must give them again (policy/driver_files.py)
         self.plan = replace(self.plan, driver_files=driver_files_of(self.processes, self.plan.spec))
         self._choose_network_options()  # the plan completed: CRIU's options and config lines
+        self._remove_left_link_remaps()
         # where the dump is signed: made here if runc would make it, so that nobody else makes it in between
         require_image_directory_private(image_path_given(self.verb), f"checkpoint of {self.container_id}", make=True)
         if work_path := self.plan.work_path:  # CRIU (root) writes its log and stats there, links followed
@@ -245,6 +248,32 @@ class Checkpoint:
             use_criu_config(lines)
         return lines, options
 
+    def _uses_link_remap(self) -> bool:
+        return "link-remap" in self.plan.criu_config or self.verb.has("link-remap")
+
+    def _remove_left_link_remaps(self) -> None:
+        """CRIU names its link-remap after the file's id, the same again on the next dump of the same processes:
+        the names put back after an earlier leave-running dump would stop it."""
+        if self._uses_link_remap() and (removed := remove_left_link_remaps(self.processes, self.state.pid)):
+            log(self.args, "info", f"{self.container_id}: removed {', '.join(removed[:3])} (put back after an earlier "
+                "dump left the container running) for CRIU's link-remap to make again")
+
+    def _put_back_link_remaps(self) -> None:
+        """--leave-running with link-remap: CRIU removed its link_remap names as the dump ended, and the engine
+        copies /dev/shm into the checkpoint after we return; a restore needs them there (shim/link_remap.py)."""
+        if not (self.plan.leave_running and self._uses_link_remap()):
+            return
+        try:  # not journaled: a shim killed here leaves at most a name the next dump removes
+            remaps = put_back_link_remaps(self.plan.image_dir, self.processes, self.state.pid)
+        except ImageError as error:
+            raise ImageError(f"checkpoint of {self.container_id} failed: {error}; the container keeps running, its "
+                             "checkpoint would not restore and is left unsigned") from None
+        if remaps:
+            log(self.args, "info", f"{self.container_id}: put back CRIU's link-remap name(s) "
+                f"{', '.join(remap.remap_name for remap in remaps[:3])} in the running container, which a restore "
+                "of this checkpoint needs in the engine's copy of /dev/shm; they stay there until the container's "
+                "next dump")
+
     def _run_gpu(self, started: float) -> int:
         for refusal in pre_dump_refusals(self.plan.pre_dump):
             raise GpuCheckpointError(refusal)
@@ -283,6 +312,7 @@ class Checkpoint:
                 raise DelegateError(f"checkpoint of {self.container_id} failed ({os.path.basename(self.delegate)} "
                                     f"exited {status}{cause}){hint}", status)
             return status
+        self._put_back_link_remaps()
         self._complete_manifest(inventory, started, dump_s=time.monotonic() - started)
         return 0
 
@@ -299,6 +329,7 @@ class Checkpoint:
         if status != 0:
             raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
                                 f"as the pause left them{self._failure_hint()}", status)
+        self._put_back_link_remaps()
         if not self.plan.leave_running:
             remove_suspension(self.container_id)  # the processes are gone; their image holds them
         self._complete_manifest(inventory, started, dump_s=time.monotonic() - dump_started)
@@ -377,6 +408,7 @@ class Checkpoint:
             log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s ({len(cuda_pids)} CUDA "
                 f"process(es); dump {where}): {phases}")
             self._move_staged()
+            self._put_back_link_remaps()
         self._complete_manifest(inventory, started, dump_s=dump_s, downtime_s=downtime_s, timings=session.timings)
         return 0
 

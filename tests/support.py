@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,3 +35,23 @@ def build_launcher(where: Path, site: str) -> tuple[Path, Path]:
 def python_calls(calls: Path) -> int:
     """How often a launcher of build_launcher's started its interpreter."""
     return len(calls.read_text().splitlines()) if calls.exists() else 0
+
+
+@contextlib.contextmanager
+def ready_children() -> Iterator[Callable[..., int]]:
+    """start(source, *args): a Python child running `source`, once it printed "ready"; its PID. Each is
+    killed and reaped as the block ends."""
+    children: list[subprocess.Popen[str]] = []
+
+    def start(source: str, *args: str) -> int:
+        child = subprocess.Popen([sys.executable, "-c", source, *args], stdout=subprocess.PIPE, text=True)
+        children.append(child)
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        return child.pid
+
+    try:
+        yield start
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()

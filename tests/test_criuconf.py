@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import os
-import subprocess
-import sys
 
 import pytest
 import test_gpu_verbs
-from support import write_config
+from support import ready_children, write_config
 
 from gpuckpt.errors import CheckpointRefusedError
 from gpuckpt.host.processes import read_processes
@@ -38,22 +37,9 @@ time.sleep(60)
 
 @pytest.fixture
 def holder(tmp_path):
-    children = []
-
-    def start(size: int, how: str = "mapped") -> int:
-        child = subprocess.Popen(
-            [sys.executable, "-c", HOLDER, str(tmp_path / f"segment{len(children)}"), str(size), how],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        children.append(child)
-        assert child.stdout.readline().strip() == "ready"
-        return child.pid
-
-    yield start
-    for child in children:
-        child.kill()
-        child.wait()
+    with ready_children() as start:
+        names = itertools.count()
+        yield lambda size, how="mapped": start(HOLDER, str(tmp_path / f"segment{next(names)}"), str(size), how)
 
 
 def test_auto_raises_the_limit_to_the_largest_deleted_file_in_whole_mib(holder) -> None:
