@@ -13,6 +13,17 @@ import pytest
 from bed import ROOTFS_TAR, configured_delegate, docker_registry, remove_stale_hierarchies, sh
 
 
+@pytest.fixture(scope="session")
+def built_packages(tmp_path_factory) -> tuple[Path, str]:
+    """The .deb and .rpm of this tree (packaging/build.sh all, lintian included), built once for every test that
+    installs or inspects them (test_packages, test_systemd): each build takes a minute or more. Returns the
+    directory and build.sh's output."""
+    out = tmp_path_factory.mktemp("packages")
+    built = sh("bash", str(Path(__file__).resolve().parent.parent / "packaging" / "build.sh"), "all", str(out),
+               timeout=900)
+    return out, built.stdout
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_stale_cgroup_hierarchy() -> Iterator[None]:
     """gpuckpt-runtime refuses crun restores while a cgroup v1 hierarchy is not mounted where crun enters it

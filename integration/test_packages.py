@@ -35,7 +35,6 @@ from gpuckpt.node.hooks_d import PACKAGED_HOOK_PATH, PACKAGED_HOOKS_DIR, hooks_d
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
-BUILD = REPO / "packaging" / "build.sh"
 ROOT_TAR = "/var/cache/gpuckpt-testbed/bookworm-minbase.tar"
 VENV = "/usr/lib/gpuckpt/venv"
 SITE = f"{VENV}/lib/python3.11/site-packages"
@@ -67,10 +66,8 @@ class Packages:
 
 
 @pytest.fixture(scope="module")
-def packages(tmp_path_factory) -> Packages:
-    out = tmp_path_factory.mktemp("packages")
-    built = sh("bash", str(BUILD), "all", str(out), timeout=900)
-    return Packages(out, built.stdout)
+def packages(built_packages: tuple[Path, str]) -> Packages:
+    return Packages(*built_packages)
 
 
 def deb_files(deb: Path) -> dict[str, tarfile.TarInfo]:

@@ -4,7 +4,8 @@ package and READY as systemd sees it, its journal fields for each container, a d
 container running inside, `systemctl stop` draining before it exits 0, and a shutdown of that machine
 draining before systemd stops the containers' scopes, then the restore when it boots again.
 
-Phases: the .deb is built (packaging/build.sh deb, about 35 s); the machine's image
+Phases: the .deb comes from the session's build (conftest.py built_packages, shared with
+test_packages); the machine's image
 (testbed/systemd-image.sh: bookworm, systemd, podman, runc; cached in /var/cache/gpuckpt-testbed)
 boots in a privileged container with a cgroup namespace of its own, without network, its container
 storage and journal on directories of the test's (the journal outlives a shutdown), the test bed's
@@ -37,7 +38,6 @@ import gpuckpt
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parent.parent
-BUILD = REPO / "packaging" / "build.sh"
 HELPER_UNIT, HELPER_SOCKET = "gpuckpt-runtimed.service", "gpuckpt-runtimed.socket"  # the runtime's resident helper
 IMAGE_SCRIPT = REPO / "integration" / "testbed" / "systemd-image.sh"
 CRIU_PREFIX = "/opt/gpuckpt/criu"  # install-system.sh's; its wrapper is the image's /usr/local/sbin/criu
@@ -113,10 +113,8 @@ def by_message(entries: list[dict[str, str]], message: str, container_id: str | 
 
 
 @pytest.fixture(scope="module")
-def packages(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("packages")
-    sh("bash", str(BUILD), "deb", str(out), timeout=900)
-    return out
+def packages(built_packages: tuple[Path, str]) -> Path:
+    return built_packages[0]  # the session's build, shared with test_packages
 
 
 def remove_cgroups(container_id: str) -> None:
