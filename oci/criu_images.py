@@ -122,7 +122,8 @@ class MountImage:
     mountpoint: str
     fstype: int        # mnt.proto's fstype: 1 proc, 2 sysfs, 5 tmpfs, 12 cgroup, 17 overlay, ...
     root: str          # the part of its filesystem it shows (a bind of a subtree: not "/")
-    read_only: bool    # MS_RDONLY on the mount or its superblock
+    read_only: bool    # MS_RDONLY in the mount's own flags (a bind gets no superblock flags: CRIU mounts
+    #                    no new superblock for it, so sb_flags alone proves nothing; attack30e sbro)
     external: bool     # ext_key/ext_mount: the runtime's map names its source, not the image
     fsname: str        # the filesystem CRIU mounts by name (fstype AUTO)
     with_plugin: bool  # a CRIU plugin restores it
@@ -135,7 +136,6 @@ class CgroupName:
     controllers: str   # as /proc/self/cgroup names them
     path: str          # the directory, from the hierarchy's root (a set's path, or nested dir_names)
     name: str          # a property file in it ("" for the directory itself or a set's path)
-    mode: int          # the perms CRIU sets (0: none)
 
 
 @dataclass(frozen=True)
@@ -599,7 +599,7 @@ def _read_mounts(read: FileSource, images: CheckpointImages, messages: _Messages
         entries = _entries(data, at(name), "MNTS", messages.mount, messages, limit=MAX_MOUNTS)
         images.mounts[mnt_ns] = tuple(
             MountImage(_text(entry.mountpoint), entry.fstype, _text(entry.root),
-                       bool((entry.flags | entry.sb_flags) & MS_RDONLY),
+                       bool(entry.flags & MS_RDONLY),
                        bool(entry.HasField("ext_key") or (entry.HasField("ext_mount") and entry.ext_mount)),
                        _text(entry.fsname) if entry.HasField("fsname") else "",
                        bool(entry.HasField("with_plugin") and entry.with_plugin))
@@ -611,7 +611,7 @@ def _cgroup_names(read: FileSource, messages: _Messages, where: str) -> list[Cgr
     entry = _optional(read("cgroup.img", MAX_FILE_BYTES), where, "CGROUP", messages.cgroup, messages)
     if entry is None:
         return []
-    names = [CgroupName(_text(control.name), _text(control.path), "", 0) for cg_set in entry.sets
+    names = [CgroupName(_text(control.name), _text(control.path), "") for cg_set in entry.sets
              for control in cg_set.ctls]
     for controller in entry.controllers:
         controllers = ",".join(sorted(_text(name) for name in controller.cnames))
@@ -630,10 +630,8 @@ def _cgroup_dirs(names: list[CgroupName], controllers: str, parent: str, directo
         if len(names) > MAX_CGROUP_NAMES:
             raise ImageError(f"{where}: more than {MAX_CGROUP_NAMES} cgroup directories and files")
         path = f"{parent}/{_text(directory.dir_name)}"
-        names.append(CgroupName(controllers, path, "", directory.dir_perms.mode if directory.HasField("dir_perms")
-                                else 0))
-        names += [CgroupName(controllers, path, _text(prop.name), prop.perms.mode if prop.HasField("perms") else 0)
-                  for prop in directory.properties]
+        names.append(CgroupName(controllers, path, ""))
+        names += [CgroupName(controllers, path, _text(prop.name)) for prop in directory.properties]
         _cgroup_dirs(names, controllers, path, directory.children, depth=depth + 1, where=where)
 
 

@@ -13,6 +13,7 @@ from ..oci.nested_tar import VOLUME_NAME
 from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive, PodmanConfigDump, volume_directory
 from ..oci.spec import Spec
 from .devices import device_refusals
+from .spec_grants import container_own
 
 # podman's default capabilities (containers.conf default_capabilities, podman 4)
 DEFAULT_CAPABILITIES = frozenset(f"CAP_{name}" for name in (
@@ -30,26 +31,67 @@ MASKED_PATHS = frozenset({"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/late
 READONLY_PATHS = frozenset({"/proc/asound", "/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"})
 
 
-def _isolation_refusals(spec: Spec, where: str, replaced: frozenset[str]) -> list[str]:
+def _isolation_refusals(spec: Spec, where: str, replaced: frozenset[str], *, seccomp: bool = True) -> list[str]:
     """What of podman run's own isolation a container config gives up; a path of a namespace in
-    `replaced` is one podman's restore sets itself."""
+    `replaced` is one podman's restore sets itself. `seccomp`: a filter asked for too."""
     problems = []
     namespaces = {namespace.type: namespace.path for namespace in spec.linux.namespaces}
     if shared := sorted(OWN_NAMESPACES - namespaces.keys()):
         problems.append(f"the host's {', '.join(shared)} namespace(s) in {where}")
     if joined := sorted(kind for kind, path in namespaces.items() if path and kind not in replaced):
         problems.append(f"namespaces joined by path in {where} ({', '.join(joined)})")
+    if seccomp:
+        problems += _seccomp_refusals(spec, where)
+    if unmasked := sorted(MASKED_PATHS - set(spec.linux.maskedPaths)):
+        problems.append(f"paths podman masks left visible in {where} ({', '.join(unmasked[:3])})")
+    # a masked path is hidden, which is more than read-only (runc's default spec masks /proc/asound)
+    if writable := sorted(READONLY_PATHS - set(spec.linux.readonlyPaths) - set(spec.linux.maskedPaths)):
+        problems.append(f"paths podman makes read-only left writable in {where} ({', '.join(writable[:3])})")
+    return problems
+
+
+def _seccomp_refusals(spec: Spec, where: str) -> list[str]:
     seccomp = spec.linux.seccomp
     if seccomp is None or seccomp.get("defaultAction") in ("SCMP_ACT_ALLOW", "SCMP_ACT_LOG"):
         allowed = "" if seccomp is None else " (every call allowed by default)"
-        problems.append(f"no seccomp filter in {where}{allowed}")
-    elif seccomp.get("listenerPath"):
-        problems.append(f"no seccomp filter in {where} (its calls handed to {str(seccomp['listenerPath'])[:80]})")
-    if unmasked := sorted(MASKED_PATHS - set(spec.linux.maskedPaths)):
-        problems.append(f"paths podman masks left visible in {where} ({', '.join(unmasked[:3])})")
-    if writable := sorted(READONLY_PATHS - set(spec.linux.readonlyPaths)):
-        problems.append(f"paths podman makes read-only left writable in {where} ({', '.join(writable[:3])})")
-    return problems
+        return [f"no seccomp filter in {where}{allowed}"]
+    if seccomp.get("listenerPath"):
+        return [f"no seccomp filter in {where} (its calls handed to {str(seccomp['listenerPath'])[:80]})"]
+    return []
+
+
+# runc's default spec (`runc spec`) gives CAP_AUDIT_WRITE beside what podman run gives: audit records, no more
+UNSIGNED_CAPABILITIES = DEFAULT_CAPABILITIES | {"CAP_AUDIT_WRITE"}
+# podman sets these itself at a restore (its network namespace, a pod's): a path there is the engine's doing
+ENGINE_JOINED = frozenset({"network", "ipc", "pid", "uts", "cgroup", "user", "mount"})
+
+
+def unsigned_restore_refusals(spec: Spec, container_id: str, graph_root: str) -> list[str]:
+    """What the restore spec of a dump no signature vouches for may not ask. Its spec comes with the dump
+    (podman's own --import takes it from spec.dump), so it is held to what `gpuckpt import` holds spec.dump to
+    without --trust-config: a capability set within podman run's (and runc's default CAP_AUDIT_WRITE), no bind
+    mount but the container's own files in podman's storage and this node's named volumes (`graph_root`), no
+    kernel filesystem podman run does not mount as it does, podman run's namespaces, masked and read-only paths.
+    A seccomp filter is not asked for (runc's default spec has none; CRIU's images are held to the spec's);
+    hooks and devices are judged apart (spec_grants, refuse_foreign_devices). attack30e reached host root under
+    restore:any through a spec.dump binding the host's disk and one mounting proc at /mnt."""
+    where = "the restore bundle's config.json"
+    problems = []
+    capabilities = spec.process.capabilities
+    if capabilities is None:
+        problems.append(f"no capability set in {where} (the runtime would leave the images' unbounded)")
+    elif added := capabilities.all() - UNSIGNED_CAPABILITIES:
+        problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
+    volumes = re.compile(re.escape(graph_root) + r"/volumes/[A-Za-z0-9][A-Za-z0-9_.-]{0,250}/_data") if graph_root \
+        else None
+    host = sorted({mount.source for mount in spec.mounts if mount.is_bind()
+                   and not container_own(mount.source, container_id).startswith("<self>/")
+                   and not (volumes and volumes.fullmatch(mount.source))})
+    if host:
+        problems.append(f"host bind mounts in {where} ({', '.join(source[:80] for source in host[:3])})")
+    if kernel := _other_filesystems(spec):
+        problems.append(f"kernel filesystems podman run does not mount in {where} ({', '.join(kernel[:3])})")
+    return problems + _isolation_refusals(spec, where, ENGINE_JOINED, seccomp=False)
 
 
 # What podman's --import drops from spec.dump (runtime_ctr.go setupContainer, RemoveMount: the first

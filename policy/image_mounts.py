@@ -17,8 +17,8 @@ chmods and writes outside its cgroup yard. The rules, mount by mount:
   has is covered: read-only, or masked by something other than proc or sysfs.
 A spec that lets the container mount things itself (CAP_SYS_ADMIN reachable, no user namespace)
 is not held to the type rules: such a container could make those mounts after the restore; the
-read-only and masking rules still hold. cgroup.img's names are judged always: a directory or
-file is a plain name below the yard, no set-id bits.
+read-only and masking rules still hold (an unsigned dump's spec is the dump's own: not there).
+cgroup.img's names are judged always: a directory or file is a plain name below the yard.
 """
 
 from __future__ import annotations
@@ -44,7 +44,6 @@ FLOOR_MASKED = frozenset({"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/late
 # the spec's mount types each kernel filesystem is allowed under
 SPEC_TYPES = {PROC: ("proc",), SYSFS: ("sysfs",), CGROUP: ("cgroup", "cgroup2"), CGROUP2: ("cgroup", "cgroup2")}
 PROPERTY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,254}")
-SPECIAL_MODE_BITS = 0o7000  # setuid, setgid, sticky
 MAX_SHOWN = 3
 
 
@@ -62,8 +61,9 @@ def mount_problems(images: CheckpointImages, mounts: Iterable[Mount], masked: It
     """One phrase per mount the images make beyond what `mounts` (the spec's), its masked and read-only paths allow.
     `mounts_itself`: the spec lets the container mount things itself (the type rules are moot). `floor`: the spec
     is as untrusted as the images (an unsigned dump's): every runtime's default masked and read-only paths, and
-    cgroup hierarchies read-only, whatever it says."""
+    cgroup hierarchies read-only, whatever it says, and its capabilities excuse no mount."""
     mounts = list(mounts)
+    mounts_itself = mounts_itself and not floor
     marked = {_norm(path) for path in read_only_paths} | (FLOOR_READ_ONLY if floor else set())
     masked = {_norm(path) for path in masked} | (FLOOR_MASKED if floor else set())
     read_only = marked | {_norm(m.destination) for m in mounts if "ro" in m.options}
@@ -121,7 +121,9 @@ def _covers(mount: Mount, point: str) -> bool:
 
 
 def cgroup_problems(names: Iterable[CgroupName]) -> list[str]:
-    """One phrase per cgroup directory or file CRIU would make outside its yard, by an odd name, or set-id."""
+    """One phrase per cgroup directory or file CRIU would make outside its yard or by an odd name. Their modes are
+    not judged: CRIU dumps freezer.state's from memory it never set (attack30e: random set-id bits in real dumps),
+    and a mode inside the yard reaches nothing outside it."""
     problems = []
     for found in names:
         shown = f"{found.controllers[:40] or 'cgroup2'}:{found.path[:120]}" + (f"/{found.name[:80]}" if found.name
@@ -130,6 +132,4 @@ def cgroup_problems(names: Iterable[CgroupName]) -> list[str]:
             problems.append(f"cgroup {shown!r} climbs out of CRIU's cgroup yard with '..'")
         elif found.name and not PROPERTY.fullmatch(found.name):
             problems.append(f"cgroup file {shown!r} is not a plain file name")
-        elif found.mode & SPECIAL_MODE_BITS:
-            problems.append(f"cgroup {shown!r} gets mode {found.mode & 0o7777:o} (set-id or sticky bits)")
     return problems[:MAX_SHOWN * 4]

@@ -50,7 +50,7 @@ def _own_entries(own_hooks: frozenset[str]) -> set[str]:
     return {_hook(stage, spec_entry(path, stage)) for path in own_hooks for stage in HOOK_STAGES}
 
 
-def _own(source: str, container_id: str) -> str:
+def container_own(source: str, container_id: str) -> str:
     """`source` with podman's directory of the container itself (STORAGE/overlay-containers/ID/ in its graph or run
     root: its /etc/hosts, /dev/shm, secrets) as <self>/: the same container restored under a new ID (podman's
     --import with --name) or from another storage root binds the same. Only a directory no other user can move or
@@ -67,7 +67,7 @@ def _binds(spec: Spec, container_id: str) -> list[str]:
     found = []
     for mount in spec.mounts:
         if mount.is_bind():
-            source = _own(mount.source, container_id)
+            source = container_own(mount.source, container_id)
             found.append(f"{mount.destination[:1900]} <- {source[:1900]} {'ro' if 'ro' in mount.options else 'rw'}")
     return sorted(set(found))
 

@@ -55,6 +55,7 @@ from ..oci.bundle_layout import in_containers_storage
 from ..oci.manifest import MANIFEST_NAME, Manifest, SpecGrants, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations, standby_asked
+from ..policy.archive_import import unsigned_restore_refusals
 from ..policy.crun import crun_restore_refusals
 from ..policy.devices import device_refusals
 from ..policy.driver_files import driver_change_refusal
@@ -270,6 +271,19 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
         refuse_foreign_devices(spec, container_id)
     if recorded is not None:
         refuse_widened_spec(recorded, spec, bundle, container_id, unsigned=not signed)
+    if not signed:
+        refuse_unsigned_spec(spec, bundle, container_id)
+
+
+def refuse_unsigned_spec(spec: Spec, bundle: str, container_id: str) -> None:
+    """An unsigned dump's spec came with it: held to what `gpuckpt import` holds an archive's spec.dump to
+    (policy/archive_import.py unsigned_restore_refusals); a named volume is one under podman's storage that
+    holds the bundle."""
+    graph_root = os.path.dirname(os.path.dirname(os.path.dirname(bundle.rstrip("/")))) \
+        if in_containers_storage(bundle) else ""
+    if problems := unsigned_restore_refusals(spec, container_id, graph_root):
+        raise ImageError(f"restore of {container_id}: an unsigned checkpoint's spec asks for {'; '.join(problems[:3])}"
+                         ": refused (restore archives with `gpuckpt import`, which checks them, or sign the dump)")
 
 
 def refuse_foreign_devices(spec: Spec, container_id: str) -> None:

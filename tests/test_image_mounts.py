@@ -13,6 +13,8 @@ import pytest
 
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.criu_images import criu_messages
+from gpuckpt.oci.spec import Mount, Spec
+from gpuckpt.policy.archive_import import unsigned_restore_refusals
 from gpuckpt.policy.image import check_restore
 
 REAL = Path(__file__).parent / "data" / "criu-podman-mounts"  # podman 4.3 + runc 1.1.5 + CRIU 4.2.1, cgroup v1
@@ -80,8 +82,16 @@ def _clear_rdonly(entry) -> None:
     entry.sb_flags &= ~RDONLY
 
 
+def _rdonly_on_superblock_only(entry) -> None:
+    """attack30e sbro: CRIU gives a bind no superblock of its own, so its sb_flags make nothing read-only."""
+    entry.flags &= ~RDONLY
+    entry.sb_flags |= RDONLY
+
+
 @pytest.mark.parametrize(("name", "change", "expected"), [
     ("/proc/sys read-write (core_pattern)", lambda e: _clear_rdonly(at(e, "/proc/sys")),
+     "/proc/sys (proc) is mounted read-write, which the spec makes read-only"),
+    ("/proc/sys read-only on its superblock flags alone", lambda e: _rdonly_on_superblock_only(at(e, "/proc/sys")),
      "/proc/sys (proc) is mounted read-write, which the spec makes read-only"),
     ("/proc/sys's read-only bind dropped", lambda e: e.remove(at(e, "/proc/sys")),
      "/proc/sys is not read-only, which the spec makes it"),
@@ -146,7 +156,9 @@ def test_a_cgroup_file_named_out_of_criu_s_yard_is_refused(dump):
     assert "is not a plain file name" in refusal(*dump)
 
 
-def test_a_cgroup_directory_climbing_out_or_a_set_id_mode_is_refused(dump):
+def test_a_cgroup_directory_climbing_out_is_refused_and_a_mode_is_not_judged(dump):
+    """A child directory "../../.." is refused; a mode is not judged: CRIU dumps freezer.state's from memory it never
+    set (random set-id bits in real pod members' dumps, attack30e), and inside the yard it reaches nothing."""
     def climb(entry) -> None:
         child = entry.controllers[0].dirs[0].children.add()
         child.dir_name = "../../.."
@@ -155,9 +167,9 @@ def test_a_cgroup_directory_climbing_out_or_a_set_id_mode_is_refused(dump):
     shutil.copy(REAL / "cgroup.img", dump[0] / "cgroup.img")
 
     def setuid(entry) -> None:
-        entry.controllers[0].dirs[0].properties[0].perms.mode = 0o104777
+        entry.controllers[0].dirs[0].properties[0].perms.mode = 0o14301210560
     _edit_cgroup(dump[0], setuid)
-    assert "gets mode 4777 (set-id or sticky bits)" in refusal(*dump)
+    check_restore(str(dump[0]), str(dump[1]), "restore of c1")
 
 
 def test_an_unsigned_dump_s_spec_cannot_lower_the_default_masking(dump):
@@ -178,3 +190,52 @@ def test_an_unsigned_dump_s_spec_cannot_lower_the_default_masking(dump):
     with pytest.raises(ImageError) as refused:
         check_restore(str(dump[0]), str(dump[1]), "restore of c1", unsigned=True)
     assert "/sys (sysfs) is mounted read-write" in str(refused.value) and "(and 1 more)" in str(refused.value)
+
+
+def _runc_default_spec() -> Spec:
+    """`runc spec` as the runc-level tests use it (a plain runc dump restored under restore:any)."""
+    spec = json.loads((REAL / "config.json").read_text())
+    spec["mounts"] = [mount for mount in spec["mounts"] if mount["type"] != "bind"]
+    spec["linux"]["readonlyPaths"] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+    spec["linux"]["maskedPaths"] += ["/proc/asound"]  # runc masks it where podman makes it read-only
+    spec["linux"].pop("seccomp", None)  # runc's default spec has none
+    caps = ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
+    spec["process"]["capabilities"] = {kind: caps for kind in ("bounding", "effective", "permitted")}
+    return Spec.model_validate(spec)
+
+
+CONTAINER = "267004289df43d2eccd09f8f5cd61e94892e8b720b73583cea11e1aae59a9525"  # the real dump's
+
+
+@pytest.mark.parametrize(("name", "change", "expected"), [
+    ("the host's disk bound", lambda s: s.mounts.append(Mount(destination="/mnt", source="/", type="bind",
+                                                               options=["rbind"])),
+     "host bind mounts in the restore bundle's config.json (/)"),
+    ("proc mounted again at /mnt", lambda s: s.mounts.append(Mount(destination="/mnt", source="proc", type="proc")),
+     "kernel filesystems podman run does not mount"),
+    ("CAP_SYS_ADMIN", lambda s: s.process.capabilities.bounding.append("CAP_SYS_ADMIN"),
+     "capabilities beyond podman's default in the restore bundle's config.json (CAP_SYS_ADMIN)"),
+    ("no capability set", lambda s: setattr(s.process, "capabilities", None), "no capability set"),
+    ("/proc/sys not read-only", lambda s: s.linux.readonlyPaths.remove("/proc/sys"),
+     "paths podman makes read-only left writable"),
+])
+def test_an_unsigned_dump_s_spec_is_held_to_what_an_import_holds_spec_dump_to(name, change, expected):
+    """attack30e reached host root under restore:any through spec.dump alone (a bind of the host's disk, proc at
+    /mnt, CAP_SYS_ADMIN): an unsigned dump's spec comes with it, and is held to `gpuckpt import`'s rules."""
+    podman_spec = Spec.model_validate(json.loads((REAL / "config.json").read_text()))
+    assert unsigned_restore_refusals(podman_spec, CONTAINER, "/var/lib/containers/storage") == []
+    assert unsigned_restore_refusals(_runc_default_spec(), "c1", "") == []  # plain runc: no seccomp, masked asound
+    spec = _runc_default_spec()
+    change(spec)
+    found = unsigned_restore_refusals(spec, "c1", "")
+    assert any(expected in problem for problem in found), (name, found)
+
+
+def test_a_named_volume_and_the_container_s_own_files_are_not_host_binds():
+    spec = Spec.model_validate(json.loads((REAL / "config.json").read_text()))
+    spec.mounts.append(Mount(destination="/data", source="/var/lib/containers/storage/volumes/v1/_data", type="bind",
+                             options=["rbind"]))
+    assert unsigned_restore_refusals(spec, CONTAINER, "/var/lib/containers/storage") == []
+    spec.mounts.append(Mount(destination="/x", source="/var/lib/containers/storage/volumes/../../../../etc/_data",
+                             type="bind", options=["rbind"]))
+    assert "host bind mounts" in unsigned_restore_refusals(spec, CONTAINER, "/var/lib/containers/storage")[0]
