@@ -33,6 +33,10 @@ MODE cgprocs2:  as cgprocs in the pids hierarchy with cgroup.procs only (no free
 MODE reparent:  mountpoints: the read-only /proc/sys bind keeps its mountpoint but its parent_mnt_id is /dev's (CRIU
                 builds the tree by parent ids; mounted before /proc, /proc then covers it?); reparentmq: /dev/mqueue's.
 MODE sbro:      mountpoints: the /proc/sys bind's MS_RDONLY taken from its mount flags and put in its sb_flags.
+MODE sbrosys:   mountpoints: /sys read-only by its mount flag only (superblock rw), and a sysfs bind of
+                /module/printk/parameters at /sys/module/printk/parameters, read-only by sb_flags only.
+MODE sbrocg:    mountpoints: every external cgroup bind (the container's own cgroups) read-only in sb_flags only.
+MODE cgmnt:     mountpoints: the pids cgroup bind (external) moved to /mnt, read-write.
 MODE dupro:     mountpoints: a second /proc/sys (proc bind of /sys, read-write) mounted over the read-only one,
                 listed before it.
 """
@@ -171,6 +175,21 @@ def mounts(doc):
         for e in entries:
             if e["mountpoint"] == "/proc/sys":
                 e["flags"], e["sb_flags"] = e["flags"] & ~1, e["sb_flags"] | 1
+    elif mode == "sbrocg":  # the container's own cgroup binds (external): MS_RDONLY only in sb_flags
+        for e in entries:
+            if e["fstype"] == 12 and "ext_key" in e:
+                e["flags"], e["sb_flags"] = e["flags"] & ~1, e["sb_flags"] | 1
+    elif mode == "cgmnt":  # the pids cgroup bind (external) moved to /mnt, read-write: outside the spec's ro cgroup mount
+        root = next(e for e in entries if e["mountpoint"] == "/")
+        for e in entries:
+            if e["mountpoint"] == "/sys/fs/cgroup/pids":
+                e["mountpoint"], e["parent_mnt_id"], e["flags"] = "/mnt", root["mnt_id"], e["flags"] & ~1
+    elif mode == "sbrosys":  # /sys's superblock made rw (read-only by its mount flag only), a sysfs bind under it
+        # read-only by sb_flags only: CRIU binds it from the rw superblock
+        sysfs = next(e for e in entries if e["mountpoint"] == "/sys")
+        sysfs["flags"], sysfs["sb_flags"] = sysfs["flags"] | 1, sysfs["sb_flags"] & ~1
+        entries.append(dict(sysfs, mnt_id=779, parent_mnt_id=sysfs["mnt_id"], root="/module/printk/parameters",
+                            mountpoint="/sys/module/printk/parameters", flags=sysfs["flags"] & ~1, sb_flags=1))
     elif mode == "dupro":
         ro = next(e for e in entries if e["mountpoint"] == "/proc/sys")
         dup = dict(ro, mnt_id=778, parent_mnt_id=ro["mnt_id"], flags=0x20000e)
@@ -223,8 +242,8 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
     for m, data in members:
         if m.name == "checkpoint/gpuckpt-dump.sig":
             continue
-        NEW = ("sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
-        if m.name.startswith("checkpoint/mountpoints-") and mode in ("specbind", "procmnt", "sysadmin", "dupro", "reparent", "sbro",
+        NEW = ("sbrosys", "sbrocg", "cgmnt", "sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
+        if m.name.startswith("checkpoint/mountpoints-") and mode in ("specbind", "procmnt", "sysadmin", "dupro", "reparent", "sbro", "sbrosys", "sbrocg", "cgmnt",
                                                                       "reparentmq"):
             data = pyc(data, mounts)
         elif m.name.startswith("checkpoint/mountpoints-") and mode not in ("nosig", "cgprop") + NEW:

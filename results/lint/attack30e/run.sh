@@ -52,7 +52,7 @@ for mode in "$@"; do
       [ -e $D/binfmt-ran ] && echo "$(tr '\n' ' ' < $D/binfmt-ran) (this shell's mnt ns: $(readlink /proc/self/ns/mnt))" || echo "interpreter did not run"
       [ -e $D/bm/attack30e ] && echo -1 > $D/bm/attack30e && echo "entry removed"
       umount $D/bm; rmdir $D/bm;;
-    sysrw)
+    sysrw|sbrosys)
       f=/sys/module/printk/parameters/always_kmsg_dump; before=$(cat $f); want=$([ $before = Y ] && echo N || echo Y)
       podman exec attack30e-src sh -c "grep ' /sys ' /proc/self/mountinfo; echo $want > $f" 2>&1; echo "exec rc=$?"
       now=$(cat $f); echo "host $f: before $before, now $now"; [ "$now" = $want ] && echo "HOST KERNEL STATE written from the container"
@@ -73,6 +73,11 @@ for mode in "$@"; do
       podman exec attack30e-src sh -c 'grep " /mnt " /proc/self/mountinfo; echo 8192 > /mnt/fault_around_bytes' 2>&1; echo "exec rc=$?"
       now=$(cat $f); echo "host debugfs fault_around_bytes: before $before, now $now"; [ "$now" = 8192 ] && [ "$before" != 8192 ] && echo "HOST KERNEL STATE written from the container"
       echo $before > $f; echo "put back: $(cat $f)"; umount $D/dbg; rmdir $D/dbg;;
+    sbrocg|cgmnt)  # runc binds the pids hierarchy's /libpod_parent/conmon there (every container's conmon cgroup)
+      f=/sys/fs/cgroup/pids/libpod_parent/conmon/pids.max; before=$(cat $f); in=/sys/fs/cgroup/pids/pids.max; [ $mode = cgmnt ] && in=/mnt/pids.max
+      podman exec attack30e-src sh -c "grep -E ' /sys/fs/cgroup/(pids|freezer) | /mnt ' /proc/self/mountinfo; echo 4096 > $in; cat /sys/fs/cgroup/freezer/freezer.state" 2>&1; echo "exec rc=$?"
+      now=$(cat $f); echo "host $f: before $before, now $now"; [ "$now" = 4096 ] && echo "HOST CGROUP (conmon's, shared by the node's containers) written from the container"
+      echo $before > $f; echo "put back: $(cat $f)";;
     cgdev)
       podman exec attack30e-src sh -c 'grep devices /proc/self/cgroup; ls -la /dev/attack30e-vda; echo "ext4 magic at 1080 of /dev/attack30e-vda: $(head -c 1082 /dev/attack30e-vda | tail -c 2 | od -An -tx1)"; exec 3<>/dev/attack30e-vda && echo "opened /dev/attack30e-vda read-write"' 2>&1; echo "exec rc=$?";;
     cgprocs*)
