@@ -35,6 +35,10 @@ MODE reparent:  mountpoints: the read-only /proc/sys bind keeps its mountpoint b
 MODE sbro:      mountpoints: the /proc/sys bind's MS_RDONLY taken from its mount flags and put in its sb_flags.
 MODE sbrosys:   mountpoints: /sys read-only by its mount flag only (superblock rw), and a sysfs bind of
                 /module/printk/parameters at /sys/module/printk/parameters, read-only by sb_flags only.
+(cgns_prefix: CRIU 4.2.1's cgroup.proto makes it a uint32, the length of the path's prefix: it names no path of
+its own, so no mode for it.)
+MODE mntdumper: inventory.img: root_ids.mnt_ns_id = the tasks' (13), so the checker skips mountpoints-13.img;
+                spec.dump without a mount namespace; mountpoints + AUTO ext4 /dev/vda at /mnt.
 MODE sbrocg:    mountpoints: every external cgroup bind (the container's own cgroups) read-only in sb_flags only.
 MODE cgmnt:     mountpoints: the pids cgroup bind (external) moved to /mnt, read-write.
 MODE dupro:     mountpoints: a second /proc/sys (proc bind of /sys, read-write) mounted over the read-only one,
@@ -106,6 +110,9 @@ def spec_edit(spec):
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": "/", "options": ["rbind", "rw"]})
     elif mode == "procmnt":
         spec["mounts"].append({"destination": "/mnt", "type": "proc", "source": "proc", "options": []})
+    elif mode == "mntdumper":
+        spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != "mount"]
+        spec["linux"]["maskedPaths"], spec["linux"]["readonlyPaths"] = [], []  # runc: none without a mount ns
     elif mode == "sysadmin":
         for key in ("bounding", "effective", "permitted"):
             spec["process"]["capabilities"][key].append("CAP_SYS_ADMIN")
@@ -141,6 +148,16 @@ def freezer_perms(doc):
     return doc
 
 
+def ids_edit(doc):
+    doc["entries"][0]["cgroup_ns_id"] = 98  # a cgroup namespace of its own: CRIU applies cgns_prefix
+    return doc
+
+
+def inventory_edit(doc):
+    doc["entries"][0]["root_ids"]["mnt_ns_id"] = 13  # the tasks' mount namespace named the dumper's
+    return doc
+
+
 def dev_tar(data):
     import gzip
     raw = gzip.decompress(data)
@@ -165,7 +182,7 @@ def mounts(doc):
                         "shared_id": 0, "master_id": 0, "sb_flags": 0, "ext_key": "/mnt"})
     elif mode == "procmnt":
         extra_mount(entries, 1, "proc")
-    elif mode == "sysadmin":
+    elif mode in ("sysadmin", "mntdumper"):
         extra_mount(entries, *EXTRA["autoext4"])
     elif mode in ("reparent", "reparentmq"):  # the read-only /proc/sys bind hung below /dev (or /dev/mqueue)
         ro = next(e for e in entries if e["mountpoint"] == "/proc/sys")
@@ -242,8 +259,8 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
     for m, data in members:
         if m.name == "checkpoint/gpuckpt-dump.sig":
             continue
-        NEW = ("sbrosys", "sbrocg", "cgmnt", "sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
-        if m.name.startswith("checkpoint/mountpoints-") and mode in ("specbind", "procmnt", "sysadmin", "dupro", "reparent", "sbro", "sbrosys", "sbrocg", "cgmnt",
+        NEW = ("mntdumper", "sbrosys", "sbrocg", "cgmnt", "sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
+        if m.name.startswith("checkpoint/mountpoints-") and mode in ("specbind", "procmnt", "sysadmin", "dupro", "reparent", "sbro", "sbrosys", "mntdumper", "sbrocg", "cgmnt",
                                                                       "reparentmq"):
             data = pyc(data, mounts)
         elif m.name.startswith("checkpoint/mountpoints-") and mode not in ("nosig", "cgprop") + NEW:
@@ -256,6 +273,8 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             data = json.dumps(spec_edit(json.loads(data))).encode()
         if re.fullmatch(r"checkpoint/core-[0-9]+\.img", m.name) and mode == "sysadmin":
             data = pyc(data, core_edit)
+        if m.name == "checkpoint/inventory.img" and mode == "mntdumper":
+            data = pyc(data, inventory_edit)
         if m.name == DEVTAR and mode == "cgdev":
             data = dev_tar(data)
         if data is not None:
