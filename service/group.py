@@ -18,7 +18,7 @@ podman's --keep).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -27,6 +27,7 @@ from ..cuda.node import NodeGpus
 from ..cuda.suspend import STANDBY_ENGINE, recorded_pairs
 from ..errors import GpuckptError, NotFoundError, UsageError
 from ..host import process
+from ..host.loopback_hold import LoopbackHold
 from ..host.programs import find_program
 from ..node.suspension import ask_standby_restore, read_suspension, remove_suspension, take_standby_request
 from ..shim.rollback import Rollback
@@ -56,6 +57,7 @@ class Found:
     pid: int
     status: str  # podman's: running, exited, ...
     checkpointed: bool
+    network_mode: str = ""  # podman's: "container:ID" for a pod's members (ID: its infra container)
 
     def member(self) -> GroupMember:
         return GroupMember(self.name, self.container_id, self.pid)
@@ -82,13 +84,13 @@ def find_members(label: str | None, names: Sequence[str]) -> list[Found]:
     found = []
     for name in dict.fromkeys(names):
         inspected = process.run([podman, "inspect", "--type", "container", "--format",
-                                 "{{.Name}}\t{{.Id}}\t{{.State.Pid}}\t{{.State.Status}}\t{{.State.Checkpointed}}",
-                                 name], timeout_s=60, check=False)
+                                 "{{.Name}}\t{{.Id}}\t{{.State.Pid}}\t{{.State.Status}}\t{{.State.Checkpointed}}\t"
+                                 "{{.HostConfig.NetworkMode}}", name], timeout_s=60, check=False)
         if inspected.returncode != 0:
             raise NotFoundError(f"member {name}: no such podman container")
-        shown, container_id, pid, status, checkpointed = inspected.stdout.strip().split("\t")
+        shown, container_id, pid, status, checkpointed, network_mode = inspected.stdout.strip("\n").split("\t")
         found.append(Found(shown, container_id, int(pid) if status == "running" else 0, status,
-                           checkpointed == "true"))
+                           checkpointed == "true", network_mode))
     return sorted(found, key=lambda each: each.name)
 
 
@@ -124,6 +126,39 @@ def _resume_all(members: Sequence[Found], gpus: NodeGpus, hugepages: bool) -> li
     return resumed
 
 
+def _loopback_hold(members: Sequence[Found]) -> LoopbackHold | None:
+    """The hold on the loopback the members share (a pod's network namespace, its infra container's): None where
+    they share none that outlives them (each its own namespace, or the host's, which is never held)."""
+    modes = {found.network_mode for found in members}
+    owner = next(iter(modes)).removeprefix("container:") if len(modes) == 1 else ""
+    if not owner or owner == next(iter(modes)) or any(found.container_id == owner for found in members):
+        return None
+    inspected = process.run([_podman(), "inspect", "--type", "container", "--format", "{{.State.Pid}}", owner],
+                            timeout_s=60, check=False)
+    pid = int(inspected.stdout.strip() or 0) if inspected.returncode == 0 else 0
+    if pid <= 0:
+        raise GpuckptError(f"the members share the network namespace of container {owner[:12]}, which is not running")
+    return LoopbackHold(pid)
+
+
+def _held(what: str, members: Sequence[Found], work: Callable[[], list[str]]) -> list[str]:
+    """`work` with the members' shared loopback held (if they share one), released after it, done or not."""
+    hold = _loopback_hold(members)
+    if hold is None:
+        return work()
+    hold.hold()
+    try:
+        done = work()
+    except GroupFailed as failed:
+        raise GroupFailed("; ".join([str(failed), *hold.release()])) from None
+    except BaseException:
+        hold.release()
+        raise
+    if left := hold.release():
+        raise GroupFailed(f"group {what} done, but {left[0]}")
+    return done
+
+
 def checkpoint_group(members: Sequence[Found], options: GroupOptions, gpus: NodeGpus) -> list[str]:
     """The group checkpointed through podman (see the module's phases); the members' names."""
     if not members:
@@ -133,6 +168,10 @@ def checkpoint_group(members: Sequence[Found], options: GroupOptions, gpus: Node
     for found in members:
         if read_suspension(found.container_id) is not None:
             raise UsageError(f"member {found.name} is suspended already (gpuckpt resume {found.name})")
+    return _held("checkpoint", members, lambda: _checkpoint_group(members, options, gpus))
+
+
+def _checkpoint_group(members: Sequence[Found], options: GroupOptions, gpus: NodeGpus) -> list[str]:
     suspend = GroupSuspend([found.member() for found in members], gpus)
     try:
         suspend.suspend(options.lock_timeout_ms, hugepages=options.hugepages)
@@ -180,6 +219,10 @@ def restore_group(members: Sequence[Found], options: GroupOptions, gpus: NodeGpu
     if waiting := [f"{found.name} ({found.status})" for found in members if not found.checkpointed
                    or found.status == "running"]:
         raise UsageError(f"every member must be checkpointed and not running; not: {', '.join(waiting)}")
+    return _held("restore", members, lambda: _restore_group(members, options, gpus))
+
+
+def _restore_group(members: Sequence[Found], options: GroupOptions, gpus: NodeGpus) -> list[str]:
     rollback = Rollback()
     restored: list[Found] = []
     try:

@@ -53,7 +53,7 @@ if argv[0] == "ps":
 elif argv[0] == "inspect":
     shown, container = find(argv[-1])
     print(f"{shown}\t{container['id']}\t{container['pid']}\t{container['status']}\t"
-          f"{str(container['checkpointed']).lower()}")
+          f"{str(container['checkpointed']).lower()}\t{container.get('network_mode', 'bridge')}")
 elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
     verb, name = argv[1], argv[-1]
     shown, container = find(name)
