@@ -216,9 +216,10 @@ def restore_group(members: Sequence[Found], options: GroupOptions, gpus: NodeGpu
     """The group restored through podman, each member into standby, then every GPU state back together."""
     if not members:
         raise UsageError("a group restore needs at least one member")
-    if waiting := [f"{found.name} ({found.status})" for found in members if not found.checkpointed
-                   or found.status == "running"]:
-        raise UsageError(f"every member must be checkpointed and not running; not: {', '.join(waiting)}")
+    # podman refuses a member without a checkpoint itself (rolling the group back); one running has its own
+    if running := [found.name for found in members if found.status == "running"]:
+        raise UsageError(f"every member must be stopped with its checkpoint in podman's store; running: "
+                         f"{', '.join(running)}")
     return _held("restore", members, lambda: _restore_group(members, options, gpus))
 
 

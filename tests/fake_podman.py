@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A podman stand-in for unit tests of the group verbs: `ps`, `inspect`, `container checkpoint|restore`, `kill`,
-`wait`, driven by podman.json next to it and doing to the suspension records what the shim does.
+"""A podman stand-in for unit tests of the group verbs and gpuckptd's groups: `ps`, `inspect` (the formats they
+ask), `container checkpoint|restore`, `kill`, `wait`, `rm`, driven by podman.json next to it and doing to the
+suspension records what the shim does.
 
 podman.json: {"containers": {name: {"id", "pid", "status", "checkpointed", "labels", "cuda"}},
 "fail": {verb: [names]}}. Every call is appended to calls.log as JSON; a checkpoint also logs which CUDA
@@ -52,8 +53,20 @@ if argv[0] == "ps":
             print(container["id"][:12])
 elif argv[0] == "inspect":
     shown, container = find(argv[-1])
-    print(f"{shown}\t{container['id']}\t{container['pid']}\t{container['status']}\t"
-          f"{str(container['checkpointed']).lower()}\t{container.get('network_mode', 'bridge')}")
+    asked = argv[argv.index("--format") + 1]
+    if "Config.Labels" in asked:  # gpuckptd's question: the group label
+        print(next(iter(container["labels"].values()), "<no value>"))
+    elif asked == "{{.Id}} {{.StaticDir}}":
+        print(f"{container['id']} {here / 'storage' / container['id']}")
+    elif asked == "{{.State.Running}}":
+        print(str(container["status"] == "running").lower())
+    elif asked == "{{.Name}}":
+        print(shown)
+    elif asked == "{{.Id}}":
+        print(container["id"])
+    else:
+        print(f"{shown}\t{container['id']}\t{container['pid']}\t{container['status']}\t"
+              f"{str(container['checkpointed']).lower()}\t{container.get('network_mode', 'bridge')}")
 elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
     verb, name = argv[1], argv[-1]
     shown, container = find(name)
@@ -76,6 +89,8 @@ elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
             request.unlink()  # the shim takes it; its processes stay checkpointed (the test's driver keeps them so)
         container.update(status="running", checkpointed=False)
     save()
+elif argv[0] == "rm":  # gpuckptd's restore of an archive removes the exited container first
+    find(argv[-1])
 elif argv[0] in ("kill", "wait"):
     shown, container = find(argv[-1])
     container.update(status="exited")
