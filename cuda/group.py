@@ -145,15 +145,16 @@ class GroupSuspend:
 def resume_group(members: Sequence[GroupMember], gpus: NodeGpus, *,
                  pairs: Mapping[str, Sequence[GpuPair]] | None = None, hugepages: bool = False) -> list[str]:
     """Every member's checkpointed CUDA processes back onto the GPU (`pairs` by container ID: a standby
-    restore's choice), then all unlocked; the names of the members that had any. A failed restore leaves
+    restore's choice), then all unlocked; the names of the members that had any. `members`: those whose GPU
+    state is in host memory (a suspension record says so); their processes are asked of the driver, as
+    cuda/suspend.resume does (a checkpointed process may hold no /dev/nvidia* file). A failed restore leaves
     every member checkpointed; a failed unlock, every member running that could be."""
+    if not members:
+        return []
     pairs = pairs or {}
-    holding = {member.name: gpus.find_cuda_pids(gpus.descendants(member.init_pid)) for member in members}
-    if not any(holding.values()):
-        return []  # CPU members only: nothing on a GPU, no driver needed
     driver = gpus.load_driver()
-    moved = [_Moved(member, CudaSession(driver, checkpointed_pids(driver, holding[member.name])))
-             for member in members if holding[member.name]]
+    moved = [_Moved(member, CudaSession(driver, checkpointed_pids(driver, gpus.descendants(member.init_pid))))
+             for member in members]
     moved = [each for each in moved if each.session.pids]
     with hugepages_always(hugepages):
         failed = _each(moved, lambda each: each.session.restore(pairs.get(each.member.container_id, ())))

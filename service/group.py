@@ -114,13 +114,18 @@ def _restore_into_standby(found: Found, tcp_established: bool) -> Found:
 
 
 def _resume_all(members: Sequence[Found], gpus: NodeGpus, hugepages: bool) -> list[str]:
-    """Every member's GPU state back together (a standby's GPUs as its restore chose them); records removed."""
-    pairs = {}
+    """Every member's GPU state back together (a standby's GPUs as its restore chose them); records removed.
+    The members with GPU state in host memory are those with a suspension record: the group's lock, or the
+    standby restore's (a member without CUDA processes has none, and no driver is loaded for it)."""
+    suspended, pairs = [], {}
     for found in members:
         record = read_suspension(found.container_id)
-        if record is not None and record.engine == STANDBY_ENGINE:
+        if record is None:
+            continue
+        suspended.append(found.member())
+        if record.engine == STANDBY_ENGINE:
             pairs[found.container_id] = recorded_pairs(record)
-    resumed = resume_group([found.member() for found in members], gpus, pairs=pairs, hugepages=hugepages)
+    resumed = resume_group(suspended, gpus, pairs=pairs, hugepages=hugepages)
     for found in members:
         remove_suspension(found.container_id)
     return resumed

@@ -334,7 +334,7 @@ class Checkpoint:
             raise GpuCheckpointError(f"checkpoint of {self.container_id} refused: it is recorded as suspended "
                                      f"({_suspended_by(record)}) but CUDA process(es) {', '.join(map(str, running))} "
                                      "are not checkpointed; resume it (gpuckpt resume) and checkpoint it again")
-        if missing := sorted(set(named) - set(cuda_pids)):
+        if missing := [pid for pid in named if not os.path.exists(f"/proc/{pid}")]:
             log(self.args, "info", f"{self.container_id}: suspended CUDA process(es) {', '.join(map(str, missing))} "
                 "have exited")
 

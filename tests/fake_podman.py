@@ -87,6 +87,11 @@ elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
             sys.exit(125)
         if request.exists():
             request.unlink()  # the shim takes it; its processes stay checkpointed (the test's driver keeps them so)
+            if container["cuda"]:  # and records the standby, as the shim's restore does for CUDA processes
+                record(container).parent.mkdir(parents=True, exist_ok=True)
+                record(container).write_text(json.dumps({"container": container["id"], "engine": "standby",
+                                                         "init_pid": container["pid"], "since": "now",
+                                                         "processes": []}))
         container.update(status="running", checkpointed=False)
     save()
 elif argv[0] == "rm":  # gpuckptd's restore of an archive removes the exited container first
