@@ -1,5 +1,7 @@
-"""`gpuckpt checkpoint --group LABEL | CONTAINER...` and `gpuckpt restore --group LABEL`: a job whose ranks
-live in separate podman containers, checkpointed and restored as one (service/group.py has the phases).
+"""`gpuckpt checkpoint --group LABEL` and `gpuckpt restore --group LABEL`: a job whose ranks live in separate
+podman containers, labelled io.gpuckpt.group=LABEL, checkpointed and restored as one (service/group.py has the
+phases). A label, not a list of names: the restore, and gpuckptd's drain and periodic checkpoints, find the
+same members by it.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ from ..service.group import GROUP_LABEL, GroupOptions, checkpoint_group, find_me
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     checkpoint = commands.add_parser("checkpoint", help="checkpoint a job's podman containers as one: every "
                                                         "member's CUDA processes locked before any is dumped")
-    checkpoint.add_argument("containers", nargs="*", metavar="CONTAINER", help="the members, by name or ID")
-    checkpoint.add_argument("--group", metavar="LABEL",
-                            help=f"the members are the podman containers labelled {GROUP_LABEL}=LABEL")
+    checkpoint.add_argument("--group", metavar="LABEL", required=True,
+                            help=f"the members: the podman containers labelled {GROUP_LABEL}=LABEL")
     checkpoint.add_argument("--leave-running", action="store_true",
                             help="every member keeps running after its dump")
     checkpoint.add_argument("--tcp-established", action="store_true",
@@ -33,14 +34,9 @@ def _options(options: argparse.Namespace) -> GroupOptions:
 
 
 def run_checkpoint(options: argparse.Namespace) -> int:
-    if (options.group is None) == (not options.containers):
-        raise UsageError("give --group LABEL or the member containers (one of the two)")
-    members = find_members(options.group, options.containers)
-    names = checkpoint_group(members, _options(options), NodeGpus())
-    state = "left running" if options.leave_running else "checkpointed (podman container restore, or gpuckpt " \
-        "restore --group, brings them back)"
-    print(f"group of {len(names)} checkpointed, every member's CUDA processes locked before any dump: "
-          f"{', '.join(names)} {state}")
+    names = checkpoint_group(find_members(options.group), _options(options), NodeGpus())
+    after = "left running" if options.leave_running else f"gpuckpt restore --group {options.group} brings them back"
+    print(f"checkpointed group {options.group}, {len(names)} member(s) locked as one: {', '.join(names)}; {after}")
     return 0
 
 
@@ -57,6 +53,7 @@ def run_restore_group(options: argparse.Namespace) -> int:
     if given := [f"--{name.replace('_', '-')}" for name in SINGLE_ONLY if getattr(options, name, None)]:
         raise UsageError(f"--group restores each member as it was checkpointed: {', '.join(given)} not allowed "
                          "with it (allowed: --tcp-established)")
-    names = restore_group(find_members(options.group, []), _options(options), NodeGpus())
-    print(f"group of {len(names)} restored, every member's GPU state brought back together: {', '.join(names)}")
+    names = restore_group(find_members(options.group), _options(options), NodeGpus())
+    print(f"restored group {options.group}, {len(names)} member(s), their GPU state brought back together: "
+          f"{', '.join(names)}")
     return 0

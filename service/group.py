@@ -1,5 +1,5 @@
 """A job that spans containers (one rank each), checkpointed and restored through podman as one: the
-members are the containers labelled io.gpuckpt.group=LABEL (or named on the command line).
+members are the containers labelled io.gpuckpt.group=LABEL.
 
 Checkpoint, in order: the members found, every one running; every member's CUDA processes locked, then
 checkpointed, at once (cuda/group.py: no rank is left waiting on a locked peer); each member dumped by
@@ -56,7 +56,6 @@ class Found:
     container_id: str
     pid: int
     status: str  # podman's: running, exited, ...
-    checkpointed: bool
     network_mode: str = ""  # podman's: "container:ID" for a pod's members (ID: its infra container)
 
     def member(self) -> GroupMember:
@@ -70,28 +69,27 @@ def _podman() -> str:
     return found
 
 
-def find_members(label: str | None, names: Sequence[str]) -> list[Found]:
-    """The members: podman's containers labelled io.gpuckpt.group=`label`, or those `names`; by name."""
+def find_members(label: str) -> list[Found]:
+    """The members: podman's containers labelled io.gpuckpt.group=`label`, by name."""
     podman = _podman()
-    if label is not None:
-        if not label or any(character in label for character in "=,\n"):
-            raise UsageError(f"--group {label!r}: give the value of the label {GROUP_LABEL} (no '=', ',' or newline)")
-        listed = process.run([podman, "ps", "-a", "--filter", f"label={GROUP_LABEL}={label}", "--format", "{{.ID}}"],
-                             timeout_s=60)
-        names = listed.stdout.split()
-        if not names:
-            raise NotFoundError(f"no podman container carries the label {GROUP_LABEL}={label}")
-    found = []
-    for name in dict.fromkeys(names):
-        inspected = process.run([podman, "inspect", "--type", "container", "--format",
-                                 "{{.Name}}\t{{.Id}}\t{{.State.Pid}}\t{{.State.Status}}\t{{.State.Checkpointed}}\t"
-                                 "{{.HostConfig.NetworkMode}}", name], timeout_s=60, check=False)
-        if inspected.returncode != 0:
-            raise NotFoundError(f"member {name}: no such podman container")
-        shown, container_id, pid, status, checkpointed, network_mode = inspected.stdout.strip("\n").split("\t")
-        found.append(Found(shown, container_id, int(pid) if status == "running" else 0, status,
-                           checkpointed == "true", network_mode))
-    return sorted(found, key=lambda each: each.name)
+    if not label or any(character in label for character in "=,\n"):
+        raise UsageError(f"--group {label!r}: give the value of the label {GROUP_LABEL} (no '=', ',' or newline)")
+    listed = process.run([podman, "ps", "-a", "--filter", f"label={GROUP_LABEL}={label}", "--format", "{{.ID}}"],
+                         timeout_s=60)
+    if not listed.stdout.split():
+        raise NotFoundError(f"no podman container carries the label {GROUP_LABEL}={label}")
+    return sorted((_inspect(podman, name) for name in listed.stdout.split()), key=lambda found: found.name)
+
+
+def _inspect(podman: str, name: str) -> Found:
+    """One member as podman sees it now."""
+    inspected = process.run([podman, "inspect", "--type", "container", "--format",
+                             "{{.Name}}\t{{.Id}}\t{{.State.Pid}}\t{{.State.Status}}\t{{.HostConfig.NetworkMode}}",
+                             name], timeout_s=60, check=False)
+    if inspected.returncode != 0:
+        raise NotFoundError(f"member {name}: no such podman container")
+    shown, container_id, pid, status, network_mode = inspected.stdout.strip("\n").split("\t")
+    return Found(shown, container_id, int(pid) if status == "running" else 0, status, network_mode)
 
 
 def _podman_run(verb: str, flags: Sequence[str], member: str) -> None:
@@ -110,7 +108,7 @@ def _restore_into_standby(found: Found, tcp_established: bool) -> Found:
         _podman_run("restore", ["--keep", *(["--tcp-established"] if tcp_established else [])], found.name)
     finally:
         take_standby_request(found.container_id)  # a restore that never reached the shim leaves none behind
-    return find_members(None, [found.name])[0]
+    return _inspect(_podman(), found.name)
 
 
 def _resume_all(members: Sequence[Found], gpus: NodeGpus, hugepages: bool) -> list[str]:
@@ -210,7 +208,7 @@ def _undump(found: Found, tcp_established: bool) -> list[str]:
 def _back_on_gpu(members: Sequence[Found], gpus: NodeGpus, hugepages: bool) -> list[str]:
     """Every member's GPU state back and unlocked, as podman sees them now (a member restored has a new pid)."""
     try:
-        now = find_members(None, [found.name for found in members])
+        now = [_inspect(_podman(), found.name) for found in members]
         _resume_all([found for found in now if found.status == "running"], gpus, hugepages)
     except GpuckptError as error:
         return [str(error)]

@@ -3,7 +3,7 @@
 ask), `container checkpoint|restore`, `kill`, `wait`, `rm`, driven by podman.json next to it and doing to the
 suspension records what the shim does.
 
-podman.json: {"containers": {name: {"id", "pid", "status", "checkpointed", "labels", "cuda"}},
+podman.json: {"containers": {name: {"id", "pid", "status", "labels", "cuda"}},
 "fail": {verb: [names]}}. Every call is appended to calls.log as JSON; a checkpoint also logs which CUDA
 containers were suspended (had a record in $GPUCKPT_STATE_DIR) at that moment, and a restore whether a
 standby request waited for it. A checkpoint of a CUDA container without a record fails, as the shim's lock of
@@ -66,7 +66,7 @@ elif argv[0] == "inspect":
         print(container["id"])
     else:
         print(f"{shown}\t{container['id']}\t{container['pid']}\t{container['status']}\t"
-              f"{str(container['checkpointed']).lower()}\t{container.get('network_mode', 'bridge')}")
+              f"{container.get('network_mode', 'bridge')}")
 elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
     verb, name = argv[1], argv[-1]
     shown, container = find(name)
@@ -77,7 +77,7 @@ elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
             print(f"Error: checkpoint of {shown} refused by the stand-in", file=sys.stderr)
             sys.exit(125)
         if "--leave-running" not in argv:
-            container.update(status="exited", checkpointed=True)
+            container.update(status="exited")
             record(container).unlink(missing_ok=True)  # the shim: the dump ended the processes
     else:
         request = state_dir / "standby-requests" / container["id"]
@@ -92,7 +92,7 @@ elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
                 record(container).write_text(json.dumps({"container": container["id"], "engine": "standby",
                                                          "init_pid": container["pid"], "since": "now",
                                                          "processes": []}))
-        container.update(status="running", checkpointed=False)
+        container.update(status="running")
     save()
 elif argv[0] == "rm":  # gpuckptd's restore of an archive removes the exited container first
     find(argv[-1])

@@ -48,7 +48,7 @@ class Group:
         self.driver = FakeDriver(self.cuda_pids)
         names = ("a", "b", "c") if cpu_member else ("a", "b")
         self.setup = {"containers": {name: {"id": f"{name * 12}{'0' * 52}", "pid": self.pids[name][0],
-                                            "status": "running", "checkpointed": False,
+                                            "status": "running",
                                             "labels": {"io.gpuckpt.group": "job"}, "cuda": name != "c"}
                                      for name in names}}
         self.write()
@@ -100,7 +100,7 @@ def group(tmp_path, monkeypatch, node):
 
 
 def checkpoint(group: Group, **options) -> list[str]:
-    return checkpoint_group(find_members("job", []), GroupOptions(lock_timeout_ms=1000, **options), group.gpus)
+    return checkpoint_group(find_members("job"), GroupOptions(lock_timeout_ms=1000, **options), group.gpus)
 
 
 # -- checkpoint -----------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_a_member_that_cannot_be_put_back_is_named_with_its_checkpoint_kept(grou
 
 
 def test_a_suspended_member_or_one_not_running_is_refused_before_anything(group: Group) -> None:
-    members = find_members("job", [])
+    members = find_members("job")
     write_suspension(Suspension(container=members[0].container_id, engine="podman", init_pid=1, since="now",
                                 processes=[]))
     with pytest.raises(Exception, match="member a is suspended already"):
@@ -192,7 +192,7 @@ def test_a_group_of_cpu_containers_never_loads_the_driver(tmp_path, monkeypatch,
             each["cuda"] = False
         made.write()
         assert checkpoint(made) == ["a", "b", "c"]
-        assert restore_group(find_members("job", []), GroupOptions(), made.gpus) == ["a", "b", "c"]
+        assert restore_group(find_members("job"), GroupOptions(), made.gpus) == ["a", "b", "c"]
     finally:
         made.stop()
 
@@ -207,7 +207,7 @@ def checkpointed(group: Group) -> None:
 
 def test_restore_brings_device_state_back_only_once_every_member_is_restored(group: Group) -> None:
     checkpointed(group)
-    assert restore_group(find_members("job", []), GroupOptions(), group.gpus) == ["a", "b", "c"]
+    assert restore_group(find_members("job"), GroupOptions(), group.gpus) == ["a", "b", "c"]
     assert [(call["restore"], call["standby_requested"]) for call in group.calls() if "restore" in call] == \
         [("a", True), ("b", True), ("c", True)]
     assert [name for name, _ in group.driver.calls if name in ("restore", "unlock")] == \
@@ -220,7 +220,7 @@ def test_a_member_whose_restore_fails_leaves_every_member_checkpointed(group: Gr
     checkpointed(group)
     group.fail("restore", "b")
     with pytest.raises(GroupFailed) as failed:
-        restore_group(find_members("job", []), GroupOptions(), group.gpus)
+        restore_group(find_members("job"), GroupOptions(), group.gpus)
     assert "member b" in str(failed.value) and "every member is checkpointed as before" in str(failed.value)
     assert group.driver.calls_of("restore") == []  # no device state came back: a stayed in standby
     assert group.status() == {"a": "exited", "b": "exited", "c": "exited"}  # a stopped again (podman kept it)
@@ -231,7 +231,7 @@ def test_a_failed_device_restore_puts_every_member_back_checkpointed(group: Grou
     checkpointed(group)
     group.driver.fail_on[("restore", group.pids["b"][0])] = "CUDA_ERROR_OUT_OF_MEMORY"
     with pytest.raises(GroupFailed, match="member b: device restore failed .*CUDA_ERROR_OUT_OF_MEMORY"):
-        restore_group(find_members("job", []), GroupOptions(), group.gpus)
+        restore_group(find_members("job"), GroupOptions(), group.gpus)
     assert group.states() == {CHECKPOINTED}
     assert group.driver.calls_of("unlock") == []
     assert group.status() == {"a": "exited", "b": "exited", "c": "exited"}
@@ -239,7 +239,7 @@ def test_a_failed_device_restore_puts_every_member_back_checkpointed(group: Grou
 
 def test_restore_refuses_members_not_checkpointed(group: Group) -> None:
     with pytest.raises(Exception, match=r"running: a, b, c"):
-        restore_group(find_members("job", []), GroupOptions(), group.gpus)
+        restore_group(find_members("job"), GroupOptions(), group.gpus)
     assert group.podman_verbs("restore") == []
 
 

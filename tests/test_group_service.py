@@ -56,8 +56,7 @@ class Node:
         self.dir.mkdir()
         self.ids = {name: f"{name * 12}{'0' * 52}" for name in "abc"}
         self.setup = {"containers": {name: {"id": self.ids[name], "pid": os.getpid(), "status": "running",
-                                            "checkpointed": False, "cuda": False,
-                                            "labels": {"io.gpuckpt.group": "job"} if name != "c" else {}}
+                                            "cuda": False, "labels": {"io.gpuckpt.group": "job"} if name != "c" else {}}
                                      for name in "abc"}}
         self.write()
         shutil.copy(Path(__file__).parent / "fake_podman.py", self.dir / "fake_podman.py")
