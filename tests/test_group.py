@@ -16,11 +16,12 @@ import pytest
 from fake_driver import FakeDriver
 from test_gpu_verbs import UUID0, checkpointed_node, make_node, restore_args, suspendable  # noqa: F401 -- fixtures
 
+from gpuckpt.cli.main import build_parser
 from gpuckpt.cuda.devices import GpuInfo
 from gpuckpt.cuda.driver import ProcessState
 from gpuckpt.cuda.group import GROUP_ENGINE, GroupMember, GroupSuspend
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.errors import GpuCheckpointError
+from gpuckpt.errors import GpuCheckpointError, UsageError
 from gpuckpt.node.suspension import (
     SuspendedProcess,
     Suspension,
@@ -316,3 +317,20 @@ def test_a_standby_request_restores_into_standby_once(make_node, monkeypatch) ->
     assert record is not None and record.engine == "standby"
     assert not (Path(os.environ["GPUCKPT_STATE_DIR"]) / "standby-requests" / "ctr").exists()  # used up
 
+
+
+# -- the command line -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["restore", "--group", "job", "web"], "give it or CHECKPOINT ('web'), not both"),
+    (["restore", "--group", "job", "--name", "x", "--tcp-established"], "--name not allowed with it"),
+    (["restore"], "give CHECKPOINT (a stored checkpoint's name or an archive) or --group LABEL"),
+    (["checkpoint", "--group", "a=b"], "--group 'a=b': give the value of the label io.gpuckpt.group"),
+])
+def test_the_group_commands_refuse_what_does_not_fit_in_one_line(group: Group, argv, said) -> None:
+    options = build_parser().parse_args(argv)
+    with pytest.raises(UsageError) as refused:
+        options.handler(options)
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+    assert group.podman_verbs("checkpoint") == [] and group.podman_verbs("restore") == []
