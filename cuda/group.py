@@ -4,7 +4,8 @@ checkpointed, and put back on the GPU only together.
 Suspend, in order: each member's CUDA processes found (forked children left out) and refused if not
 running; all members locked at once (a thread per member, each member's processes in parallel as
 cuda/engine.py does) -- the barrier: a rank whose peer is locked waits in its next collective for ever,
-so no member may be locked alone; all checkpointed; a suspension record per member that has CUDA
+so no member may be locked alone (a lock that timed out all the same is tried again once every member
+is unlocked); all checkpointed; a suspension record per member that has CUDA
 processes (engine "group"), which the shim's checkpoint dumps as it is. Any failure puts every member
 back to running, and the error's one line names the member and the cause.
 Resume: every member's checkpointed processes restored onto the GPU, then all unlocked; a failed
@@ -14,13 +15,14 @@ restore puts every member back to checkpointed (still suspended), a failed unloc
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import GpuCheckpointError, GpuckptError
 from ..node.suspension import SuspendedProcess, Suspension, remove_suspension, write_suspension
 from ..oci.timestamps import utc_now
-from .driver import CudaDriver, GpuPair, ProcessState
+from .driver import CudaDriver, GpuPair, LockTimeout, ProcessState
 from .engine import CudaSession, one_line, query_states, refuse_stopped, run_parallel
 from .forked import split_forked_children
 from .hugepages import hugepages_always
@@ -28,6 +30,8 @@ from .node import NodeGpus
 from .suspend import checkpointed_pids
 
 GROUP_ENGINE = "group"  # the suspension record's engine when a group checkpoint made it
+LOCK_ATTEMPTS = 3  # a group lock that timed out (ranks caught mid-collective) is tried again after all unlock
+LOCK_RETRY_PAUSE_S = 0.2  # for the ranks to meet in between
 
 
 @dataclass(frozen=True)
@@ -102,8 +106,7 @@ class GroupSuspend:
         usage = self.gpus.compute_processes() if self.cuda_members else {}
         try:
             with hugepages_always(hugepages):
-                if failed := _each(self.moved, lambda each: each.session.lock(lock_timeout_ms)):
-                    raise self._fail("CUDA lock", failed)
+                self._lock_all(lock_timeout_ms)
                 if failed := _each(self.moved, lambda each: each.session.checkpoint()):
                     raise self._fail("device checkpoint", failed)
             for moved in self.moved:
@@ -123,6 +126,23 @@ class GroupSuspend:
                 "every member keeps running as before"
             raise GpuCheckpointError(f"group suspend failed ({one_line(error)}); {state}") from None
         return self.records
+
+    def _lock_all(self, lock_timeout_ms: int) -> None:
+        """Every member locked at once. A rank whose collective waits on a peer locked before it submitted its
+        part never reaches a lockable point: its lock times out. Then every member is unlocked, the ranks meet,
+        and the lock is tried again, LOCK_ATTEMPTS times in all."""
+        for attempt in range(1, LOCK_ATTEMPTS + 1):
+            failed = _each(self.moved, lambda each: each.session.lock(lock_timeout_ms))
+            if failed is None:
+                return
+            timed_out = all(isinstance(error, LockTimeout) for each in self.moved
+                            for error in each.session.last_failures.values())
+            if attempt == LOCK_ATTEMPTS or not timed_out:
+                raise self._fail("CUDA lock" + (f" ({attempt} attempts)" if attempt > 1 else ""), failed)
+            if leftovers := [line for each in self.moved for line in each.session.rollback()]:
+                raise GroupMemberFailed(f"member {failed[0]}: CUDA lock timed out; rollback could not resume "
+                                        f"{'; '.join(leftovers)}", failed[0])
+            time.sleep(LOCK_RETRY_PAUSE_S)
 
     def rollback(self) -> list[str]:
         """Every member's processes back to running, their records removed; what could not be, one line each."""

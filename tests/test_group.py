@@ -18,8 +18,8 @@ from test_gpu_verbs import UUID0, checkpointed_node, make_node, restore_args, su
 
 from gpuckpt.cli.main import build_parser
 from gpuckpt.cuda.devices import GpuInfo
-from gpuckpt.cuda.driver import ProcessState
-from gpuckpt.cuda.group import GROUP_ENGINE, GroupMember, GroupSuspend
+from gpuckpt.cuda.driver import ProcessState, call_error
+from gpuckpt.cuda.group import GROUP_ENGINE, LOCK_ATTEMPTS, GroupMember, GroupSuspend
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.errors import GpuCheckpointError, UsageError
 from gpuckpt.node.suspension import (
@@ -334,3 +334,35 @@ def test_the_group_commands_refuse_what_does_not_fit_in_one_line(group: Group, a
         options.handler(options)
     assert said in str(refused.value) and "\n" not in str(refused.value)
     assert group.podman_verbs("checkpoint") == [] and group.podman_verbs("restore") == []
+
+
+class OnceTimedOut(FakeDriver):
+    """The first lock of one pid times out (its rank caught mid-collective), the next ones succeed."""
+
+    def __init__(self, pids, slow_pid: int) -> None:
+        super().__init__(pids)
+        self.slow_pid, self.timed_out = slow_pid, False
+
+    def lock(self, pid: int, timeout_ms: int) -> None:
+        if pid == self.slow_pid and not self.timed_out:
+            self.timed_out = True
+            self._enter("lock", pid)
+            raise call_error("lock", pid, "CUDA_ERROR_TIMEOUT", timeout_ms)
+        super().lock(pid, timeout_ms)
+
+
+def test_a_group_lock_that_timed_out_is_tried_again_after_every_member_unlocked(group: Group) -> None:
+    group.driver = OnceTimedOut(group.cuda_pids, group.pids["b"][0])
+    assert checkpoint(group) == ["a", "b", "c"]
+    assert group.driver.calls_of("lock").count(group.pids["b"][0]) == 2
+    assert sorted(group.driver.calls_of("unlock")) == sorted(set(group.cuda_pids) - {group.pids["b"][0]})
+    assert group.states() == {CHECKPOINTED}
+
+
+def test_a_group_lock_that_keeps_timing_out_fails_after_its_attempts(group: Group) -> None:
+    group.driver.fail_on[("lock", group.pids["a"][1])] = "CUDA_ERROR_TIMEOUT"
+    with pytest.raises(GroupFailed, match=r"member a: CUDA lock \(3 attempts\) failed .*every member keeps running"):
+        checkpoint(group)
+    assert group.driver.calls_of("lock").count(group.pids["a"][1]) == LOCK_ATTEMPTS
+    assert group.states() == {RUNNING}
+    assert group.podman_verbs("checkpoint") == []
