@@ -79,6 +79,9 @@ def test_two_ranks_over_a_pods_loopback_go_on_from_their_state(job: Job) -> None
     done = gpuckpt("restore", "--group", job.label, "--tcp-established")
     assert done.returncode == 0, done.stderr
     assert [status(name).split()[0] for name in ranks] == ["running"] * 2
+    for name in ranks:  # podman's checkpoint of each, kept while the group could still fail, gone once it did not
+        static_dir = sh("podman", "inspect", "--format", "{{.StaticDir}}", name).stdout.strip()
+        assert not Path(static_dir, "checkpoint").exists()
     # the same processes on the same connection: the counts go on from where they were, past them
     after = [assert_continues(state, read_state(name)) for state, name in zip(before, ranks, strict=True)]
     assert all(after_state.count > state.count for after_state, state in zip(after, before, strict=True))

@@ -18,6 +18,8 @@ podman's --keep).
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -236,7 +238,19 @@ def _restore_group(members: Sequence[Found], options: GroupOptions, gpus: NodeGp
         _resume_all(restored, gpus, options.hugepages)
     except BaseException as error:  # noqa: BLE001 -- a rollback boundary (^C too): every member as it was
         raise _rolled_back("restore", error, rollback) from None
+    for found in members:  # every member back: what podman's restore without --keep removes, removed
+        _drop_kept_checkpoint(found)
     return [found.name for found in members]
+
+
+def _drop_kept_checkpoint(found: Found) -> None:
+    """The member's checkpoint directory in podman's store (kept by --keep while the group could fail): it
+    holds the processes' memory, GPU state included."""
+    shown = process.run([_podman(), "inspect", "--type", "container", "--format", "{{.StaticDir}}", found.name],
+                        timeout_s=60, check=False)
+    static_dir = shown.stdout.strip()
+    if shown.returncode == 0 and os.path.isabs(static_dir):
+        shutil.rmtree(os.path.join(static_dir, "checkpoint"), ignore_errors=True)
 
 
 def _stop(found: Found) -> list[str]:

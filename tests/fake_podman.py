@@ -58,6 +58,8 @@ elif argv[0] == "inspect":
         print(next(iter(container["labels"].values()), "<no value>"))
     elif asked == "{{.Id}} {{.StaticDir}}":
         print(f"{container['id']} {here / 'storage' / container['id']}")
+    elif asked == "{{.StaticDir}}":
+        print(here / "storage" / container["id"])
     elif asked == "{{.State.Running}}":
         print(str(container["status"] == "running").lower())
     elif asked == "{{.Name}}":
@@ -76,6 +78,9 @@ elif argv[0] == "container" and argv[1] in ("checkpoint", "restore"):
         if shown in setup.get("fail", {}).get(verb, []) or (container["cuda"] and not record(container).exists()):
             print(f"Error: checkpoint of {shown} refused by the stand-in", file=sys.stderr)
             sys.exit(125)
+        kept = here / "storage" / container["id"] / "checkpoint"  # podman's checkpoint directory of it
+        kept.mkdir(parents=True, exist_ok=True)
+        (kept / "inventory.img").write_bytes(b"")
         if "--leave-running" not in argv:
             container.update(status="exited")
             record(container).unlink(missing_ok=True)  # the shim: the dump ended the processes

@@ -215,6 +215,7 @@ def test_restore_brings_device_state_back_only_once_every_member_is_restored(gro
         ["restore"] * 4 + ["unlock"] * 4
     assert group.states() == {RUNNING}
     assert group.status() == {"a": "running", "b": "running", "c": "running"}
+    assert not list((group.dir / "storage").glob("*/checkpoint"))  # kept (--keep) only while the group could fail
 
 
 def test_a_member_whose_restore_fails_leaves_every_member_checkpointed(group: Group) -> None:
@@ -226,6 +227,7 @@ def test_a_member_whose_restore_fails_leaves_every_member_checkpointed(group: Gr
     assert group.driver.calls_of("restore") == []  # no device state came back: a stayed in standby
     assert group.status() == {"a": "exited", "b": "exited", "c": "exited"}  # a stopped again (podman kept it)
     assert group.states() == {CHECKPOINTED}
+    assert len(list((group.dir / "storage").glob("*/checkpoint/inventory.img"))) == 3  # every checkpoint kept
 
 
 def test_a_failed_device_restore_puts_every_member_back_checkpointed(group: Group) -> None:
