@@ -16,7 +16,7 @@ from .. import __version__
 from ..errors import GpuckptError, NotRootError
 from ..store.repository import DEFAULT_STORE_DIR
 from ..trust.keys import TRUST_DIR_ENV
-from . import doctor, drain, inspect, install, pool, recover, restore, store, suspend, transfer, trust
+from . import doctor, drain, group, inspect, install, pool, recover, restore, store, suspend, transfer, trust
 from .exit_codes import FAILED, INTERRUPTED, exit_status
 from .signals import UNWOUND_AT_TERM, Terminated, unwind_at_termination
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gpuckpt {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (install, doctor, suspend, inspect, transfer, trust, drain, recover, store, restore, pool):
+    for module in (install, doctor, suspend, group, inspect, transfer, trust, drain, recover, store, restore, pool):
         module.add_parser(commands)
     return parser
 

@@ -1,5 +1,6 @@
 """`gpuckpt restore [--standby] CHECKPOINT`: a stored checkpoint (by name) or an archive (a file or
-oci:DIR[:TAG]) restored through podman, by `gpuckpt store restore` or `gpuckpt import` respectively.
+oci:DIR[:TAG]) restored through podman, by `gpuckpt store restore` or `gpuckpt import` respectively;
+`gpuckpt restore --group LABEL`: a group checkpointed together, restored together (cli/group.py).
 
 --standby: the shim restores the processes and leaves their GPU state in host memory (docs/standby.md);
 `gpuckpt resume` brings them onto the GPUs the restore's node check chose.
@@ -10,15 +11,18 @@ from __future__ import annotations
 import argparse
 import os
 
+from ..errors import UsageError
 from ..store.repository import DEFAULT_STORE_DIR
-from . import store, transfer
+from . import group, store, transfer
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     restore = commands.add_parser("restore", help="restore a stored checkpoint or an archive through podman, "
                                                   "optionally into standby")
-    restore.add_argument("checkpoint", metavar="CHECKPOINT",
+    restore.add_argument("checkpoint", metavar="CHECKPOINT", nargs="?",
                          help="a stored checkpoint's name, or an archive (a path with a /, or oci:DIR[:TAG])")
+    restore.add_argument("--group", metavar="LABEL", help="restore the checkpointed podman containers labelled "
+                         "io.gpuckpt.group=LABEL together (gpuckpt checkpoint --group)")
     restore.add_argument("--standby", action="store_true",
                          help="leave the CUDA processes' GPU state in host memory until `gpuckpt resume`")
     transfer.add_restore_options(restore)
@@ -38,6 +42,10 @@ def is_archive(checkpoint: str) -> bool:
 
 
 def run_restore(options: argparse.Namespace) -> int:
+    if options.group is not None:
+        return group.run_restore_group(options)
+    if options.checkpoint is None:
+        raise UsageError("give CHECKPOINT (a stored checkpoint's name or an archive) or --group LABEL")
     if is_archive(options.checkpoint):
         options.archive = options.checkpoint
         return transfer.run_import(options)

@@ -201,6 +201,7 @@ class CudaSession:
         self.continued: set[int] = set()  # stopped pids the watchdog continued: stopped again by rollback
         self.abandoned: set[int] = set()  # pids whose driver call never returned: not touched again
         self.timings: dict[str, float] = {}
+        self.last_failures: dict[int, BaseException] = {}  # the last step's, by pid: for a caller to judge
 
     def _timed(self, name: str, action: Callable[[int], None], pids: Sequence[int], step: str, *,
                leads_to: ProcessState, watchdog: Watchdog | None = None) -> None:
@@ -208,6 +209,7 @@ class CudaSession:
         watchdog = watchdog or Watchdog(act_after_s=WATCHDOG_MARGIN_S)
         failures = self._watched(action, pids, watchdog, step, leads_to)
         self.timings[name] = time.monotonic() - started
+        self.last_failures = failures
         if failures:
             raise GpuCheckpointError(describe_failures(step, failures))
 

@@ -83,3 +83,24 @@ def all_suspensions() -> list[Suspension]:
         return []
     return [record for name in names if name.endswith(".json")
             if (record := read_suspension(name[:-5])) is not None]
+
+
+def _request_path(container: str) -> str:
+    """A standby request: `gpuckpt restore --group` asks the shim's next restore of `container` to leave its
+    GPU state in host memory, so that every member of the group is put back on the GPU together."""
+    _path(container)  # the same names as a record
+    return os.path.join(state_dir(), "standby-requests", container)
+
+
+def ask_standby_restore(container: str) -> None:
+    os.makedirs(os.path.dirname(_request_path(container)), mode=0o700, exist_ok=True)
+    replace_file(_request_path(container), "")
+
+
+def take_standby_request(container: str) -> bool:
+    """Whether a standby restore of `container` was asked for; the request is used up."""
+    try:
+        os.unlink(_request_path(container))
+    except FileNotFoundError:
+        return False
+    return True

@@ -139,6 +139,9 @@ class DrainedContainer(_Message):
     drained_at: str = Field(pattern=r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
     bytes: int = Field(ge=0)
     seconds: float = Field(ge=0)
+    # a member of a group (podman label io.gpuckpt.group): drained with the others in podman's own store
+    # (`checkpoint` is podman's checkpoint directory of it) and restored with them (gpuckpt restore --group)
+    group: str = Field(default="", max_length=253)
 
 
 class ApiError(GpuckptError):

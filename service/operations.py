@@ -1,6 +1,8 @@
 """What gpuckptd does, each reporting container by container: drain (every recorded container
 checkpointed through its engine, in parallel up to a limit, the smallest first so that under a
-deadline the most make it), restore what was drained, and say where things stand.
+deadline the most make it), restore what was drained, and say where things stand. The members of a
+group (podman label io.gpuckpt.group) are drained and restored as one (service/group.py, through
+`gpuckpt checkpoint|restore --group`, in podman's own store): a rank moved alone would wait for ever.
 
 A drain leaves ARCHIVE_DIR/ID.json beside each checkpoint (oci/service_api.DrainedContainer);
 a restore removes the checkpoint and the record of a container it brought back and keeps both
@@ -15,6 +17,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, TypedDict, TypeVar
 
 from ..errors import GpuckptError
@@ -81,6 +84,15 @@ def smallest_first(records: list[ContainerRecord]) -> list[Candidate]:
     candidates = [Candidate(record, resident_bytes(descendants(record.pid)) if record.pid else 0)
                   for record in records]
     return sorted(candidates, key=lambda candidate: (candidate.estimated_bytes, candidate.record.id))
+
+
+def grouped(candidates: list[Candidate]) -> dict[str, list[Candidate]]:
+    """The running podman containers of each group (label io.gpuckpt.group): moved together, never one alone."""
+    groups: dict[str, list[Candidate]] = {}
+    for candidate in candidates:
+        if candidate.record.engine == "podman" and (name := through_engine.group_of(candidate.record)):
+            groups.setdefault(name, []).append(candidate)
+    return groups
 
 
 def drained(archive_dir: str) -> list[DrainedContainer]:
@@ -203,12 +215,19 @@ class Operations:
             log(f"checkpointed {label(report)}", **facts(record, "checkpoint"), BYTES=size, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "message": where, "bytes": size, "seconds": seconds}))
 
+        groups = grouped(candidates)
+        units: list[Callable[[], None]] = [
+            *(partial(one, candidate) for candidate in candidates
+              if not any(candidate in members for members in groups.values())),
+            *(partial(self._drain_group, name, members, emit=emit, archive_fd=archive_fd, outcomes=outcomes,
+                      past_deadline=lambda: deadline_s is not None and time.monotonic() - started > deadline_s)
+              for name, members in groups.items())]
         try:
             emit(Plan(phase="checkpoint", containers=len(candidates),
                       bytes=sum(candidate.estimated_bytes for candidate in candidates)))
             notify(_status("drain", 0, len(candidates), "checkpointed", 0))
             with ThreadPoolExecutor(max_workers=self.config.drain_parallel, thread_name_prefix="drain") as pool:
-                list(pool.map(one, candidates))
+                list(pool.map(lambda unit: unit(), units))
         finally:
             os.close(archive_fd)
         return _result("drain", outcomes, time.monotonic() - started)
@@ -247,11 +266,76 @@ class Operations:
             log(f"restored {label(report)}", **facts(record, "restore"), BYTES=record.bytes, SECONDS=seconds)
             emit(report.model_copy(update={"state": "done", "bytes": record.bytes, "seconds": seconds}))
 
+        by_group: dict[str, list[DrainedContainer]] = {}
+        for record in waiting:
+            if record.group:
+                by_group.setdefault(record.group, []).append(record)
+        units: list[Callable[[], None]] = [*(partial(one, record) for record in waiting if not record.group),
+                                           *(partial(self._restore_group, name, members, emit, outcomes)
+                                             for name, members in by_group.items())]
         emit(Plan(phase="restore", containers=len(waiting), bytes=waiting_bytes))
         notify(_status("restore", 0, len(waiting), "restored", 0, total_bytes=waiting_bytes))
         with ThreadPoolExecutor(max_workers=self.config.drain_parallel, thread_name_prefix="restore") as pool:
-            list(pool.map(one, waiting))
+            list(pool.map(lambda unit: unit(), units))
         return _result("restore", outcomes, time.monotonic() - started)
+
+    def _drain_group(self, name: str, members: list[Candidate], *, emit: Emit, archive_fd: int,
+                     outcomes: dict[str, str], past_deadline: Callable[[], bool]) -> None:
+        """A group's members (podman label io.gpuckpt.group) checkpointed together, never one alone; a drain
+        record for every member, recorded in the inventory or not: all come back together."""
+        reports = {candidate.record.id: _named(candidate.record, "checkpoint") for candidate in members}
+        if past_deadline():
+            for container_id, report in reports.items():
+                outcomes[container_id] = "skipped"
+                emit(report.model_copy(update={"state": "skipped", "message": "the deadline passed"}))
+            return
+        for report in reports.values():
+            emit(report)
+        log(f"checkpoint of group {name} ({len(members)} recorded member(s)) started")
+        began = time.monotonic()
+        try:
+            checkpointed = through_engine.checkpoint_group(name, leave_running=False)
+        except GpuckptError as error:
+            log(f"checkpoint of group {name} failed: {error}")
+            for container_id, report in reports.items():
+                outcomes[container_id] = "failed"
+                emit(report.model_copy(update={"state": "failed", "message": str(error)}))
+            return
+        seconds = round(time.monotonic() - began, 3)
+        for container_id, (where, size) in checkpointed.items():
+            kept = DrainedContainer(id=container_id, engine="podman", checkpoint=where, drained_at=utc_now(),
+                                    bytes=size, seconds=seconds, group=name)
+            write_private_at(archive_fd, f".{container_id}.tmp", kept.model_dump_json().encode())
+            os.replace(f".{container_id}.tmp", container_id + RECORD_SUFFIX, src_dir_fd=archive_fd,
+                       dst_dir_fd=archive_fd)
+            outcomes[container_id] = "done"
+            report = reports.get(container_id) or _named(kept, "checkpoint")
+            emit(report.model_copy(update={"state": "done", "message": f"group {name}: {where}", "bytes": size,
+                                           "seconds": seconds}))
+        log(f"checkpointed group {name}: {len(checkpointed)} member(s)", SECONDS=seconds)
+
+    def _restore_group(self, name: str, members: list[DrainedContainer], emit: Emit,
+                       outcomes: dict[str, str]) -> None:
+        """A group drained together restored together (gpuckpt restore --group): every member or none."""
+        reports = {record.id: _named(record, "restore") for record in members}
+        for report in reports.values():
+            emit(report)
+        began = time.monotonic()
+        try:
+            through_engine.restore_group(name)
+        except GpuckptError as error:
+            log(f"restore of group {name} failed, every member's checkpoint kept: {error}")
+            for record in members:
+                outcomes[record.id] = "failed"
+                emit(reports[record.id].model_copy(update={"state": "failed", "message": str(error)}))
+            return
+        seconds = round(time.monotonic() - began, 3)
+        for record in members:
+            through_engine.discard(record)
+            os.unlink(os.path.join(self.config.archive_dir, record.id + RECORD_SUFFIX))
+            outcomes[record.id] = "done"
+            emit(reports[record.id].model_copy(update={"state": "done", "bytes": record.bytes, "seconds": seconds}))
+        log(f"restored group {name}: {len(members)} member(s)", SECONDS=seconds)
 
 
 def _status(what: str, done: int, total: int, verb: str, done_bytes: int, *, total_bytes: int | None = None) -> str:

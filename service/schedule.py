@@ -184,6 +184,7 @@ class Schedule:
     def _act(self, checked: list[ContainerRecord], due: list[ContainerRecord], idle: list[ContainerRecord],
              now: float) -> None:
         gone = self._drop_removed({record.id: record for record in [*checked, *idle]}.values())
+        groups_done: set[str] = set()
         for record in due:
             if record.id in gone:
                 continue
@@ -191,6 +192,11 @@ class Schedule:
                 if not self._drop_removed([record]):  # stopped, or drained and not restored: nothing to take
                     self.last_checkpoint[record.id] = now
                     self.last_outcome[record.id] = (time.time(), "skipped: not running")
+                continue
+            if name := through_engine.group_of(record):  # a rank is never checkpointed alone: its group is
+                if name not in groups_done:
+                    groups_done.add(name)
+                    self._periodic_group(name, now)
                 continue
             self._periodic(record, now)
         for record in idle:
@@ -220,6 +226,27 @@ class Schedule:
             with contextlib.suppress(GpuckptError):  # an operation under way: looked at again next time
                 self.operations.exclusive_call("record check", drop)
         return {record.id for record in missing}
+
+    def _periodic_group(self, name: str, now: float) -> None:
+        """A group's periodic checkpoint: every member at once, left running (gpuckpt checkpoint --group
+        --leave-running), in podman's own store (the latest one each; not kept as archives); one outcome for all."""
+        members = [record for record in recorded() if through_engine.group_of(record) == name]
+        tried_at = time.time()
+        for record in members:
+            self.last_checkpoint[record.id] = now
+        began = time.monotonic()
+        try:
+            checkpointed = self.operations.exclusive_call(
+                "periodic checkpoint", lambda: through_engine.checkpoint_group(name, leave_running=True))
+        except GpuckptError as error:
+            outcome = f"failed: group {name}: {error}"
+            log(f"periodic checkpoint of group {name} failed: {error}")
+        else:
+            outcome = f"group {name}: {len(checkpointed)} member(s) in podman's store"
+            log(f"periodic checkpoint of group {name}: {len(checkpointed)} member(s)",
+                BYTES=sum(size for _, size in checkpointed.values()), SECONDS=round(time.monotonic() - began, 3))
+        for record in members:
+            self.last_outcome[record.id] = (tried_at, outcome)
 
     def _periodic(self, record: ContainerRecord, now: float) -> None:
         directory = os.path.join(self.config.archive_dir, PERIODIC_DIR, record.id)

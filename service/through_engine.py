@@ -22,6 +22,7 @@ from ..host import process
 from ..host.programs import CommandError, find_program
 from ..node.container_record import ContainerRecord
 from .api import DrainedContainer, DrainEngine
+from .group import GROUP_LABEL
 
 CHECKPOINT_NAME = "gpuckpt-drain"  # docker's name for the drain's checkpoint
 ENGINE_TIMEOUT_S = 3600.0
@@ -136,6 +137,38 @@ def checkpoint_live(record: ContainerRecord, directory: str, name: str) -> tuple
                      name], timeout_s=ENGINE_TIMEOUT_S)
         return os.path.join(directory, name), _tree_bytes(os.path.join(directory, name))
     raise GpuckptError(f"{record.engine} containers are not checkpointed by the service yet (podman and docker are)")
+
+
+def group_of(record: ContainerRecord) -> str:
+    """The group a podman container belongs to (its label io.gpuckpt.group, "" for none): the service moves a
+    group's members only together (a rank locked alone waits for ever on its peers)."""
+    if record.engine != "podman":
+        return ""
+    found = process.run(["podman", "inspect", "--format", f'{{{{index .Config.Labels "{GROUP_LABEL}"}}}}', record.id],
+                        timeout_s=60, check=False)
+    label = found.stdout.strip() if found.returncode == 0 else ""
+    return "" if label == "<no value>" else label
+
+
+def checkpoint_group(label: str, *, leave_running: bool) -> dict[str, tuple[str, int]]:
+    """`gpuckpt checkpoint --group LABEL` (in podman's own store): each member's ID, checkpoint directory and
+    its bytes."""
+    process.run([_gpuckpt(), "checkpoint", "--group", label, *(["--leave-running"] if leave_running else [])],
+                timeout_s=ENGINE_TIMEOUT_S)
+    members = process.run(["podman", "ps", "-a", "--filter", f"label={GROUP_LABEL}={label}", "--format", "{{.ID}}"],
+                          timeout_s=60).stdout.split()
+    found = {}
+    for member in members:
+        shown = process.run(["podman", "inspect", "--format", "{{.Id}} {{.StaticDir}}", member], timeout_s=60)
+        container_id, static_dir = shown.stdout.split()
+        directory = os.path.join(static_dir, "checkpoint")
+        found[container_id] = (directory, _tree_bytes(directory) if os.path.isdir(directory) else 0)
+    return found
+
+
+def restore_group(label: str) -> None:
+    """`gpuckpt restore --group LABEL`: every member back, their GPU state together."""
+    process.run([_gpuckpt(), "restore", "--group", label], timeout_s=ENGINE_TIMEOUT_S)
 
 
 def suspend(record: ContainerRecord) -> None:

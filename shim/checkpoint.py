@@ -35,10 +35,12 @@ from typing import NoReturn
 from ..cuda.driver import CudaDriver
 from ..cuda.engine import CudaSession, one_line, refuse_stopped
 from ..cuda.forked import split_forked_children
+from ..cuda.group import GROUP_ENGINE
 from ..cuda.hugepages import hugepages_always
 from ..cuda.inventory import Inventory
 from ..cuda.node import NodeGpus
 from ..cuda.plugin import criu_cuda_plugin, disable_criu_plugins
+from ..cuda.suspend import STANDBY_ENGINE, checkpointed_pids
 from ..errors import CheckpointRefusedError, DelegateError, GpuCheckpointError, GpuckptError, ImageError
 from ..host.processes import Processes, read_container
 from ..host.procfs import resident_bytes
@@ -92,6 +94,12 @@ ATTEMPTS = 2  # a checkpoint taken again once when a process took the driver dur
 DUMP_BASE_S = 300  # criu.dump_timeout_s = "auto": this, plus a second per DUMP_BYTES_PER_S the container holds
 DUMP_BYTES_PER_S = 10 << 20
 MAX_IMAGE_ENTRIES = 65536  # entries of an image directory looked at when a failed dump's images are removed
+
+
+def _suspended_by(record: Suspension) -> str:
+    """Who left the container's GPU state in host memory, for the user's line."""
+    return {PAUSE_ENGINE: "the pause", STANDBY_ENGINE: "the standby restore",
+            GROUP_ENGINE: "the group checkpoint"}.get(record.engine, "gpuckpt suspend")
 
 
 class DriverTakenMeanwhile(DelegateError):
@@ -292,7 +300,8 @@ class Checkpoint:
             # must not also try (it would find the processes already checkpointed).
             disable_criu_plugins()
             log(self.args, "info", f"CRIU CUDA plugin {plugin} disabled for this dump; gpuckpt handles the GPU")
-        if paused is not None and paused.engine == PAUSE_ENGINE:
+        if paused is not None:  # suspended (pause, gpuckpt suspend, a group, a standby): dumped as it is
+            self._refuse_not_suspended(driver, paused, cuda_pids)
             self._release_forked_children(freezer)
             return self._dump_suspended(paused, started)
         if not cuda_pids:
@@ -316,19 +325,34 @@ class Checkpoint:
         self._complete_manifest(inventory, started, dump_s=time.monotonic() - started)
         return 0
 
+    def _refuse_not_suspended(self, driver: CudaDriver, record: Suspension, cuda_pids: list[int]) -> None:
+        """A suspension record is dumped as it is only if the driver holds every CUDA process checkpointed:
+        a process it names that runs again, or one it does not name, would be dumped with its GPU state."""
+        named = [process.pid for process in record.processes]
+        running = sorted(set(cuda_pids) - set(checkpointed_pids(driver, cuda_pids)))
+        if running:
+            raise GpuCheckpointError(f"checkpoint of {self.container_id} refused: it is recorded as suspended "
+                                     f"({_suspended_by(record)}) but CUDA process(es) {', '.join(map(str, running))} "
+                                     "are not checkpointed; resume it (gpuckpt resume) and checkpoint it again")
+        if missing := [pid for pid in named if not os.path.exists(f"/proc/{pid}")]:
+            log(self.args, "info", f"{self.container_id}: suspended CUDA process(es) {', '.join(map(str, missing))} "
+                "have exited")
+
     def _dump_suspended(self, record: Suspension, started: float) -> int:
-        """The pause already moved the GPU state to host memory (suspend-on-pause): dump as it is."""
+        """The GPU state is in host memory already (a pause, gpuckpt suspend, a group checkpoint's lock, a
+        standby restore): dump as it is."""
         cuda_pids = [process.pid for process in record.processes]
         inventory = self.gpus.describe_container_gpus(self.plan.spec, [])
         inventory.memory_bytes = {p.pid: p.device_bytes for p in record.processes}
         inventory.process_gpus = {p.pid: p.gpu_uuids for p in record.processes}
         self.pid_in_container = {pid: self.processes.container_pid(pid) for pid in cuda_pids}
-        self._begin_manifest(inventory, started, "its CUDA processes stay suspended as the pause left them")
+        self._begin_manifest(inventory, started, f"its CUDA processes stay suspended as {_suspended_by(record)} "
+                             "left them")
         dump_started = time.monotonic()
         status = self._finish_dump(self._start_dump())
         if status != 0:
             raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
-                                f"as the pause left them{self._failure_hint()}", status)
+                                f"as {_suspended_by(record)} left them{self._failure_hint()}", status)
         self._put_back_link_remaps()
         if not self.plan.leave_running:
             remove_suspension(self.container_id)  # the processes are gone; their image holds them

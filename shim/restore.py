@@ -51,6 +51,7 @@ from ..node.journal import (
 )
 from ..node.lock import ContainerLock, StateKey
 from ..node.paths import config_path
+from ..node.suspension import take_standby_request
 from ..oci.bundle_layout import in_containers_storage
 from ..oci.manifest import MANIFEST_NAME, Manifest, SpecGrants, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
@@ -108,6 +109,7 @@ def run(args: RuntimeArgs, delegate: str, gpus: NodeGpus | None = None) -> int:
 
 def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str, *, gpus: NodeGpus,
              lock: ContainerLock) -> int:
+    group_standby = take_standby_request(container_id)  # used up whatever follows: a failed restore asks again
     config = load_config()
     bundle = os.path.abspath(verb.value("bundle", "b") or ".")
     annotations = read_annotations(bundle)
@@ -149,7 +151,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     if staged is not None:  # every check passed: the container's own files, inside its root only
         _apply_staged_root_files(args, staged, bundle, container_id)
     argv = delegate_argv(delegate, args, again)
-    in_standby = standby_by_annotation or bool(staged and staged.standby)
+    # asked by the annotation, by `gpuckpt restore --standby` (the staged import), or by a group restore
+    in_standby = group_standby or standby_by_annotation or bool(staged and staged.standby)
     if manifest is None or not manifest.processes:
         return _restore_without_gpu(args, delegate, verb, container_id, bundle=bundle, argv=argv, standby=in_standby)
     return GpuRestore(args, verb, container_id, delegate, config=config, manifest=manifest, argv=argv, gpus=gpus,

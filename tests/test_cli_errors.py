@@ -93,7 +93,7 @@ def _minimal(command: str) -> list[str]:
     """Enough arguments for argparse to accept `command`."""
     extra = {"suspend": ["c"], "resume": ["c"], "inspect": ["p"], "export": ["c", "-o", "x"], "import": ["a"],
              "trust": ["list"], "store": ["list"], "service": ["status"], "install": ["--engine", "podman"],
-             "restore": ["c"], "pool": ["status"]}
+             "restore": ["c"], "pool": ["status"], "checkpoint": ["--group", "g"]}
     return [command, *extra.get(command, [])]
 
 

@@ -200,7 +200,7 @@ def two_gpus(results: dict) -> None:
 def multigpu_summary(results: dict) -> dict:
     """The training-job figures side by side: bit-exactness per shape, one rank against two."""
     ran = {key: results[key] for key in ("dataloader_fork", "dataloader_spawn", "ddp_1", "ddp_2", "podman_ddp_2",
-                                         "podman_tp_2", "podman_gpu_scaling") if key in results}
+                                         "podman_tp_2", "podman_gpu_scaling", "podman_group_ddp_2") if key in results}
     if not ran:
         return {}
     summary: dict = {"machine": results["machine"], "gpus": results["gpus"], "passed": results["passed"],
@@ -217,6 +217,8 @@ def multigpu_summary(results: dict) -> dict:
     if "podman_tp_2" in ran:
         summary["tp_server_same_answers"] = all(ran["podman_tp_2"].get(key) for key in (
             "same_after_restore", "same_left_running", "same_after_import"))
+    if "podman_group_ddp_2" in ran:  # test_group_gpu.py: one rank per container, checkpointed as a group
+        summary["group_checkpoint_ok"] = bool(ran["podman_group_ddp_2"].get("bit_exact"))
     scaling = ran.get("podman_gpu_scaling", {})
     for count in (2, 4):
         if f"{count}_over_1_device_checkpoint" in scaling:

@@ -2,7 +2,8 @@
 # (mp.spawn), DistributedDataParallel, deterministic (fixed seeds, per-rank seeded batches).
 # Env: WORLD (ranks), STEPS, PAUSE_AT, STATE (rank 0 rewrites it with the step number),
 # RESULT (rank 0 writes the final weights digest), MASTER_PORT, WORKERS (DataLoader workers per rank, forked after
-# CUDA init as the common loop has them; 0: batches made on the GPU).
+# CUDA init as the common loop has them; 0: batches made on the GPU). RANK: run that one rank in this process, on
+# the container's one GPU (a job whose ranks live in separate containers; WORLD of them).
 import hashlib
 import os
 import time
@@ -32,11 +33,12 @@ def worker(rank: int, world: int) -> None:
     os.environ.setdefault("MASTER_PORT", "29544")
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
-    torch.cuda.set_device(rank)
+    device = 0 if "RANK" in os.environ else rank  # one rank a container: its one GPU
+    torch.cuda.set_device(device)
     dist.init_process_group("nccl", rank=rank, world_size=world)
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(
-        torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda(), device_ids=[rank])
+        torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)).cuda(), device_ids=[device])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     generator = torch.Generator(device="cuda").manual_seed(1 + rank)
     steps, pause_at = int(os.environ.get("STEPS", "300")), int(os.environ.get("PAUSE_AT", "-1"))
@@ -70,4 +72,7 @@ def worker(rank: int, world: int) -> None:
 
 if __name__ == "__main__":
     world = int(os.environ.get("WORLD", "2"))
-    mp.spawn(worker, args=(world,), nprocs=world)
+    if "RANK" in os.environ:
+        worker(int(os.environ["RANK"]), world)
+    else:
+        mp.spawn(worker, args=(world,), nprocs=world)
