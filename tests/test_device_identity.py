@@ -209,6 +209,13 @@ def test_a_foreign_dump_restores_with_this_nodes_nvidia_devices(restorable, dev)
         pytest.skip("needs /dev/kmsg as a real character device to stand for NVIDIA's")
     (dev / "nvidia0").symlink_to("/dev/kmsg")
     node = restorable([{"path": "/dev/nvidia0", "type": "c", "major": 1, "minor": 11}], [DENY_ALL, KMSG_RULE])
+    # an unsigned dump's spec is held to podman run's isolation too (policy/archive_import.py
+    # unsigned_restore_refusals): the bundle as podman makes it, its devices this test's
+    spec = json.loads((node.bundle / "config.json").read_text())
+    podman = json.loads((Path(__file__).parent / "data" / "criu-podman-mounts" / "config.json").read_text())
+    spec["linux"] |= {key: podman["linux"][key] for key in ("namespaces", "maskedPaths", "readonlyPaths")}
+    spec.setdefault("process", {})["capabilities"] = podman["process"]["capabilities"]
+    (node.bundle / "config.json").write_text(json.dumps(spec))
     (node.images / DUMP_SIGNATURE).unlink()
     save_policy(TrustPolicy(allow_unsigned=[UnsignedSource(source="restore:any", note="test")]))
     assert restore_refusal(node) is None
