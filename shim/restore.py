@@ -75,6 +75,7 @@ from .argv import (
     image_dir_of,
     image_path_given,
 )
+from .criu_log import RESTORE_LOG, dump_failure
 from .criuconf import network_lock_lines, use_criu_config
 from .delegate import (
     DelegateRun,
@@ -176,12 +177,23 @@ def _restore_without_gpu(args: RuntimeArgs, delegate: str, verb: VerbArgs, conta
         spec: Spec | None = read_spec(bundle)
     except ImageError:
         spec = None
+    began = time.time()
     status = run_delegate(delegate, argv)
+    if status != 0:
+        say_criu_cause(args, verb, container_id, began)
     if status == 0:
         free_images_later(args, delegate, verb, container_id)
     if spec and status == 0 and detached(verb):  # a foreground one returns at its end
         loopback_as_created(args, delegate, verb, container_id, spec)
     return status
+
+
+def say_criu_cause(args: RuntimeArgs, verb: VerbArgs, container_id: str, began: float) -> None:
+    """After a failed restore of the delegate's: CRIU's own reason, from its restore.log, as an error line in the
+    runtime's log (where podman reads the runtime's errors): the delegate's own line ("criu failed: type RESTORE
+    errno 0") names nothing an operator can act on."""
+    if cause := dump_failure(verb.value("work-path") or image_dir_of(verb), began, RESTORE_LOG):
+        log(args, "error", f"restore of {container_id} failed{cause}")
 
 
 def verify_dump_or_say_unfinished(image_dir: str, what: str, vouched: str = "", *,
@@ -394,7 +406,7 @@ class GpuRestore:
                                      "delegate's restore; nothing was restored")
         mark = time.monotonic()
         self._write_journal("restore", gpu_pairs=[(pair.old_uuid, pair.new_uuid) for pair in pairs])
-        delegate_run = DelegateRun(self.delegate, self.argv)
+        delegate_run, began = DelegateRun(self.delegate, self.argv), time.time()
         delegate_run.start()
         if (child := delegate_run.pid) is not None and (record := process_record(child, 0)) is not None:
             self._write_journal("restore", delegate_pid=child, delegate_start_time=record.start_time)
@@ -402,9 +414,12 @@ class GpuRestore:
             status = delegate_run.finish()
             signals.note(delegate_run.interrupted_by)
             if status != 0:
+                say_criu_cause(self.args, self.verb, self.container_id, began)
                 return status  # the delegate reported why; nothing of ours to undo
         elif not self._wait_running(delegate_run):  # the container's own: signals go on to it as runc's do
-            return delegate_run.finish()
+            if (status := delegate_run.finish()) != 0:
+                say_criu_cause(self.args, self.verb, self.container_id, began)
+            return status
         self.phases["delegate_restore_s"] = time.monotonic() - mark
         loopback_as_created(self.args, self.delegate, self.verb, self.container_id, self.spec)
         try:

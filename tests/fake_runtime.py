@@ -71,6 +71,9 @@ elif verb == "restore":
     if "--lazy-pages" in argv:  # the manifest as the lazy restore found it
         image_path = argv[argv.index("--image-path") + 1]
         (here / "lazy_restore_saw.json").write_text(Path(image_path, "gpuckpt-manifest.json").read_text())
+    if "restore_log" in setup:  # CRIU's restore.log, where runc leaves it: the work path, else the images
+        work = argv[argv.index("--work-path") + 1] if "--work-path" in argv else argv[argv.index("--image-path") + 1]
+        Path(work, "restore.log").write_text(setup["restore_log"])
     sys.exit(setup.get("restore_status", 0))
 elif verb in ("pause", "resume"):
     sys.exit(setup.get(f"{verb}_status", 0))

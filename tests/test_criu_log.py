@@ -9,7 +9,8 @@ import test_gpu_verbs
 from support import write_config
 
 from gpuckpt.cuda.node import NodeGpus
-from gpuckpt.shim.criu_log import dump_failure, dump_finished
+from gpuckpt.shim import restore
+from gpuckpt.shim.criu_log import RESTORE_LOG, dump_failure, dump_finished
 from gpuckpt.shim.main import main
 
 make_node = test_gpu_verbs.make_node
@@ -132,3 +133,32 @@ def test_a_cause_a_containers_name_makes_up_is_not_quoted(tmp_path) -> None:
     reason = dump_failure(str(tmp_path), 0)
     assert "Locking network" not in reason and "out of its time order" in reason
     assert "\n" not in reason and str(tmp_path / "dump.log") in reason
+
+
+# CRIU 4.2.1's restore.log of a leave-running export's import that lost its link-remap files (GPU machine,
+# results/gpu/multigpu-podman-h200x4-2026-11-28/ddp-import-restore-logs/), its error lines in order
+LINKED = "Can't link dev/shm/link_remap.246 -> dev/shm/sem.qEkew3: No such file or directory"
+RESTORE_FAILED = "".join(f"{line}\n" for line in (
+    "(00.067512) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOFILE for self: Operation not permitted",
+    f"(00.291325)    348: Error (criu/files-reg.c:2258): {LINKED}",
+    "(00.291331)    348: Error (criu/mem.c:1467): `- Can't open vma",
+    f"(00.291421)    346: Error (criu/files-reg.c:2258): {LINKED}",
+    "(00.291330)    347: Error (criu/mem.c:1467): `- Can't open vma",  # another task's line: its own time
+    "(00.292462)     74: Error (criu/cr-restore.c:1265): 349 exited, status=1",
+    "(00.299900) Error (criu/cr-restore.c:2331): Restoring FAILED.",
+    "(00.301137) Error (criu/cgroup.c:2055): cg: cgroupd: recv req error: No such file or directory"))
+
+
+def test_a_restores_cause_is_its_first_error_not_the_steps_that_followed(tmp_path) -> None:
+    (tmp_path / RESTORE_LOG).write_text(RESTORE_FAILED)
+    assert dump_failure(str(tmp_path), time.time() - 60, RESTORE_LOG) == f"; CRIU: {LINKED} ({tmp_path}/restore.log)"
+
+
+def test_a_failed_restore_says_criu_s_cause_in_the_runtime_s_log(make_node, monkeypatch, capfd) -> None:
+    """runc's own line is "criu failed: type RESTORE errno 0"; the shim adds CRIU's reason as an error line where
+    podman reads the runtime's errors."""
+    node = test_gpu_verbs.checkpointed_node(make_node, monkeypatch, 1)
+    node.set_runtime(restore_status=1, restore_log=RESTORE_FAILED)
+    assert restore.run(test_gpu_verbs.restore_args(node), str(node.runtime), NodeGpus(**node.gpus)) == 1
+    err = capfd.readouterr().err
+    assert f"restore of ctr failed; CRIU: {LINKED}" in err, err
