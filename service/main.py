@@ -58,12 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
 
     def on_signal(signum: int, _: FrameType | None) -> None:
-        stop.set()
+        _set_from_handler(stop)
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     preemption_signalled = threading.Event()
-    signal.signal(signal.SIGUSR1, lambda signum, frame: preemption_signalled.set())
+    signal.signal(signal.SIGUSR1, lambda signum, frame: _set_from_handler(preemption_signalled))
     try:
         everything = load_config()
         config = everything.service
@@ -96,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     server.close()
     log("stopped")
     return 0
+
+
+def _set_from_handler(event: threading.Event) -> None:
+    """`event` set from a signal handler, by another thread: the handler runs in the main thread between two of
+    its steps, which may be inside `stop.wait()` holding the event's own lock, and Event.set() takes that lock
+    again (a SIGINT right after READY=1 hung gpuckptd that way, now and then)."""
+    threading.Thread(target=event.set, name="signal", daemon=True).start()
 
 
 def _watch(stop: threading.Event, preemption: PreemptionWatch, schedule: Schedule, pool: Pool) -> None:
