@@ -9,6 +9,7 @@ import re
 import stat
 
 from ..node.hooks_d import only_gpuckpt_hooks
+from ..oci.bundle_layout import DEFAULT_RUN_ROOT
 from ..oci.nested_tar import VOLUME_NAME
 from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, PodmanArchive, PodmanConfigDump, volume_directory
 from ..oci.spec import Spec
@@ -66,14 +67,15 @@ UNSIGNED_CAPABILITIES = DEFAULT_CAPABILITIES | {"CAP_AUDIT_WRITE"}
 ENGINE_JOINED = frozenset({"network", "ipc", "pid", "uts", "cgroup", "user", "mount"})
 
 
-def unsigned_restore_refusals(spec: Spec, container_id: str, graph_root: str) -> list[str]:
+def unsigned_restore_refusals(spec: Spec, container_id: str, roots: tuple[str, ...]) -> list[str]:
     """What the restore spec of a dump no signature vouches for may not ask. Its spec comes with the dump
     (podman's own --import takes it from spec.dump), so it is held to what `gpuckpt import` holds spec.dump to
     without --trust-config: a capability set within podman run's (and runc's default CAP_AUDIT_WRITE), no bind
-    mount but the container's own files in podman's storage and this node's named volumes (`graph_root`), no
-    kernel filesystem podman run does not mount as it does, podman run's namespaces, masked and read-only paths.
-    A seccomp filter is not asked for (runc's default spec has none; CRIU's images are held to the spec's);
-    hooks and devices are judged apart (spec_grants, refuse_foreign_devices). attack30e reached host root under
+    mount but the container's own files in podman's storage (`roots`: policy/spec_grants.py container_own), not
+    even a named volume's (nothing says the volume is this container's: attack30f bound another's), no kernel
+    filesystem podman run does not mount as it does, podman run's namespaces, masked and read-only paths. A
+    seccomp filter is not asked for (runc's default spec has none; CRIU's images are held to the spec's); hooks
+    and devices are judged apart (spec_grants, refuse_foreign_devices). attack30e reached host root under
     restore:any through a spec.dump binding the host's disk and one mounting proc at /mnt."""
     where = "the restore bundle's config.json"
     problems = []
@@ -82,11 +84,8 @@ def unsigned_restore_refusals(spec: Spec, container_id: str, graph_root: str) ->
         problems.append(f"no capability set in {where} (the runtime would leave the images' unbounded)")
     elif added := capabilities.all() - UNSIGNED_CAPABILITIES:
         problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
-    volumes = re.compile(re.escape(graph_root) + r"/volumes/[A-Za-z0-9][A-Za-z0-9_.-]{0,250}/_data") if graph_root \
-        else None
     host = sorted({mount.source for mount in spec.mounts if mount.is_bind()
-                   and not container_own(mount.source, container_id).startswith("<self>/")
-                   and not (volumes and volumes.fullmatch(mount.source))})
+                   and not container_own(mount.source, container_id, roots).startswith("<self>/")})
     if host:
         problems.append(f"host bind mounts in {where} ({', '.join(source[:80] for source in host[:3])})")
     if kernel := _other_filesystems(spec):
@@ -151,7 +150,6 @@ def _other_filesystems(spec: Spec) -> list[str]:
 NAMESPACE_CONTAINERS = ("ipcNsCtr", "mountNsCtr", "netNsCtr", "pidNsCtr", "userNsCtr", "utsNsCtr", "cgroupNsCtr")
 
 
-DEFAULT_RUN_ROOT = "/run/containers/storage"  # root's podman (containers-storage.conf runroot)
 
 
 def _held_by_another(userdata: str) -> bool:
