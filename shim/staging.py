@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Sequence
 
@@ -66,9 +67,17 @@ def make_staging_dir(root: str = STAGING_ROOT) -> str:
 
 
 def is_staging_dir(path: str, root: str = STAGING_ROOT) -> bool:
-    """Whether `path` is one make_staging_dir made: in `root`, with its prefix, a real directory (no link)."""
+    """Whether `path` is one make_staging_dir made: in `root`, with its prefix, a real directory (no link), ours
+    (this process's user) and private (0700): /dev/shm is anyone's, and a local user's look-alike of a staging
+    directory a recovery looks for would have its files moved into an image directory (attack30f's lead)."""
     parent, name = os.path.split(os.path.normpath(path))
-    return parent == root and name.startswith(STAGING_PREFIX) and os.path.isdir(path) and not os.path.islink(path)
+    if parent != root or not name.startswith(STAGING_PREFIX):
+        return False
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) == 0o700
 
 
 def replace_flag(argv: list[str], start: int, names: Sequence[str], value: str) -> bool:

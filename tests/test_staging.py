@@ -104,3 +104,7 @@ def test_only_a_staging_directory_is_taken_for_one(tmp_path) -> None:
     assert not staging.is_staging_dir(str(other), str(tmp_path))
     assert not staging.is_staging_dir(str(tmp_path), str(tmp_path))  # the root itself
     assert not staging.is_staging_dir("/etc", str(tmp_path))
+    look_alike = tmp_path / f"{staging.STAGING_PREFIX}other"
+    look_alike.mkdir(mode=0o755)  # a local user's (anyone may make one in /dev/shm): not private
+    look_alike.chmod(0o755)
+    assert not staging.is_staging_dir(str(look_alike), str(tmp_path))
