@@ -12,10 +12,3 @@ def in_containers_storage(bundle: str) -> bool:
 
 DEFAULT_RUN_ROOT = "/run/containers/storage"  # root's podman (containers-storage.conf runroot)
 
-
-def storage_roots(bundle: str) -> tuple[str, ...]:
-    """Where podman keeps a container's own files (its /etc/hosts, /dev/shm, secrets) for a bundle in
-    containers/storage: the graph root the bundle is in, and root's run root; () for any other bundle."""
-    if not in_containers_storage(bundle):
-        return ()
-    return bundle.rstrip("/").rsplit("/", 3)[0], DEFAULT_RUN_ROOT

@@ -52,20 +52,22 @@ def _own_entries(own_hooks: frozenset[str]) -> set[str]:
     return {_hook(stage, spec_entry(path, stage)) for path in own_hooks for stage in HOOK_STAGES}
 
 
-def container_own(source: str, container_id: str, roots: tuple[str, ...]) -> str:
-    """`source` with podman's directory of the container itself (ROOT/overlay-containers/ID/ in its graph or run
-    root, `roots`: its /etc/hosts, /dev/shm, secrets) as <self>/: the same container restored under a new ID
-    (podman's --import with --name) or from another storage root binds the same. Only this node's storage roots
-    count, only a directory no other user can move or swap, and only a plain path below it: no '.', '..' or empty
-    component, no symbolic link on the way (an archive's volume tar or root files can plant such a tree, links
-    included: attack30f reached the host's /etc and / that way)."""
-    for root in roots:
-        prefix = f"{root.rstrip('/')}/overlay-containers/{container_id}/"
-        rest = source[len(prefix):] if container_id and source.startswith(prefix) else ""
-        parts = rest.split("/")
-        if rest and all(part not in ("", ".", "..") for part in parts) and not_movable_by_others(prefix) \
-                and not _links_below(prefix, parts):
-            return "<self>/" + rest
+def container_own(source: str, container_id: str) -> str:
+    """`source` with podman's directory of the container itself (STORAGE/overlay-containers/ID/ in its graph or run
+    root: its /etc/hosts, /dev/shm, secrets) as <self>/: the same container restored under a new ID (podman's
+    --import with --name) or from another storage root binds the same. Only a directory no other user can move or
+    swap counts as podman's (a user's look-alike under /tmp is a host path like any other), and only a plain path
+    below it: no '.', '..' or empty component, no symbolic link on the way (an archive's volume tar can plant a
+    root-owned overlay-containers/ID/userdata -> /etc, and '<userdata>/../../..' climbs to /: attack30f)."""
+    marker = f"/overlay-containers/{container_id}/"
+    at = source.find(marker) if container_id else -1
+    if at <= 0:
+        return source
+    prefix, rest = source[:at + len(marker)], source[at + len(marker):]
+    parts = rest.split("/")
+    if rest and all(part not in ("", ".", "..") for part in parts) and not_movable_by_others(prefix) \
+            and not _links_below(prefix, parts):
+        return "<self>/" + rest
     return source
 
 
@@ -84,33 +86,31 @@ def _links_below(prefix: str, parts: list[str]) -> bool:
     return False
 
 
-def _binds(spec: Spec, container_id: str, roots: tuple[str, ...]) -> list[str]:
+def _binds(spec: Spec, container_id: str) -> list[str]:
     """Each bind mount as "DESTINATION <- SOURCE ro|rw" (the container's own directories as <self>/)."""
     found = []
     for mount in spec.mounts:
         if mount.is_bind():
-            source = container_own(mount.source, container_id, roots)
+            source = container_own(mount.source, container_id)
             found.append(f"{mount.destination[:1900]} <- {source[:1900]} {'ro' if 'ro' in mount.options else 'rw'}")
     return sorted(set(found))
 
 
-def grants_of(spec: Spec, container_id: str = "", allowance: DeviceAllowance | None = None,
-              roots: tuple[str, ...] = ()) -> SpecGrants:
+def grants_of(spec: Spec, container_id: str = "", allowance: DeviceAllowance | None = None) -> SpecGrants:
     capabilities = spec.process.capabilities.all() if spec.process.capabilities else set()
     allowance = allowance or DeviceAllowance()
     devices = {refusal for device in spec.linux.devices if (refusal := node_refusal(device, allowance))}
     rules = {refusal for rule in spec.linux.resources.devices if (refusal := rule_refusal(rule, allowance))}
     return SpecGrants(hooks=_hooks(spec), capabilities=sorted(c for c in capabilities if CAPABILITY.fullmatch(c)),
-                      devices=sorted(devices), device_rules=sorted(rules), binds=_binds(spec, container_id, roots))
+                      devices=sorted(devices), device_rules=sorted(rules), binds=_binds(spec, container_id))
 
 
 def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hooks_only: bool = False,
-            container_id: str = "", allowance: DeviceAllowance | None = None,
-            roots: tuple[str, ...] = ()) -> list[str]:
+            container_id: str = "", allowance: DeviceAllowance | None = None) -> list[str]:
     """What `spec` grants beyond `recorded`, each as a phrase; [] when nothing. `hooks_only`: its hooks alone (an
     unsigned dump: its devices are judged by the import's allow-list, refuse_foreign_devices). `container_id`: the
     restored container's, whose bind mounts are judged too (podman's bundle: its spec came from spec.dump)."""
-    now = grants_of(spec, container_id, allowance, roots)
+    now = grants_of(spec, container_id, allowance)
     unknown_capabilities = spec.process.capabilities is not None and any(
         not CAPABILITY.fullmatch(c) for c in spec.process.capabilities.all())
     own = _own_entries(own_hooks)

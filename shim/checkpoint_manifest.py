@@ -17,7 +17,6 @@ from ..cuda.engine import one_line
 from ..cuda.inventory import Inventory
 from ..cuda.plugin import gpu_handler
 from ..errors import GpuCheckpointError
-from ..oci.bundle_layout import storage_roots
 from ..oci.manifest import CudaProcessRecord, Manifest, Timings, write_manifest
 from ..oci.timestamps import utc_now
 from ..policy.spec_grants import grants_of
@@ -55,7 +54,7 @@ def write_checkpoint_manifest(plan: CheckpointPlan, inventory: Inventory, pid_in
         dump_completed=completed,
         lazy_pages=plan.lazy_pages and (completed or lazy_ready),
         driver_files=plan.driver_files,
-        spec_grants=grants_of(plan.spec, plan.container_id, roots=storage_roots(plan.bundle)),
+        spec_grants=grants_of(plan.spec, plan.container_id),
     )
     write_manifest(plan.image_dir, manifest)
 

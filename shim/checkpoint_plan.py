@@ -38,7 +38,6 @@ class CheckpointPlan:
     network: NetworkPolicy = field(default_factory=NetworkPolicy)  # CRIU's network options, and why
     criu_config: list[str] = field(default_factory=list)  # the lines of the shim's CRIU config file
     driver_files: list[DriverFileRecord] = field(default_factory=list)  # the NVIDIA libraries the processes map
-    bundle: str = ""  # the engine's bundle (podman's: in its storage, whose own files the spec binds)
 
     @property
     def gpu(self) -> bool:
@@ -66,4 +65,4 @@ def plan_checkpoint(args: RuntimeArgs, verb: VerbArgs, container_id: str, delega
                           leave_running=verb.has("leave-running"), pre_dump=verb.has("pre-dump"),
                           lazy_pages=verb.has("lazy-pages"),
                           config=config, spec=spec, annotations=annotations,
-                          frozen_by_engine=frozen_by_engine, argv=argv, bundle=state.bundle)
+                          frozen_by_engine=frozen_by_engine, argv=argv)

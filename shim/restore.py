@@ -52,7 +52,7 @@ from ..node.journal import (
 from ..node.lock import ContainerLock, StateKey
 from ..node.paths import config_path
 from ..node.suspension import take_standby_request
-from ..oci.bundle_layout import in_containers_storage, storage_roots
+from ..oci.bundle_layout import in_containers_storage
 from ..oci.manifest import MANIFEST_NAME, Manifest, SpecGrants, read_manifest, require_completed
 from ..oci.spec import Device, Spec, read_annotations, read_spec
 from ..policy.annotations import refuse_runtime_annotations, standby_asked
@@ -293,7 +293,7 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
 def refuse_unsigned_spec(spec: Spec, bundle: str, container_id: str) -> None:
     """An unsigned dump's spec came with it: held to what `gpuckpt import` holds an archive's spec.dump to
     (policy/archive_import.py unsigned_restore_refusals)."""
-    if problems := unsigned_restore_refusals(spec, container_id, storage_roots(bundle)):
+    if problems := unsigned_restore_refusals(spec, container_id):
         raise ImageError(f"restore of {container_id}: an unsigned checkpoint's spec asks for {'; '.join(problems[:3])}"
                          ": refused (restore archives with `gpuckpt import`, which checks them, or sign the dump)")
 
@@ -314,7 +314,7 @@ def refuse_widened_spec(recorded: SpecGrants, spec: Spec, bundle: str, container
     from spec.dump, unsigned."""
     # a podman bundle's spec was made from spec.dump, its mounts too: judged as well
     podmans = in_containers_storage(bundle)
-    if problems := widened(recorded, spec, own_hook_paths(), hooks_only=unsigned, roots=storage_roots(bundle),
+    if problems := widened(recorded, spec, own_hook_paths(), hooks_only=unsigned,
                            container_id=container_id if podmans and recorded.binds else ""):
         had = "an unsigned checkpoint restores no hooks but gpuckpt-hook" if unsigned else \
             "which the checkpointed container did not have"

@@ -205,7 +205,6 @@ def _runc_default_spec() -> Spec:
 
 
 CONTAINER = "267004289df43d2eccd09f8f5cd61e94892e8b720b73583cea11e1aae59a9525"  # the real dump's
-ROOTS = ("/var/lib/containers/storage", "/run/containers/storage")  # podman's storage roots (bundle_layout)
 
 
 @pytest.mark.parametrize(("name", "change", "expected"), [
@@ -224,11 +223,11 @@ def test_an_unsigned_dump_s_spec_is_held_to_what_an_import_holds_spec_dump_to(na
     """attack30e reached host root under restore:any through spec.dump alone (a bind of the host's disk, proc at
     /mnt, CAP_SYS_ADMIN): an unsigned dump's spec comes with it, and is held to `gpuckpt import`'s rules."""
     podman_spec = Spec.model_validate(json.loads((REAL / "config.json").read_text()))
-    assert unsigned_restore_refusals(podman_spec, CONTAINER, ROOTS) == []
-    assert unsigned_restore_refusals(_runc_default_spec(), "c1", ()) == []  # plain runc: no seccomp, masked asound
+    assert unsigned_restore_refusals(podman_spec, CONTAINER) == []
+    assert unsigned_restore_refusals(_runc_default_spec(), "c1") == []  # plain runc: no seccomp, masked asound
     spec = _runc_default_spec()
     change(spec)
-    found = unsigned_restore_refusals(spec, "c1", ())
+    found = unsigned_restore_refusals(spec, "c1")
     assert any(expected in problem for problem in found), (name, found)
 
 
@@ -236,9 +235,9 @@ def test_an_unsigned_dump_binds_no_named_volume_nor_a_path_climbing_out_of_its_o
     """attack30f: nothing says a volume named in spec.dump is this container's (another tenant's was bound), and
     a path below the container's own directory climbed out with '..' to the host's /."""
     spec = Spec.model_validate(json.loads((REAL / "config.json").read_text()))
-    assert unsigned_restore_refusals(spec, CONTAINER, ROOTS) == []
+    assert unsigned_restore_refusals(spec, CONTAINER) == []
     for source in ("/var/lib/containers/storage/volumes/v1/_data",
                    f"/var/lib/containers/storage/overlay-containers/{CONTAINER}/userdata/../../../../../.."):
         climbing = spec.model_copy(deep=True)
         climbing.mounts.append(Mount(destination="/x", source=source, type="bind", options=["rbind"]))
-        assert "host bind mounts" in unsigned_restore_refusals(climbing, CONTAINER, ROOTS)[0]
+        assert "host bind mounts" in unsigned_restore_refusals(climbing, CONTAINER)[0]
