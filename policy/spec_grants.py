@@ -16,8 +16,8 @@ import hashlib
 import json
 import os
 import re
-import stat
 
+from ..host.libc import RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, openat2
 from ..host.safefiles import not_movable_by_others
 from ..node.hook_entry import spec_entry
 from ..oci.manifest import SpecGrants
@@ -72,17 +72,22 @@ def container_own(source: str, container_id: str) -> str:
 
 
 def _links_below(prefix: str, parts: list[str]) -> bool:
-    """Whether any component of prefix/parts is a symbolic link (or cannot be looked at for another reason)."""
-    path = prefix.rstrip("/")
-    for part in parts:
-        path = f"{path}/{part}"
-        try:
-            if stat.S_ISLNK(os.lstat(path).st_mode):
-                return True
-        except FileNotFoundError:
-            return False  # nothing there to mount: the runtime refuses it (and no other user may make it)
-        except OSError:
-            return True
+    """Whether the path `parts` below `prefix` goes through a symbolic link (or cannot be looked at for another
+    reason): the kernel's own walk (openat2 RESOLVE_NO_SYMLINKS), one descriptor, no path looked up twice."""
+    try:
+        directory = os.open(prefix, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False  # nothing there to mount: the runtime refuses it (and no other user may make it)
+    except OSError:
+        return True
+    try:
+        os.close(openat2(directory, "/".join(parts), os.O_PATH, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # ELOOP: a link on the way
+    finally:
+        os.close(directory)
     return False
 
 
