@@ -71,7 +71,7 @@ from .checkpoint_manifest import (
     write_checkpoint_manifest,
 )
 from .checkpoint_plan import plan_checkpoint
-from .criu_log import dump_failure
+from .criu_log import criu_failure
 from .criuconf import ghost_limit_of, link_remap_files, network_lock_lines, use_criu_config
 from .delegate import (
     DelegateRun,
@@ -619,7 +619,7 @@ class Checkpoint:
         """CRIU's reason for this dump's failure, from its log ("" when it did not get that far)."""
         if self.journal is None:
             return ""
-        return dump_failure(self.journal.work_dir, self.journal.dump_began)
+        return criu_failure(self.journal.work_dir, self.journal.dump_began)
 
     def _journal(self, phase: Phase, **changes: object) -> None:
         """Write the phase about to start (and what it needs known) before it starts."""

@@ -66,7 +66,7 @@ def _in_order(text: bytes) -> bool:
     return True
 
 
-def dump_failure(work_dir: str, since: float, name: str = DUMP_LOG) -> str:
+def criu_failure(work_dir: str, since: float, name: str = DUMP_LOG) -> str:
     """CRIU's cause of a failed dump (`name`: restore.log, of a restore) written after `since`, as "; CRIU: ..."
     for a one-line message ("" if none): its first error that is not a step's summary of one before it."""
     text = _read(work_dir, since, name)

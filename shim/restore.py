@@ -75,7 +75,7 @@ from .argv import (
     image_dir_of,
     image_path_given,
 )
-from .criu_log import RESTORE_LOG, dump_failure
+from .criu_log import RESTORE_LOG, criu_failure
 from .criuconf import network_lock_lines, use_criu_config
 from .delegate import (
     DelegateRun,
@@ -192,7 +192,7 @@ def say_criu_cause(args: RuntimeArgs, verb: VerbArgs, container_id: str, began: 
     """After a failed restore of the delegate's: CRIU's own reason, from its restore.log, as an error line in the
     runtime's log (where podman reads the runtime's errors): the delegate's own line ("criu failed: type RESTORE
     errno 0") names nothing an operator can act on."""
-    if cause := dump_failure(verb.value("work-path") or image_dir_of(verb), began, RESTORE_LOG):
+    if cause := criu_failure(verb.value("work-path") or image_dir_of(verb), began, RESTORE_LOG):
         log(args, "error", f"restore of {container_id} failed{cause}")
 
 

@@ -10,7 +10,7 @@ from support import write_config
 
 from gpuckpt.cuda.node import NodeGpus
 from gpuckpt.shim import restore
-from gpuckpt.shim.criu_log import RESTORE_LOG, dump_failure, dump_finished
+from gpuckpt.shim.criu_log import RESTORE_LOG, criu_failure, dump_finished
 from gpuckpt.shim.main import main
 
 make_node = test_gpu_verbs.make_node
@@ -24,7 +24,7 @@ FAILED = """(00.066301) Error (criu/util.c:1534): rlimit: Can't setup RLIMIT_NOF
 
 def test_the_cause_is_the_last_error_before_criu_sums_up(tmp_path) -> None:
     (tmp_path / "dump.log").write_text(FAILED)
-    reason = dump_failure(str(tmp_path), time.time() - 60)
+    reason = criu_failure(str(tmp_path), time.time() - 60)
     assert reason == f"; CRIU: Can't lookup mount=27 for fd=3 path=/tmp/host-only?[2J ({tmp_path}/dump.log)"
 
 
@@ -32,7 +32,7 @@ def test_an_earlier_dumps_log_says_nothing_of_this_one(tmp_path) -> None:
     log = tmp_path / "dump.log"
     log.write_text(FAILED + "(00.3) Dumping finished successfully\n")
     os.utime(log, (time.time() - 600, time.time() - 600))
-    assert dump_failure(str(tmp_path), time.time() - 60) == ""
+    assert criu_failure(str(tmp_path), time.time() - 60) == ""
     assert not dump_finished(str(tmp_path), time.time() - 60)
     assert dump_finished(str(tmp_path), time.time() - 6000)
 
@@ -40,7 +40,7 @@ def test_an_earlier_dumps_log_says_nothing_of_this_one(tmp_path) -> None:
 def test_a_log_that_is_a_link_is_not_read(tmp_path) -> None:
     (tmp_path / "elsewhere").write_text(FAILED)
     (tmp_path / "dump.log").symlink_to(tmp_path / "elsewhere")
-    assert dump_failure(str(tmp_path), 0) == ""
+    assert criu_failure(str(tmp_path), 0) == ""
 
 
 # A real CRIU 4.1.1 log (runc 1.1.5) of a dump that FAILED: the container's process held a deleted file
@@ -83,7 +83,7 @@ connected to disabled CONFIG_NETFILTER_XT_MARK kernel build config option.
 def test_a_helpers_exit_status_after_the_cause_is_not_the_cause(tmp_path) -> None:
     """As CRIU wrote it on the H100 for a podman container on a node without iptables."""
     (tmp_path / "dump.log").write_text(NETWORK_LOCK)
-    assert dump_failure(str(tmp_path), 0).startswith("; CRIU: net: Locking network failed: iptables-restore returned")
+    assert criu_failure(str(tmp_path), 0).startswith("; CRIU: net: Locking network failed: iptables-restore returned")
 
 
 def test_the_shims_line_comes_before_the_delegates_stderr(make_node, node, capfd) -> None:
@@ -130,7 +130,7 @@ def test_a_cause_a_containers_name_makes_up_is_not_quoted(tmp_path) -> None:
         "(00.0585) Dumping ghost file of 3145728 size, increase limit\n"
         "(00.058588) Error (criu/cr-dump.c:1545): Dump files (pid: 28500) failed with -1\n"
         "(00.113308) Error (criu/cr-dump.c:1975): Dumping FAILED.\n")
-    reason = dump_failure(str(tmp_path), 0)
+    reason = criu_failure(str(tmp_path), 0)
     assert "Locking network" not in reason and "out of its time order" in reason
     assert "\n" not in reason and str(tmp_path / "dump.log") in reason
 
@@ -151,7 +151,7 @@ RESTORE_FAILED = "".join(f"{line}\n" for line in (
 
 def test_a_restores_cause_is_its_first_error_not_the_steps_that_followed(tmp_path) -> None:
     (tmp_path / RESTORE_LOG).write_text(RESTORE_FAILED)
-    assert dump_failure(str(tmp_path), time.time() - 60, RESTORE_LOG) == f"; CRIU: {LINKED} ({tmp_path}/restore.log)"
+    assert criu_failure(str(tmp_path), time.time() - 60, RESTORE_LOG) == f"; CRIU: {LINKED} ({tmp_path}/restore.log)"
 
 
 def test_a_failed_restore_says_criu_s_cause_in_the_runtime_s_log(make_node, monkeypatch, capfd) -> None:
