@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from bed import (
     COUNTER_SOURCE,
+    LATE_FILES_COUNTER,
     PODMAN_IMAGE,
     RUNTIME,
     TCP_HOLDER_SOURCE,
@@ -35,9 +36,8 @@ class PodmanContainer:
         self.name = f"gpuckpt-it-{os.getpid()}-{next(_names)}"
         self.podman = ["podman", *runtime_flag]
 
-    def run(self) -> None:
-        sh(*self.podman, "run", "-d", "--name", self.name, "--network", "none",
-           PODMAN_IMAGE, "python3", "-c", COUNTER_SOURCE)
+    def run(self, source: str = COUNTER_SOURCE) -> None:
+        sh(*self.podman, "run", "-d", "--name", self.name, "--network", "none", PODMAN_IMAGE, "python3", "-c", source)
 
     def state(self) -> str:
         return sh(*self.podman, "exec", self.name, "cat", "/tmp/state").stdout
@@ -97,6 +97,8 @@ def test_checkpoint_restore_continues(container) -> None:
 
 
 def test_export_import_leave_running(container, tmp_path) -> None:
+    container.remove()
+    container.run(LATE_FILES_COUNTER)  # podman copies the files after the processes ran on (docs/archives.md)
     archive = tmp_path / "ckpt.tar.gz"
     before = wait_counter(container.state, minimum=3)
     sh(*container.podman, "container", "checkpoint", "--leave-running", "--export", str(archive), container.name)
