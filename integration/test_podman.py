@@ -96,6 +96,7 @@ def test_checkpoint_restore_continues(container) -> None:
     assert_continues(before, container.state)
 
 
+@pytest.mark.parametrize("container", ["default"], indirect=True)  # --runtime by name: the two tests above
 def test_export_import_leave_running(container, tmp_path) -> None:
     container.remove()
     container.run(LATE_FILES_COUNTER)  # podman copies the files after the processes ran on (docs/archives.md)
@@ -111,6 +112,7 @@ def test_export_import_leave_running(container, tmp_path) -> None:
     assert_continues(before, container.state)
 
 
+@pytest.mark.parametrize("container", ["default"], indirect=True)  # --runtime by name: the two tests above
 def test_keep_keeps_the_checkpoint_files(container) -> None:
     before = wait_counter(container.state, minimum=3)
     sh(*container.podman, "container", "checkpoint", "--keep", container.name)
