@@ -23,9 +23,9 @@ cache=${GPUCKPT_RUNC_BATS_CACHE:-/var/cache/gpuckpt/runc-bats}
 runc_plain=${RUNC_PLAIN:-$(command -v runc)}
 runc_shim=${RUNC_SHIM:-$(command -v gpuckpt-runtime)}
 # a test that never ends (a checkpoint waiting for a peer) is failed, not waited for: runc 1.1.5's own lazy-pages
-# test hangs so for plain runc and the shim alike (results/runc-bats/), each passing test takes seconds; 60 s, not
-# 120, saves the test command two minutes
-export BATS_TEST_TIMEOUT=${BATS_TEST_TIMEOUT:-60}
+# test hangs so for plain runc and the shim alike (results/runc-bats/), each passing test takes seconds; 30 s, not
+# 120, saves the test command three minutes (CI's budget is 45 minutes)
+export BATS_TEST_TIMEOUT=${BATS_TEST_TIMEOUT:-30}
 [ "$(id -u)" = 0 ] || { echo "run.sh: runc's checkpoint tests need root" >&2; exit 2; }
 case $bats_file in */*|'') echo "run.sh: $bats_file: give a file name of tests/integration/" >&2; exit 2 ;; esac
 
