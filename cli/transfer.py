@@ -20,7 +20,7 @@ import argparse
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -50,6 +50,7 @@ from ..policy.annotations import refuse_runtime_annotations
 from ..policy.archive_import import import_refusals, volume_refusals
 from ..policy.image import check_archive
 from ..transfer.bounds import StagingBudget
+from ..transfer.gpu_move import GpuMove
 from ..transfer.restore_options import (
     RestoreOptions,
     refuse_as_config_says,
@@ -116,6 +117,9 @@ def add_restore_options(parser: argparse.ArgumentParser, name_dest: str = "name"
     parser.add_argument("--ignore-rootfs", action="store_true",
                         help="leave out the container's changed files (rootfs-diff.tar, deleted.files)")
     parser.add_argument("--ignore-volumes", action="store_true", help="leave out the content of its named volumes")
+    parser.add_argument("--gpu", action="append", default=[], metavar="KIND=NAME",
+                        help="restore onto this node's CDI device instead of the checkpoint's (nvidia.com/gpu=2): "
+                             "one for each GPU device it had, in order (repeatable; docs/archives.md)")
 
 
 def restore_options(podman: str, options: argparse.Namespace, name: str | None) -> RestoreOptions:
@@ -124,7 +128,8 @@ def restore_options(podman: str, options: argparse.Namespace, name: str | None) 
     chosen = RestoreOptions(name=name, tcp_established=options.tcp_established, publish=tuple(options.publish),
                             pod=options.pod, ignore_static_ip=options.ignore_static_ip,
                             ignore_static_mac=options.ignore_static_mac, keep=options.keep,
-                            ignore_rootfs=options.ignore_rootfs, ignore_volumes=options.ignore_volumes)
+                            ignore_rootfs=options.ignore_rootfs, ignore_volumes=options.ignore_volumes,
+                            gpus=tuple(options.gpu))
     chosen.check()
     if name:  # first: what podman would refuse only after the whole archive is checked and staged
         refuse_taken(podman, name)
@@ -270,15 +275,13 @@ def run_import(options: argparse.Namespace) -> int:
         held.release(staging.light())
 
     try:
+        rewrite, move = restoring.rewrites(RUNTIME_NAME)
         copied, kept = checking_pass(source, verification, held, staging, limits=limits, config_read=config_read,
-                                     what=options.archive)
+                                     what=options.archive, rewrite=rewrite)
         staging.close_light()
         checked = described(options.archive, kept, copied.names, copied.files, copied.bytes)
         check_archive(staging.light_path, checked.spec_bytes, options.archive)  # CRIU's images against spec.dump
-        phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
-        if checked.config.runtime != RUNTIME_NAME:
-            phases.append(f"the archive's runtime {checked.config.runtime[:40] or 'default'!r} replaced by "
-                          f"{RUNTIME_NAME}")
+        phases = _import_phases(started, checked.config.runtime, move)
         staging.vouched = f"gpuckpt import verified {options.archive}: {vouched}"
         staging.standby = options.standby
         staging.record()  # from here the shim may take the pages
@@ -298,6 +301,16 @@ def run_import(options: argparse.Namespace) -> int:
                               f"{options.archive} in "
                               f"{result.seconds:.1f} s ({', '.join(phases)})")
     return 0
+
+
+def _import_phases(started: float, runtime: str, move: GpuMove | None) -> list[str]:
+    """What the import did before podman's restore, for its one line."""
+    phases = [f"checked and staged in {time.monotonic() - started:.1f} s"]
+    if move is not None:
+        phases.append(f"onto {move.summary()}")
+    if runtime != RUNTIME_NAME:
+        phases.append(f"the archive's runtime {runtime[:40] or 'default'!r} replaced by {RUNTIME_NAME}")
+    return phases
 
 
 def _beside_storage(graph_root: str) -> str:
@@ -336,11 +349,11 @@ def _require_registered() -> None:
 
 def checking_pass(archive: str, verification: Verification, held: HeldOutput, staging: Staging,
                   *, limits: ImportConfig, config_read: Callable[[dict[str, bytes]], None], what: str = "",
-                  ) -> tuple[Copied, dict[str, bytes]]:
+                  rewrite: Mapping[str, Callable[[bytes], bytes]] | None = None) -> tuple[Copied, dict[str, bytes]]:
     """The archive read once, every entry checked (config_read: config.dump and spec.dump, before
     anything is staged; the tars inside and deleted.files), the pages and root files staged, config.dump
-    given to podman naming gpuckpt-runtime; what it held and its small files. The bar counts the
-    archive's own bytes as read: a compressed one's time left is true."""
+    given to podman naming gpuckpt-runtime (or as `rewrite` makes them); what it held and its small files. The
+    bar counts the archive's own bytes as read: a compressed one's time left is true."""
     kept: dict[str, bytes] = {}
     what = what or archive
     with open_archive(archive) as raw:
@@ -353,7 +366,8 @@ def checking_pass(archive: str, verification: Verification, held: HeldOutput, st
                                   guard=RatioGuard(what, raw.tell, limits.max_entry_ratio, READ_BYTES,
                                                    archive_bytes),
                                   nested=NestedChecks(limits.allow_setuid_files),
-                                  rewrite={CONFIG_DUMP: lambda data: with_runtime(data, RUNTIME_NAME)})
+                                  rewrite=rewrite if rewrite is not None else
+                                  {CONFIG_DUMP: lambda data: with_runtime(data, RUNTIME_NAME)})
             verification.finish()
             moved_to(bar, raw.tell())
         return copied, kept

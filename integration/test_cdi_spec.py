@@ -206,6 +206,50 @@ def test_podman_checkpoints_a_cdi_container(spec_file: tuple[str, dict], tmp_pat
         sh("podman", "rm", "-f", name, check=False)
 
 
+def test_an_import_moves_the_container_onto_another_cdi_device(spec_file: tuple[str, dict], tmp_path: Path) -> None:
+    """`gpuckpt import --gpu KIND=1` of a container started with KIND=0: podman makes the restored container from
+    the staged spec.dump, which now gives it device 1's node (the runtime's config.json says so) and the workload
+    goes on; a device this node's specs lack is refused in one line before anything is staged."""
+    kind, _ = spec_file
+    name = f"gpuckpt-cdi-move-{os.getpid()}"
+    archive = tmp_path / f"{name}.tar.zst"
+
+    def read_state() -> str:
+        return sh("podman", "exec", name, "cat", "/tmp/state").stdout
+
+    def runtime_devices() -> list[str]:
+        config = json.loads(Path(sh("podman", "inspect", "--format", "{{.OCIConfigPath}}", name).stdout.strip())
+                            .read_text())
+        return sorted(d["path"] for d in config["linux"]["devices"] if d["path"].startswith("/dev/fake-nvidia"))
+
+    try:
+        sh("podman", "run", "-d", "--name", name, "--network", "none", "--device", f"{kind}=0", PODMAN_IMAGE,
+           "python3", "-c", COUNTER_SOURCE)
+        before = wait_counter(read_state, 3)
+        assert "/dev/fake-nvidia0" in runtime_devices()
+        sh("gpuckpt", "export", name, "-o", str(archive))
+        sh("podman", "rm", "-f", name)
+        refused = sh("gpuckpt", "import", "--trust-config", "--gpu", f"{kind}=7", str(archive), check=False)
+        assert refused.returncode == 2 and f"{kind}=7 is not on this node" in refused.stderr, refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert sh("podman", "container", "exists", name, check=False).returncode == 1  # nothing made
+        imported = sh("gpuckpt", "import", "--trust-config", "--gpu", f"{kind}=1", str(archive))
+        assert f"onto {kind}=0 -> {kind}=1" in imported.stdout + imported.stderr
+        assert_continues(before, read_state)
+        assert runtime_devices() == ["/dev/fake-nvidia-uvm", "/dev/fake-nvidia-uvm-tools", "/dev/fake-nvidia1",
+                                     "/dev/fake-nvidiactl"]
+        # and back onto device 0 from the store
+        before = wait_counter(read_state, 1)
+        store = tmp_path / "store"
+        sh("gpuckpt", "store", "checkpoint", "--store", str(store), "--name", "moved", name)
+        sh("podman", "rm", "-f", name)
+        sh("gpuckpt", "store", "restore", "--store", str(store), "--trust-config", "--gpu", f"{kind}=0", "moved")
+        assert_continues(before, read_state)
+        assert "/dev/fake-nvidia0" in runtime_devices() and "/dev/fake-nvidia1" not in runtime_devices()
+    finally:
+        sh("podman", "rm", "-f", name, check=False)
+
+
 def test_harness_cdi_bundle(spec_file: tuple[str, dict], rootfs: Path, tmp_path: Path,
                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The harness's runc bundle in CDI mode (what the bundle scenarios run in): an overlay of the image's root,

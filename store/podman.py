@@ -40,7 +40,6 @@ from ..oci.podman_archive import (
     copy_checked,
     described,
     described_dumps,
-    with_runtime,
 )
 from ..policy.archive_import import import_refusals
 from ..policy.image import check_archive
@@ -159,6 +158,9 @@ def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_conf
                 raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
             dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
             refuse_as_config_says(program, what, dumps.config, options)
+            rewrite, move = options.rewrites(RUNTIME_NAME)
+            if move is not None:  # planned (or refused) before a chunk is staged
+                move.config(small[CONFIG_DUMP] or b"")
             if not trust_config and (refusals := import_refusals(dumps, own_hook_paths(), run_root,
                                                                  graph_root=graph_root)):
                 raise ImageError(f"{what}: its container config asks for {'; '.join(refusals)}: refused "
@@ -173,11 +175,13 @@ def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_conf
                 copied = copy_checked(StoredStream(store, stored, threads), staging.light(), what,
                                       progress=moved, kept=kept, divert=staging.divert,
                                       trailer=staging.trailer, nested=NestedChecks(allow_setuid=True),
-                                      rewrite={CONFIG_DUMP: lambda data: with_runtime(data, RUNTIME_NAME)})
+                                      rewrite=rewrite)
         staging.close_light()
         checked = described(what, kept, copied.names, copied.files, copied.bytes)
         check_archive(staging.light_path, checked.spec_bytes, what)  # CRIU's images against spec.dump
         phases = [f"{stored.logical_bytes / 2**20:.0f} MiB read and verified in {time.monotonic() - started:.1f} s"]
+        if move is not None:
+            phases.append(f"onto {move.summary()}")
         staging.vouched = f"stored checkpoint {name} on this node, every chunk verified"
         staging.standby = standby
         staging.record()  # from here the shim may take the pages

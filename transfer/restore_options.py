@@ -17,11 +17,13 @@ from __future__ import annotations
 import functools
 import ipaddress
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import NotFoundError, UsageError
 from ..host.process import run
-from ..oci.podman_archive import PodmanConfigDump
+from ..oci.podman_archive import CONFIG_DUMP, PodmanConfigDump, with_runtime
+from .gpu_move import GpuMove
 
 NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{0,252}")  # podman's container and pod names
 PORTS = r"[0-9]{1,5}(?:-[0-9]{1,5})?"
@@ -44,6 +46,8 @@ class RestoreOptions:
     keep: bool = False  # --keep: podman keeps its temporary checkpoint files (they hold process memory)
     ignore_rootfs: bool = False  # the archive's rootfs-diff.tar and deleted.files not applied (nor staged)
     ignore_volumes: bool = False  # its volumes/*.tar not applied (nor staged)
+    # --gpu: not podman's; the staged config.dump and spec.dump name these CDI devices instead (transfer/gpu_move.py)
+    gpus: tuple[str, ...] = ()
 
     def flags(self) -> list[str]:
         """podman's words for these options, each value joined to its flag (never read as an option)."""
@@ -64,6 +68,17 @@ class RestoreOptions:
                                  "(starting with a letter or digit, at most 253)")
         for value in self.publish:
             check_publish(value)
+        self.gpu_move()
+
+    def gpu_move(self) -> GpuMove | None:
+        return GpuMove(self.gpus) if self.gpus else None
+
+    def rewrites(self, runtime: str) -> tuple[dict[str, Callable[[bytes], bytes]], GpuMove | None]:
+        """What the import changes in the archive's small files as they pass to podman: config.dump names
+        `runtime` (and, with --gpu, the devices moved, as spec.dump's nodes); the move, once planned."""
+        named: Callable[[bytes], bytes] = lambda data: with_runtime(data, runtime)  # noqa: E731
+        move = self.gpu_move()
+        return (move.rewrites(named) if move else {CONFIG_DUMP: named}), move
 
 
 def check_publish(value: str) -> None:
