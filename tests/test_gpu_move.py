@@ -27,8 +27,9 @@ def numbers(path: str) -> tuple[int, int]:
 def cdi_dir(tmp_path: Path) -> Path:
     devices = [{"name": name, "containerEdits": {"deviceNodes": [{"path": f"/dev/fakegpu{name}", "hostPath": host}]}}
                for name, host in HOST_NODES.items()]
-    devices.append({"name": "lib", "containerEdits": {"deviceNodes": [{"path": "/dev/fakegpu9", "hostPath": "/dev/null"}],
-                                                      "mounts": [{"hostPath": "/lib/x", "containerPath": "/lib/x"}]}})
+    with_files = {"deviceNodes": [{"path": "/dev/fakegpu9", "hostPath": "/dev/null"}],
+                  "mounts": [{"hostPath": "/lib/x", "containerPath": "/lib/x"}]}
+    devices.append({"name": "lib", "containerEdits": with_files})
     spec = {"cdiVersion": "0.5.0", "kind": KIND, "devices": devices,
             "containerEdits": {"deviceNodes": [{"path": "/dev/fakectl", "hostPath": "/dev/null"}]}}
     (tmp_path / "cdi").mkdir()
