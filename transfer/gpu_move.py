@@ -98,7 +98,7 @@ class GpuMove:
         spec = _json_object(data, SPEC_DUMP)
         linux = spec.get("linux")
         listed = linux.get("devices") if isinstance(linux, dict) else None
-        if not isinstance(listed, list):
+        if not isinstance(linux, dict) or not isinstance(listed, list):
             raise ImageError(f"{SPEC_DUMP}: no linux.devices: the checkpoint's container was given no device nodes")
         by_path = {entry.get("path"): entry for entry in listed if isinstance(entry, dict)}
         replaced: dict[tuple[object, object, object], Node] = {}  # the old node's numbers -> the new node
