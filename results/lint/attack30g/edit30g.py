@@ -14,6 +14,10 @@ MODE victimshm: SIGNED (sig kept, checkpoint/ untouched). The named volume's tar
               -> /var/lib/containers/storage/overlay-containers/<ARG> (ARG: a victim container's full ID);
               spec.dump gains a second /dev/shm bind from <volume _data>/overlay-containers/<ID>/userdata/shm:
               container_own() calls it <self>/userdata/shm, what the signed checkpoint recorded.
+MODE tmpfsbind: UNSIGNED; spec.dump untouched. checkpoint/tmpfs-dev-N.tar.gz.img (/dev's content, CRIU untars it)
+              gains ./attack30g-l -> /; mountpoints gains a second mount of /dev's tmpfs (same root_dev, fstype
+              tmpfs, not external) with root /attack30g-l/etc at /mnt: image_mounts allows tmpfs "anywhere" whatever
+              its root, and CRIU binds <its /dev>/attack30g-l/etc, following the link in its own (the host's) root.
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30g, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
@@ -29,7 +33,10 @@ import pycriu
 with open(src, "rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as s, tarfile.open(fileobj=s, mode="r|") as tin:
     members = [(m, tin.extractfile(m).read() if m.isfile() else None) for m in tin]
 cid = next(json.loads(d)["id"] for m, d in members if m.name == "config.dump")
-UNSIGNED = mode in ("dslash", "ctrlink")
+_mnt = next(d for m, d in members if m.name.startswith("checkpoint/mountpoints-"))
+devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
+    e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30g-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -40,10 +47,27 @@ def mounts(data):
     doc = pycriu.images.loads(data)
     entries = doc["entries"]
     root = next(e for e in entries if e["mountpoint"] == "/")
+    if mode == "tmpfsbind":
+        dev = next(e for e in entries if e["mountpoint"] == "/dev")
+        entries.append(dict(dev, mnt_id=777, parent_mnt_id=root["mnt_id"], root="/attack30g-l/etc",
+                            mountpoint="/mnt", flags=0x200000))
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     entries.append({"fstype": 0, "mnt_id": 777, "root_dev": 254 << 20, "options": "", "parent_mnt_id": root["mnt_id"],
                     "flags": 0x200000, "root": "/", "mountpoint": "/mnt", "source": "/dev/vda",
                     "shared_id": 0, "master_id": 0, "sb_flags": 0, "ext_key": "/mnt"})
     buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
+
+
+def dev_tar(data):
+    import gzip
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(data))) as t:
+        items = [(m, t.extractfile(m).read() if m.isfile() else None) for m in t]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
+        for m, d in items:
+            t.addfile(m, io.BytesIO(d) if d is not None else None)
+        t.addfile(info("./attack30g-l", tarfile.SYMTYPE, "/"))
+    return gzip.compress(buf.getvalue())
 
 
 def freezer_perms(data):  # CRIU 4.2.1 dumps freezer.state's perms uninitialised (attack30f): set them sane
@@ -80,13 +104,15 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             continue
         if UNSIGNED and m.name.startswith("checkpoint/mountpoints-"):
             d = mounts(d)
+        if mode == "tmpfsbind" and m.name == devtar:
+            d = dev_tar(d)
         if UNSIGNED and m.name == "checkpoint/cgroup.img":
             d = freezer_perms(d)
         if mode == "victimshm" and m.name.startswith("volumes/") and m.name.endswith(".tar"):
             d = vol(d)
         if m.name == "spec.dump":
             spec = json.loads(d)
-            if UNSIGNED:
+            if mode in ("dslash", "ctrlink"):
                 spec["mounts"].append({"destination": "/mnt", "type": "bind", "source": source, "options": ["rbind", "rw"]})
             elif mode == "victimshm":
                 spec["mounts"].append({"destination": "/dev/shm", "type": "bind", "options": ["bind", "private", "nosuid", "noexec", "nodev"],
