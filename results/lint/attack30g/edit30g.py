@@ -18,6 +18,10 @@ MODE tmpfsbind: UNSIGNED; spec.dump untouched. checkpoint/tmpfs-dev-N.tar.gz.img
               gains ./attack30g-l -> /; mountpoints gains a second mount of /dev's tmpfs (same root_dev, fstype
               tmpfs, not external) with root /attack30g-l/etc at /mnt: image_mounts allows tmpfs "anywhere" whatever
               its root, and CRIU binds <its /dev>/attack30g-l/etc, following the link in its own (the host's) root.
+MODE procroot: UNSIGNED; spec.dump untouched. mountpoints gains a READ-ONLY bind of the container's proc (same root_dev
+              as /proc) with root /1/root/etc at /mnt (image_mounts allows "a bind of part of proc ... read-only"):
+              /proc/1 of the new pid namespace is CRIU's root task, whose root is the host's until it pivots.
+              ARG: another root instead of /1/root/etc.
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30g, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
@@ -36,7 +40,7 @@ cid = next(json.loads(d)["id"] for m, d in members if m.name == "config.dump")
 _mnt = next(d for m, d in members if m.name.startswith("checkpoint/mountpoints-"))
 devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
-UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30g-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -47,6 +51,11 @@ def mounts(data):
     doc = pycriu.images.loads(data)
     entries = doc["entries"]
     root = next(e for e in entries if e["mountpoint"] == "/")
+    if mode == "procroot":
+        proc = next(e for e in entries if e["mountpoint"] == "/proc")
+        entries.append(dict(proc, mnt_id=777, parent_mnt_id=root["mnt_id"], root=arg or "/1/root/etc",
+                            mountpoint="/mnt", flags=0x200000 | 0xf))  # MS_RDONLY|NOSUID|NODEV|NOEXEC
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     if mode == "tmpfsbind":
         dev = next(e for e in entries if e["mountpoint"] == "/dev")
         entries.append(dict(dev, mnt_id=777, parent_mnt_id=root["mnt_id"], root="/attack30g-l/etc",
