@@ -22,6 +22,12 @@ MODE procroot: UNSIGNED; spec.dump untouched. mountpoints gains a READ-ONLY bind
               as /proc) with root /1/root/etc at /mnt (image_mounts allows "a bind of part of proc ... read-only"):
               /proc/1 of the new pid namespace is CRIU's root task, whose root is the host's until it pivots.
               ARG: another root instead of /1/root/etc.
+MODE cgext:   UNSIGNED; spec.dump untouched. mountpoints gains a copy of the external pids cgroup bind (ext_key
+              /sys/fs/cgroup/pids: runc maps it to the cgroup runc itself is in, conmon's) at /mnt, read-write, its fstype
+              said to be tmpfs: the cgroup read-only floor goes by fstype, and an external mount's fstype is never used.
+MODE cgdevext: as cgext with the DEVICES hierarchy (conmon's devices cgroup: every device allowed), and /dev's tmpfs
+              image gains a block node attack30g-vda 254:0 (the host's disk; CRIU makes it): a process of the
+              container writes its pid into /mnt/cgroup.procs and opens the node.
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30g, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
@@ -40,7 +46,7 @@ cid = next(json.loads(d)["id"] for m, d in members if m.name == "config.dump")
 _mnt = next(d for m, d in members if m.name.startswith("checkpoint/mountpoints-"))
 devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
-UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30g-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -51,6 +57,11 @@ def mounts(data):
     doc = pycriu.images.loads(data)
     entries = doc["entries"]
     root = next(e for e in entries if e["mountpoint"] == "/")
+    if mode in ("cgext", "cgdevext"):
+        cg = next(e for e in entries if e["mountpoint"] == "/sys/fs/cgroup/" + ("pids" if mode == "cgext" else "devices"))
+        entries.append(dict(cg, mnt_id=777, parent_mnt_id=root["mnt_id"], mountpoint="/mnt", fstype=5,
+                            flags=0x200000, sb_flags=0))
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     if mode == "procroot":
         proc = next(e for e in entries if e["mountpoint"] == "/proc")
         entries.append(dict(proc, mnt_id=777, parent_mnt_id=root["mnt_id"], root=arg or "/1/root/etc",
@@ -75,7 +86,11 @@ def dev_tar(data):
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as t:
         for m, d in items:
             t.addfile(m, io.BytesIO(d) if d is not None else None)
-        t.addfile(info("./attack30g-l", tarfile.SYMTYPE, "/"))
+        if mode == "tmpfsbind":
+            t.addfile(info("./attack30g-l", tarfile.SYMTYPE, "/"))
+        else:
+            node = info("./attack30g-vda", tarfile.BLKTYPE); node.devmajor, node.devminor, node.mode = 254, 0, 0o600
+            t.addfile(node)
     return gzip.compress(buf.getvalue())
 
 
@@ -113,7 +128,7 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             continue
         if UNSIGNED and m.name.startswith("checkpoint/mountpoints-"):
             d = mounts(d)
-        if mode == "tmpfsbind" and m.name == devtar:
+        if mode in ("tmpfsbind", "cgdevext") and m.name == devtar:
             d = dev_tar(d)
         if UNSIGNED and m.name == "checkpoint/cgroup.img":
             d = freezer_perms(d)
