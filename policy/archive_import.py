@@ -67,11 +67,12 @@ UNSIGNED_CAPABILITIES = DEFAULT_CAPABILITIES | {"CAP_AUDIT_WRITE"}
 ENGINE_JOINED = frozenset({"network", "ipc", "pid", "uts", "cgroup", "user", "mount"})
 
 
-def unsigned_restore_refusals(spec: Spec, container_id: str) -> list[str]:
+def unsigned_restore_refusals(spec: Spec, container_id: str, own_dirs: tuple[str, ...]) -> list[str]:
     """What the restore spec of a dump no signature vouches for may not ask. Its spec comes with the dump
     (podman's own --import takes it from spec.dump), so it is held to what `gpuckpt import` holds spec.dump to
     without --trust-config: a capability set within podman run's (and runc's default CAP_AUDIT_WRITE), no bind
-    mount but the container's own files in podman's storage (policy/spec_grants.py container_own), not
+    mount but the container's own files in podman's directories of it (policy/spec_grants.py container_own,
+    `own_dirs`), not
     even a named volume's (nothing says the volume is this container's: attack30f bound another's), no kernel
     filesystem podman run does not mount as it does, podman run's namespaces, masked and read-only paths. A
     seccomp filter is not asked for (runc's default spec has none; CRIU's images are held to the spec's); hooks
@@ -85,7 +86,7 @@ def unsigned_restore_refusals(spec: Spec, container_id: str) -> list[str]:
     elif added := capabilities.all() - UNSIGNED_CAPABILITIES:
         problems.append(f"capabilities beyond podman's default in {where} ({', '.join(sorted(added)[:4])})")
     host = sorted({mount.source for mount in spec.mounts if mount.is_bind()
-                   and not container_own(mount.source, container_id).startswith("<self>/")})
+                   and not container_own(mount.source, container_id, own_dirs).startswith("<self>/")})
     if host:
         problems.append(f"host bind mounts in {where} ({', '.join(source[:80] for source in host[:3])})")
     if kernel := _other_filesystems(spec):

@@ -18,7 +18,6 @@ import os
 import re
 
 from ..host.libc import RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, openat2
-from ..host.safefiles import not_movable_by_others
 from ..node.hook_entry import spec_entry
 from ..oci.manifest import SpecGrants
 from ..oci.spec import HOOK_STAGES, Spec
@@ -52,70 +51,89 @@ def _own_entries(own_hooks: frozenset[str]) -> set[str]:
     return {_hook(stage, spec_entry(path, stage)) for path in own_hooks for stage in HOOK_STAGES}
 
 
-def container_own(source: str, container_id: str) -> str:
-    """`source` with podman's directory of the container itself (STORAGE/overlay-containers/ID/ in its graph or run
-    root: its /etc/hosts, /dev/shm, secrets) as <self>/: the same container restored under a new ID (podman's
-    --import with --name) or from another storage root binds the same. Only a directory no other user can move or
-    swap counts as podman's (a user's look-alike under /tmp is a host path like any other), and only a plain path
-    below it: no '.', '..' or empty component, no symbolic link on the way (an archive's volume tar can plant a
-    root-owned overlay-containers/ID/userdata -> /etc, and '<userdata>/../../..' climbs to /: attack30f)."""
+def podman_own_dirs(bundle: str, pid_file: str | None, container_id: str) -> tuple[str, ...]:
+    """podman's two directories of the container being restored, as its runtime call names them: the bundle
+    (GRAPHROOT/overlay-containers/ID/userdata: /dev/shm's source) and the pid file's directory
+    (RUNROOT/overlay-containers/ID/userdata: /etc/hosts, /etc/hostname, /run/.containerenv); each only in that
+    layout, for this container's ID, as a plain absolute path."""
+    found = []
+    for directory in (bundle, os.path.dirname(pid_file) if pid_file else ""):
+        parts = directory.split("/")
+        if container_id and len(parts) > 4 and directory == os.path.normpath(directory) and parts[0] == "" and \
+                parts[-3:] == ["overlay-containers", container_id, "userdata"]:
+            found.append(directory)
+    return tuple(dict.fromkeys(found))
+
+
+def container_own(source: str, container_id: str, own_dirs: tuple[str, ...] | None = None) -> str:
+    """`source` as <self>/userdata/NAME where it is a file of podman's own directories of the container (its
+    /etc/hosts, /dev/shm, secrets): the same container restored under a new ID or storage root binds the same.
+
+    At a restore (`own_dirs`, podman_own_dirs): only a path in exactly those directories (root's, made by
+    podman for this container), plain (no '.', '..' or empty part), that exists and has no symbolic link from /
+    on (openat2 RESOLVE_NO_SYMLINKS: an archive's root entries, untarred by podman into the bundle, may plant
+    one). A look-alike elsewhere, under /tmp, in a volume or in another container's root is a host path: a
+    prefix match trusted what a user or an archive had made, and a check of a missing path let a local user
+    make it after (attack30f, attack30g). At a checkpoint (the running container's spec, recorded): podman's
+    layout by name."""
+    if own_dirs is not None:
+        for directory in own_dirs:
+            rest = source.removeprefix(directory + "/")
+            if rest != source and rest and all(part not in ("", ".", "..") for part in rest.split("/")) and \
+                    _plain_from_root(source):
+                return "<self>/userdata/" + rest
+        return source
     marker = f"/overlay-containers/{container_id}/"
     at = source.find(marker) if container_id else -1
     if at <= 0:
         return source
-    prefix, rest = source[:at + len(marker)], source[at + len(marker):]
-    parts = rest.split("/")
-    if rest and all(part not in ("", ".", "..") for part in parts) and not_movable_by_others(prefix) \
-            and not _links_below(prefix, parts):
-        return "<self>/" + rest
-    return source
+    rest = source[at + len(marker):]
+    return "<self>/" + rest if rest and all(part not in ("", ".", "..") for part in rest.split("/")) else source
 
 
-def _links_below(prefix: str, parts: list[str]) -> bool:
-    """Whether the path `parts` below `prefix` goes through a symbolic link (or cannot be looked at for another
-    reason): the kernel's own walk (openat2 RESOLVE_NO_SYMLINKS), one descriptor, no path looked up twice."""
+def _plain_from_root(path: str) -> bool:
+    """Whether `path` exists with no symbolic link anywhere on it: the kernel's own walk from /, one call."""
     try:
-        directory = os.open(prefix, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return False  # nothing there to mount: the runtime refuses it (and no other user may make it)
+        root = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return True
-    try:
-        os.close(openat2(directory, "/".join(parts), os.O_PATH, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS))
-    except FileNotFoundError:
         return False
+    try:
+        os.close(openat2(root, path.lstrip("/"), os.O_PATH, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS))
     except OSError:
-        return True  # ELOOP: a link on the way
+        return False  # missing, a link on the way (ELOOP), or unreadable: not the container's own
     finally:
-        os.close(directory)
-    return False
+        os.close(root)
+    return True
 
 
-def _binds(spec: Spec, container_id: str) -> list[str]:
+def _binds(spec: Spec, container_id: str, own_dirs: tuple[str, ...] | None) -> list[str]:
     """Each bind mount as "DESTINATION <- SOURCE ro|rw" (the container's own directories as <self>/)."""
     found = []
     for mount in spec.mounts:
         if mount.is_bind():
-            source = container_own(mount.source, container_id)
+            source = container_own(mount.source, container_id, own_dirs)
             found.append(f"{mount.destination[:1900]} <- {source[:1900]} {'ro' if 'ro' in mount.options else 'rw'}")
     return sorted(set(found))
 
 
-def grants_of(spec: Spec, container_id: str = "", allowance: DeviceAllowance | None = None) -> SpecGrants:
+def grants_of(spec: Spec, container_id: str = "", allowance: DeviceAllowance | None = None,
+              own_dirs: tuple[str, ...] | None = None) -> SpecGrants:
     capabilities = spec.process.capabilities.all() if spec.process.capabilities else set()
     allowance = allowance or DeviceAllowance()
     devices = {refusal for device in spec.linux.devices if (refusal := node_refusal(device, allowance))}
     rules = {refusal for rule in spec.linux.resources.devices if (refusal := rule_refusal(rule, allowance))}
     return SpecGrants(hooks=_hooks(spec), capabilities=sorted(c for c in capabilities if CAPABILITY.fullmatch(c)),
-                      devices=sorted(devices), device_rules=sorted(rules), binds=_binds(spec, container_id))
+                      devices=sorted(devices), device_rules=sorted(rules),
+                      binds=_binds(spec, container_id, own_dirs))
 
 
 def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hooks_only: bool = False,
-            container_id: str = "", allowance: DeviceAllowance | None = None) -> list[str]:
+            container_id: str = "", allowance: DeviceAllowance | None = None,
+            own_dirs: tuple[str, ...] | None = None) -> list[str]:
     """What `spec` grants beyond `recorded`, each as a phrase; [] when nothing. `hooks_only`: its hooks alone (an
     unsigned dump: its devices are judged by the import's allow-list, refuse_foreign_devices). `container_id`: the
     restored container's, whose bind mounts are judged too (podman's bundle: its spec came from spec.dump)."""
-    now = grants_of(spec, container_id, allowance)
+    now = grants_of(spec, container_id, allowance, own_dirs)
     unknown_capabilities = spec.process.capabilities is not None and any(
         not CAPABILITY.fullmatch(c) for c in spec.process.capabilities.all())
     own = _own_entries(own_hooks)

@@ -61,7 +61,7 @@ from ..policy.crun import crun_restore_refusals
 from ..policy.devices import device_refusals
 from ..policy.driver_files import driver_change_refusal
 from ..policy.image import check_restore
-from ..policy.spec_grants import widened
+from ..policy.spec_grants import podman_own_dirs, widened
 from ..transfer.root_files import apply_staged
 from ..transfer.staging import ClaimedImport, claim_staged
 from ..trust.dump_signature import DUMP_SIGNATURE, dumped_here, verify_dump
@@ -137,7 +137,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     if manifest is not None:
         require_completed(manifest, image_dir_of(verb), lazy_restore=lazy)
     if staged is None:  # a staged import's config was checked by `gpuckpt import`, or trusted there (--trust-config)
-        refuse_what_the_spec_adds(image_dir_of(verb), manifest, bundle, container_id, signed=signed)
+        refuse_what_the_spec_adds(image_dir_of(verb), manifest, bundle, container_id, signed=signed,
+                                  pid_file=verb.value("pid-file"))
     refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}", unsigned=not signed)
@@ -273,7 +274,7 @@ def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id:
 
 
 def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle: str, container_id: str, *,
-                              signed: bool) -> None:
+                              signed: bool, pid_file: str | None = None) -> None:
     """The restore spec of a restore `gpuckpt import` did not stage: a dump from elsewhere gets only the devices an
     import allows; a signed one no more hooks, capabilities and devices than its checkpointed spec had."""
     foreign = not dumped_here(image_dir, load_trust())
@@ -282,18 +283,19 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     if not (foreign or recorded is not None):
         return  # a manifest of a gpuckpt before the record: judged as then
     spec = read_spec(bundle)  # once, for both judgements
+    own_dirs = podman_own_dirs(bundle, pid_file, container_id)  # where the container's own bind sources may be
     if foreign:
         refuse_foreign_devices(spec, container_id)
     if recorded is not None:
-        refuse_widened_spec(recorded, spec, bundle, container_id, unsigned=not signed)
+        refuse_widened_spec(recorded, spec, bundle, container_id, unsigned=not signed, own_dirs=own_dirs)
     if not signed:
-        refuse_unsigned_spec(spec, bundle, container_id)
+        refuse_unsigned_spec(spec, container_id, own_dirs)
 
 
-def refuse_unsigned_spec(spec: Spec, bundle: str, container_id: str) -> None:
+def refuse_unsigned_spec(spec: Spec, container_id: str, own_dirs: tuple[str, ...]) -> None:
     """An unsigned dump's spec came with it: held to what `gpuckpt import` holds an archive's spec.dump to
     (policy/archive_import.py unsigned_restore_refusals)."""
-    if problems := unsigned_restore_refusals(spec, container_id):
+    if problems := unsigned_restore_refusals(spec, container_id, own_dirs):
         raise ImageError(f"restore of {container_id}: an unsigned checkpoint's spec asks for {'; '.join(problems[:3])}"
                          ": refused (restore archives with `gpuckpt import`, which checks them, or sign the dump)")
 
@@ -308,14 +310,14 @@ def refuse_foreign_devices(spec: Spec, container_id: str) -> None:
 
 
 def refuse_widened_spec(recorded: SpecGrants, spec: Spec, bundle: str, container_id: str, *,
-                        unsigned: bool = False) -> None:
+                        unsigned: bool = False, own_dirs: tuple[str, ...] = ()) -> None:
     """The restore spec grants no hook, capability, device node or rule (nor, in podman's bundle, bind mount) the
     signed checkpoint's spec did not (policy/spec_grants.py): podman's own restore of an archive takes its spec
     from spec.dump, unsigned."""
     # a podman bundle's spec was made from spec.dump, its mounts too: judged as well
     podmans = in_containers_storage(bundle)
     if problems := widened(recorded, spec, own_hook_paths(), hooks_only=unsigned,
-                           container_id=container_id if podmans and recorded.binds else ""):
+                           container_id=container_id if podmans and recorded.binds else "", own_dirs=own_dirs):
         had = "an unsigned checkpoint restores no hooks but gpuckpt-hook" if unsigned else \
             "which the checkpointed container did not have"
         raise ImageError(f"restore of {container_id} refused: its spec grants {'; '.join(problems)}, {had} (the spec "

@@ -16,6 +16,7 @@ from gpuckpt.oci.criu_images import criu_messages
 from gpuckpt.oci.spec import Mount, Spec
 from gpuckpt.policy.archive_import import unsigned_restore_refusals
 from gpuckpt.policy.image import check_restore
+from gpuckpt.policy.spec_grants import podman_own_dirs
 
 REAL = Path(__file__).parent / "data" / "criu-podman-mounts"  # podman 4.3 + runc 1.1.5 + CRIU 4.2.1, cgroup v1
 MOUNTS = "mountpoints-13.img"
@@ -207,6 +208,24 @@ def _runc_default_spec() -> Spec:
 CONTAINER = "267004289df43d2eccd09f8f5cd61e94892e8b720b73583cea11e1aae59a9525"  # the real dump's
 
 
+def own_storage(spec: Spec, root: Path, container_id: str = CONTAINER) -> tuple[str, ...]:
+    """podman's two directories of the container under `root` (graph and run root, as podman makes them), the
+    spec's own bind sources moved there: what the shim is given at a restore (policy/spec_grants.py
+    podman_own_dirs)."""
+    dirs = []
+    for store in ("/var/lib/containers/storage", "/run/containers/storage"):
+        userdata = root / store.lstrip("/") / "overlay-containers" / container_id / "userdata"
+        userdata.mkdir(parents=True)
+        dirs.append(str(userdata))
+        for mount in spec.mounts:
+            prefix = f"{store}/overlay-containers/{container_id}/userdata/"
+            if mount.source.startswith(prefix):
+                name = mount.source.removeprefix(prefix)
+                (userdata / name).mkdir() if name == "shm" else (userdata / name).write_text("")
+                mount.source = str(userdata / name)
+    return tuple(dirs)
+
+
 @pytest.mark.parametrize(("name", "change", "expected"), [
     ("the host's disk bound", lambda s: s.mounts.append(Mount(destination="/mnt", source="/", type="bind",
                                                                options=["rbind"])),
@@ -219,25 +238,47 @@ CONTAINER = "267004289df43d2eccd09f8f5cd61e94892e8b720b73583cea11e1aae59a9525"  
     ("/proc/sys not read-only", lambda s: s.linux.readonlyPaths.remove("/proc/sys"),
      "paths podman makes read-only left writable"),
 ])
-def test_an_unsigned_dump_s_spec_is_held_to_what_an_import_holds_spec_dump_to(name, change, expected):
+def test_an_unsigned_dump_s_spec_is_held_to_what_an_import_holds_spec_dump_to(name, change, expected, tmp_path):
     """attack30e reached host root under restore:any through spec.dump alone (a bind of the host's disk, proc at
     /mnt, CAP_SYS_ADMIN): an unsigned dump's spec comes with it, and is held to `gpuckpt import`'s rules."""
     podman_spec = Spec.model_validate(json.loads((REAL / "config.json").read_text()))
-    assert unsigned_restore_refusals(podman_spec, CONTAINER) == []
-    assert unsigned_restore_refusals(_runc_default_spec(), "c1") == []  # plain runc: no seccomp, masked asound
+    assert unsigned_restore_refusals(podman_spec, CONTAINER, own_storage(podman_spec, tmp_path)) == []
+    assert unsigned_restore_refusals(_runc_default_spec(), "c1", ()) == []  # plain runc: no seccomp, masked asound
     spec = _runc_default_spec()
     change(spec)
-    found = unsigned_restore_refusals(spec, "c1")
+    found = unsigned_restore_refusals(spec, "c1", ())
     assert any(expected in problem for problem in found), (name, found)
 
 
-def test_an_unsigned_dump_binds_no_named_volume_nor_a_path_climbing_out_of_its_own_directory():
+def test_an_unsigned_dump_binds_nothing_but_files_in_podmans_own_directories_of_it(tmp_path):
     """attack30f: nothing says a volume named in spec.dump is this container's (another tenant's was bound), and
-    a path below the container's own directory climbed out with '..' to the host's /."""
+    a path below the container's own directory climbed out with '..' to the host's /. attack30g: a look-alike
+    path elsewhere (/tmp, a volume, another container's root, '//' hiding the first marker) made or raced by a
+    user or planted by an archive's root entries, and a link planted in the container's own directory."""
     spec = Spec.model_validate(json.loads((REAL / "config.json").read_text()))
-    assert unsigned_restore_refusals(spec, CONTAINER) == []
+    real_sources = [mount.source for mount in spec.mounts]
+    own = own_storage(spec, tmp_path)
+    assert unsigned_restore_refusals(spec, CONTAINER, own) == []
+    assert "host bind mounts" in unsigned_restore_refusals(spec, CONTAINER, ())[0]  # not podman's dirs of it
+    lookalike = tmp_path / "tmp" / "x" / "overlay-containers" / CONTAINER / "userdata"
+    lookalike.mkdir(parents=True)
+    (lookalike / "hosts").write_text("")
+    (Path(own[0]) / "planted").symlink_to("/etc")
     for source in ("/var/lib/containers/storage/volumes/v1/_data",
-                   f"/var/lib/containers/storage/overlay-containers/{CONTAINER}/userdata/../../../../../.."):
+                   f"{own[0]}/../../../../../..", f"{own[0]}//hosts", f"{own[0]}/planted/passwd", f"{own[0]}/planted",
+                   str(lookalike / "hosts"), f"{own[1]}/missing",
+                   f"{own[0].replace('/overlay-containers/', '/overlay-containers//')}/shm", *real_sources[:1]):
         climbing = spec.model_copy(deep=True)
         climbing.mounts.append(Mount(destination="/x", source=source, type="bind", options=["rbind"]))
-        assert "host bind mounts" in unsigned_restore_refusals(climbing, CONTAINER)[0]
+        assert "host bind mounts" in unsigned_restore_refusals(climbing, CONTAINER, own)[0], source
+
+
+def test_podmans_own_directories_are_taken_from_the_bundle_and_pid_file_only_in_its_layout():
+    graph = f"/var/lib/containers/storage/overlay-containers/{CONTAINER}/userdata"
+    run = f"/run/containers/storage/overlay-containers/{CONTAINER}/userdata"
+    assert podman_own_dirs(graph, f"{run}/pidfile", CONTAINER) == (graph, run)
+    assert podman_own_dirs(graph, None, CONTAINER) == (graph,)
+    assert podman_own_dirs("/tmp/bundle", "/tmp/pidfile", CONTAINER) == ()
+    assert podman_own_dirs(graph, f"{run}/pidfile", "c1") == ()  # another container's
+    doubled = f"/run//containers/storage/overlay-containers/{CONTAINER}/userdata/p"
+    assert podman_own_dirs(graph + "/../userdata", doubled, CONTAINER) == ()
