@@ -61,6 +61,8 @@ class Starter(Protocol):
     """Who starts this process's programs when it is not us: a resident worker's caller (shim/resident/
     caller.py), whose children they must be."""
 
+    pid: int  # the caller's: the gpuckpt-runtime process the engine started
+
     def spawn(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None, stdin: int | None = None,
               stdout: int | None = None, stderr: int | None = None, close_fds: bool = False) -> StartedChild: ...
 
@@ -83,6 +85,12 @@ def wait_within(child: Child, timeout_s: float | None) -> int:
         return child.wait()
     return child.wait(timeout_s)  # the starter's child: watched through its own pidfd
 _starter: Starter | None = None
+
+
+def caller_pid() -> int:
+    """The gpuckpt-runtime process the engine started: this one, or the one a resident worker works for."""
+    starter = _starter
+    return starter.pid if starter is not None else os.getpid()
 
 
 def start_programs_through(starter: Starter | None) -> None:

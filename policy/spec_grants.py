@@ -17,6 +17,7 @@ import json
 import os
 import re
 
+from ..host.conmon import StorageRoots
 from ..host.libc import RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, openat2
 from ..node.hook_entry import spec_entry
 from ..oci.manifest import SpecGrants
@@ -51,18 +52,20 @@ def _own_entries(own_hooks: frozenset[str]) -> set[str]:
     return {_hook(stage, spec_entry(path, stage)) for path in own_hooks for stage in HOOK_STAGES}
 
 
-def podman_own_dirs(bundle: str, pid_file: str | None, container_id: str) -> tuple[str, ...]:
-    """podman's two directories of the container being restored, as its runtime call names them: the bundle
-    (GRAPHROOT/overlay-containers/ID/userdata: /dev/shm's source) and the pid file's directory
-    (RUNROOT/overlay-containers/ID/userdata: /etc/hosts, /etc/hostname, /run/.containerenv); each only in that
-    layout, for this container's ID, as a plain absolute path."""
-    found = []
-    for directory in (bundle, os.path.dirname(pid_file) if pid_file else ""):
-        parts = directory.split("/")
-        if container_id and len(parts) > 4 and directory == os.path.normpath(directory) and parts[0] == "" and \
-                parts[-3:] == ["overlay-containers", container_id, "userdata"]:
-            found.append(directory)
-    return tuple(dict.fromkeys(found))
+def podman_own_dirs(bundle: str, roots: StorageRoots | None, container_id: str) -> tuple[str, ...]:
+    """podman's two directories of the container being restored: the bundle (GRAPHROOT/overlay-containers/ID/
+    userdata: /dev/shm's source) and RUNROOT/overlay-containers/ID/userdata (/etc/hosts, /etc/hostname,
+    /run/.containerenv), RUNROOT as the podman that runs gave its conmon (host/conmon.py), only where its graph
+    root is the bundle's. Never from the container's config: an archive's config.dump sets its pid file and its
+    conmon's, anywhere (attack30g's review of this very choice)."""
+    parts = bundle.split("/")
+    if not (container_id and len(parts) > 4 and parts[0] == "" and bundle == os.path.normpath(bundle) and
+            parts[-3:] == ["overlay-containers", container_id, "userdata"]):
+        return ()
+    graph_root = "/".join(parts[:-3])
+    if roots is None or roots.graph_root != graph_root:
+        return (bundle,)
+    return (bundle, f"{roots.run_root}/overlay-containers/{container_id}/userdata")
 
 
 def container_own(source: str, container_id: str, own_dirs: tuple[str, ...] | None = None) -> str:

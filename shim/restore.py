@@ -33,9 +33,10 @@ from ..cuda.node import NodeGpus
 from ..cuda.suspend import standby
 from ..errors import DelegateError, GpuCheckpointError, ImageError, UnsafeNodeError
 from ..host.background import OnThread
+from ..host.conmon import conmon_storage_roots
 from ..host.deferred_free import holder_argv, open_large_files
 from ..host.netns import in_netns_of, loopback_up
-from ..host.process import CommandError, start_detached
+from ..host.process import CommandError, caller_pid, start_detached
 from ..host.procfs import container_pid, container_processes
 from ..host.safefiles import read_bounded, require_image_directory_private
 from ..node.config import Config, load_config
@@ -137,8 +138,7 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
     if manifest is not None:
         require_completed(manifest, image_dir_of(verb), lazy_restore=lazy)
     if staged is None:  # a staged import's config was checked by `gpuckpt import`, or trusted there (--trust-config)
-        refuse_what_the_spec_adds(image_dir_of(verb), manifest, bundle, container_id, signed=signed,
-                                  pid_file=verb.value("pid-file"))
+        refuse_what_the_spec_adds(image_dir_of(verb), manifest, bundle, container_id, signed=signed)
     refuse_crun_killing_the_node(delegate, container_id, image_dir_of(verb))
     # CRIU sets each process's credentials, seccomp and namespaces from the images, whatever the spec says
     check_restore(image_dir_of(verb), bundle, f"restore of {container_id}", unsigned=not signed)
@@ -274,7 +274,7 @@ def restored_pid(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id:
 
 
 def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle: str, container_id: str, *,
-                              signed: bool, pid_file: str | None = None) -> None:
+                              signed: bool) -> None:
     """The restore spec of a restore `gpuckpt import` did not stage: a dump from elsewhere gets only the devices an
     import allows; a signed one no more hooks, capabilities and devices than its checkpointed spec had."""
     foreign = not dumped_here(image_dir, load_trust())
@@ -283,7 +283,8 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     if not (foreign or recorded is not None):
         return  # a manifest of a gpuckpt before the record: judged as then
     spec = read_spec(bundle)  # once, for both judgements
-    own_dirs = podman_own_dirs(bundle, pid_file, container_id)  # where the container's own bind sources may be
+    # where the container's own bind sources may be: podman's directories of it, as podman (not its config) says
+    own_dirs = podman_own_dirs(bundle, conmon_storage_roots(caller_pid()), container_id)
     if foreign:
         refuse_foreign_devices(spec, container_id)
     if recorded is not None:

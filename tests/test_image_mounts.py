@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuckpt.errors import ImageError
+from gpuckpt.host.conmon import StorageRoots
 from gpuckpt.oci.criu_images import criu_messages
 from gpuckpt.oci.spec import Mount, Spec
 from gpuckpt.policy.archive_import import unsigned_restore_refusals
@@ -273,12 +274,13 @@ def test_an_unsigned_dump_binds_nothing_but_files_in_podmans_own_directories_of_
         assert "host bind mounts" in unsigned_restore_refusals(climbing, CONTAINER, own)[0], source
 
 
-def test_podmans_own_directories_are_taken_from_the_bundle_and_pid_file_only_in_its_layout():
+def test_podmans_own_directories_are_the_bundle_and_the_run_root_podman_gave_its_conmon():
     graph = f"/var/lib/containers/storage/overlay-containers/{CONTAINER}/userdata"
-    run = f"/run/containers/storage/overlay-containers/{CONTAINER}/userdata"
-    assert podman_own_dirs(graph, f"{run}/pidfile", CONTAINER) == (graph, run)
-    assert podman_own_dirs(graph, None, CONTAINER) == (graph,)
-    assert podman_own_dirs("/tmp/bundle", "/tmp/pidfile", CONTAINER) == ()
-    assert podman_own_dirs(graph, f"{run}/pidfile", "c1") == ()  # another container's
-    doubled = f"/run//containers/storage/overlay-containers/{CONTAINER}/userdata/p"
-    assert podman_own_dirs(graph + "/../userdata", doubled, CONTAINER) == ()
+    run = f"/run/gck/overlay-containers/{CONTAINER}/userdata"
+    roots = StorageRoots("/var/lib/containers/storage", "/run/gck")
+    assert podman_own_dirs(graph, roots, CONTAINER) == (graph, run)
+    assert podman_own_dirs(graph, None, CONTAINER) == (graph,)  # not started by conmon: the bundle only
+    assert podman_own_dirs(graph, StorageRoots("/var/tmp/other", "/run/gck"), CONTAINER) == (graph,)  # not its root
+    assert podman_own_dirs("/tmp/bundle", roots, CONTAINER) == ()
+    assert podman_own_dirs(graph, roots, "c1") == ()  # another container's
+    assert podman_own_dirs(graph + "/../userdata", roots, CONTAINER) == ()

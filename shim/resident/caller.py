@@ -46,6 +46,7 @@ class Caller:
 
     def __init__(self, connection: socket.socket) -> None:
         self.connection = connection
+        self.pid = messages.peer_credentials(connection)[0]  # checked a root process of ours before the fork
 
     def ask(self, message: Message, fds: Sequence[int] = ()) -> tuple[Message, list[int]]:
         try:
