@@ -127,6 +127,7 @@ class MountImage:
     external: bool     # ext_key/ext_mount: the runtime's map names its source, not the image
     fsname: str        # the filesystem CRIU mounts by name (fstype AUTO)
     with_plugin: bool  # a CRIU plugin restores it
+    ext_key: str = ""  # the runtime map's key for an external one (runc: the mountpoint; /dev/null for masks)
 
 
 @dataclass(frozen=True)
@@ -602,7 +603,9 @@ def _read_mounts(read: FileSource, images: CheckpointImages, messages: _Messages
                        bool(entry.flags & MS_RDONLY),
                        bool(entry.HasField("ext_key") or (entry.HasField("ext_mount") and entry.ext_mount)),
                        _text(entry.fsname) if entry.HasField("fsname") else "",
-                       bool(entry.HasField("with_plugin") and entry.with_plugin))
+                       bool(entry.HasField("with_plugin") and entry.with_plugin),
+                       _text(entry.ext_key) if entry.HasField("ext_key") else
+                       (_text(entry.mountpoint) if entry.HasField("ext_mount") and entry.ext_mount else ""))
             for entry in entries)
 
 

@@ -8,10 +8,12 @@ the host's disk by name, debugfs or tracefs, or name a cgroup file "../../etc/..
 chmods and writes outside its cgroup yard. The rules, mount by mount:
 - no mountpoint or root with a ".." component (CRIU joins them to its own paths);
 - a mount whose source the runtime's map names (external: bind mounts, runc's cgroup and
-  /dev/null binds) keeps its flags only: read-only where the spec says so;
-- otherwise only what an OCI runtime mounts from a spec: tmpfs, devpts, mqueue anywhere; proc,
-  sysfs and cgroup where the spec mounts them (read-only where the spec says so), a bind of
-  part of proc or sysfs only read-only; at "/" anything (CRIU binds the runtime's root there);
+  /dev/null binds) keeps its flags only: read-only where the spec says so; it sits where its key
+  says (runc keys each by its mountpoint, the /dev/null over masked files by /dev/null), once;
+- otherwise only what an OCI runtime mounts from a spec: whole tmpfs, devpts, mqueue anywhere;
+  proc, sysfs and cgroup where the spec mounts them (read-only where the spec says so), a bind of
+  part of proc or sysfs only read-only at the read-only path it shows (/proc/sys: proc's /sys);
+  at "/" anything (CRIU binds the runtime's root there);
   nothing by name, nothing a plugin restores;
 - each of the spec's readonlyPaths and maskedPaths under /proc or /sys that this node's kernel
   has is covered: read-only, or masked by something other than proc or sysfs.
@@ -45,6 +47,7 @@ FLOOR_MASKED = frozenset({"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/late
 SPEC_TYPES = {PROC: ("proc",), SYSFS: ("sysfs",), CGROUP: ("cgroup", "cgroup2"), CGROUP2: ("cgroup", "cgroup2")}
 PROPERTY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,254}")
 MAX_SHOWN = 3
+DEV_NULL = "/dev/null"  # runc's key for the /dev/null it binds over masked files
 
 
 def _norm(path: str) -> str:
@@ -74,6 +77,9 @@ def mount_problems(images: CheckpointImages, mounts: Iterable[Mount], masked: It
         problems += [f"{where}: {problem}" for mount in found
                      if (problem := _mount_problem(mount, mounts, read_only, mounts_itself=mounts_itself,
                                                    floor=floor))]
+        keys = [mount.ext_key for mount in found if mount.external and mount.ext_key != DEV_NULL]
+        problems += [f"{where}: the runtime's source for {key[:200]!r} mounted twice"
+                     for key in sorted({key for key in keys if keys.count(key) > 1})]
         for path in sorted(marked):
             if _kernel_path(path) and exists(path) and not (path in at and at[path].read_only):
                 problems.append(f"{where}: {path} is not read-only, which the spec makes it")
@@ -99,19 +105,44 @@ def _mount_problem(mount: MountImage, mounts: list[Mount], read_only: set[str], 
     own_tmpfs = mount.fstype == TMPFS and not mount.external
     if (point in read_only and not own_tmpfs or cgroup_read_only) and not mount.read_only:
         return f"{point} ({kind}) is mounted read-write, which the spec makes read-only"
+    if mount.external and mount.ext_key != DEV_NULL and _norm(mount.ext_key) != point:
+        # CRIU binds the runtime's source for that key here, whatever the image says the mount is (attack30g: the
+        # pids hierarchy of every container's conmon at /mnt, read-write, said to be a tmpfs)
+        return f"{point}: an external mount keyed {mount.ext_key[:200]!r}, the runtime's source for another path"
+    return _made_problem(mount, point, kind, mounts, mounts_itself=mounts_itself)
+
+
+def _made_problem(mount: MountImage, point: str, kind: str, mounts: list[Mount], *, mounts_itself: bool) -> str:
+    """What is wrong with a mount CRIU makes from the image itself (not the runtime's map), or ""."""
     if mount.external or mounts_itself:
         return ""  # the runtime's map gives its source; or the container could mount it itself
     if mount.with_plugin or mount.fsname:
         return f"{point}: a {mount.fsname[:40] or kind} mount CRIU makes by name or through a plugin"
-    if mount.fstype in ANYWHERE or point == "/":
+    if point == "/":
         return ""  # the root: CRIU binds the runtime's root there, whatever the image says it was
+    if mount.fstype in ANYWHERE:
+        # a root below "/" is CRIU's bind of another mount's path, followed in CRIU's own (the host's) root while
+        # it builds the tree: a link in /dev's tmpfs image to "/" made one the host's /etc (attack30g)
+        return "" if mount.root == "/" else f"{point}: a bind of {kind}'s {mount.root[:200]!r} (only whole ones)"
     if mount.fstype in SPEC_TYPES:
         if mount.root != "/":
-            return "" if mount.read_only else f"{point}: a read-write bind of {kind}'s {mount.root[:200]}"
+            return _part_problem(mount, point, kind)
         if any(_covers(m, point) for m in mounts if m.type in SPEC_TYPES[mount.fstype]):
             return ""
         return f"{point}: a {kind} mount where the spec mounts none"
     return f"{point}: a {kind} mount, which no runtime makes from a spec"
+
+
+def _part_problem(mount: MountImage, point: str, kind: str) -> str:
+    """A bind of part of proc or sysfs: only read-only, at the path it shows (/proc/sys: proc's /sys), never
+    through a process's directory: proc's /1/root is CRIU's root task's root, the host's, while it mounts
+    (attack30g)."""
+    home = {PROC: "/proc", SYSFS: "/sys"}.get(mount.fstype)
+    first = _norm(mount.root).split("/")[1]
+    if home is None or point != home + _norm(mount.root) or not mount.read_only or first.isdigit() or \
+            first in ("self", "thread-self"):
+        return f"{point}: a bind of {kind}'s {mount.root[:200]!r}, not read-only at the path it shows"
+    return ""
 
 
 def _covers(mount: Mount, point: str) -> bool:

@@ -64,7 +64,8 @@ def at(entries: list, mountpoint: str):
 
 def added(entries: list, fstype: int, mountpoint: str, **fields) -> None:
     entry = criu_messages().mount(fstype=fstype, mnt_id=900 + len(entries), root_dev=1,
-                                  parent_mnt_id=at(entries, "/").mnt_id, flags=0, root=fields.pop("root", "/"),
+                                  parent_mnt_id=at(entries, "/").mnt_id, flags=fields.pop("flags", 0),
+                                  root=fields.pop("root", "/"),
                                   mountpoint=mountpoint, source=fields.pop("source", "none"), options="", **fields)
     entries.append(entry)
 
@@ -108,7 +109,18 @@ def _rdonly_on_superblock_only(entry) -> None:
     ("a second proc, all of it writable", lambda e: added(e, 1, "/mnt/proc"),
      "/mnt/proc: a proc mount where the spec mounts none"),
     ("a writable bind of proc's sys", lambda e: added(e, 1, "/mnt/sys", root="/sys"),
-     "/mnt/sys: a read-write bind of proc's /sys"),
+     "/mnt/sys: a bind of proc's '/sys', not read-only at the path it shows"),
+    ("a read-only bind of a process's root in proc (attack30g)", lambda e: added(e, 1, "/proc/1/root/etc",
+                                                                               root="/1/root/etc", flags=1),
+     "a bind of proc's '/1/root/etc', not read-only at the path it shows"),
+    ("a bind of part of a tmpfs (attack30g: a link to / in /dev's image)", lambda e: added(e, 5, "/mnt",
+                                                                                          root="/l/etc"),
+     "/mnt: a bind of tmpfs's '/l/etc' (only whole ones)"),
+    ("the pids hierarchy's runtime source at /mnt (attack30g)", lambda e: added(e, 5, "/mnt",
+                                                                                 ext_key="/sys/fs/cgroup/pids"),
+     "/mnt: an external mount keyed '/sys/fs/cgroup/pids', the runtime's source for another path"),
+    ("an external mount's key given twice", lambda e: added(e, 0, "/etc/hosts", ext_key="/etc/hosts", flags=1),
+     "the runtime's source for '/etc/hosts' mounted twice"),
     ("a mountpoint climbing out", lambda e: added(e, 5, "/../../etc"), "climbs out with '..'"),
     ("/sys/firmware unmasked", lambda e: e.remove(at(e, "/sys/firmware")),
      "/sys/firmware is not masked, which the spec masks"),
