@@ -17,9 +17,10 @@ import sys
 from collections.abc import Callable
 
 from .. import __version__
-from ..node.hook_entry import STAGES
+from ..hooks.main import build_parser as hook_parser
 from ..service.main import build_parser as service_parser
 from ..shim import argv
+from ..shim.resident.server import build_parser as runtimed_parser
 from . import completion, roff
 from .main import build_parser as cli_parser
 
@@ -76,27 +77,6 @@ def _add_runc_flags(parser: argparse.ArgumentParser, value_flags: frozenset[str]
             parser.add_argument(*aliases, f"--{name}", metavar=name.upper().replace("-", "_"))
         else:
             parser.add_argument(*aliases, f"--{name}", action="store_true")
-
-
-def runtimed_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
-        prog="gpuckpt-runtimed",
-        description="gpuckpt-runtime's resident helper: it keeps the checkpoint and restore code loaded and a worker "
-                    "warmed, so an owned verb does not pay the interpreter's imports each call. Started by systemd "
-                    "(gpuckpt-runtimed.socket); it takes no arguments. Without it, gpuckpt-runtime works the verb "
-                    "itself.")
-
-
-def hook_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpuckpt-hook",
-        description="The OCI hook that keeps the node's inventory of GPU containers (the containers gpuckptd drains "
-                    "and checkpoints). Engines run it from its hooks.d file with the container's state on stdin: at "
-                    "createRuntime a container given NVIDIA GPUs (or annotated io.gpuckpt.inventory=true) is "
-                    "recorded, and one asking for a GPU this node does not have is refused before its process "
-                    "runs; at poststop its record goes.")
-    parser.add_argument("stage", choices=STAGES, help="the OCI hook stage it runs at")
-    return parser
 
 
 # name -> its parser, whether bash completes it (engines and systemd run the other three)
