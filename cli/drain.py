@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-from ..errors import UsageError
+from ..errors import ServiceRefusedError, UsageError
 from ..node.config import load_config
 from ..node.container_record import container_label
 from ..service.api import ContainerEvent, Event, Periodic, Plan, Preemption, Request, Result, Scheduled, Status
@@ -97,7 +97,21 @@ def run(options: argparse.Namespace) -> int:
     if options.deadline is not None and options.deadline <= 0:
         raise UsageError(f"--deadline {options.deadline:g}: give a number of seconds above 0")
     events = request(load_config().service.socket, Request(op=options.op, deadline_s=options.deadline))
+    if options.op == "reset":
+        return _reset(events, options.json)
     return 0 if report(events, options.json) else 1
+
+
+def _reset(events: Iterable[Event], as_json: bool) -> int:
+    """A refused reset is an error like any other (one line on stderr, led by the command; status 3), not a
+    result on stdout with status 1."""
+    for event in events:
+        if isinstance(event, Result) and not event.ok:
+            if as_json:
+                print(event.model_dump_json())
+            raise ServiceRefusedError(event.message)
+        print(event.model_dump_json() if as_json else _line(event))
+    return 0
 
 
 def report(events: Iterable[Event], as_json: bool) -> bool:
