@@ -54,13 +54,15 @@ def _status_lines(status: Status) -> str:
     lines = [_preemption_line(status.preemption)] if status.preemption else []
     periodic = status.periodic.containers if status.periodic else []
     scheduled = {item.id: item for item in periodic}
-    lines.append(f"recorded: {len(status.recorded)}" + ("" if status.periodic else
-                                                           f" {' '.join(cid[:12] for cid in status.recorded)}"))
+    def named(ids: list[str]) -> str:  # as `podman ps` names them: the name and the short ID
+        return ", ".join(container_label(status.names.get(cid), cid) for cid in ids)
+
+    lines.append(f"recorded: {len(status.recorded)}" + ("" if status.periodic else f" {named(status.recorded)}"))
     if status.periodic:
         lines.append(_periodic_line(status.periodic))
         for cid in status.recorded:
-            lines.append(f"  {cid[:12]}" + (_scheduled(scheduled[cid]) if cid in scheduled else ""))
-    lines.append(f"drained, waiting: {len(status.drained)} {' '.join(cid[:12] for cid in status.drained)}".rstrip())
+            lines.append(f"  {named([cid])}" + (_scheduled(scheduled[cid]) if cid in scheduled else ""))
+    lines.append(f"drained, waiting: {len(status.drained)} {named(status.drained)}".rstrip())
     if status.drains_on_stop is not None:
         lines.append("on stop: " + ("drains every recorded container" if status.drains_on_stop
                                     else "drains nothing (gpuckpt drain drains)"))
