@@ -368,8 +368,9 @@ def test_preemption_is_shown_cleared_by_reset_and_a_later_notice_drains_again(ow
         assert scheduled["every_min"] == 0.05 and scheduled["next_at"] and scheduled["last"].endswith(".tar.zst")
         assert shown["periodic"]["paused"] == ""
         text = own_service.cli("service", "status").stdout
-        assert f"preemption: watching {metadata.url_base}{path}, SIGUSR1" in text and f"  {name} ({cid[:12]}) (podman) " \
-            "every 0.05 min, last " in text and "periodic checkpoints: every 0 min" not in text, text
+        assert f"preemption: watching {metadata.url_base}{path}, SIGUSR1" in text, text
+        assert f"  {name} ({cid[:12]}) (podman) every 0.05 min, last " in text, text  # its name, not its ID alone
+        assert "periodic checkpoints: every 0 min" not in text, text
 
         metadata.answer = (200, b"TRUE")
         wait_for("the preemption's drain", drained.exists, log=log)
