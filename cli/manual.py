@@ -18,10 +18,12 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..hooks.main import build_parser as hook_parser
+from ..node.paths import CONFIG_PATH_ENV
 from ..service.main import build_parser as service_parser
 from ..shim import argv
 from ..shim.resident.server import build_parser as runtimed_parser
 from . import completion, roff
+from .exit_codes import EXIT_CODES, FAILED, INTERRUPTED, OK
 from .main import build_parser as cli_parser
 
 SECTION = "8"  # every command is the administrator's: they need root
@@ -89,10 +91,25 @@ COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser], bool]] = {
 }
 
 
+def exit_status_section() -> list[str]:
+    """gpuckpt's EXIT STATUS, from cli/exit_codes.py's one table (docs/cli-output.md is held to it too)."""
+    rows = [(OK, "done"), (FAILED, "failed otherwise: an I/O error, a busy lock, a container that failed in a drain"),
+            *sorted((row.status, row.meaning) for row in EXIT_CODES),
+            (INTERRUPTED, "interrupted: Ctrl-C (SIGINT); SIGTERM and SIGHUP give 128 + the signal")]
+    lines = [".SH EXIT STATUS"]
+    for status, meaning in rows:
+        lines += [".TP", roff.bold(str(status)), roff.roff_text(meaning)]
+    return lines
+
+
 def man_page(name: str, parser: argparse.ArgumentParser) -> str:
-    """`name`'s page (cli/roff.py) with the closing sections every gpuckpt page has: FILES, SEE ALSO."""
-    closing = [".SH FILES", ".TP", roff.bold(CONFIG), "the node's configuration (every key, commented, at its default)",
-               ".SH SEE ALSO"]
+    """`name`'s page (cli/roff.py) with the closing sections every gpuckpt page has: (gpuckpt's EXIT STATUS),
+    ENVIRONMENT, FILES, SEE ALSO."""
+    closing = exit_status_section() if name == "gpuckpt" else []
+    closing += [".SH ENVIRONMENT", ".TP", roff.bold(CONFIG_PATH_ENV),
+                f"the configuration file to read instead of {roff.roff_text(CONFIG)}"]
+    closing += [".SH FILES", ".TP", roff.bold(CONFIG), "the node's configuration (every key, commented, at its default)",
+                ".SH SEE ALSO"]
     closing += [f".BR {other} ({SECTION})," for other in sorted(COMMANDS) if other != name]
     closing += [".BR runc (8);", f"the manual in {roff.roff_text(DOCS)}."]
     return roff.man_page(name, parser, section=SECTION, source=f"gpuckpt {__version__}", closing=closing)
