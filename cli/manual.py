@@ -108,8 +108,8 @@ def man_page(name: str, parser: argparse.ArgumentParser) -> str:
     closing = exit_status_section() if name == "gpuckpt" else []
     closing += [".SH ENVIRONMENT", ".TP", roff.bold(CONFIG_PATH_ENV),
                 f"the configuration file to read instead of {roff.roff_text(CONFIG)}"]
-    closing += [".SH FILES", ".TP", roff.bold(CONFIG), "the node's configuration (every key, commented, at its default)",
-                ".SH SEE ALSO"]
+    closing += [".SH FILES", ".TP", roff.bold(CONFIG),
+                "the node's configuration (every key, commented, at its default)", ".SH SEE ALSO"]
     closing += [f".BR {other} ({SECTION})," for other in sorted(COMMANDS) if other != name]
     closing += [".BR runc (8);", f"the manual in {roff.roff_text(DOCS)}."]
     return roff.man_page(name, parser, section=SECTION, source=f"gpuckpt {__version__}", closing=closing)
