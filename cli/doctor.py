@@ -21,6 +21,7 @@ from ..host import process
 from ..host.cgroup_v1 import crun_directory, hybrid_or_legacy, stale_hierarchy_for_crun
 from ..host.programs import find_program
 from ..node.config import load_config
+from ..node.container_record import short_id
 from ..node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
 from ..node.engines import (
     PODMAN_HOOKS_DIR,
@@ -33,13 +34,15 @@ from ..node.engines import (
 )
 from ..node.hook_entry import hook_beside
 from ..node.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
-from ..node.inventory import inventory_dir, read_records
+from ..node.inventory import inventory_dir
 from ..node.journal import left_journals
 from ..node.paths import config_path
 from ..oci.cdi import CDI_DIRS, spec_files
 from ..oci.criu_images import criu_messages
+from ..service import through_engine
 from ..service.api import Request, Status
 from ..service.client import request
+from ..service.operations import recorded
 from ..shim.delegate import delegate_version
 from ..shim.resident.call import listener_refusal
 from ..shim.resident.call import socket_path as resident_socket_path
@@ -259,8 +262,14 @@ def check_hook() -> str | None:
         if not load_config().hook.add_to_spec:
             raise CheckFailed(f"docker: hook.add_to_spec is off in {config_path()}", "gpuckpt install --engine docker")
         reached.append("docker")
-    recorded = len(read_records()) if os.path.isdir(inventory_dir()) else 0
-    return f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {recorded} GPU container(s) recorded"
+    records = recorded() if os.path.isdir(inventory_dir()) else []
+    said = f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {len(records)} container(s) recorded"
+    if gone := through_engine.removed(records):  # gpuckptd drops them; where it does not run, they stay
+        raise CheckWarned(f"{said}, {len(gone)} of them of containers their engine no longer has "
+                          f"({', '.join(short_id(record.id) for record in gone)}): podman runs no poststop hook for a "
+                          "container it restored, so its `podman rm` leaves the record", "gpuckptd drops them (every "
+                          f"30 s while it runs); without it, remove {inventory_dir()}/ID.json of each")
+    return said
 
 
 def _unit_properties(unit: str, *names: str) -> dict[str, str]:

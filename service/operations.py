@@ -132,7 +132,7 @@ class Operations:
         listed: dict[str, str] = {}
         engines = {record.engine for record in records} | {record.engine for record in waiting}
         for engine in sorted(engines):  # one call per engine, not one per container
-            listed.update(through_engine.names(engine))
+            listed.update(through_engine.names(engine) or {})
         ids = [record.id for record in records] + [record.id for record in waiting]
         return Status(recorded=[record.id for record in records], drained=[record.id for record in waiting],
                       names={cid: listed[cid] for cid in ids if cid in listed}, busy=self.busy)

@@ -53,3 +53,17 @@ def test_the_preemption_line_names_what_made_it(service_node: Node, capfd) -> No
     assert len(logged) == 1, logged
     made_it = logged[0].split("made it: ", 1)[1].split(";", 1)[0]
     assert made_it == ", ".join(f"{name} ({short_id(service_node.ids[name])})" for name in "abc"), logged[0]
+
+
+def test_records_of_containers_the_engine_no_longer_has_are_found(service_node: Node) -> None:  # noqa: F811
+    """The operator trial left four records of restored-then-removed containers where no gpuckptd ran, and
+    doctor counted them as recorded: through_engine.removed names them (doctor's hook check warns of them)."""
+    from gpuckpt.node.inventory import write_record
+    from gpuckpt.service import through_engine
+
+    gone_id = "d" * 64
+    write_record({"version": 1, "id": gone_id, "engine": "podman", "bundle": "/b/d", "pid": 1, "gpus": [],
+                  "created": "2026-11-28T05:00:00Z"})
+    assert [record.id for record in through_engine.removed(recorded())] == [gone_id]
+    service_node.dir.joinpath("podman").write_text("#!/bin/sh\nexit 125\n")  # podman failing: no verdict
+    assert through_engine.removed(recorded()) == []
