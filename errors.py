@@ -67,3 +67,7 @@ class CheckpointRefusedError(GpuckptError):
 
 class UnsafeNodeError(GpuckptError):
     """The node is in a state where the delegate would do harm beyond the container; nothing was touched."""
+
+
+class ServiceRefusedError(GpuckptError):
+    """gpuckptd refused a request in the state it is in (a preemption reset while a notice stands); nothing changed."""

@@ -16,11 +16,12 @@ from collections.abc import Callable, Sequence
 
 from ..cuda.devices import loaded_module_version
 from ..cuda.driver import load_driver, version_text
-from ..errors import GpuckptError, ImageError
+from ..errors import ConfigError, GpuckptError, ImageError
 from ..host import process
 from ..host.cgroup_v1 import crun_directory, hybrid_or_legacy, stale_hierarchy_for_crun
 from ..host.programs import find_program
 from ..node.config import load_config
+from ..node.container_record import short_id
 from ..node.containerd import CONTAINERD_CONFIG, HANDLER, SHIM_RUNTIME_TYPE, containerd_registration
 from ..node.engines import (
     PODMAN_HOOKS_DIR,
@@ -33,13 +34,15 @@ from ..node.engines import (
 )
 from ..node.hook_entry import hook_beside
 from ..node.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
-from ..node.inventory import inventory_dir, read_records
+from ..node.inventory import inventory_dir
 from ..node.journal import left_journals
 from ..node.paths import config_path
 from ..oci.cdi import CDI_DIRS, spec_files
 from ..oci.criu_images import criu_messages
+from ..service import through_engine
 from ..service.api import Request, Status
 from ..service.client import request
+from ..service.operations import recorded
 from ..shim.delegate import delegate_version
 from ..shim.resident.call import listener_refusal
 from ..shim.resident.call import socket_path as resident_socket_path
@@ -259,8 +262,14 @@ def check_hook() -> str | None:
         if not load_config().hook.add_to_spec:
             raise CheckFailed(f"docker: hook.add_to_spec is off in {config_path()}", "gpuckpt install --engine docker")
         reached.append("docker")
-    recorded = len(read_records()) if os.path.isdir(inventory_dir()) else 0
-    return f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {recorded} GPU container(s) recorded"
+    records = recorded() if os.path.isdir(inventory_dir()) else []
+    said = f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {len(records)} container(s) recorded"
+    if gone := through_engine.removed(records):  # gpuckptd drops them; where it does not run, they stay
+        raise CheckWarned(f"{said}, {len(gone)} of them of containers their engine no longer has "
+                          f"({', '.join(short_id(record.id) for record in gone)}): podman runs no poststop hook for a "
+                          "container it restored, so its `podman rm` leaves the record", "gpuckptd drops them (every "
+                          f"30 s while it runs); without it, remove {inventory_dir()}/ID.json of each")
+    return said
 
 
 def _unit_properties(unit: str, *names: str) -> dict[str, str]:
@@ -272,7 +281,7 @@ def check_service() -> str | None:
     """Where systemd runs and gpuckptd's unit is installed: enabled (at boot it restores what the drain
     at shutdown left) and running (it drains at shutdown); what it says, and what waits for a restore."""
     if not os.path.isdir(SYSTEMD_RUN_DIR) or not find_program("systemctl"):
-        return None
+        return _foreground_service()
     try:
         unit = _unit_properties(SERVICE_UNIT, "LoadState", "UnitFileState", "ActiveState", "SubState", "StatusText")
     except process.CommandError as error:
@@ -296,6 +305,24 @@ def check_service() -> str | None:
     stop = "drains at stop" if config.drain_on_stop else "does NOT drain at stop (service.drain_on_stop = false)"
     return f"{SERVICE_UNIT} {file_state}, {active}: {unit.get('StatusText') or sub_state}; {stop}; " + (
         _service_status(config.socket) if active == "active" else "not serving yet")
+
+
+def _foreground_service() -> str | None:
+    """Where systemd is not PID 1 nothing starts gpuckptd: it runs in the foreground (a terminal, another
+    supervisor) or not at all, and doctor says which (it said nothing: issue 33). Its API answers only root."""
+    socket_path = load_config().service.socket
+    if os.geteuid() != 0:
+        return None
+    try:
+        status = _ask_status(socket_path)
+    except (GpuckptError, OSError):
+        raise CheckWarned(f"gpuckptd does not answer on {socket_path} and systemd is not PID 1 to start it: nothing "
+                          "drains this node's containers at shutdown or on a preemption notice, and no periodic "
+                          "checkpoint is taken", "run gpuckptd in the foreground, or under this node's supervisor "
+                          "with --drain-on-stop to drain at shutdown (gpuckptd --help; docs/node.md)") from None
+    recorded = (f": {len(status.recorded)} container(s) recorded, {len(status.drained)} drained waiting"
+                if status else "")
+    return f"gpuckptd answers on {socket_path} (in the foreground: systemd is not PID 1){recorded}"
 
 
 def _ask_status(socket_path: str) -> Status | None:
@@ -389,7 +416,8 @@ def cdi_report(dirs: Sequence[str], driver: str | None) -> str:
     """The CDI specs in `dirs`: the devices they name (what `--device KIND=NAME` the engines accept), and whether
     the driver files they mount are the loaded driver's (`driver`; None: no NVIDIA driver, nothing to check)."""
     if driver is None:
-        return "GPU/CDI: skipped: no NVIDIA driver loaded (no /sys/module/nvidia/version, /proc/driver/nvidia/version)"
+        raise CheckSkipped("GPU/CDI: skipped: no NVIDIA driver loaded (no /sys/module/nvidia/version, "
+                           "/proc/driver/nvidia/version)")
     files = list(spec_files(dirs))
     if not files:
         raise CheckWarned(f"GPU/CDI: no CDI spec (*.json, *.yaml) in {', '.join(dirs)}: podman, docker and "
@@ -465,6 +493,10 @@ def _run_check(check: Callable[[], str | None], containerd_config: str) -> Docto
         return DoctorCheck(check=name, level="warn", message=str(warned), fix=warned.fix)
     except CheckSkipped as skipped:
         return DoctorCheck(check=name, level="skip", message=str(skipped))
+    except ConfigError:  # check_config_and_delegate's own is its CheckFailed, with the fix
+        # one bad value failed every check that reads the config, each with the same line: one cause, one FAIL
+        return DoctorCheck(check=name, level="skip", message=f"{name}: skipped: the configuration does not load "
+                                                             "(its FAIL line says why)")
     except GpuckptError as error:
         return DoctorCheck(check=name, level="fail", message=str(error))
     return None if line is None else DoctorCheck(check=name, level="ok", message=line)

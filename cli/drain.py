@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterable
 
-from ..errors import UsageError
+from ..errors import ServiceRefusedError, UsageError
 from ..node.config import load_config
 from ..node.container_record import container_label
 from ..service.api import ContainerEvent, Event, Periodic, Plan, Preemption, Request, Result, Scheduled, Status
@@ -54,13 +54,15 @@ def _status_lines(status: Status) -> str:
     lines = [_preemption_line(status.preemption)] if status.preemption else []
     periodic = status.periodic.containers if status.periodic else []
     scheduled = {item.id: item for item in periodic}
-    lines.append(f"recorded: {len(status.recorded)}" + ("" if status.periodic else
-                                                           f" {' '.join(cid[:12] for cid in status.recorded)}"))
+    def named(ids: list[str]) -> str:  # as `podman ps` names them: the name and the short ID
+        return ", ".join(container_label(status.names.get(cid), cid) for cid in ids)
+
+    lines.append(f"recorded: {len(status.recorded)}" + ("" if status.periodic else f" {named(status.recorded)}"))
     if status.periodic:
         lines.append(_periodic_line(status.periodic))
         for cid in status.recorded:
-            lines.append(f"  {cid[:12]}" + (_scheduled(scheduled[cid]) if cid in scheduled else ""))
-    lines.append(f"drained, waiting: {len(status.drained)} {' '.join(cid[:12] for cid in status.drained)}".rstrip())
+            lines.append(f"  {named([cid])}" + (_scheduled(scheduled[cid]) if cid in scheduled else ""))
+    lines.append(f"drained, waiting: {len(status.drained)} {named(status.drained)}".rstrip())
     if status.drains_on_stop is not None:
         lines.append("on stop: " + ("drains every recorded container" if status.drains_on_stop
                                     else "drains nothing (gpuckpt drain drains)"))
@@ -97,7 +99,21 @@ def run(options: argparse.Namespace) -> int:
     if options.deadline is not None and options.deadline <= 0:
         raise UsageError(f"--deadline {options.deadline:g}: give a number of seconds above 0")
     events = request(load_config().service.socket, Request(op=options.op, deadline_s=options.deadline))
+    if options.op == "reset":
+        return _reset(events, options.json)
     return 0 if report(events, options.json) else 1
+
+
+def _reset(events: Iterable[Event], as_json: bool) -> int:
+    """A refused reset is an error like any other (one line on stderr, led by the command; status 3), not a
+    result on stdout with status 1."""
+    for event in events:
+        if isinstance(event, Result) and not event.ok:
+            if as_json:
+                print(event.model_dump_json())
+            raise ServiceRefusedError(event.message)
+        print(event.model_dump_json() if as_json else _line(event))
+    return 0
 
 
 def report(events: Iterable[Event], as_json: bool) -> bool:

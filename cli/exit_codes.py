@@ -19,6 +19,7 @@ from ..errors import (
     ImageError,
     NotFoundError,
     NotRootError,
+    ServiceRefusedError,
     UnsafeNodeError,
     UsageError,
 )
@@ -40,7 +41,7 @@ EXIT_CODES = (
     ExitCode(4, "not found: no such container, pod, file, archive or stored checkpoint", (NotFoundError,)),
     ExitCode(2, "bad input: a command line or configuration value gpuckpt cannot accept", (UsageError, ConfigError)),
     ExitCode(3, "refused: by the trust or import policy, or a checkpoint, archive or node that checks refuse",
-             (PolicyError, ImageError, CheckpointRefusedError, UnsafeNodeError)),
+             (PolicyError, ImageError, CheckpointRefusedError, UnsafeNodeError, ServiceRefusedError)),
     ExitCode(5, "engine failed: podman, docker, runc, CRIU or the CUDA driver failed",
              (CommandError, DelegateError, DriverError, GpuCheckpointError, EngineConfigError)),
     ExitCode(6, "must be root: the command needs root and was run by another user", (NotRootError,)),

@@ -17,10 +17,13 @@ import sys
 from collections.abc import Callable
 
 from .. import __version__
-from ..node.hook_entry import STAGES
+from ..hooks.main import build_parser as hook_parser
+from ..node.paths import CONFIG_PATH_ENV
 from ..service.main import build_parser as service_parser
 from ..shim import argv
+from ..shim.resident.server import build_parser as runtimed_parser
 from . import completion, roff
+from .exit_codes import EXIT_CODES, FAILED, INTERRUPTED, OK
 from .main import build_parser as cli_parser
 
 SECTION = "8"  # every command is the administrator's: they need root
@@ -78,27 +81,6 @@ def _add_runc_flags(parser: argparse.ArgumentParser, value_flags: frozenset[str]
             parser.add_argument(*aliases, f"--{name}", action="store_true")
 
 
-def runtimed_parser() -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(
-        prog="gpuckpt-runtimed",
-        description="gpuckpt-runtime's resident helper: it keeps the checkpoint and restore code loaded and a worker "
-                    "warmed, so an owned verb does not pay the interpreter's imports each call. Started by systemd "
-                    "(gpuckpt-runtimed.socket); it takes no arguments. Without it, gpuckpt-runtime works the verb "
-                    "itself.")
-
-
-def hook_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpuckpt-hook",
-        description="The OCI hook that keeps the node's inventory of GPU containers (the containers gpuckptd drains "
-                    "and checkpoints). Engines run it from its hooks.d file with the container's state on stdin: at "
-                    "createRuntime a container given NVIDIA GPUs (or annotated io.gpuckpt.inventory=true) is "
-                    "recorded, and one asking for a GPU this node does not have is refused before its process "
-                    "runs; at poststop its record goes.")
-    parser.add_argument("stage", choices=STAGES, help="the OCI hook stage it runs at")
-    return parser
-
-
 # name -> its parser, whether bash completes it (engines and systemd run the other three)
 COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser], bool]] = {
     "gpuckpt": (cli_parser, True),
@@ -109,10 +91,25 @@ COMMANDS: dict[str, tuple[Callable[[], argparse.ArgumentParser], bool]] = {
 }
 
 
+def exit_status_section() -> list[str]:
+    """gpuckpt's EXIT STATUS, from cli/exit_codes.py's one table (docs/cli-output.md is held to it too)."""
+    rows = [(OK, "done"), (FAILED, "failed otherwise: an I/O error, a busy lock, a container that failed in a drain"),
+            *sorted((row.status, row.meaning) for row in EXIT_CODES),
+            (INTERRUPTED, "interrupted: Ctrl-C (SIGINT); SIGTERM and SIGHUP give 128 + the signal")]
+    lines = [".SH EXIT STATUS"]
+    for status, meaning in rows:
+        lines += [".TP", roff.bold(str(status)), roff.roff_text(meaning)]
+    return lines
+
+
 def man_page(name: str, parser: argparse.ArgumentParser) -> str:
-    """`name`'s page (cli/roff.py) with the closing sections every gpuckpt page has: FILES, SEE ALSO."""
-    closing = [".SH FILES", ".TP", roff.bold(CONFIG), "the node's configuration (every key, commented, at its default)",
-               ".SH SEE ALSO"]
+    """`name`'s page (cli/roff.py) with the closing sections every gpuckpt page has: (gpuckpt's EXIT STATUS),
+    ENVIRONMENT, FILES, SEE ALSO."""
+    closing = exit_status_section() if name == "gpuckpt" else []
+    closing += [".SH ENVIRONMENT", ".TP", roff.bold(CONFIG_PATH_ENV),
+                f"the configuration file to read instead of {roff.roff_text(CONFIG)}"]
+    closing += [".SH FILES", ".TP", roff.bold(CONFIG),
+                "the node's configuration (every key, commented, at its default)", ".SH SEE ALSO"]
     closing += [f".BR {other} ({SECTION})," for other in sorted(COMMANDS) if other != name]
     closing += [".BR runc (8);", f"the manual in {roff.roff_text(DOCS)}."]
     return roff.man_page(name, parser, section=SECTION, source=f"gpuckpt {__version__}", closing=closing)

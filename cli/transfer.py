@@ -205,7 +205,9 @@ def run_export(options: argparse.Namespace) -> int:
                           seconds=round(time.monotonic() - started, 3), key_id=signing.signer.key_id, signature=signed)
     result.emit(options.json, f"exported {container_label(result.container, result.container_id)} to {where}: "
                               f"{size_text(result.checkpoint_bytes)} of checkpoint, {result.seconds:.1f} s, signed by "
-                              f"key {result.key_id} ({signed})")
+                              f"key {result.key_id} ({signed})" + ("" if options.leave_running else (
+                                  f"; {result.container} is stopped (`podman container restore {result.container}` "
+                                  "runs it again here)")))
     return 0
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from ..cuda.proc_gpus import gpu_uuids_by_minor, nvidia_proc
 from ..errors import GpuckptError
@@ -27,6 +28,9 @@ from ..node.inventory import check_container_id, remove_record, write_record
 from ..oci.bundle_layout import in_containers_storage
 from ..oci.nvidia_paths import gpu_minor
 from ..oci.timestamps import utc_now
+
+if TYPE_CHECKING:
+    import argparse
 
 MAX_STATE_BYTES = 16 << 20  # podman allows megabytes of annotations
 MAX_VISIBLE_DEVICES = 1024  # node/container_record.py's bound
@@ -183,8 +187,26 @@ def node_root() -> bool:
         return False
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """gpuckpt-hook's command line, for --help and its manual page (cli/manual.py)."""
+    import argparse  # deferred: every container's create runs the hook, which never parses with it
+
+    parser = argparse.ArgumentParser(
+        prog="gpuckpt-hook",
+        description="The OCI hook that keeps the node's inventory of GPU containers (the containers gpuckptd drains "
+                    "and checkpoints). Engines run it from its hooks.d file with the container's state on stdin: at "
+                    "createRuntime a container given NVIDIA GPUs (or annotated io.gpuckpt.inventory=true) is "
+                    "recorded, and one asking for a GPU this node does not have is refused before its process "
+                    "runs; at poststop its record goes.")
+    parser.add_argument("stage", choices=STAGES, help="the OCI hook stage it runs at")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv in (["-h"], ["--help"]):  # its manual page lists --help
+        build_parser().print_help()
+        return 0
     if len(argv) != 1 or argv[0] not in STAGES:
         sys.stderr.write(f"gpuckpt-hook: usage: gpuckpt-hook {'|'.join(STAGES)} (the OCI state on stdin), "
                          f"got {' '.join(argv) or 'nothing'}\n")

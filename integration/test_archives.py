@@ -60,6 +60,8 @@ def test_podman_restores_our_archive_and_checkpointctl_reads_it(counter_containe
     before = wait_counter(read_state(name), minimum=3)
     exported = sh(GPUCKPT, "export", name, "-o", str(archive))
     assert "exported" in exported.stdout and exported.stderr == ""  # no progress when not on a terminal
+    assert exported.stdout.rstrip().endswith(f"; {name} is stopped (`podman container restore {name}` runs it again "
+                                             "here)"), exported.stdout  # the operator is told it stopped
     assert stat.S_IMODE(archive.stat().st_mode) == 0o600  # process memory: root only
     assert "Exited" in sh("podman", "ps", "-a", "--filter", f"name={name}", "--format", "{{.Status}}").stdout
     shown = sh("checkpointctl", "show", str(archive)).stdout

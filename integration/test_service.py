@@ -359,15 +359,18 @@ def test_preemption_is_shown_cleared_by_reset_and_a_later_notice_drains_again(ow
         drained = tmp_path / "archive" / f"{cid}.json"
         own_service.start()
         wait_for("a periodic checkpoint", lambda: log.read_text().count("periodic checkpoint /") >= 1, log=log)
+        assert f": podman container {name} ({cid[:12]})" in log.read_text(), log.read_text()  # named, not an ID
         shown = status(own_service)
+        assert shown["names"] == {cid: name}, shown
         assert shown["preemption"]["state"] == "watching" and shown["drains_on_stop"] is False
         assert shown["preemption"]["sources"] == [f"{metadata.url_base}{path}", "SIGUSR1"]
         (scheduled,) = [item for item in shown["periodic"]["containers"] if item["id"] == cid]
         assert scheduled["every_min"] == 0.05 and scheduled["next_at"] and scheduled["last"].endswith(".tar.zst")
         assert shown["periodic"]["paused"] == ""
         text = own_service.cli("service", "status").stdout
-        assert f"preemption: watching {metadata.url_base}{path}, SIGUSR1" in text and f"  {cid[:12]} (podman) every " \
-            "0.05 min, last " in text and "periodic checkpoints: every 0 min" not in text, text
+        assert f"preemption: watching {metadata.url_base}{path}, SIGUSR1" in text, text
+        assert f"  {name} ({cid[:12]}) (podman) every 0.05 min, last " in text, text  # its name, not its ID alone
+        assert "periodic checkpoints: every 0 min" not in text, text
 
         metadata.answer = (200, b"TRUE")
         wait_for("the preemption's drain", drained.exists, log=log)
@@ -382,7 +385,8 @@ def test_preemption_is_shown_cleared_by_reset_and_a_later_notice_drains_again(ow
         print(f"gpuckpt service status, preemption pending:\n{text}")
 
         refused = own_service.cli("service", "reset", check=False)  # the metadata service still says TRUE
-        assert refused.returncode == 1 and "still gives notice" in refused.stdout, refused
+        assert refused.returncode == 3 and refused.stdout == "", refused  # refused: one line on stderr
+        assert refused.stderr.startswith("gpuckpt service: not cleared: ") and "still gives notice" in refused.stderr
         metadata.answer = (200, b"FALSE")
         time.sleep(1.5)
         assert periodic_lines == log.read_text().count("periodic checkpoint"), "periodic checkpoints wait meanwhile"
@@ -434,3 +438,30 @@ def test_the_record_of_a_container_removed_after_an_import_is_dropped(own_servic
         sh("podman", "rm", "-f", "-t", "0", name, imported, check=False)
         if cid:
             (NODE_INVENTORY / f"{cid}.json").unlink(missing_ok=True)  # the node's leftover, put back as it was
+
+
+def test_a_periodic_checkpoint_restores_as_a_moved_container_without_trust_config(own_service, tmp_path) -> None:
+    """node.md: `gpuckpt import ARCHIVE --name NEW` restores this node's own periodic checkpoint (signed by the
+    node's key, which it trusts: no --trust-config, no trust change); the copy goes on from the checkpoint."""
+    name = f"gpuckpt-svc-{os.getpid()}-{next(_names)}"
+    copy = f"{name}-copy"
+    add_service_config(tmp_path, "checkpoint_every_min = 0.05\n")
+    log = tmp_path / "gpuckptd.log"
+    run_counter(name)
+    cid = copy_id = None
+    try:
+        cid = adopt(tmp_path, name)
+        before = wait_counter(state_reader(name), minimum=2)
+        own_service.start()
+        wait_for("a periodic checkpoint", lambda: log.read_text().count("periodic checkpoint /") >= 1, log=log)
+        own_service.stop(signal.SIGINT)  # no later checkpoint meanwhile
+        archive = sorted((tmp_path / "archive" / "periodic" / cid).glob("*.tar.zst"))[-1]
+        restored = sh(GPUCKPT, "import", str(archive), "--name", copy, timeout=300)
+        assert restored.stdout.startswith(f"restored {copy} ("), restored.stdout
+        copy_id = container_id(copy)
+        assert_continues(before, state_reader(copy))
+    finally:
+        sh("podman", "rm", "-f", "-t", "0", name, copy, check=False)
+        for each in (cid, copy_id):  # the copy was restored by podman: no poststop hook removes its record
+            if each:
+                (NODE_INVENTORY / f"{each}.json").unlink(missing_ok=True)

@@ -23,6 +23,7 @@ from ..host.process import Background, run
 from ..host.signals import Terminated, termination_deferred
 
 DRAIN_READ_BYTES = 1 << 20
+CHECKPOINT_INVENTORY = "inventory.img"  # CRIU's first image: podman restores only a checkpoint that has it
 
 
 def require_container(podman: str, container: str) -> None:
@@ -75,6 +76,10 @@ def put_back(podman: str, container: str, podman_run: Background, fifo: str, *, 
         return None
     if inspected.returncode == 0 and running == "true":
         return f"{container} is still running"
+    if userdata and not os.path.exists(os.path.join(checkpoint, CHECKPOINT_INVENTORY)):
+        # not stopped by this checkpoint (never started, or podman failed before CRIU dumped): a restore cannot
+        # bring it back (podman: "a complete checkpoint ... cannot be found"), and saying it would was wrong
+        return f"{container} is not running and podman kept no checkpoint of it: `podman start {container}` starts it"
     restore = ["podman", "container", "restore", *(["--tcp-established"] if tcp_established else []), container]
     restored = None
     with contextlib.suppress(Terminated), termination_deferred():  # a podman restore killed mid-way is worse

@@ -14,7 +14,7 @@ from typing import IO, BinaryIO, Protocol, cast
 
 import zstandard
 
-from ..errors import ImageError
+from ..errors import GpuckptError, ImageError, NotFoundError
 from ..host.direct_read import DirectReader
 from .tarstream import ByteSource, Data
 
@@ -135,7 +135,11 @@ def open_archive(path: str) -> DirectReader:
     cache); an ImageError names it if it cannot be."""
     try:
         return DirectReader(path)
-    except OSError as error:
+    except FileNotFoundError:
+        raise NotFoundError(f"{path}: no such file") from None
+    except PermissionError as error:  # the reader's lack, not the archive's: an I/O error, not a refusal
+        raise GpuckptError(f"{path}: cannot read: {error.strerror}") from None
+    except OSError as error:  # not a regular file (a FIFO, a directory), or the read failed: refused
         raise ImageError(f"{path}: cannot read: {error.strerror}") from None
 
 

@@ -102,6 +102,7 @@ class Status(_Message):
     event: Literal["status"] = "status"
     recorded: list[str]  # the inventory's containers
     drained: list[str]  # waiting in the archive directory for a restore
+    names: dict[str, str] = {}  # the engine's name of each recorded or drained container that has one, by ID
     busy: str | None = None  # the operation under way
     # None from a service without them (an older one, or one still starting)
     drains_on_stop: bool | None = None  # whether stopping the service drains (gpuckptd --drain-on-stop)

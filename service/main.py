@@ -12,6 +12,7 @@ service.drain_on_stop is false. Without it a stop drains nothing: `gpuckpt drain
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -31,6 +32,7 @@ from .schedule import Schedule
 from .server import Server
 from .systemd import log, notify, watchdog_interval_s
 
+NOT_ROOT_STATUS = 6  # gpuckpt's status for it (docs/cli-output.md)
 TICK_S = 1.0  # how often the service looks at its watchers (preemption, schedule) and the watchdog
 
 
@@ -55,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if os.geteuid() != 0:  # its state, the engines and its socket are root's: one line, not PermissionError's trace
+        log("cannot start: must be root (run it with sudo)")
+        return NOT_ROOT_STATUS
     stop = threading.Event()
 
     def on_signal(signum: int, _: FrameType | None) -> None:

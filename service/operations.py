@@ -128,8 +128,14 @@ class Operations:
         self.busy: str | None = None
 
     def status(self) -> Status:
-        return Status(recorded=[record.id for record in recorded()],
-                      drained=[record.id for record in drained(self.config.archive_dir)], busy=self.busy)
+        records, waiting = recorded(), drained(self.config.archive_dir)
+        listed: dict[str, str] = {}
+        engines = {record.engine for record in records} | {record.engine for record in waiting}
+        for engine in sorted(engines):  # one call per engine, not one per container
+            listed.update(through_engine.names(engine) or {})
+        ids = [record.id for record in records] + [record.id for record in waiting]
+        return Status(recorded=[record.id for record in records], drained=[record.id for record in waiting],
+                      names={cid: listed[cid] for cid in ids if cid in listed}, busy=self.busy)
 
     def _exclusive(self, name: str, emit: Emit, work: Callable[[], Result], wait: bool = False) -> Result:
         if not self._busy.acquire(blocking=wait):

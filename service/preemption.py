@@ -18,10 +18,11 @@ import urllib.request
 from urllib.parse import urlsplit
 
 from ..node.config import ServiceConfig
+from ..node.container_record import container_label
 from ..oci.timestamps import utc_at, utc_now
-from .api import Preemption, PreemptionState, Result
+from .api import ContainerEvent, Event, Preemption, PreemptionState, Result
 from .cloud_notices import MAX_NOTICE_BYTES, Notice, parse_notice
-from .operations import Operations, unheard
+from .operations import Operations
 from .systemd import log, notify
 
 MARGIN_S = 3.0  # what the drain leaves of the notice's time for the last checkpoint to finish
@@ -209,10 +210,20 @@ class PreemptionWatch:
     def _drain(self, deadline_s: float) -> None:
         message = "drain: ended without a result"
         try:
-            result = self.operations.drain(unheard, deadline_s, wait=True)
+            labels: dict[str, str] = {}  # each container as its drain's lines name it
+
+            def heard(event: Event) -> None:
+                if isinstance(event, ContainerEvent):
+                    labels[event.id] = container_label(event.name, event.id)
+
+            result = self.operations.drain(heard, deadline_s, wait=True)
             message = result.message
-            log(f"preemption {result.message}; made it: {', '.join(result.done) or 'none'}; "
-                f"not started: {', '.join(result.skipped) or 'none'}", PHASE="preemption")
+
+            def named(ids: list[str]) -> str:
+                return ", ".join(labels.get(cid) or container_label(None, cid) for cid in ids) or "none"
+
+            log(f"preemption {result.message}; made it: {named(result.done)}; not started: {named(result.skipped)}",
+                PHASE="preemption")
             notify(f"STATUS=preemption: {result.message}; `gpuckpt service reset` clears it")
         except Exception as error:  # noqa: BLE001 -- a drain's bug must not leave the state draining for good
             message = f"drain failed: {type(error).__name__}: {error}"

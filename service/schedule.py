@@ -22,7 +22,7 @@ from ..cuda.devices import utilization_by_uuid
 from ..errors import GpuckptError
 from ..host.safefiles import make_directories, private_directory
 from ..node.config import ServiceConfig
-from ..node.container_record import ContainerRecord
+from ..node.container_record import ContainerRecord, container_label
 from ..node.inventory import remove_record
 from ..node.suspension import read_suspension
 from ..oci.timestamps import utc_at
@@ -262,11 +262,17 @@ class Schedule:
                 "periodic checkpoint", lambda: through_engine.checkpoint_live(record, directory, name))
         except GpuckptError as error:
             self.last_outcome[record.id] = (tried_at, f"failed: {error}")
-            log(f"periodic checkpoint failed: {error}", **facts(record, "periodic"))
+            log(f"periodic checkpoint of {_label(record)} failed: {error}", **facts(record, "periodic"))
             return
         self.last_outcome[record.id] = (tried_at, where)
         gone = prune(directory, self.config.checkpoint_keep)
         gone += prune_to_budget(os.path.join(self.config.archive_dir, PERIODIC_DIR),
                                 int(self.config.checkpoint_budget_gib * 2**30), {item.id for item in recorded()})
-        log(f"periodic checkpoint {where}" + (f"; removed the older {', '.join(gone)}" if gone else ""),
+        removed = f"; removed the older {', '.join(gone)}" if gone else ""
+        log(f"periodic checkpoint {where}: {_label(record)}{removed}",
             **facts(record, "periodic"), BYTES=size, SECONDS=round(time.monotonic() - began, 3))
+
+
+def _label(record: ContainerRecord) -> str:
+    """The container as the drain's lines name it (operations.label): engine, name and short ID."""
+    return f"{record.engine} container {container_label(through_engine.name(record.engine, record.id), record.id)}"

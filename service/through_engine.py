@@ -65,6 +65,32 @@ def name(engine: str, container_id: str) -> str | None:
     return found.stdout.strip().lstrip("/") or None  # docker's name has a leading /
 
 
+def names(engine: str) -> dict[str, str] | None:
+    """Every container's name by its full ID, as the engine lists them, in one call (None: it does not answer)."""
+    if engine not in DRAINED_ENGINES:
+        return None
+    try:
+        listed = process.run([engine, "ps", "--all", "--no-trunc", "--format", "{{.ID}} {{.Names}}"], timeout_s=60,
+                             check=False)
+    except (CommandError, OSError):
+        return None
+    if listed.returncode != 0:
+        return None
+    return {cid: named.lstrip("/") for cid, _, named in (line.partition(" ") for line in listed.stdout.splitlines())
+            if named}
+
+
+def removed(records: Sequence[ContainerRecord]) -> list[ContainerRecord]:
+    """The records whose container its engine no longer has (podman runs no poststop hook for a container it
+    restored, so `podman rm` of one leaves its record); an engine that does not answer vouches for its own."""
+    gone = []
+    for engine in sorted({record.engine for record in records}):
+        listed = names(engine)
+        if listed is not None:
+            gone += [record for record in records if record.engine == engine and record.id not in listed]
+    return gone
+
+
 def _tree_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)

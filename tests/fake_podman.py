@@ -45,7 +45,11 @@ def record(container: dict) -> Path:
 
 
 log({"argv": argv})
-if argv[0] == "ps":
+if argv[0] == "ps" and "--filter" not in argv:  # gpuckptd's status: every container's full ID and name
+    assert argv[1:] == ["--all", "--no-trunc", "--format", "{{.ID}} {{.Names}}"], argv
+    for shown, container in containers.items():
+        print(f"{container['id']} {shown}")
+elif argv[0] == "ps":
     wanted = argv[argv.index("--filter") + 1].removeprefix("label=")
     key, value = wanted.split("=", 1)
     for container in containers.values():

@@ -109,6 +109,39 @@ def test_another_user_is_told_must_be_root_once(node, argv: list[str]) -> None:
     assert (ran.returncode, ran.stdout, ran.stderr) == (6, "", f"gpuckpt {argv[0]}: must be root (run it with sudo)\n")
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="runs gpuckptd as another user: needs root and setpriv")
+def test_gpuckptd_as_another_user_says_must_be_root(node) -> None:
+    """gpuckptd run by another user ended in PermissionError's traceback (the journal directory): one line."""
+    ran = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                          sys.executable, "-m", "gpuckpt.service.main"],
+                         capture_output=True, text=True, timeout=60, cwd="/", env=dict(os.environ))
+    assert (ran.returncode, ran.stdout, ran.stderr) == (6, "", "gpuckptd: cannot start: must be root (run it with "
+                                                                "sudo)\n")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="runs gpuckpt as another user: needs root and setpriv")
+def test_an_archive_the_user_cannot_read_is_an_io_error_not_a_refusal(node) -> None:
+    """`gpuckpt inspect` of a root-only archive by another user exited 3, "refused" (the operator trial): the
+    file's permissions are the reader's lack, not the archive's fault: status 1, the same one line."""
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="gpuckpt-test-perm-", dir="/tmp"))
+    try:
+        directory.chmod(0o755)
+        archive = directory / "root-only.tar.zst"
+        archive.write_bytes(b"\x28\xb5\x2f\xfd")  # what an export writes: 0600, root's
+        archive.chmod(0o600)
+        ran = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                              sys.executable, "-m", "gpuckpt.cli.main", "inspect", str(archive)],
+                             capture_output=True, text=True, timeout=60, cwd="/")
+        assert (ran.returncode, ran.stderr) == (FAILED, f"gpuckpt inspect: {archive}: cannot read: Permission "
+                                                        "denied\n"), ran
+    finally:
+        shutil.rmtree(directory)
+
+
 def test_suspend_of_a_cpu_container_says_it_has_no_cuda_process(node, tmp_path, capsys) -> None:
     """Not "libcuda.so.1 not found" (on a node without the driver) or the driver's own words: the container's
     processes hold no NVIDIA device, found before the driver is loaded. Run through a runc stand-in whose

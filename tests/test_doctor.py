@@ -16,6 +16,7 @@ import pytest
 
 from gpuckpt.cli import doctor
 from gpuckpt.node import engines
+from gpuckpt.node.config import load_config
 from gpuckpt.oci import criu_images
 from gpuckpt.service.api import Status
 from gpuckpt.shim.resident.call import socket_path
@@ -88,11 +89,46 @@ def serve_once(node: Path, reply: bytes | None) -> threading.Thread:
     return thread
 
 
-def test_service_check_is_silent_without_systemd_or_without_the_unit(systemd, monkeypatch) -> None:
+def test_service_check_is_silent_without_the_unit(systemd) -> None:
     systemd({"LoadState": "not-found", "UnitFileState": "", "ActiveState": "inactive"})
     assert doctor.check_service() is None  # installed from source: no unit
+
+
+def test_without_systemd_a_service_not_answering_is_a_warning_naming_the_foreground(node, monkeypatch) -> None:
+    """PID 1 is not systemd and nothing answers on service.socket: doctor said nothing of gpuckptd (issue 33,
+    met again in the operator trial of 2026-11-28); now a warning whose fix is the foreground mode."""
     monkeypatch.setattr(doctor, "SYSTEMD_RUN_DIR", "/nonexistent/systemd/system")
-    assert doctor.check_service() is None  # PID 1 is not systemd
+    monkeypatch.setattr(doctor.os, "geteuid", lambda: 0)
+    (node / "config.toml").write_text(f'[service]\nsocket = "{node / "absent.sock"}"\n')
+    with pytest.raises(doctor.CheckWarned) as warned:
+        doctor.check_service()
+    assert str(warned.value).startswith(f"gpuckptd does not answer on {node / 'absent.sock'} and systemd is not PID 1")
+    assert warned.value.fix.startswith("run gpuckptd in the foreground")
+
+
+def test_without_systemd_a_service_answering_is_named(node, monkeypatch) -> None:
+    monkeypatch.setattr(doctor, "SYSTEMD_RUN_DIR", "/nonexistent/systemd/system")
+    monkeypatch.setattr(doctor.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(doctor, "_ask_status", lambda socket_path: Status(recorded=["a" * 64], drained=[]))
+    assert doctor.check_service() == (f"gpuckptd answers on {load_config().service.socket} (in the foreground: "
+                                      "systemd is not PID 1): 1 container(s) recorded, 0 drained waiting")
+
+
+def test_a_bad_config_value_fails_one_check_and_skips_the_others_reading_it(node, monkeypatch) -> None:
+    """One bad value was three FAIL lines with the same words (config, hook, preemption): one FAIL, the others
+    skipped naming why."""
+    monkeypatch.setattr(doctor, "SYSTEMD_RUN_DIR", "/nonexistent/systemd/system")
+    monkeypatch.setattr(doctor.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_config_and_delegate, doctor.check_service,
+                                           doctor.check_preemption])
+    (node / "config.toml").write_text("[service]\ncheckpoint_every_min = -1\n")
+    checks = doctor.report().checks
+    failed = [check for check in checks if check.level == "fail"]
+    assert [check.check for check in failed] == ["config_and_delegate"], failed
+    assert "service.checkpoint_every_min = -1" in failed[0].message
+    skipped = {check.check: check.message for check in checks if "configuration does not load" in check.message}
+    assert sorted(skipped) == ["preemption", "service"], checks
+    assert all(check.level == "skip" for check in checks if check.check in skipped), checks
 
 
 @pytest.mark.parametrize(("properties", "said", "fix"), [

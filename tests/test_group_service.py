@@ -43,7 +43,8 @@ for name, container in setup["containers"].items():
             container["status"] = "running"
 if argv[0] == "export":
     Path(argv[argv.index("-o") + 1]).write_bytes(b"archive")
-    next(each for each in setup["containers"].values() if each["id"] == argv[1])["status"] = "exited"
+    if "--leave-running" not in argv:  # a periodic checkpoint's export leaves it running
+        next(each for each in setup["containers"].values() if each["id"] in argv)["status"] = "exited"
 (here / "podman.json").write_text(json.dumps(setup))
 """
 

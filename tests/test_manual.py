@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -149,3 +150,35 @@ def test_completion_leaves_file_names_to_readline_where_a_path_is_due(completion
     assert complete(completion, "gpuckpt", "export", "web", "-o", "") == []
     assert complete(completion, "gpuckpt", "import", "") == []
     assert "--signature" in complete(completion, "gpuckpt", "import", "--s")
+
+
+def test_every_command_answers_help_as_its_page_says() -> None:
+    """Each page lists -h, --help: the installed command must answer it (gpuckpt-runtimed said "takes no
+    arguments", exit 2, under a page listing --help), and refuse another word with its usage."""
+    for name in ("gpuckpt", "gpuckptd", "gpuckpt-runtimed", "gpuckpt-hook"):
+        program = shutil.which(name, path=str(Path(sys.executable).parent))
+        assert program, f"{name} is not installed beside {sys.executable}"
+        assert "--help" in manual.COMMANDS[name][0]()._option_string_actions, name  # what its page lists
+        answered = subprocess.run([program, "--help"], capture_output=True, text=True, timeout=60)
+        assert answered.returncode == 0 and answered.stdout.startswith(f"usage: {name}"), (name, answered)
+        if name == "gpuckpt-runtimed":
+            refused = subprocess.run([program, "--listen-here"], capture_output=True, text=True, timeout=60)
+            assert refused.returncode == 2 and "usage: gpuckpt-runtimed" in refused.stderr, refused
+
+
+
+@needs_groff
+def test_the_gpuckpt_page_has_its_exit_statuses_and_environment() -> None:
+    """A script's author reading `man gpuckpt` found no exit status (the operator trial of issue 33): the page
+    lists cli/exit_codes.py's table, every status with its meaning, and GPUCKPT_CONFIG."""
+    from gpuckpt.cli.exit_codes import EXIT_CODES
+
+    page, warnings = render(manual.man_page("gpuckpt", build_parser()))
+    assert warnings == ""
+    section = page.split("EXIT STATUS", 1)[1].split("ENVIRONMENT", 1)[0]
+    statuses = [int(line.split()[0]) for line in section.splitlines() if line.strip() and line.split()[0].isdigit()]
+    assert statuses == [0, 1, *sorted(row.status for row in EXIT_CODES), 130], section
+    assert "must be root" in section and "interrupted" in section
+    assert "GPUCKPT_CONFIG" in page.split("ENVIRONMENT", 1)[1].split("FILES", 1)[0]
+    daemon, _ = render(manual.man_page("gpuckptd", service_main.build_parser()))
+    assert "EXIT STATUS" not in daemon and "GPUCKPT_CONFIG" in daemon  # gpuckpt's table is gpuckpt's

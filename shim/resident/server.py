@@ -16,6 +16,7 @@ works the verb itself. An install that changed our files ends this process at it
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import hashlib
@@ -348,11 +349,20 @@ def _accept_checked(listener: socket.socket, identity: str, alive: int) -> socke
         return connection
 
 
+def build_parser() -> argparse.ArgumentParser:
+    """gpuckpt-runtimed's command line: --help only (its manual page is made from it, cli/manual.py)."""
+    return argparse.ArgumentParser(
+        prog="gpuckpt-runtimed",
+        description="gpuckpt-runtime's resident helper: it keeps the checkpoint and restore code loaded and a worker "
+                    "warmed, so an owned verb does not pay the interpreter's imports each call. Started by systemd "
+                    "(gpuckpt-runtimed.socket); it takes no arguments. Without it, gpuckpt-runtime works the verb "
+                    "itself.")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv:
-        sys.stderr.write("gpuckpt-runtimed: takes no arguments (started by gpuckpt-runtimed.socket)\n")
-        return 2
+    if argv:  # --help prints the help its manual page lists (exit 0); anything else is a usage error (exit 2)
+        build_parser().parse_args(argv)
     os.environ["PYDANTIC_DISABLE_PLUGINS"] = "__all__"
     try:
         listener = _listener()
