@@ -45,6 +45,9 @@ MODE mntlink: UNSIGNED (attack30h): a new whole tmpfs (root "/", allowed anywher
               image (tmpfs-dev-999: one root-owned file attack30h-planted) and /dev's tmpfs image gains
               ./attack30h-m -> ARG (default /var/tmp/attack30h/mtarget): CRIU untars /dev's content, then mounts the
               child at its mountpoint by path, in its own (a copy of the host's) mount namespace.
+MODE devetc:  UNSIGNED (attack30h): spec.dump gains a device {path ARG (default /etc), c 1:3} (null: allowed; its path is
+              never judged) and mountpoints an external mount at ARG keyed ARG ("only at its key": holds), /etc/hosts
+              and /etc/hostname re-parented under it: runc maps a spec device's path to the same host path.
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30h, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
@@ -65,7 +68,7 @@ devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
 fwtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/sys/firmware")
-UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub", "mntlink")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub", "mntlink", "devetc")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30h-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -76,6 +79,15 @@ def mounts(data):
     doc = pycriu.images.loads(data)
     entries = doc["entries"]
     root = next(e for e in entries if e["mountpoint"] == "/")
+    if mode == "devetc":
+        point = arg or "/etc"
+        hosts = next(e for e in entries if e["mountpoint"] == "/etc/hosts")
+        entries.append(dict(hosts, mnt_id=810, parent_mnt_id=root["mnt_id"], root=point, mountpoint=point, ext_key=point,
+                            flags=0x200000))
+        for e in entries:
+            if e["mountpoint"].startswith(point + "/"):
+                e["parent_mnt_id"] = 810
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     if mode == "mntlink":
         dev = next(e for e in entries if e["mountpoint"] == "/dev")
         entries.append(dict(dev, mnt_id=800, parent_mnt_id=dev["mnt_id"], root_dev=999, root="/",
@@ -195,6 +207,9 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             elif mode == "victimshm":
                 spec["mounts"].append({"destination": "/dev/shm", "type": "bind", "options": ["bind", "private", "nosuid", "noexec", "nodev"],
                     "source": f"/var/lib/containers/storage/volumes/attack30h-vol/_data/overlay-containers/{cid}/userdata/shm"})
+            elif mode == "devetc":
+                spec["linux"]["devices"] = (spec["linux"].get("devices") or []) + [
+                    {"path": arg or "/etc", "type": "c", "major": 1, "minor": 3, "fileMode": 438, "uid": 0, "gid": 0}]
             elif mode == "racehosts":
                 spec["mounts"].append({"destination": "/etc/hosts", "type": "bind", "options": ["bind", "private"],
                     "source": f"{arg}/overlay-containers/{cid}/userdata/hosts"})
