@@ -48,6 +48,8 @@ MODE mntlink: UNSIGNED (attack30h): a new whole tmpfs (root "/", allowed anywher
 MODE devetc:  UNSIGNED (attack30h): spec.dump gains a device {path ARG (default /etc), c 1:3} (null: allowed; its path is
               never judged) and mountpoints an external mount at ARG keyed ARG ("only at its key": holds), /etc/hosts
               and /etc/hostname re-parented under it: runc maps a spec device's path to the same host path.
+MODE samedev: UNSIGNED (attack30h): a whole "tmpfs" (root "/", allowed anywhere) at /mnt whose root_dev is the host disk's
+              (that of the external /etc/hosts mount): does CRIU make it a bind of that filesystem's root?
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30h, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
@@ -68,7 +70,7 @@ devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
 fwtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/sys/firmware")
-UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub", "mntlink", "devetc")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub", "mntlink", "devetc", "samedev")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30h-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -87,6 +89,12 @@ def mounts(data):
         for e in entries:
             if e["mountpoint"].startswith(point + "/"):
                 e["parent_mnt_id"] = 810
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
+    if mode == "samedev":
+        hosts = next(e for e in entries if e["mountpoint"] == "/etc/hosts")
+        dev = next(e for e in entries if e["mountpoint"] == "/dev")
+        entries.append(dict(dev, mnt_id=820, parent_mnt_id=root["mnt_id"], root_dev=hosts["root_dev"], root="/",
+                            mountpoint="/mnt", flags=0x200000, sb_flags=0, source="/dev/vda"))
         buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     if mode == "mntlink":
         dev = next(e for e in entries if e["mountpoint"] == "/dev")
