@@ -108,10 +108,46 @@ def _number(value: int | None) -> int | None:
 def node_refusal(device: Device, allowance: DeviceAllowance) -> str | None:
     kind = "c" if device.type == "u" else device.type  # "u": an unbuffered character device
     major, minor = _number(device.major), _number(device.minor)
+    shown = f"{device.path[:80]} ({device.type or '?'} {_shown(major)}:{_shown(minor)}"
     if kind in ("c", "b") and major is not None and minor is not None and allowance.allows(
             DeviceId(kind, major, minor)):
-        return None
-    return f"{device.path[:80]} ({device.type or '?'} {_shown(major)}:{_shown(minor)})"
+        # runc's restore binds the host's file at the device's path there (an external mount keyed by the path):
+        # an allowed number at /etc/hosts gave a signed export's container the host's /etc/hosts (attack30h)
+        if _host_node_is(device.path, kind, major, minor):
+            return None
+        return f"{shown}, not the device node at that path on this node)"
+    return shown + ")"
+
+
+def _host_node_is(path: str, kind: str, major: int, minor: int) -> bool:
+    """Whether the host's file at `path` (a plain path below /dev) is that device node, in directories only root
+    may change: no /dev/shm or /dev/mqueue, where a user could swap a link to /dev/null for one to /etc."""
+    parts = path.split("/")
+    if len(parts) < 3 or parts[:2] != ["", "dev"] or any(part in ("", ".", "..") for part in parts[1:]):
+        return False
+    # the host's /dev, where runc binds it from (and a test's own, which stands for it); /dev's links are root's
+    return any(_is_node(os.path.realpath(os.path.join(root, *parts[2:])), kind, major, minor)
+               for root in dict.fromkeys(("/dev", dev_dir().rstrip("/"))))
+
+
+def _is_node(real: str, kind: str, major: int, minor: int) -> bool:
+    base = next((root for root in ("/dev", dev_dir().rstrip("/")) if real.startswith(root + "/")), None)
+    if base is None:
+        return False
+    try:
+        directory = os.path.dirname(real)
+        while True:
+            status = os.lstat(directory)
+            if status.st_uid != 0 or status.st_mode & 0o022:
+                return False
+            if directory == base:
+                break
+            directory = os.path.dirname(directory)
+        status = os.lstat(real)
+    except OSError:
+        return False
+    is_kind = stat.S_ISCHR(status.st_mode) if kind == "c" else stat.S_ISBLK(status.st_mode)
+    return is_kind and status.st_rdev == os.makedev(major, minor)
 
 
 def rule_refusal(rule: DeviceRule, allowance: DeviceAllowance) -> str | None:

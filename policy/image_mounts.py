@@ -48,6 +48,7 @@ SPEC_TYPES = {PROC: ("proc",), SYSFS: ("sysfs",), CGROUP: ("cgroup", "cgroup2"),
 PROPERTY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,254}")
 MAX_SHOWN = 3
 DEV_NULL = "/dev/null"  # runc's key for the /dev/null it binds over masked files
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
 def _norm(path: str) -> str:
@@ -86,6 +87,9 @@ def mount_problems(images: CheckpointImages, mounts: Iterable[Mount], masked: It
         for path in sorted(masked):
             if _kernel_path(path) and exists(path) and (path not in at or at[path].fstype in (PROC, SYSFS)):
                 problems.append(f"{where}: {path} is not masked, which the spec masks")
+        # a mount below a masked path shows what the mask hides (attack30h: sysfs below /sys/firmware)
+        problems += [f"{where}: {point} is mounted below {path}, which the spec masks" for point in sorted(at)
+                     for path in sorted(masked) if point.startswith(path + "/")]
     return problems
 
 
@@ -99,7 +103,10 @@ def _mount_problem(mount: MountImage, mounts: list[Mount], read_only: set[str], 
     kind = FSTYPES.get(mount.fstype, f"fstype {mount.fstype}")
     if _climbs(mount.mountpoint) or _climbs(mount.root):
         return f"a mount at {mount.mountpoint[:200]!r} (root {mount.root[:200]!r}) climbs out with '..'"
-    cgroup_read_only = mount.fstype in (CGROUP, CGROUP2) and (floor or any(
+    # an external mount under /sys/fs/cgroup is the runtime's cgroup hierarchy whatever fstype the image gives it
+    # (attack30h: conmon's pids hierarchy at its own key, read-write, "a tmpfs")
+    cgroup = mount.fstype in (CGROUP, CGROUP2) or (mount.external and point.startswith(CGROUP_ROOT + "/"))
+    cgroup_read_only = cgroup and (floor or any(
         "ro" in m.options for m in mounts if m.type.startswith("cgroup") and _covers(m, point)))
     # runc leaves the tmpfs under a read-only cgroup mount read-write: a tmpfs of its own is no host's
     own_tmpfs = mount.fstype == TMPFS and not mount.external

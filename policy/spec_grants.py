@@ -159,3 +159,28 @@ def widened(recorded: SpecGrants, spec: Spec, own_hooks: frozenset[str], *, hook
         if binds := [bind for bind in now.binds if bind not in had]:
             problems.append(f"bind mounts ({', '.join(b[:160] for b in binds[:3])})")
     return problems
+
+
+# the OCI namespace types, as /proc/PID/ns names them
+PROC_NS = {"network": "net", "ipc": "ipc", "uts": "uts", "pid": "pid", "mount": "mnt", "cgroup": "cgroup",
+           "user": "user", "time": "time"}
+
+
+def host_namespace_joins(spec: Spec) -> list[str]:
+    """The namespaces `spec` joins by path that are the host's (ours: the runtime runs in the node's), each as
+    "TYPE (PATH)". podman replaces a network path with the one it made only where config.dump says it makes
+    one, and config.dump comes with an archive: a signed export's spec.dump joined /proc/PID/ns/net of a host
+    process (attack30h)."""
+    joined = []
+    for namespace in spec.linux.namespaces:
+        kind = PROC_NS.get(namespace.type)
+        if not namespace.path or kind is None:
+            continue
+        try:
+            host = os.stat(f"/proc/self/ns/{kind}")
+            found = os.stat(namespace.path)
+        except OSError:
+            continue  # none there: the runtime fails to join it
+        if (found.st_dev, found.st_ino) == (host.st_dev, host.st_ino):
+            joined.append(f"{namespace.type} ({namespace.path[:120]})")
+    return joined

@@ -219,3 +219,12 @@ def test_a_foreign_dump_restores_with_this_nodes_nvidia_devices(restorable, dev)
     (node.images / DUMP_SIGNATURE).unlink()
     save_policy(TrustPolicy(allow_unsigned=[UnsignedSource(source="restore:any", note="test")]))
     assert restore_refusal(node) is None
+
+
+@pytest.mark.hostile("a device node at a path that is not that device on this node (runc's restore binds the host's "
+                     "file at the device's path: attack30h reached the host's /etc/hosts with /dev/null's numbers)")
+@pytest.mark.parametrize("path", ["/etc/hosts", "/dev/shm", "/dev/../etc/hosts", "/dev//null", "/dev/zero"])
+def test_an_allowed_number_at_another_path_is_refused(tmp_path, dev, path) -> None:
+    refused = archive_refusals(tmp_path, [{"path": path, "type": "c", "major": 1, "minor": 3}], [])
+    assert refused and f"{path} (c 1:3, not the device node at that path on this node)" in refused[0], refused
+    assert archive_refusals(tmp_path, [{"path": "/dev/null", "type": "c", "major": 1, "minor": 3}], []) == []

@@ -70,6 +70,11 @@ def added(entries: list, fstype: int, mountpoint: str, **fields) -> None:
     entries.append(entry)
 
 
+def _clear_rdonly_and_retype(entry) -> None:
+    entry.flags &= ~1
+    entry.fstype = 5
+
+
 def refusal(images: Path, bundle: Path) -> str:
     with pytest.raises(ImageError) as refused:
         check_restore(str(images), str(bundle), "restore of c1")
@@ -119,6 +124,12 @@ def _rdonly_on_superblock_only(entry) -> None:
     ("the pids hierarchy's runtime source at /mnt (attack30g)", lambda e: added(e, 5, "/mnt",
                                                                                  ext_key="/sys/fs/cgroup/pids"),
      "/mnt: an external mount keyed '/sys/fs/cgroup/pids', the runtime's source for another path"),
+    ("conmon's pids hierarchy at its own key, read-write, said to be a tmpfs (attack30h)",
+     lambda e: _clear_rdonly_and_retype(at(e, "/sys/fs/cgroup/pids")),
+     "/sys/fs/cgroup/pids (tmpfs) is mounted read-write, which the spec makes read-only"),
+    ("sysfs below the masked /sys/firmware (attack30h)",
+     lambda e: added(e, 2, "/sys/firmware/acpi", root="/firmware/acpi", flags=1),
+     "/sys/firmware/acpi is mounted below /sys/firmware, which the spec masks"),
     ("an external mount's key given twice", lambda e: added(e, 0, "/etc/hosts", ext_key="/etc/hosts", flags=1),
      "the runtime's source for '/etc/hosts' mounted twice"),
     ("a mountpoint climbing out", lambda e: added(e, 5, "/../../etc"), "climbs out with '..'"),

@@ -4,6 +4,8 @@ an edited spec.dump of a signed dump restored by podman's own --import."""
 from __future__ import annotations
 
 import copy
+import os
+import stat
 
 import pytest
 
@@ -11,6 +13,7 @@ from gpuckpt.oci.manifest import Manifest, SpecGrants
 from gpuckpt.oci.spec import Spec
 from gpuckpt.policy.devices import DeviceAllowance, DeviceId
 from gpuckpt.policy.spec_grants import grants_of as _grants_of
+from gpuckpt.policy.spec_grants import host_namespace_joins
 from gpuckpt.policy.spec_grants import widened as _widened
 
 # this node's NVIDIA devices for the tests: two GPUs' nodes; no operator allow-list
@@ -47,29 +50,43 @@ def spec(change=lambda spec: None) -> Spec:
     return Spec.model_validate(changed)
 
 
-RECORDED = grants_of(spec())
+@pytest.fixture(autouse=True)
+def gpu_nodes(tmp_path_factory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This node's /dev as the device check reads it, with the NVIDIA nodes the specs name (195:0, 195:1): an
+    allowed number counts only as the device node at its path on the node (attack30h)."""
+    if os.geteuid() != 0:
+        pytest.skip("device nodes are made with mknod, which needs root")
+    dev = tmp_path_factory.mktemp("dev")
+    for minor in (0, 1):
+        os.mknod(dev / f"nvidia{minor}", 0o600 | stat.S_IFCHR, os.makedev(195, minor))
+    monkeypatch.setenv("GPUCKPT_DEV_DIR", str(dev))
+
+
+def recorded() -> SpecGrants:
+    """The grants of the checkpointed spec, as the checkpoint recorded them on this node (gpu_nodes)."""
+    return grants_of(spec())
 
 
 def test_the_checkpointed_spec_restores_and_its_grants_travel_in_the_manifest() -> None:
-    assert widened(RECORDED, spec(), frozenset({OWN_HOOK})) == []
-    assert RECORDED.devices == ["/dev/fuse (c 10:229)"]  # NVIDIA's by its numbers, left to the GPU checks
-    assert RECORDED.device_rules == ["cgroup rule allow c 10:229 rwm"]
-    manifest = Manifest(created="2026-11-28T00:00:00Z", container_id="c1", spec_grants=RECORDED)
-    assert Manifest.model_validate_json(manifest.model_dump_json()).spec_grants == RECORDED
+    assert widened(recorded(), spec(), frozenset({OWN_HOOK})) == []
+    assert recorded().devices == ["/dev/fuse (c 10:229)"]  # NVIDIA's by its numbers, left to the GPU checks
+    assert recorded().device_rules == ["cgroup rule allow c 10:229 rwm"]
+    manifest = Manifest(created="2026-11-28T00:00:00Z", container_id="c1", spec_grants=recorded())
+    assert Manifest.model_validate_json(manifest.model_dump_json()).spec_grants == recorded()
 
 
 @pytest.mark.hostile("restore spec with a hook the checkpointed spec did not have (spec.dump edited)")
 def test_a_hook_added_is_refused() -> None:
     def add(changed: dict) -> None:
         changed["hooks"]["createRuntime"].append({"path": "/bin/sh", "args": ["sh", "-c", "id > /x"]})
-    assert widened(RECORDED, spec(add), frozenset({OWN_HOOK})) == ["hooks (createRuntime /bin/sh)"]
+    assert widened(recorded(), spec(add), frozenset({OWN_HOOK})) == ["hooks (createRuntime /bin/sh)"]
 
 
 @pytest.mark.hostile("restore spec running a recorded hook program with other arguments")
 def test_the_same_hook_program_run_otherwise_is_refused() -> None:
     def other_args(changed: dict) -> None:
         changed["hooks"]["createContainer"][0]["args"] = ["nvidia-cdi-hook", "create-symlinks", "--link", "/:/x"]
-    assert widened(RECORDED, spec(other_args), frozenset({OWN_HOOK})) == [
+    assert widened(recorded(), spec(other_args), frozenset({OWN_HOOK})) == [
         "hooks (createContainer /usr/bin/nvidia-cdi-hook)"]
 
 
@@ -78,7 +95,7 @@ def test_the_nodes_own_hook_and_other_gpus_are_not_counted() -> None:
         changed["hooks"]["poststop"] = [{"path": OWN_HOOK, "args": ["gpuckpt-hook", "poststop"], "timeout": 60}]
         changed["linux"]["devices"][1] = {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}
         changed["linux"]["resources"]["devices"][2]["minor"] = 1
-    assert widened(RECORDED, spec(engine_changes), frozenset({OWN_HOOK})) == []
+    assert widened(recorded(), spec(engine_changes), frozenset({OWN_HOOK})) == []
 
 
 @pytest.mark.hostile("restore spec with a capability or a host device the checkpointed spec did not have")
@@ -86,7 +103,7 @@ def test_a_capability_or_a_device_added_is_refused() -> None:
     def more(changed: dict) -> None:
         changed["process"]["capabilities"]["permitted"] = ["CAP_SYS_ADMIN"]
         changed["linux"]["devices"].append({"path": "/dev/kmsg", "type": "c", "major": 1, "minor": 11})
-    assert widened(RECORDED, spec(more), frozenset({OWN_HOOK})) == [
+    assert widened(recorded(), spec(more), frozenset({OWN_HOOK})) == [
         "capabilities (CAP_SYS_ADMIN)", "device nodes (/dev/kmsg (c 1:11))"]
 
 
@@ -96,14 +113,14 @@ def test_a_device_rule_added_is_refused() -> None:
     def rule(changed: dict) -> None:
         changed["linux"]["resources"]["devices"].append(
             {"allow": True, "type": "c", "major": 1, "minor": 11, "access": "rw"})
-    assert widened(RECORDED, spec(rule), frozenset({OWN_HOOK})) == ["device rules (cgroup rule allow c 1:11 rw)"]
+    assert widened(recorded(), spec(rule), frozenset({OWN_HOOK})) == ["device rules (cgroup rule allow c 1:11 rw)"]
 
 
 @pytest.mark.hostile("restore spec naming a host device by an NVIDIA path (/dev/nvidia-x as c 1:11)")
 def test_an_nvidia_path_with_other_numbers_is_a_host_device() -> None:
     def disguised(changed: dict) -> None:
         changed["linux"]["devices"].append({"path": "/dev/nvidia-x", "type": "c", "major": 1, "minor": 11})
-    assert widened(RECORDED, spec(disguised), frozenset({OWN_HOOK})) == ["device nodes (/dev/nvidia-x (c 1:11))"]
+    assert widened(recorded(), spec(disguised), frozenset({OWN_HOOK})) == ["device nodes (/dev/nvidia-x (c 1:11))"]
 
 
 @pytest.mark.hostile("restore spec running gpuckpt-hook's own path with an environment of its choosing (LD_PRELOAD) "
@@ -112,7 +129,7 @@ def test_the_hooks_own_path_run_otherwise_is_refused() -> None:
     def preloaded(changed: dict) -> None:
         changed["hooks"]["createRuntime"].append({"path": OWN_HOOK, "args": ["gpuckpt-hook", "createRuntime"],
                                                   "env": ["LD_PRELOAD=/tmp/evil.so"], "timeout": 60})
-    assert widened(RECORDED, spec(preloaded), frozenset({OWN_HOOK})) == [f"hooks (createRuntime {OWN_HOOK})"]
+    assert widened(recorded(), spec(preloaded), frozenset({OWN_HOOK})) == [f"hooks (createRuntime {OWN_HOOK})"]
 
 
 def test_grants_refuse_what_is_not_a_capability_or_a_device() -> None:
@@ -190,3 +207,15 @@ def test_a_path_below_the_containers_directory_that_climbs_out_or_through_a_link
         else:
             shown = f"bind mounts (/etc/hosts <- {source}"[:150]  # a phrase shows 160 characters of a bind
             assert len(problems) == 1 and problems[0].startswith(shown), problems
+
+
+@pytest.mark.hostile("restore spec joining the host's network namespace by path (attack30h: a signed export's "
+                     "spec.dump with /proc/PID/ns/net of a host process; podman keeps it unless config.dump says "
+                     "it makes one)")
+def test_joining_the_hosts_namespaces_by_path_is_found() -> None:
+    def host_net(changed: dict) -> None:
+        changed["linux"]["namespaces"] = [{"type": "network", "path": f"/proc/{os.getpid()}/ns/net"},
+                                          {"type": "ipc", "path": "/proc/self/ns/ipc"}, {"type": "pid"},
+                                          {"type": "uts", "path": "/run/netns/gpuckpt-test-none"}]
+    assert host_namespace_joins(spec(host_net)) == [f"network (/proc/{os.getpid()}/ns/net)", "ipc (/proc/self/ns/ipc)"]
+    assert host_namespace_joins(spec()) == []
