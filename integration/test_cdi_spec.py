@@ -10,7 +10,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,6 +49,11 @@ def fake_driver(root: Path) -> None:
     (root / "dev").mkdir()
     for node in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
         os.mknod(root / "dev" / node, 0o666 | 0o020000, os.stat("/dev/null").st_rdev)
+
+
+def state_of(name: str) -> Callable[[], str]:
+    """What reads the counter's state in container `name`."""
+    return lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout
 
 
 @pytest.fixture
@@ -179,8 +184,7 @@ def test_podman_checkpoints_a_cdi_container(spec_file: tuple[str, dict], tmp_pat
     name = f"gpuckpt-cdi-ckpt-{os.getpid()}"
     archive = tmp_path / f"{name}.tar.zst"
 
-    def read_state() -> str:
-        return sh("podman", "exec", name, "cat", "/tmp/state").stdout
+    read_state = state_of(name)
 
     def driver_view() -> list[str]:
         return sh("podman", "exec", name, "python3", "-c", "import os; lib = '/usr/local/nvidia/lib64'; "
@@ -214,8 +218,7 @@ def test_an_import_moves_the_container_onto_another_cdi_device(spec_file: tuple[
     name = f"gpuckpt-cdi-move-{os.getpid()}"
     archive = tmp_path / f"{name}.tar.zst"
 
-    def read_state() -> str:
-        return sh("podman", "exec", name, "cat", "/tmp/state").stdout
+    read_state = state_of(name)
 
     def runtime_devices() -> list[str]:
         config = json.loads(Path(sh("podman", "inspect", "--format", "{{.OCIConfigPath}}", name).stdout.strip())

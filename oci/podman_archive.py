@@ -159,16 +159,22 @@ def volume_directory(graph_root: str, name: str) -> str:
     return f"{graph_root}/volumes/{name}/_data"
 
 
+def json_object(data: bytes, name: str) -> dict[str, Any]:
+    """One of the archive's small JSON files (config.dump, spec.dump) as a JSON object, or one ImageError."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise ImageError(f"{name} is not valid JSON: {str(error)[:120]}") from None
+    if not isinstance(value, dict):
+        raise ImageError(f"{name} is not a JSON object")
+    return value
+
+
 def with_runtime(config_dump: bytes, runtime: str) -> bytes:
     """config.dump as an import gives it to podman: its "runtime" (podman's OCIRuntime) set to `runtime`,
     and no "mounts" (paths podman unmounts on the host when the container goes: podman adds its own
     /dev/shm); every other key as it was."""
-    try:
-        config = json.loads(config_dump)
-    except (ValueError, RecursionError) as error:
-        raise ImageError(f"{CONFIG_DUMP} is not valid JSON: {str(error)[:120]}") from None
-    if not isinstance(config, dict):
-        raise ImageError(f"{CONFIG_DUMP} is not a JSON object")
+    config = json_object(config_dump, CONFIG_DUMP)
     config["runtime"] = runtime
     config["mounts"] = []
     return json.dumps(config).encode()

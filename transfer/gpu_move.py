@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import ImageError, UsageError
 from ..oci.cdi import CDI_DIRS, CdiDevice, spec_files
-from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP
+from ..oci.podman_archive import CONFIG_DUMP, SPEC_DUMP, json_object
 
 # CDI's fully qualified device name (vendor.com/class=name; SPEC.md "Fully-qualified device name")
 QUALIFIED = re.compile(r"[a-z0-9][a-z0-9.-]{0,62}\.[a-z]{2,63}/[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}="
@@ -66,7 +66,7 @@ class GpuMove:
 
     def config(self, data: bytes) -> bytes:
         """config.dump with its cdiDevices moved; the move planned from them (and this node's CDI specs)."""
-        config = _json_object(data, CONFIG_DUMP)
+        config = json_object(data, CONFIG_DUMP)
         devices = config.get("cdiDevices") or []
         if not isinstance(devices, list) or not all(isinstance(name, str) for name in devices):
             raise ImageError(f"{CONFIG_DUMP}: cdiDevices is not a list of device names")
@@ -95,7 +95,7 @@ class GpuMove:
         device cgroup's rules."""
         if not self.planned:
             raise ImageError(f"{SPEC_DUMP} comes before {CONFIG_DUMP} in the archive: --gpu needs podman's order")
-        spec = _json_object(data, SPEC_DUMP)
+        spec = json_object(data, SPEC_DUMP)
         linux = spec.get("linux")
         listed = linux.get("devices") if isinstance(linux, dict) else None
         if not isinstance(linux, dict) or not isinstance(listed, list):
@@ -139,16 +139,6 @@ def _rules_for(rules: list[Any], listed: list[Any], replaced: dict[tuple[object,
                        if numbers(rule) == old_numbers and rule.get("allow")), "rwm")
         kept.append({"allow": True, "type": node.type, "major": node.major, "minor": node.minor, "access": access})
     return kept
-
-
-def _json_object(data: bytes, name: str) -> dict[str, Any]:
-    try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as error:
-        raise ImageError(f"{name} is not valid JSON: {str(error)[:120]}") from None
-    if not isinstance(value, dict):
-        raise ImageError(f"{name} is not a JSON object")
-    return value
 
 
 def _device_paths(qualified: str, cdi_dirs: Sequence[str], whose: str) -> list[tuple[str, str]]:
