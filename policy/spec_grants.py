@@ -166,21 +166,33 @@ PROC_NS = {"network": "net", "ipc": "ipc", "uts": "uts", "pid": "pid", "mount": 
            "user": "user", "time": "time"}
 
 
-def host_namespace_joins(spec: Spec) -> list[str]:
-    """The namespaces `spec` joins by path that are the host's (ours: the runtime runs in the node's), each as
-    "TYPE (PATH)". podman replaces a network path with the one it made only where config.dump says it makes
-    one, and config.dump comes with an archive: a signed export's spec.dump joined /proc/PID/ns/net of a host
-    process (attack30h)."""
-    joined = []
+NETNS_PATH = re.compile(r"/run/netns/[A-Za-z0-9_.-]{1,200}")  # podman's (netavark's, CNI's) named namespaces
+PROC_NS_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/ns/([a-z]+)")  # podman's for a pod's or container's shared ones
+
+
+def namespace_path_refusals(spec: Spec) -> list[str]:
+    """The namespaces `spec` joins by a path podman would not give, or that are the host's (ours: the runtime
+    runs in the node's), each as "TYPE (PATH: why)". podman names a network namespace it made in /run/netns and
+    another container's namespaces as /proc/PID/ns/TYPE; podman's own --import keeps spec.dump's paths where
+    config.dump says it makes none, and config.dump comes with an archive: a signed export's spec.dump joined a
+    host process's network namespace, and a path a user or a container swapped right after the check (a missing
+    target, then a link to /proc/self/ns/net) did too (attack30h, attack30i). Only paths no user or container can
+    change pass, checked for what they are now; a missing one is refused."""
+    refused = []
     for namespace in spec.linux.namespaces:
-        kind = PROC_NS.get(namespace.type)
-        if not namespace.path or kind is None:
+        path, kind = namespace.path, PROC_NS.get(namespace.type)
+        if not path:
+            continue
+        proc = PROC_NS_PATH.fullmatch(path)
+        if kind is None or not (namespace.type == "network" and NETNS_PATH.fullmatch(path) or
+                                (proc is not None and proc[1] == kind)):
+            refused.append(f"{namespace.type} ({path[:120]}: not a path podman gives)")
             continue
         try:
-            host = os.stat(f"/proc/self/ns/{kind}")
-            found = os.stat(namespace.path)
-        except OSError:
-            continue  # none there: the runtime fails to join it
+            host, found = os.stat(f"/proc/self/ns/{kind}"), os.stat(path)  # the namespace a /proc link names
+        except OSError as error:
+            refused.append(f"{namespace.type} ({path[:120]}: {error.strerror})")
+            continue
         if (found.st_dev, found.st_ino) == (host.st_dev, host.st_ino):
-            joined.append(f"{namespace.type} ({namespace.path[:120]})")
-    return joined
+            refused.append(f"{namespace.type} ({path[:120]}: the host's)")
+    return refused

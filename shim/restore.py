@@ -62,7 +62,7 @@ from ..policy.crun import crun_restore_refusals
 from ..policy.devices import device_refusals
 from ..policy.driver_files import driver_change_refusal
 from ..policy.image import check_restore
-from ..policy.spec_grants import host_namespace_joins, podman_own_dirs, widened
+from ..policy.spec_grants import namespace_path_refusals, podman_own_dirs, widened
 from ..transfer.root_files import apply_staged
 from ..transfer.staging import ClaimedImport, claim_staged
 from ..trust.dump_signature import DUMP_SIGNATURE, dumped_here, verify_dump
@@ -285,9 +285,9 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     spec = read_spec(bundle)  # once, for both judgements
     # where the container's own bind sources may be: podman's directories of it, as podman (not its config) says
     own_dirs = podman_own_dirs(bundle, conmon_storage_roots(caller_pid()), container_id)
-    if joined := host_namespace_joins(spec):
-        raise ImageError(f"restore of {container_id}: its spec joins the host's namespaces ({', '.join(joined)}): "
-                         "refused (the spec comes from outside the checkpoint: an archive's spec.dump)")
+    if joined := namespace_path_refusals(spec):
+        raise ImageError(f"restore of {container_id}: its spec joins namespaces {', '.join(joined[:3])}: refused (the "
+                         "spec comes from outside the checkpoint: an archive's spec.dump)")
     if foreign:
         refuse_foreign_devices(spec, container_id)
     if recorded is not None:

@@ -13,7 +13,7 @@ from gpuckpt.oci.manifest import Manifest, SpecGrants
 from gpuckpt.oci.spec import Spec
 from gpuckpt.policy.devices import DeviceAllowance, DeviceId
 from gpuckpt.policy.spec_grants import grants_of as _grants_of
-from gpuckpt.policy.spec_grants import host_namespace_joins
+from gpuckpt.policy.spec_grants import namespace_path_refusals
 from gpuckpt.policy.spec_grants import widened as _widened
 
 # this node's NVIDIA devices for the tests: two GPUs' nodes; no operator allow-list
@@ -209,13 +209,21 @@ def test_a_path_below_the_containers_directory_that_climbs_out_or_through_a_link
             assert len(problems) == 1 and problems[0].startswith(shown), problems
 
 
-@pytest.mark.hostile("restore spec joining the host's network namespace by path (attack30h: a signed export's "
-                     "spec.dump with /proc/PID/ns/net of a host process; podman keeps it unless config.dump says "
-                     "it makes one)")
-def test_joining_the_hosts_namespaces_by_path_is_found() -> None:
-    def host_net(changed: dict) -> None:
-        changed["linux"]["namespaces"] = [{"type": "network", "path": f"/proc/{os.getpid()}/ns/net"},
-                                          {"type": "ipc", "path": "/proc/self/ns/ipc"}, {"type": "pid"},
-                                          {"type": "uts", "path": "/run/netns/gpuckpt-test-none"}]
-    assert host_namespace_joins(spec(host_net)) == [f"network (/proc/{os.getpid()}/ns/net)", "ipc (/proc/self/ns/ipc)"]
-    assert host_namespace_joins(spec()) == []
+@pytest.mark.hostile("restore spec joining the host's namespaces by path, or by a path a user or a container can "
+                     "swap after the check (attack30h, attack30i: /proc/PID/ns/net of a host process; a missing "
+                     "target turned into a link to /proc/self/ns/net)")
+def test_namespaces_are_joined_only_by_paths_podman_gives_and_never_the_hosts(tmp_path) -> None:
+    def joining(*namespaces: dict):
+        def change(changed: dict) -> None:
+            changed["linux"]["namespaces"] = [{"type": "pid"}, *namespaces]
+        return spec(change)
+    (tmp_path / "net").symlink_to("/proc/self/ns/net")
+    cases = {
+        f"/proc/{os.getpid()}/ns/net": "the host's", "/proc/self/ns/net": "not a path podman gives",
+        "/proc/thread-self/ns/net": "not a path podman gives", str(tmp_path / "net"): "not a path podman gives",
+        "/run/netns/gpuckpt-test-missing": "No such file or directory", "/proc/0/ns/net": "not a path podman gives"}
+    for path, why in cases.items():
+        assert namespace_path_refusals(joining({"type": "network", "path": path})) == [f"network ({path}: {why})"]
+    assert namespace_path_refusals(joining({"type": "ipc", "path": f"/proc/{os.getpid()}/ns/ipc"})) == [
+        f"ipc (/proc/{os.getpid()}/ns/ipc: the host's)"]
+    assert namespace_path_refusals(spec()) == []
