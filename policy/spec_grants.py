@@ -166,12 +166,14 @@ PROC_NS = {"network": "net", "ipc": "ipc", "uts": "uts", "pid": "pid", "mount": 
            "user": "user", "time": "time"}
 
 
-NETNS_PATH = re.compile(r"/run/netns/[A-Za-z0-9_.-]{1,200}")  # podman's (netavark's, CNI's) named namespaces
+# the engines' named network namespaces: podman's (netavark's, CNI's) and containerd CRI's in /run/netns, docker's in
+# /run/docker/netns; /var/run is /run
+NETNS_PATH = re.compile(r"(?:/var)?/run/(?:docker/)?netns/[A-Za-z0-9_.-]{1,200}")
 PROC_NS_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/ns/([a-z]+)")  # podman's for a pod's or container's shared ones
 
 
 def namespace_path_refusals(spec: Spec) -> list[str]:
-    """The namespaces `spec` joins by a path podman would not give, or that are the host's (ours: the runtime
+    """The namespaces `spec` joins by a path no engine would give, or that are the host's (ours: the runtime
     runs in the node's), each as "TYPE (PATH: why)". podman names a network namespace it made in /run/netns and
     another container's namespaces as /proc/PID/ns/TYPE; podman's own --import keeps spec.dump's paths where
     config.dump says it makes none, and config.dump comes with an archive: a signed export's spec.dump joined a
@@ -184,9 +186,10 @@ def namespace_path_refusals(spec: Spec) -> list[str]:
         if not path:
             continue
         proc = PROC_NS_PATH.fullmatch(path)
-        if kind is None or not (namespace.type == "network" and NETNS_PATH.fullmatch(path) or
+        if kind is None or not (namespace.type == "network" and NETNS_PATH.fullmatch(path) and
+                                not (path.startswith("/var/run/") and os.path.realpath("/var/run") != "/run") or
                                 (proc is not None and proc[1] == kind)):
-            refused.append(f"{namespace.type} ({path[:120]}: not a path podman gives)")
+            refused.append(f"{namespace.type} ({path[:120]}: not a path an engine gives)")
             continue
         try:
             host, found = os.stat(f"/proc/self/ns/{kind}"), os.stat(path)  # the namespace a /proc link names

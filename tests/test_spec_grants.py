@@ -219,11 +219,14 @@ def test_namespaces_are_joined_only_by_paths_podman_gives_and_never_the_hosts(tm
         return spec(change)
     (tmp_path / "net").symlink_to("/proc/self/ns/net")
     cases = {
-        f"/proc/{os.getpid()}/ns/net": "the host's", "/proc/self/ns/net": "not a path podman gives",
-        "/proc/thread-self/ns/net": "not a path podman gives", str(tmp_path / "net"): "not a path podman gives",
-        "/run/netns/gpuckpt-test-missing": "No such file or directory", "/proc/0/ns/net": "not a path podman gives"}
+        f"/proc/{os.getpid()}/ns/net": "the host's", "/proc/self/ns/net": "not a path an engine gives",
+        "/proc/thread-self/ns/net": "not a path an engine gives", str(tmp_path / "net"): "not a path an engine gives",
+        "/run/netns/gpuckpt-test-missing": "No such file or directory", "/proc/0/ns/net": "not a path an engine gives"}
     for path, why in cases.items():
         assert namespace_path_refusals(joining({"type": "network", "path": path})) == [f"network ({path}: {why})"]
     assert namespace_path_refusals(joining({"type": "ipc", "path": f"/proc/{os.getpid()}/ns/ipc"})) == [
         f"ipc (/proc/{os.getpid()}/ns/ipc: the host's)"]
     assert namespace_path_refusals(spec()) == []
+    for engines in ("/var/run/netns/cni-x", "/run/docker/netns/ab12", "/var/run/docker/netns/ab12"):  # none here
+        assert namespace_path_refusals(joining({"type": "network", "path": engines})) == [
+            f"network ({engines}: No such file or directory)"]
