@@ -130,7 +130,10 @@ def _made_problem(mount: MountImage, point: str, kind: str, mounts: list[Mount],
     if mount.fstype in ANYWHERE:
         # a root below "/" is CRIU's bind of another mount's path, followed in CRIU's own (the host's) root while
         # it builds the tree: a link in /dev's tmpfs image to "/" made one the host's /etc (attack30g)
-        return "" if mount.root == "/" else f"{point}: a bind of {kind}'s {mount.root[:200]!r} (only whole ones)"
+        if mount.root == "/" or (mount.fstype == DEVPTS and point == "/dev/console" and
+                                 mount.root.lstrip("/").isdigit()):
+            return ""  # (a terminal's console: the runtime binds the container's pty at /dev/console)
+        return f"{point}: a bind of {kind}'s {mount.root[:200]!r} (only whole ones)"
     if mount.fstype in SPEC_TYPES:
         if mount.root != "/":
             return _part_problem(mount, point, kind)

@@ -285,7 +285,9 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     spec = read_spec(bundle)  # once, for both judgements
     # where the container's own bind sources may be: podman's directories of it, as podman (not its config) says
     own_dirs = podman_own_dirs(bundle, conmon_storage_roots(caller_pid()), container_id)
-    if joined := namespace_path_refusals(spec):
+    # podman's own --import takes the spec from spec.dump; containerd's and docker's make theirs (a Kubernetes
+    # hostNetwork pod's containers join the host's namespaces through its sandbox, as the kubelet asked)
+    if in_containers_storage(bundle) and (joined := namespace_path_refusals(spec)):
         raise ImageError(f"restore of {container_id}: its spec joins namespaces {', '.join(joined[:3])}: refused (the "
                          "spec comes from outside the checkpoint: an archive's spec.dump)")
     if foreign:

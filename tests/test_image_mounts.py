@@ -121,6 +121,8 @@ def _rdonly_on_superblock_only(entry) -> None:
     ("a bind of part of a tmpfs (attack30g: a link to / in /dev's image)", lambda e: added(e, 5, "/mnt",
                                                                                           root="/l/etc"),
      "/mnt: a bind of tmpfs's '/l/etc' (only whole ones)"),
+    ("a pty bound anywhere but at /dev/console", lambda e: added(e, 6, "/mnt", root="/0"),
+     "/mnt: a bind of devpts's '/0' (only whole ones)"),
     ("the pids hierarchy's runtime source at /mnt (attack30g)", lambda e: added(e, 5, "/mnt",
                                                                                  ext_key="/sys/fs/cgroup/pids"),
      "/mnt: an external mount keyed '/sys/fs/cgroup/pids', the runtime's source for another path"),
@@ -307,3 +309,10 @@ def test_podmans_own_directories_are_the_bundle_and_the_run_root_podman_gave_its
     assert podman_own_dirs("/tmp/bundle", roots, CONTAINER) == ()
     assert podman_own_dirs(graph, roots, "c1") == ()  # another container's
     assert podman_own_dirs(graph + "/../userdata", roots, CONTAINER) == ()
+
+
+def test_a_terminals_console_is_the_containers_pty(dump):
+    """runc binds the container's pty (devpts's /N) at /dev/console for a container with a terminal: runc's own
+    checkpoint tests restore such containers."""
+    edit_mounts(dump[0], lambda e: added(e, 6, "/dev/console", root="/0"))
+    check_restore(str(dump[0]), str(dump[1]), "restore of c1", unsigned=True)
