@@ -34,7 +34,7 @@ from ..node.engines import (
 )
 from ..node.hook_entry import hook_beside
 from ..node.hooks_d import PACKAGED_HOOKS_DIR, hooks_d_files
-from ..node.inventory import inventory_dir
+from ..node.inventory import inventory_dir, recorded_containers
 from ..node.journal import left_journals
 from ..node.paths import config_path
 from ..oci.cdi import CDI_DIRS, spec_files
@@ -42,7 +42,6 @@ from ..oci.criu_images import criu_messages
 from ..service import through_engine
 from ..service.api import Request, Status
 from ..service.client import request
-from ..service.operations import recorded
 from ..shim.delegate import delegate_version
 from ..shim.resident.call import listener_refusal
 from ..shim.resident.call import socket_path as resident_socket_path
@@ -262,7 +261,8 @@ def check_hook() -> str | None:
         if not load_config().hook.add_to_spec:
             raise CheckFailed(f"docker: hook.add_to_spec is off in {config_path()}", "gpuckpt install --engine docker")
         reached.append("docker")
-    records = recorded() if os.path.isdir(inventory_dir()) else []
+    # a record that does not parse is left out here (gpuckptd logs it): python-systemd is the service's alone
+    records = recorded_containers(lambda _message, _id: None) if os.path.isdir(inventory_dir()) else []
     said = f"gpuckpt-hook ({hook}) reaches {', '.join(reached) or 'no engine'}; {len(records)} container(s) recorded"
     if gone := through_engine.removed(records):  # gpuckptd drops them; where it does not run, they stay
         raise CheckWarned(f"{said}, {len(gone)} of them of containers their engine no longer has "

@@ -13,9 +13,11 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 
 from ..errors import GpuckptError
 from ..host.safefiles import make_directories, write_private_at
+from .container_record import ContainerRecord, parse_record
 from .paths import state_dir
 
 INVENTORY_DIR = "containers"
@@ -124,3 +126,15 @@ def read_records() -> dict[str, bytes]:
     finally:
         os.close(fd)
     return records
+
+
+def recorded_containers(report: Callable[[str, str], None]) -> list[ContainerRecord]:
+    """The inventory's containers; a record that does not parse is reported (`report(message, container_id)`) and
+    left out."""
+    found = []
+    for container_id, data in sorted(read_records().items()):
+        try:
+            found.append(parse_record(data, f"inventory record {container_id}"))
+        except GpuckptError as error:
+            report(str(error), container_id)
+    return found

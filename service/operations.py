@@ -24,8 +24,8 @@ from ..errors import GpuckptError
 from ..host.procfs import descendants, resident_bytes
 from ..host.safefiles import open_directory, private_directory, require_private, write_private_at
 from ..node.config import ServiceConfig
-from ..node.container_record import ContainerRecord, container_label, parse_record
-from ..node.inventory import read_records, remove_record
+from ..node.container_record import ContainerRecord, container_label
+from ..node.inventory import recorded_containers, remove_record
 from ..oci.timestamps import utc_now
 from . import through_engine
 from .api import ContainerEvent, DrainedContainer, Event, Plan, Result, Status, parse_drained
@@ -70,14 +70,8 @@ def label(event: ContainerEvent) -> str:
 
 
 def recorded() -> list[ContainerRecord]:
-    """The inventory's containers; a record that does not parse is reported and left out."""
-    found = []
-    for container_id, data in sorted(read_records().items()):
-        try:
-            found.append(parse_record(data, f"inventory record {container_id}"))
-        except GpuckptError as error:
-            log(str(error), CONTAINER_ID=container_id)
-    return found
+    """The inventory's containers; a record that does not parse is logged and left out."""
+    return recorded_containers(lambda message, container_id: log(message, CONTAINER_ID=container_id))
 
 
 def smallest_first(records: list[ContainerRecord]) -> list[Candidate]:
