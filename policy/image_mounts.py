@@ -9,7 +9,8 @@ chmods and writes outside its cgroup yard. The rules, mount by mount:
 - no mountpoint or root with a ".." component (CRIU joins them to its own paths);
 - a mount whose source the runtime's map names (external: bind mounts, runc's cgroup and
   /dev/null binds) keeps its flags only: read-only where the spec says so; it sits where its key
-  says (runc keys each by its mountpoint, the /dev/null over masked files by /dev/null), once;
+  says (runc keys each by its mountpoint; the /dev/null over masked files and crun's empty directory over
+  masked directories by their own paths), once;
 - otherwise only what an OCI runtime mounts from a spec: whole tmpfs, devpts, mqueue anywhere;
   proc, sysfs and cgroup where the spec mounts them (read-only where the spec says so), a bind of
   part of proc or sysfs only read-only at the read-only path it shows (/proc/sys: proc's /sys);
@@ -47,7 +48,9 @@ FLOOR_MASKED = frozenset({"/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/late
 SPEC_TYPES = {PROC: ("proc",), SYSFS: ("sysfs",), CGROUP: ("cgroup", "cgroup2"), CGROUP2: ("cgroup", "cgroup2")}
 PROPERTY = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,254}")
 MAX_SHOWN = 3
-DEV_NULL = "/dev/null"  # runc's key for the /dev/null it binds over masked files
+# the runtimes' keys for what they bind over masked paths: runc's (and crun's) /dev/null over files, crun's empty
+# directory over directories (crun 1.28: /sys/firmware, /proc/acpi, /proc/scsi)
+MASK_KEYS = frozenset({"/dev/null", "/run/crun/.empty-directory"})
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
@@ -78,7 +81,7 @@ def mount_problems(images: CheckpointImages, mounts: Iterable[Mount], masked: It
         problems += [f"{where}: {problem}" for mount in found
                      if (problem := _mount_problem(mount, mounts, read_only, mounts_itself=mounts_itself,
                                                    floor=floor))]
-        keys = [mount.ext_key for mount in found if mount.external and mount.ext_key != DEV_NULL]
+        keys = [mount.ext_key for mount in found if mount.external and mount.ext_key not in MASK_KEYS]
         problems += [f"{where}: the runtime's source for {key[:200]!r} mounted twice"
                      for key in sorted({key for key in keys if keys.count(key) > 1})]
         for path in sorted(marked):
@@ -112,7 +115,7 @@ def _mount_problem(mount: MountImage, mounts: list[Mount], read_only: set[str], 
     own_tmpfs = mount.fstype == TMPFS and not mount.external
     if (point in read_only and not own_tmpfs or cgroup_read_only) and not mount.read_only:
         return f"{point} ({kind}) is mounted read-write, which the spec makes read-only"
-    if mount.external and mount.ext_key != DEV_NULL and _norm(mount.ext_key) != point:
+    if mount.external and mount.ext_key not in MASK_KEYS and _norm(mount.ext_key) != point:
         # CRIU binds the runtime's source for that key here, whatever the image says the mount is (attack30g: the
         # pids hierarchy of every container's conmon at /mnt, read-write, said to be a tmpfs)
         return f"{point}: an external mount keyed {mount.ext_key[:200]!r}, the runtime's source for another path"

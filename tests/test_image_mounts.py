@@ -316,3 +316,13 @@ def test_a_terminals_console_is_the_containers_pty(dump):
     checkpoint tests restore such containers."""
     edit_mounts(dump[0], lambda e: added(e, 6, "/dev/console", root="/0"))
     check_restore(str(dump[0]), str(dump[1]), "restore of c1", unsigned=True)
+
+
+def test_cruns_empty_directory_over_a_masked_directory_is_its_mask(dump):
+    """crun 1.28 masks a directory with a bind of its own empty directory (ext_key /run/crun/.empty-directory),
+    several times over: the runtime's mask, not a source for another path."""
+    def crun_masks(entries) -> None:
+        for point in ("/proc/scsi", "/mnt/masked"):
+            added(entries, 5, point, ext_key="/run/crun/.empty-directory", flags=1)
+    edit_mounts(dump[0], crun_masks)
+    check_restore(str(dump[0]), str(dump[1]), "restore of c1", unsigned=True)
