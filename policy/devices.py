@@ -126,14 +126,18 @@ def _host_node_is(path: str, kind: str, major: int, minor: int) -> bool:
     if len(parts) < 3 or parts[:2] != ["", "dev"] or any(part in ("", ".", "..") for part in parts[1:]):
         return False
     # the host's /dev, where runc binds it from (and a test's own, which stands for it); /dev's links are root's
-    return any(_is_node(os.path.realpath(os.path.join(root, *parts[2:])), kind, major, minor)
-               for root in dict.fromkeys(("/dev", dev_dir().rstrip("/"))))
+    roots = tuple(dict.fromkeys(("/dev", dev_dir().rstrip("/"))))
+    for root in roots:
+        real = os.path.realpath(os.path.join(root, *parts[2:]))
+        base = next((base for base in roots if real.startswith(base + "/")), None)
+        if base is not None and _is_node(real, base, kind, major, minor):
+            return True
+    return False
 
 
-def _is_node(real: str, kind: str, major: int, minor: int) -> bool:
-    base = next((root for root in ("/dev", dev_dir().rstrip("/")) if real.startswith(root + "/")), None)
-    if base is None:
-        return False
+def _is_node(real: str, base: str, kind: str, major: int, minor: int) -> bool:
+    """Whether `real` (a resolved path below `base`) is that device node, each directory from `base` down root's
+    and written by root alone."""
     try:
         directory = os.path.dirname(real)
         while True:

@@ -82,8 +82,7 @@ def container_own(source: str, container_id: str, own_dirs: tuple[str, ...] | No
     if own_dirs is not None:
         for directory in own_dirs:
             rest = source.removeprefix(directory + "/")
-            if rest != source and rest and all(part not in ("", ".", "..") for part in rest.split("/")) and \
-                    _plain_from_root(source):
+            if rest != source and _plain_relative(rest) and _plain_from_root(source):
                 return "<self>/userdata/" + rest
         return source
     marker = f"/overlay-containers/{container_id}/"
@@ -91,7 +90,12 @@ def container_own(source: str, container_id: str, own_dirs: tuple[str, ...] | No
     if at <= 0:
         return source
     rest = source[at + len(marker):]
-    return "<self>/" + rest if rest and all(part not in ("", ".", "..") for part in rest.split("/")) else source
+    return "<self>/" + rest if _plain_relative(rest) else source
+
+
+def _plain_relative(path: str) -> bool:
+    """A relative path with no '.', '..' or empty part."""
+    return bool(path) and all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 def _plain_from_root(path: str) -> bool:
@@ -185,10 +189,7 @@ def namespace_path_refusals(spec: Spec) -> list[str]:
         path, kind = namespace.path, PROC_NS.get(namespace.type)
         if not path:
             continue
-        proc = PROC_NS_PATH.fullmatch(path)
-        if kind is None or not (namespace.type == "network" and NETNS_PATH.fullmatch(path) and
-                                not (path.startswith("/var/run/") and os.path.realpath("/var/run") != "/run") or
-                                (proc is not None and proc[1] == kind)):
+        if kind is None or not _engine_gives(namespace.type, kind, path):
             refused.append(f"{namespace.type} ({path[:120]}: not a path an engine gives)")
             continue
         try:
@@ -199,3 +200,12 @@ def namespace_path_refusals(spec: Spec) -> list[str]:
         if (found.st_dev, found.st_ino) == (host.st_dev, host.st_ino):
             refused.append(f"{namespace.type} ({path[:120]}: the host's)")
     return refused
+
+
+def _engine_gives(namespace_type: str, kind: str, path: str) -> bool:
+    """Whether an engine names a namespace of that type so: a network one in its named directory (through
+    /var/run only where that is the usual link to /run), any as /proc/PID/ns/KIND."""
+    if namespace_type == "network" and NETNS_PATH.fullmatch(path):
+        return not path.startswith("/var/run/") or os.path.realpath("/var/run") == "/run"
+    proc = PROC_NS_PATH.fullmatch(path)
+    return proc is not None and proc[1] == kind

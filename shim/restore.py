@@ -283,11 +283,12 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     if not (foreign or recorded is not None):
         return  # a manifest of a gpuckpt before the record: judged as then
     spec = read_spec(bundle)  # once, for both judgements
+    podmans = in_containers_storage(bundle)
     # where the container's own bind sources may be: podman's directories of it, as podman (not its config) says
-    own_dirs = podman_own_dirs(bundle, conmon_storage_roots(caller_pid()), container_id)
+    own_dirs = podman_own_dirs(bundle, conmon_storage_roots(caller_pid()), container_id) if podmans else ()
     # podman's own --import takes the spec from spec.dump; containerd's and docker's make theirs (a Kubernetes
     # hostNetwork pod's containers join the host's namespaces through its sandbox, as the kubelet asked)
-    if in_containers_storage(bundle) and (joined := namespace_path_refusals(spec)):
+    if podmans and (joined := namespace_path_refusals(spec)):
         raise ImageError(f"restore of {container_id}: its spec joins namespaces {', '.join(joined[:3])}: refused (the "
                          "spec comes from outside the checkpoint: an archive's spec.dump)")
     if foreign:
