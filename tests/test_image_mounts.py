@@ -322,7 +322,15 @@ def test_cruns_empty_directory_over_a_masked_directory_is_its_mask(dump):
     """crun 1.28 masks a directory with a bind of its own empty directory (ext_key /run/crun/.empty-directory),
     several times over: the runtime's mask, not a source for another path."""
     def crun_masks(entries) -> None:
-        for point in ("/proc/scsi", "/mnt/masked"):
+        for point in ("/proc/scsi", "/sys/firmware"):
             added(entries, 5, point, ext_key="/run/crun/.empty-directory", flags=1)
     edit_mounts(dump[0], crun_masks)
     check_restore(str(dump[0]), str(dump[1]), "restore of c1", unsigned=True)
+
+
+@pytest.mark.hostile("a runtime's mask (crun's empty directory, runc's /dev/null) mounted where the spec masks nothing "
+                     "(attack30j: crun's is one host directory behind every crun container's masks)")
+@pytest.mark.parametrize("key", ["/run/crun/.empty-directory", "/dev/null"])
+def test_a_runtimes_mask_where_the_spec_masks_nothing_is_refused(dump, key):
+    edit_mounts(dump[0], lambda e: added(e, 5, "/mnt", ext_key=key))
+    assert f"/mnt: the runtime's mask {key!r} where the spec masks nothing" in refusal(*dump)
