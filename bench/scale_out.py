@@ -73,7 +73,7 @@ def one_round(options: argparse.Namespace, checkpoint: str, count: int) -> list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", required=True, help="the running container to checkpoint once")
+    parser.add_argument("--source", default="", help="the running container to checkpoint once")
     parser.add_argument("--counts", default="1,2,4", help="the Ks (default 1,2,4)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kind", default="", help="a CDI kind: each replica onto its own device of it (--gpu)")
@@ -82,18 +82,23 @@ def main() -> None:
     parser.add_argument("--trust-config", action="store_true", help="passed to each restore (a CDI spec's binds)")
     parser.add_argument("--timeout-s", type=float, default=300)
     parser.add_argument("--store", type=Path, default=None, help="the store (default: a new one, removed after)")
+    parser.add_argument("--checkpoint", default="",
+                        help="a checkpoint already in --store to restore (default: take one of --source)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     options = parser.parse_args()
     counts = [int(count) for count in options.counts.split(",")]
     options.devices = options.devices.split(",")
+    if bool(options.source) == bool(options.checkpoint) or (options.checkpoint and not options.store):
+        raise SystemExit("scale_out: give --source (a running container), or --checkpoint with the --store holding it")
     if options.kind and max(counts) > len(options.devices):
         raise SystemExit(f"scale_out: K = {max(counts)} needs as many --devices ({len(options.devices)} given)")
     own_store = options.store is None
     options.store = options.store or Path(tempfile.mkdtemp(prefix="scale-out-store-"))
-    checkpoint = f"scale-out-{int(time.time())}"
+    checkpoint = options.checkpoint or f"scale-out-{int(time.time())}"
     try:
-        run("gpuckpt", "store", "checkpoint", "--store", str(options.store), "--name", checkpoint, "--leave-running",
-            options.source)
+        if not options.checkpoint:
+            run("gpuckpt", "store", "checkpoint", "--store", str(options.store), "--name", checkpoint,
+                "--leave-running", options.source)
         seconds: dict[int, list[list[float]]] = {count: [] for count in counts}
         for _ in range(options.rounds):
             for count in counts:
@@ -110,7 +115,7 @@ def main() -> None:
         rows.append({"replicas": count, "all_answering_s": round(last, 3), "first_answering_s": round(first, 3),
                      "over_baseline": round(last / baseline, 3), "rounds_s": seconds[count]})
         print(f"{count:>3} {last:>13.2f}s {first:>7.2f}s {last / baseline:>8.2f}x")
-    result = {"machine": machine(), "source": options.source, "kind": options.kind or None,
+    result = {"machine": machine(), "source": options.source or checkpoint, "kind": options.kind or None,
               "devices": options.devices[:max(counts)] if options.kind else None, "probe": options.probe,
               "results": rows}
     options.out.parent.mkdir(parents=True, exist_ok=True)

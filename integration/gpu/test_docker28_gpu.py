@@ -40,7 +40,9 @@ def test_docker28_cdi(results: dict, docker28: harness.Docker28) -> None:
     state = harness.StateDir(name, harness.WORK / f"{name}-state")
     container_id = ""
     try:
+        log("docker 28: importing the self-contained image")  # each step logged: an earlier run hung unseen
         imported = docker28.import_rootfs()
+        log(f"docker 28: image {imported}; starting {name}")
         docker28.run_gpu(name, COUNTER, {"GIB": "2", "STATE": "/state/state"}, state)
         container_id = docker28.cli("inspect", "--format", "{{.Id}}", name).stdout.strip()
         # the self-contained image has python but no grep: the count of libcuda files the CDI spec mounted
@@ -48,6 +50,7 @@ def test_docker28_cdi(results: dict, docker28: harness.Docker28) -> None:
                         "glob.glob('/usr/local/nvidia/lib64/libcuda.so*')))")
         libcuda_before = docker28.cli("exec", name, "python3", "-c", driver_files).stdout.strip()
         before = wait_counters(state, 1, 3)
+        log(f"docker 28: counting {before}; checkpoint create")
         started = time.monotonic()
         docker28.cli("checkpoint", "create", name, "cp1")
         checkpoint_s = time.monotonic() - started
@@ -56,6 +59,7 @@ def test_docker28_cdi(results: dict, docker28: harness.Docker28) -> None:
         images = harness.Docker28.DATA_ROOT / "containers" / container_id / "checkpoints" / "cp1"
         info = manifest(images)
         assert info["processes"] and info["gpu_handler"] == "gpuckpt", info
+        log(f"docker 28: checkpointed in {checkpoint_s:.2f} s; start --checkpoint")
         restore_s = start_from_checkpoint(docker28, name, "cp1")
         after = assert_continues(state, before)
         assert docker28.cli("exec", name, "python3", "-c", driver_files).stdout.strip() == libcuda_before
