@@ -100,14 +100,16 @@ PROBE = ("python3 -c \"import sys; t, c, v = open('/tmp/state.0').read().split()
 
 
 @harness.nftables_network_lock()
-def test_podman_scale_out(results: dict, podman: harness.Podman, two_gpus: None) -> None:
+def test_podman_scale_out(results: dict, podman: harness.Podman) -> None:
     """bench/scale_out.py on the GPUs: one stored checkpoint of a GPU container (--leave-running), K replicas of
-    it restored at once, the i-th onto GPU i, for K = 1 (the baseline) and K = every GPU, alternating."""
+    it restored at once, the i-th onto GPU i, for K = 1 (the baseline) and K = every GPU, alternating; on a
+    machine of one GPU, K = 2 both onto it (the store's and podman's part side by side, no GPU of its own each)."""
     need_cdi()
     name = f"gpu-scale-{os.getpid()}"
     store = harness.WORK / f"{name}-store"
     count = harness.gpu_count()
-    found: dict = {}
+    devices = [str(i) for i in range(count)] if count > 1 else ["0", "0"]
+    found: dict = {"devices": devices}
     results["scale_out"] = found
     try:
         found.update(podman.import_rootfs())
@@ -125,8 +127,8 @@ def test_podman_scale_out(results: dict, podman: harness.Podman, two_gpus: None)
         assert verdict == "ok"
         out = harness.result_path("scale_out")
         bench = sh(sys.executable, str(harness.REPO / "bench" / "scale_out.py"), "--store", str(store),
-                   "--checkpoint", name, "--kind", KIND, "--devices", ",".join(str(i) for i in range(count)),
-                   "--counts", f"1,{count}", "--rounds", "2", "--trust-config", "--timeout-s", "300",
+                   "--checkpoint", name, "--kind", KIND, "--devices", ",".join(devices),
+                   "--counts", f"1,{len(devices)}", "--rounds", "2", "--trust-config", "--timeout-s", "300",
                    "--probe", PROBE.format(token=token, counter=counter), "--out", str(out),
                    env=podman.env, timeout=1200)
         log(bench.stdout)
