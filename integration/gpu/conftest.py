@@ -111,7 +111,9 @@ class GpuRun:
         reports = item.stash.get(_REPORTS, {})
         report, excinfo = reports.get("call") or reports["setup"]
         outcome: dict = {"passed": [], "failed": {}, "not_run": {}}
-        if report.passed:
+        if "call" not in reports and report.passed:  # set up, never called to its end: the device call's limit
+            outcome["not_run"][name] = "interrupted before it ended"
+        elif report.passed:
             outcome["passed"].append(name)
         elif report.skipped:
             outcome["not_run"][name] = getattr(excinfo.value, "msg", str(excinfo.value)) if excinfo else "skipped"
