@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 
 from ..host.conmon import StorageRoots
 from ..host.libc import RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, openat2
@@ -177,7 +178,7 @@ NETNS_PATH = re.compile(r"(?:/var)?/run/(?:docker/)?netns/[A-Za-z0-9_.-]{1,200}"
 PROC_NS_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/ns/([a-z]+)")  # podman's for a pod's or container's shared ones
 
 
-def namespace_path_refusals(spec: Spec, podman: PodmanRecord | None = None) -> list[str]:
+def namespace_path_refusals(spec: Spec, podman: Callable[[], PodmanRecord | None] = lambda: None) -> list[str]:
     """The namespaces `spec` joins by a path no engine would give, or that are the host's (ours: the runtime
     runs in the node's), or another container's, each as "TYPE (PATH: why)". podman names a network namespace it
     made in /run/netns and another container's namespaces as /proc/PID/ns/TYPE; podman's own --import keeps
@@ -186,10 +187,10 @@ def namespace_path_refusals(spec: Spec, podman: PodmanRecord | None = None) -> l
     check (a missing target, then a link to /proc/self/ns/net) did too (attack30h, attack30i); another container's
     network namespace by /run/netns or /proc/PID, and its IPC and UTS namespaces, joined as well (attack30k). Only
     paths no user or container can change pass, checked for what they are now; a missing one is refused. Of
-    those, a namespace joins only where `podman` (its database's record of this container) says podman put it:
-    the network namespace it made for this container, or the namespaces of its pod's infra container; or a named
-    network namespace no process is in (one the operator made for it: `--network ns:PATH`), never one another
-    container is in."""
+    those, one no process is in passes (podman's new network namespace for this restore, or one the operator
+    named: `--network ns:PATH`); one a process is in, only where `podman()` (its database's record of this
+    container, read only then) says podman put it: the network namespace it made for this container, or the
+    namespaces of its pod's infra container."""
     refused = []
     for namespace in spec.linux.namespaces:
         path, kind = namespace.path, PROC_NS.get(namespace.type)
@@ -205,7 +206,7 @@ def namespace_path_refusals(spec: Spec, podman: PodmanRecord | None = None) -> l
             continue
         if (found.st_dev, found.st_ino) == (host.st_dev, host.st_ino):
             refused.append(f"{namespace.type} ({path[:120]}: the host's)")
-        elif not _podmans_own(namespace.type, kind, path, podman) and (pid := _occupant(kind, found)):
+        elif (pid := _occupant(kind, found)) and not _podmans_own(namespace.type, kind, path, podman()):
             refused.append(f"{namespace.type} ({path[:120]}: process {pid}'s, another container's; allowed: the "
                            "namespace podman made for this container, its pod's infra container's, or one no "
                            "process is in)")

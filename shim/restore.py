@@ -21,6 +21,7 @@ starts; a shim killed outright leaves it, and the next owned verb on the contain
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -290,10 +291,10 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     own_dirs = podman_own_dirs(bundle, roots, container_id) if podmans else ()
     # podman's own --import takes the spec from spec.dump; containerd's and docker's make theirs (a Kubernetes
     # hostNetwork pod's containers join the host's namespaces through its sandbox, as the kubelet asked). What
-    # podman itself put there (the netns it made, its pod's infra) is in its database, not in config.dump
-    joins = podmans and any(namespace.path for namespace in spec.linux.namespaces)
-    record = podman_record(roots.graph_root, roots.run_root, container_id) if joins and roots else None
-    if joins and (joined := namespace_path_refusals(spec, record)):
+    # podman itself put there (the netns it made, its pod's infra) is in its database, not in config.dump: read
+    # only for a namespace another process is in
+    record = functools.cache(lambda: podman_record(roots.graph_root, roots.run_root, container_id) if roots else None)
+    if podmans and (joined := namespace_path_refusals(spec, record)):
         raise ImageError(f"restore of {container_id}: its spec joins namespaces {', '.join(joined[:3])}: refused (the "
                          "spec comes from outside the checkpoint: an archive's spec.dump)")
     if foreign:

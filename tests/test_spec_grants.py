@@ -269,11 +269,11 @@ def test_another_containers_namespaces_are_refused_unless_podman_put_them_there(
     for kind, name in (("network", "net"), ("ipc", "ipc"), ("uts", "uts")):
         path = f"/proc/{pid}/ns/{name}"
         for record in (None, PodmanRecord(netns="", infra_pid=0), PodmanRecord(netns="/run/netns/x", infra_pid=1)):
-            assert namespace_path_refusals(joining(kind, path), record) == [
+            assert namespace_path_refusals(joining(kind, path), lambda record=record: record) == [
                 f"{kind} ({path}: process {pid}'s, another container's; {allowed})"], (kind, record)
         # podman's --pod: the pod's infra container's namespaces, as podman's database names the infra
-        assert namespace_path_refusals(joining(kind, path), PodmanRecord(netns="", infra_pid=pid)) == []
+        assert namespace_path_refusals(joining(kind, path), lambda: PodmanRecord("", pid)) == []
     # the network namespace podman made for this very container (its database's record of it)
     path = f"/proc/{pid}/ns/net"
-    assert namespace_path_refusals(joining("network", path), PodmanRecord(netns=path, infra_pid=0)) == []
-    assert namespace_path_refusals(joining("ipc", f"/proc/{pid}/ns/ipc"), PodmanRecord(netns=path, infra_pid=0)) != []
+    assert namespace_path_refusals(joining("network", path), lambda: PodmanRecord(path, 0)) == []
+    assert namespace_path_refusals(joining("ipc", f"/proc/{pid}/ns/ipc"), lambda: PodmanRecord(path, 0)) != []
