@@ -91,10 +91,11 @@ def mount_problems(images: CheckpointImages, mounts: Iterable[Mount], masked: It
             if _kernel_path(path) and exists(path) and (path not in at or at[path].fstype in (PROC, SYSFS)):
                 problems.append(f"{where}: {path} is not masked, which the spec masks")
         # a runtime's mask only where the spec masks: crun's empty directory is one host directory behind every
-        # crun container's masks, which a mount of it elsewhere would let this one write (attack30j)
-        problems += [f"{where}: {point}: the runtime's mask {mount.ext_key!r} where the spec masks nothing"
-                     for point, mount in sorted(at.items())
-                     if mount.external and mount.ext_key in MASK_KEYS and point not in masked]
+        # crun container's masks, which a mount of it elsewhere would let this one write (attack30j). Every mount,
+        # not one per mountpoint: a key stacked on the spec's /etc/hosts and listed first passed (attack30k)
+        problems += [f"{where}: {point}: the runtime's mask {key!r} where the spec masks nothing"
+                     for point, key in sorted({(_norm(m.mountpoint), m.ext_key) for m in found
+                                               if m.external and m.ext_key in MASK_KEYS}) if point not in masked]
         # a mount below a masked path shows what the mask hides (attack30h: sysfs below /sys/firmware)
         problems += [f"{where}: {point} is mounted below {path}, which the spec masks" for point in sorted(at)
                      for path in sorted(masked) if point.startswith(path + "/")]

@@ -16,9 +16,11 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
 
 from ..host.conmon import StorageRoots
 from ..host.libc import RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, openat2
+from ..host.podman_state import PodmanRecord
 from ..node.hook_entry import spec_entry
 from ..oci.manifest import SpecGrants
 from ..oci.spec import HOOK_STAGES, Spec
@@ -176,14 +178,19 @@ NETNS_PATH = re.compile(r"(?:/var)?/run/(?:docker/)?netns/[A-Za-z0-9_.-]{1,200}"
 PROC_NS_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/ns/([a-z]+)")  # podman's for a pod's or container's shared ones
 
 
-def namespace_path_refusals(spec: Spec) -> list[str]:
+def namespace_path_refusals(spec: Spec, podman: Callable[[], PodmanRecord | None] = lambda: None) -> list[str]:
     """The namespaces `spec` joins by a path no engine would give, or that are the host's (ours: the runtime
-    runs in the node's), each as "TYPE (PATH: why)". podman names a network namespace it made in /run/netns and
-    another container's namespaces as /proc/PID/ns/TYPE; podman's own --import keeps spec.dump's paths where
-    config.dump says it makes none, and config.dump comes with an archive: a signed export's spec.dump joined a
-    host process's network namespace, and a path a user or a container swapped right after the check (a missing
-    target, then a link to /proc/self/ns/net) did too (attack30h, attack30i). Only paths no user or container can
-    change pass, checked for what they are now; a missing one is refused."""
+    runs in the node's), or another container's, each as "TYPE (PATH: why)". podman names a network namespace it
+    made in /run/netns and another container's namespaces as /proc/PID/ns/TYPE; podman's own --import keeps
+    spec.dump's paths where config.dump says it makes none, and config.dump comes with an archive: a signed export's
+    spec.dump joined a host process's network namespace, and a path a user or a container swapped right after the
+    check (a missing target, then a link to /proc/self/ns/net) did too (attack30h, attack30i); another container's
+    network namespace by /run/netns or /proc/PID, and its IPC and UTS namespaces, joined as well (attack30k). Only
+    paths no user or container can change pass, checked for what they are now; a missing one is refused. Of
+    those, one no process is in passes (podman's new network namespace for this restore, or one the operator
+    named: `--network ns:PATH`); one a process is in, only where `podman()` (its database's record of this
+    container, read only then) says podman put it: the network namespace it made for this container, or the
+    namespaces of its pod's infra container."""
     refused = []
     for namespace in spec.linux.namespaces:
         path, kind = namespace.path, PROC_NS.get(namespace.type)
@@ -199,7 +206,38 @@ def namespace_path_refusals(spec: Spec) -> list[str]:
             continue
         if (found.st_dev, found.st_ino) == (host.st_dev, host.st_ino):
             refused.append(f"{namespace.type} ({path[:120]}: the host's)")
+        elif (pid := _occupant(kind, found)) and not _podmans_own(namespace.type, kind, path, podman()):
+            refused.append(f"{namespace.type} ({path[:120]}: process {pid}'s, another container's; allowed: the "
+                           "namespace podman made for this container, its pod's infra container's, or one no "
+                           "process is in)")
     return refused
+
+
+def _podmans_own(namespace_type: str, kind: str, path: str, podman: PodmanRecord | None) -> bool:
+    """Whether podman's database put this path in the spec: the network namespace it made for the container, or
+    its pod's infra container's namespace (podman 4.3.1 restore: infraContainer.namespacePath)."""
+    if podman is None:
+        return False
+    return (namespace_type == "network" and bool(podman.netns) and path == podman.netns) or \
+        (podman.infra_pid > 0 and path == f"/proc/{podman.infra_pid}/ns/{kind}")
+
+
+def _occupant(kind: str, namespace: os.stat_result) -> int:
+    """A process (or thread) of the node in that namespace, 0 if none: a namespace podman made for the restore, or
+    one the operator named, has none yet; another container's has that container's."""
+    for pid in sorted((name for name in os.listdir("/proc") if name.isdigit()), key=int):
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue  # ended meanwhile
+        for task in tasks:
+            try:
+                found = os.stat(f"/proc/{pid}/task/{task}/ns/{kind}")
+            except OSError:
+                continue
+            if (found.st_dev, found.st_ino) == (namespace.st_dev, namespace.st_ino):
+                return int(pid)
+    return 0
 
 
 def _engine_gives(namespace_type: str, kind: str, path: str) -> bool:

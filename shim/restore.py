@@ -21,6 +21,7 @@ starts; a shim killed outright leaves it, and the next owned verb on the contain
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 
@@ -36,6 +37,7 @@ from ..host.background import OnThread
 from ..host.conmon import conmon_storage_roots
 from ..host.deferred_free import holder_argv, open_large_files
 from ..host.netns import in_netns_of, loopback_up
+from ..host.podman_state import podman_record
 from ..host.process import CommandError, caller_pid, start_detached
 from ..host.procfs import container_pid, container_processes
 from ..host.safefiles import read_bounded, require_image_directory_private
@@ -285,10 +287,14 @@ def refuse_what_the_spec_adds(image_dir: str, manifest: Manifest | None, bundle:
     spec = read_spec(bundle)  # once, for both judgements
     podmans = in_containers_storage(bundle)
     # where the container's own bind sources may be: podman's directories of it, as podman (not its config) says
-    own_dirs = podman_own_dirs(bundle, conmon_storage_roots(caller_pid()), container_id) if podmans else ()
+    roots = conmon_storage_roots(caller_pid()) if podmans else None
+    own_dirs = podman_own_dirs(bundle, roots, container_id) if podmans else ()
     # podman's own --import takes the spec from spec.dump; containerd's and docker's make theirs (a Kubernetes
-    # hostNetwork pod's containers join the host's namespaces through its sandbox, as the kubelet asked)
-    if podmans and (joined := namespace_path_refusals(spec)):
+    # hostNetwork pod's containers join the host's namespaces through its sandbox, as the kubelet asked). What
+    # podman itself put there (the netns it made, its pod's infra) is in its database, not in config.dump: read
+    # only for a namespace another process is in
+    record = functools.cache(lambda: podman_record(roots.graph_root, roots.run_root, container_id) if roots else None)
+    if podmans and (joined := namespace_path_refusals(spec, record)):
         raise ImageError(f"restore of {container_id}: its spec joins namespaces {', '.join(joined[:3])}: refused (the "
                          "spec comes from outside the checkpoint: an archive's spec.dump)")
     if foreign:

@@ -334,3 +334,17 @@ def test_cruns_empty_directory_over_a_masked_directory_is_its_mask(dump):
 def test_a_runtimes_mask_where_the_spec_masks_nothing_is_refused(dump, key):
     edit_mounts(dump[0], lambda e: added(e, 5, "/mnt", ext_key=key))
     assert f"/mnt: the runtime's mask {key!r} where the spec masks nothing" in refusal(*dump)
+
+
+@pytest.mark.hostile("a runtime's mask stacked on the spec's /etc/hosts bind and listed before it (attack30k: the mask "
+                     "rule read one mount per mountpoint, the last listed, so the key's own mount went unjudged)")
+@pytest.mark.parametrize("key", ["/run/crun/.empty-directory", "/dev/null"])
+def test_a_runtimes_mask_stacked_on_another_mount_is_judged_too(dump, key):
+    def stacked(entries) -> None:
+        hosts = at(entries, "/etc/hosts")
+        added(entries, 5, "/etc/hosts", ext_key=key)
+        mask = entries.pop()
+        mask.parent_mnt_id = hosts.mnt_id  # mounted on top of the spec's bind, listed before it
+        entries.insert(entries.index(hosts), mask)
+    edit_mounts(dump[0], stacked)
+    assert f"/etc/hosts: the runtime's mask {key!r} where the spec masks nothing" in refusal(*dump)

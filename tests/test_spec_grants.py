@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import copy
 import os
+import shutil
 import stat
+import subprocess
+import time
 
 import pytest
 
+from gpuckpt.host.podman_state import PodmanRecord
 from gpuckpt.oci.manifest import Manifest, SpecGrants
 from gpuckpt.oci.spec import Spec
 from gpuckpt.policy.devices import DeviceAllowance, DeviceId
@@ -230,3 +234,46 @@ def test_namespaces_are_joined_only_by_paths_podman_gives_and_never_the_hosts(tm
     for engines in ("/var/run/netns/cni-x", "/run/docker/netns/ab12", "/var/run/docker/netns/ab12"):  # none here
         assert namespace_path_refusals(joining({"type": "network", "path": engines})) == [
             f"network ({engines}: No such file or directory)"]
+
+
+@pytest.fixture
+def other_container():
+    """A process in namespaces of its own (user, IPC, network, UTS): what another container's is to the shim."""
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare(1) to make namespaces of a process's own")
+    child = subprocess.Popen(["unshare", "-Uinu", "sleep", "300"])
+    try:
+        for _ in range(200):  # until unshare has exec'd sleep in the new namespaces
+            if os.stat(f"/proc/{child.pid}/ns/net").st_ino != os.stat("/proc/self/ns/net").st_ino:
+                break
+            if child.poll() is not None:
+                pytest.skip("unshare -Uinu is not allowed here (unprivileged user namespaces off)")
+            time.sleep(0.01)
+        yield child.pid
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.hostile("restore spec joining another container's namespaces by path (attack30k: a signed export's "
+                     "spec.dump naming a running container's /run/netns/netns-... or /proc/PID/ns/net reached its "
+                     "loopback services; /proc/PID/ns/ipc and uts shared its IPC and set its hostname)")
+def test_another_containers_namespaces_are_refused_unless_podman_put_them_there(other_container) -> None:
+    pid = other_container
+    def joining(kind: str, path: str) -> Spec:
+        def change(changed: dict) -> None:
+            changed["linux"]["namespaces"] = [{"type": "pid"}, {"type": kind, "path": path}]
+        return spec(change)
+    allowed = "allowed: the namespace podman made for this container, its pod's infra container's, or one no " \
+              "process is in"
+    for kind, name in (("network", "net"), ("ipc", "ipc"), ("uts", "uts")):
+        path = f"/proc/{pid}/ns/{name}"
+        for record in (None, PodmanRecord(netns="", infra_pid=0), PodmanRecord(netns="/run/netns/x", infra_pid=1)):
+            assert namespace_path_refusals(joining(kind, path), lambda record=record: record) == [
+                f"{kind} ({path}: process {pid}'s, another container's; {allowed})"], (kind, record)
+        # podman's --pod: the pod's infra container's namespaces, as podman's database names the infra
+        assert namespace_path_refusals(joining(kind, path), lambda: PodmanRecord("", pid)) == []
+    # the network namespace podman made for this very container (its database's record of it)
+    path = f"/proc/{pid}/ns/net"
+    assert namespace_path_refusals(joining("network", path), lambda: PodmanRecord(path, 0)) == []
+    assert namespace_path_refusals(joining("ipc", f"/proc/{pid}/ns/ipc"), lambda: PodmanRecord(path, 0)) != []
