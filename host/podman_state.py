@@ -7,7 +7,8 @@ requires for a pod's container and takes from the operator, not config.dump) joi
 infra container as /proc/INFRA_PID/ns/TYPE. podman 4 keeps its state in BoltDB (GRAPHROOT/libpod/bolt_state.db:
 bucket ctr/ID, keys config, state, netns; pod/ID/state InfraContainerID), podman 5 in SQLite (db.sql:
 ContainerConfig, ContainerState JSON "netns", PodState InfraContainerID). Read only: a shared lock on the BoltDB
-file (podman holds an exclusive one while it writes), SQLite opened read-only.
+file (podman holds an exclusive one while it writes), SQLite opened read-only. The BoltDB reader is ours: PyPI
+has no maintained one (`boltdb` 0.0.2 is an unreleased port), and the three lookups need a page walk of ~80 lines.
 """
 
 from __future__ import annotations
