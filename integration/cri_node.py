@@ -161,12 +161,13 @@ def layout_registry(layout: Path) -> Iterator[str]:
 
 
 def base_config(root: Path, state: Path, socket_path: Path, sandbox_image: str, snapshotter: str = "overlayfs",
-                cdi_spec_dirs: tuple[str, ...] = ()) -> str:
+                cdi_spec_dirs: tuple[str, ...] = (), discard_unpacked_layers: bool = False) -> str:
     """containerd 2.x (config version 3) for one test node: its own directories and sockets, nothing shared
     with the system's containerd, no CNI network (the pods use the node's), NRI off. CDI on where `cdi_spec_dirs`
     are given, reading only those (containerd's default, /etc/cdi and /var/run/cdi, would take in the specs other
     tests on this machine write there): a container's CDI_devices are resolved against them, as on a node whose
-    device plugin runs in CDI mode."""
+    device plugin runs in CDI mode. `discard_unpacked_layers`: a pulled layer's blob is dropped once unpacked (the
+    GPU scenario's image is GBs, on a machine of little disk)."""
     assert HANDLER == "gpuckpt"
     cdi = (f"enable_cdi = true\n  cdi_spec_dirs = {json.dumps(list(cdi_spec_dirs))}" if cdi_spec_dirs
            else "enable_cdi = false")
@@ -188,6 +189,7 @@ state = "{state}"
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "{snapshotter}"
+  discard_unpacked_layers = {str(discard_unpacked_layers).lower()}
 
 # the transfer service unpacks for one snapshotter: the same as the CRI's
 [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
@@ -231,7 +233,7 @@ class Node:
     def __init__(self, name: str, work: Path, sandbox_image: str, *, gpuckpt: str, runtime: str,
                  containerd: Path = CONTAINERD, snapshotter: str = "overlayfs", gpuckpt_config: str | None = None,
                  path_first: tuple[str, ...] = (), pod_networks: bool = False,
-                 cdi_spec_dirs: tuple[str, ...] = ()) -> None:
+                 cdi_spec_dirs: tuple[str, ...] = (), discard_unpacked_layers: bool = False) -> None:
         self.name = name
         self.pod_networks = pod_networks  # pods may have a network namespace of their own (CNI: a bridge of this node)
         self.bridge = f"gck{os.getpid() % 100000}{zlib.crc32(name.encode()) % 100}"[:15]
@@ -241,7 +243,7 @@ class Node:
         self.config = work / f"{name}-config.toml"
         self.log = work / f"{name}-containerd.log"
         self.config.write_text(base_config(self.root, self.state, self.socket, sandbox_image, snapshotter,
-                                             cdi_spec_dirs))
+                                             cdi_spec_dirs, discard_unpacked_layers))
         self.gpuckpt, self.runtime, self.containerd, self.path_first = gpuckpt, runtime, containerd, path_first
         # gpuckpt-runtime's own config for this node's containers, when given (containerd's environment reaches the
         # shim and the runtime it runs): on the CI machine other tests rewrite /etc/gpuckpt/config.toml as they run.
