@@ -454,7 +454,8 @@ def test_a_cdi_started_container_restores_with_its_devices(node_a, node_b, cdi_s
             node_a.kubelet.checkpoint(pod.container_id, archive)
         except grpc.RpcError as error:
             # crun 1.21 names the spec's /lib/firmware/... bind mount to CRIU at that path, but mounted it where the
-            # image's /lib -> usr/lib link leads (runc gives CRIU the resolved path): CRIU's dump stops there
+            # image's /lib -> usr/lib link leads (runc gives CRIU the resolved path): CRIU's dump stops there.
+            # crun resolves it since containers/crun#1747 and #1758 (May 2025, after 1.21)
             if cri_delegate == "crun" and "doesn't have a proper root mount" in error.details():  # type: ignore[attr-defined]
                 pytest.xfail("crun: a CDI file mount below a symlinked folder (/lib/firmware) fails CRIU's dump")
             raise

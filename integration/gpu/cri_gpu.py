@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tarfile
 import time
@@ -41,7 +42,7 @@ from harness import CARRY, CLI, RUNTIME, WORK, StateDir, assert_continues, log, 
 CONTAINERD = CARRY / "containerd" / "bin" / "containerd"
 CATATONIT = CARRY / "containerd" / "bin" / "catatonit"
 CDI_DEVICE = "nvidia.com/gpu=0"
-LAYOUT = Path("/var/tmp/gpuckpt-cri-layout")  # beside the image's root: a layer of GBs, on disk once
+LAYOUT_NAME = "gpuckpt-cri-layout"  # the image's layout: a layer of GBs, written once
 ARCHIVE = Path("/var/tmp/gpuckpt-cri-gpu.tar")
 HOST_USERLAND = ("/usr", "/usr/bin", "/usr/lib", "/usr/lib64", "/usr/share", "/usr/local/nvidia", "/opt/torch")
 
@@ -124,6 +125,26 @@ def snapshotter() -> str:
         harness.sh("rm", "-rf", str(probe), check=False)
 
 
+def layout_dir() -> Path:
+    """Where the layout goes: /dev/shm where it has room for the image twice over and the workloads' own (the
+    GPU machine's disk, 64 GiB, holds the torch venv, both nodes' unpacked images and the checkpoint), else
+    /var/tmp."""
+    import image
+
+    stamp, size = harness.IMAGE_ROOT / image.STAMP, 0
+    if harness.INJECT == "cdi" and stamp.is_file():
+        size = json.loads(stamp.read_text()).get("bytes", 0)
+    room = shutil.disk_usage("/dev/shm").free if os.path.isdir("/dev/shm") else 0
+    return Path("/dev/shm" if room > 2 * size + (8 << 30) else "/var/tmp") / LAYOUT_NAME
+
+
+def free_gib() -> dict:
+    """Free space where the nodes, the archive and the layout live (GiB)."""
+    places = {"var_lib": "/var/lib", "var_tmp": "/var/tmp", "dev_shm": "/dev/shm"}
+    return {name: round(shutil.disk_usage(path).free / 2**30, 1) for name, path in places.items()
+            if os.path.isdir(path)}
+
+
 def run_pod(node, image: str, archive: Path | None, container: dict) -> tuple[str, str]:
     """A pod under the gpuckpt handler with the GPU container: started from `image`, or restored from `archive`."""
     kubelet = node.kubelet
@@ -139,13 +160,15 @@ def scenario(results: dict, gib: str) -> None:
     """Checkpoint on node A (left running), restore in a new pod on node A and on node B; figures into `results`."""
     cri = cri_node()
     results["inject"] = harness.INJECT
-    results["images"] = images(LAYOUT)
+    layout = layout_dir()
+    results["images"] = {**images(layout), "layout": str(layout)}
+    results["free_gib"] = {"start": free_gib()}
     state = StateDir("cri", WORK / "cri-state")
     spec = harness.cdi_spec() if harness.INJECT == "cdi" else None
     cdi_dirs = (str(harness.CDI_SPEC.parent),) if spec is not None else ()
     # the binds image is tiny and native ran there; the self-contained one is GBs: no copy per container
     results["snapshotter"] = snapshotter() if spec is not None else "native"
-    with cri.layout_registry(LAYOUT) as registry, harness.nftables_network_lock():
+    with cri.layout_registry(layout) as registry, harness.nftables_network_lock():
         image = f"{registry}/gpuckpt-gpu:gpu"
         nodes = [cri.Node(name, WORK, f"{registry}/gpuckpt-pause:pause", gpuckpt=CLI, runtime=RUNTIME,
                           containerd=CONTAINERD, snapshotter=results["snapshotter"], path_first=(str(CARRY / "bin"),),
@@ -163,6 +186,7 @@ def scenario(results: dict, gib: str) -> None:
             started = time.monotonic()
             node_a.kubelet.pull(image)
             results["pull_s"] = round(time.monotonic() - started, 1)
+            results["free_gib"]["pulled_on_a"] = free_gib()
             pod_id, container_id = run_pod(node_a, image, None, container)
             before = wait_counters(state, 1, 3)
             if spec is not None:
@@ -170,6 +194,7 @@ def scenario(results: dict, gib: str) -> None:
             started = time.monotonic()
             node_a.kubelet.checkpoint(container_id, ARCHIVE, timeout_s=900)
             checkpoint_s = time.monotonic() - started
+            results["free_gib"]["checkpointed"] = free_gib()
             live = assert_continues(state, before)  # kubelet's checkpoint leaves the container running
             with tarfile.open(ARCHIVE) as tar:
                 manifest = json.load(tar.extractfile("checkpoint/gpuckpt-manifest.json"))  # type: ignore[arg-type]
@@ -186,6 +211,7 @@ def scenario(results: dict, gib: str) -> None:
                 started = time.monotonic()
                 pod_id, container_id = run_pod(node, image, ARCHIVE, container)
                 restore_s = time.monotonic() - started
+                results["free_gib"][f"restored_on_{node.name}"] = free_gib()
                 after = assert_continues(state, before)
                 restores[node.name] = {"restore_s": round(restore_s, 3), "after": after}
                 if spec is not None:
@@ -210,7 +236,7 @@ def scenario(results: dict, gib: str) -> None:
                     log(f"stopping {node.name}: {error}\n{node.log_tail()}")
                 keep_log(node)
             ARCHIVE.unlink(missing_ok=True)
-            harness.sh("rm", "-rf", str(LAYOUT), check=False)
+            harness.sh("rm", "-rf", str(layout), check=False)
 
 
 def keep_log(node) -> None:
