@@ -99,10 +99,12 @@ class Kubelet:
 
     def create(self, pod_id: str, pod_config, name: str, image: str, command: list[str] | None = None,
                envs: dict[str, str] | None = None, mounts: Sequence[tuple[str, str, bool]] = (),
-               devices: Sequence[str] = (), working_dir: str = "") -> str:
+               devices: Sequence[str] = (), working_dir: str = "", cdi_devices: Sequence[str] = ()) -> str:
         """A container; `mounts` are (host path, container path, read-only), `devices` host device nodes given at
-        the same path. A restore's CreateContainer must repeat the original's mounts and devices, as kubelet does
-        from the same pod spec: containerd builds the restored container's spec from this request."""
+        the same path, `cdi_devices` fully qualified CDI names (`nvidia.com/gpu=0`) as a device plugin in CDI mode
+        hands them to kubelet (ContainerConfig.CDI_devices; containerd 2.1 applies the node's spec for them when
+        its enable_cdi is on). A restore's CreateContainer must repeat the original's mounts and devices, as
+        kubelet does from the same pod spec: containerd builds the restored container's spec from this request."""
         pb = self.pb
         config = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name=name, attempt=0),
@@ -113,6 +115,7 @@ class Kubelet:
             mounts=[pb.Mount(host_path=host, container_path=inside, readonly=readonly)
                     for host, inside, readonly in mounts],
             devices=[pb.Device(host_path=path, container_path=path, permissions="rwm") for path in devices],
+            CDI_devices=[pb.CDIDevice(name=name) for name in cdi_devices],
             labels={"io.kubernetes.container.name": name},
             linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(
                 namespace_options=pb.NamespaceOption(

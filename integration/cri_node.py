@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import BinaryIO
 
 from cri_client import Kubelet
 
@@ -36,25 +37,50 @@ IMAGE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 
 
-def write_layout(layout: Path, layer_tar: str | Path, cmd: list[str], tag: str = "latest") -> None:
-    """A one-layer OCI image layout (uncompressed layer) of `layer_tar`, running `cmd`, tagged `tag`."""
+def stream_blob(blobs: Path, chunks: Iterator[bytes]) -> tuple[str, int]:
+    """`chunks` written once into `blobs`, named by their sha256 as they pass: the digest and the size."""
+    digest, size = hashlib.sha256(), 0
+    partial = blobs / f".partial-{os.getpid()}"
+    with open(partial, "wb") as out:
+        for chunk in chunks:
+            digest.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
+    partial.rename(blobs / digest.hexdigest())
+    return f"sha256:{digest.hexdigest()}", size
+
+
+def tar_of(directory: Path, exclude: tuple[str, ...] = ()) -> Iterator[bytes]:
+    """`directory`'s tree as a tar stream (GNU tar, numeric owners): a layer of GBs never lies on disk twice."""
+    excluded = [arg for name in exclude for arg in ("--exclude", f"./{name}")]
+    tar = subprocess.Popen(["tar", "-C", str(directory), "--numeric-owner", *excluded, "-cf", "-", "."],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert tar.stdout is not None and tar.stderr is not None
+    while chunk := tar.stdout.read(1 << 20):
+        yield chunk
+    if tar.wait() != 0:
+        raise RuntimeError(f"tar of {directory} exited {tar.returncode}: {tar.stderr.read().decode()[-500:]}")
+
+
+def write_layout(layout: Path, layer: str | Path, cmd: list[str], tag: str = "latest",
+                 exclude: tuple[str, ...] = ()) -> None:
+    """A one-layer OCI image layout (uncompressed layer) running `cmd`, tagged `tag`: the layer a tar file, or a
+    directory streamed into one (less its top-level names `exclude`)."""
     blobs = layout / "blobs" / "sha256"
     blobs.mkdir(parents=True, exist_ok=True)
 
-    def blob(data: bytes | None = None, source: str | Path | None = None) -> tuple[str, int]:
-        digest = hashlib.sha256()
-        if source is not None:
-            with open(source, "rb") as layer:
-                while chunk := layer.read(1 << 20):
-                    digest.update(chunk)
-            shutil.copyfile(source, blobs / digest.hexdigest())
-            return f"sha256:{digest.hexdigest()}", os.path.getsize(source)
-        assert data is not None
-        digest.update(data)
+    def blob(data: bytes) -> tuple[str, int]:
+        digest = hashlib.sha256(data)
         (blobs / digest.hexdigest()).write_bytes(data)
         return f"sha256:{digest.hexdigest()}", len(data)
 
-    layer_digest, layer_size = blob(source=layer_tar)
+    def file_chunks(source: str | Path) -> Iterator[bytes]:
+        with open(source, "rb") as file:
+            while chunk := file.read(1 << 20):
+                yield chunk
+
+    layer_digest, layer_size = stream_blob(blobs, tar_of(Path(layer), exclude) if os.path.isdir(layer)
+                                           else file_chunks(layer))
     config = {"architecture": "amd64", "os": "linux", "config": {"Cmd": cmd, "Env": [f"PATH={IMAGE_PATH}"]},
               "rootfs": {"type": "layers", "diff_ids": [layer_digest]}}
     config_digest, config_size = blob(json.dumps(config).encode())
@@ -100,25 +126,29 @@ def layout_registry(layout: Path) -> Iterator[str]:
         def serve(self, body: bool) -> None:
             parts = self.path.split("?")[0].strip("/").split("/")
             if parts == ["v2"]:
-                return self.reply(b"{}", "application/json", None, body)
+                return self.reply(b"{}", None, "application/json", None, body)
             if len(parts) >= 4 and parts[0] == "v2" and parts[-2] in ("manifests", "blobs"):
                 reference = parts[-1]
                 digest = tags.get(reference, reference) if parts[-2] == "manifests" else reference
                 path = layout / "blobs" / "sha256" / digest.removeprefix("sha256:")
                 if digest.startswith("sha256:") and len(digest) == 71 and path.is_file():
                     kind = MANIFEST_TYPE if parts[-2] == "manifests" else "application/octet-stream"
-                    return self.reply(path.read_bytes(), kind, digest, body)
+                    with open(path, "rb") as blob:  # a layer of GBs goes out as it is read
+                        return self.reply(blob, path.stat().st_size, kind, digest, body)
             self.send_error(404)
 
-        def reply(self, data: bytes, kind: str, digest: str | None, body: bool) -> None:
+        def reply(self, data: BinaryIO | bytes, size: int | None, kind: str, digest: str | None,
+                  body: bool) -> None:
             self.send_response(200)
             self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(data)))
+            self.send_header("Content-Length", str(len(data) if isinstance(data, bytes) else size))
             if digest:
                 self.send_header("Docker-Content-Digest", digest)
             self.end_headers()
-            if body:
+            if body and isinstance(data, bytes):
                 self.wfile.write(data)
+            elif body:
+                shutil.copyfileobj(data, self.wfile, 1 << 20)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -130,10 +160,17 @@ def layout_registry(layout: Path) -> Iterator[str]:
         server.server_close()
 
 
-def base_config(root: Path, state: Path, socket_path: Path, sandbox_image: str, snapshotter: str = "overlayfs") -> str:
+def base_config(root: Path, state: Path, socket_path: Path, sandbox_image: str, snapshotter: str = "overlayfs",
+                cdi_spec_dirs: tuple[str, ...] = (), discard_unpacked_layers: bool = False) -> str:
     """containerd 2.x (config version 3) for one test node: its own directories and sockets, nothing shared
-    with the system's containerd, no CNI network (the pods use the node's), NRI off."""
+    with the system's containerd, no CNI network (the pods use the node's), NRI off. CDI on where `cdi_spec_dirs`
+    are given, reading only those (containerd's default, /etc/cdi and /var/run/cdi, would take in the specs other
+    tests on this machine write there): a container's CDI_devices are resolved against them, as on a node whose
+    device plugin runs in CDI mode. `discard_unpacked_layers`: a pulled layer's blob is dropped once unpacked (the
+    GPU scenario's image is GBs, on a machine of little disk)."""
     assert HANDLER == "gpuckpt"
+    cdi = (f"enable_cdi = true\n  cdi_spec_dirs = {json.dumps(list(cdi_spec_dirs))}" if cdi_spec_dirs
+           else "enable_cdi = false")
     return f"""version = 3
 root = "{root}"
 state = "{state}"
@@ -152,6 +189,7 @@ state = "{state}"
 
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = "{snapshotter}"
+  discard_unpacked_layers = {str(discard_unpacked_layers).lower()}
 
 # the transfer service unpacks for one snapshotter: the same as the CRI's
 [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
@@ -162,7 +200,7 @@ state = "{state}"
   sandbox = "{sandbox_image}"
 
 [plugins.'io.containerd.cri.v1.runtime']
-  enable_cdi = false
+  {cdi}
   # This machine withholds CAP_SYS_RESOURCE (../shared/LAB.md): a sandbox's oom_score_adj -998 is refused.
   restrict_oom_score_adj = true
 
@@ -194,7 +232,8 @@ class Node:
 
     def __init__(self, name: str, work: Path, sandbox_image: str, *, gpuckpt: str, runtime: str,
                  containerd: Path = CONTAINERD, snapshotter: str = "overlayfs", gpuckpt_config: str | None = None,
-                 path_first: tuple[str, ...] = (), pod_networks: bool = False) -> None:
+                 path_first: tuple[str, ...] = (), pod_networks: bool = False,
+                 cdi_spec_dirs: tuple[str, ...] = (), discard_unpacked_layers: bool = False) -> None:
         self.name = name
         self.pod_networks = pod_networks  # pods may have a network namespace of their own (CNI: a bridge of this node)
         self.bridge = f"gck{os.getpid() % 100000}{zlib.crc32(name.encode()) % 100}"[:15]
@@ -203,7 +242,8 @@ class Node:
         self.socket = self.state / "containerd.sock"
         self.config = work / f"{name}-config.toml"
         self.log = work / f"{name}-containerd.log"
-        self.config.write_text(base_config(self.root, self.state, self.socket, sandbox_image, snapshotter))
+        self.config.write_text(base_config(self.root, self.state, self.socket, sandbox_image, snapshotter,
+                                             cdi_spec_dirs, discard_unpacked_layers))
         self.gpuckpt, self.runtime, self.containerd, self.path_first = gpuckpt, runtime, containerd, path_first
         # gpuckpt-runtime's own config for this node's containers, when given (containerd's environment reaches the
         # shim and the runtime it runs): on the CI machine other tests rewrite /etc/gpuckpt/config.toml as they run.
