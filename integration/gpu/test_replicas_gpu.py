@@ -116,8 +116,10 @@ def test_podman_scale_out(results: dict, podman: harness.Podman) -> None:
         podman.cli("run", "-d", "--name", name, *podman.RUN_FLAGS,
                    *harness.gpu_run_args(COUNTER, {"GIB": "2", "STATE": "/tmp/state"}, harness.WORK, podman.IMAGE,
                                          gpu_minors=[0]))
-        read = lambda: podman.cli("exec", name, "python3", "-c", "print(open('/tmp/state.0').read())",
-                                     check=False).stdout.split()  # noqa: E731
+        def read() -> list[str]:  # the image has python but no cat
+            return podman.cli("exec", name, "python3", "-c", "print(open('/tmp/state.0').read())",
+                              check=False).stdout.split()
+
         deadline = time.monotonic() + 180
         while len(read()) < 3 or int(read()[1]) < 3:
             assert time.monotonic() < deadline, read()
