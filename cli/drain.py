@@ -14,6 +14,7 @@ from ..node.config import load_config
 from ..node.container_record import container_label
 from ..service.api import ContainerEvent, Event, Periodic, Plan, Preemption, Request, Result, Scheduled, Status
 from ..service.client import request
+from .output import counted
 from .progress import bytes_done, container_bar, line_above
 
 
@@ -44,7 +45,7 @@ def _line(event: Event) -> str:
         return f"{event.phase} {event.state:<7} {named} ({event.engine}){figures}{detail}"
     if isinstance(event, Plan):
         held = "of host memory now" if event.phase == "checkpoint" else "of checkpoints"
-        return f"{event.phase} {event.containers} containers ({event.bytes / 2**20:.1f} MiB {held})"
+        return f"{event.phase} {counted(event.containers, 'container')} ({event.bytes / 2**20:.1f} MiB {held})"
     if isinstance(event, Status):
         return _status_lines(event)
     return event.message if isinstance(event, Result) else event.model_dump_json()  # the pool's: cli/pool.py
