@@ -318,7 +318,7 @@ def _import_phases(started: float, runtime: str, move: GpuMove | None) -> list[s
     return phases
 
 
-HEAD_BYTES = 8 << 20  # how far into an archive refuse_from_head looks for config.dump (past /dev/shm's files)
+HEAD_BYTES = 8 << 20  # how far into an archive's tar refuse_from_head looks for config.dump (past /dev/shm's files)
 
 
 class _HeadRead(Exception):
@@ -339,11 +339,12 @@ def refuse_from_head(podman: str, source: str, what: str, restoring: RestoreOpti
     def dumps_read(_: dict[str, bytes]) -> None:
         raise _HeadRead
 
+    def within_head(moved: int) -> None:  # counted as read out of the compression: no bomb costs more
+        if moved > HEAD_BYTES:
+            raise _HeadRead
+
     try:
         with open_archive(source) as raw:
-            def within_head(_: int) -> None:
-                if raw.tell() > HEAD_BYTES:
-                    raise _HeadRead
             copy_checked(decompressed(raw), None, what, kept=kept, first=dumps_read, progress=within_head)
     except _HeadRead:
         pass

@@ -59,6 +59,8 @@ def podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (here / "taken.json").write_text(json.dumps(["web"]))
     (here / "states.json").write_text(json.dumps({"web": "running", "stopped-web": "exited"}))
     (here / "calls.log").write_text("")
+    (here / "storage").mkdir()  # what `info` names, where a pass that goes on stages
+    (here / "run").mkdir()
     monkeypatch.setenv("PATH", f"{here}{os.pathsep}{os.environ.get('PATH', os.defpath)}")
     config = tmp_path / "config.toml"
     config.write_text('delegate = "runc"\n')
@@ -86,6 +88,24 @@ def test_an_imports_taken_name_is_refused_before_podmans_storage_is_asked(podman
     made = calls(podman)
     assert "container exists web" in made
     assert not [call for call in made if call.startswith("info")], made  # the slow call never came
+
+
+@pytest.mark.skipif(not podman_registration()[0], reason="gpuckpt import refuses first where this node's podman "
+                                                         "does not register gpuckpt-runtime (gpuckpt install)")
+def test_the_head_read_is_bounded_and_the_checking_pass_still_refuses(podman, tmp_path, capsys) -> None:
+    """config.dump past the head's 8 MiB (a large /dev/shm before it): the early read gives up, decompressing no
+    more, and the checking pass refuses the taken name as it did before, after podman's storage is asked."""
+    archive = tmp_path / "archives" / "web.tar"
+    archive.parent.mkdir()
+    archive.write_bytes(podman43_tar(devshm=bytes(9 << 20)))
+    assert main(["trust", "allow-unsigned", f"archive:{archive.parent}/"]) == 0
+    capsys.readouterr()
+    assert main(["import", str(archive)]) == 2
+    assert "a container with the name web already exists on this node: refused" in capsys.readouterr().err
+    made = calls(podman)
+    asked = [at for at, call in enumerate(made) if call.startswith("info")]
+    assert len(asked) == 1 and asked[0] < made.index("container exists web"), made  # one `info`, then the name
+    assert not list(podman.glob(".gpuckpt-import-*"))  # the staging the pass began, removed
 
 
 def test_a_stored_checkpoints_taken_name_is_refused_before_podmans_storage_is_asked(podman, tmp_path,
