@@ -7,19 +7,23 @@ terminal a bar over the containers below them (cli.progress); exit status 1 if a
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from ..errors import ServiceRefusedError, UsageError
+from ..errors import NotFoundError, ServiceRefusedError, UsageError
 from ..node.config import load_config
 from ..node.container_record import container_label
 from ..service.api import ContainerEvent, Event, Periodic, Plan, Preemption, Request, Result, Scheduled, Status
 from ..service.client import request
+from .output import counted
 from .progress import bytes_done, container_bar, line_above
 
 
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     drain = commands.add_parser("drain", help="checkpoint every recorded container into the archive directory "
                                               "(gpuckptd restores them when it starts)")
+    drain.add_argument("containers", nargs="*", metavar="CONTAINER",
+                       help="only these recorded containers (name, ID or a unique ID prefix, as gpuckpt service "
+                            "status lists them), and the other members of a group one is in; default: all")
     drain.add_argument("--deadline", type=float, metavar="SECONDS",
                        help="start no checkpoint after this (smallest containers go first)")
     drain.add_argument("--json", action="store_true", help="the service's events, one JSON object a line")
@@ -44,7 +48,7 @@ def _line(event: Event) -> str:
         return f"{event.phase} {event.state:<7} {named} ({event.engine}){figures}{detail}"
     if isinstance(event, Plan):
         held = "of host memory now" if event.phase == "checkpoint" else "of checkpoints"
-        return f"{event.phase} {event.containers} containers ({event.bytes / 2**20:.1f} MiB {held})"
+        return f"{event.phase} {counted(event.containers, 'container')} ({event.bytes / 2**20:.1f} MiB {held})"
     if isinstance(event, Status):
         return _status_lines(event)
     return event.message if isinstance(event, Result) else event.model_dump_json()  # the pool's: cli/pool.py
@@ -98,10 +102,36 @@ def _scheduled(item: Scheduled) -> str:
 def run(options: argparse.Namespace) -> int:
     if options.deadline is not None and options.deadline <= 0:
         raise UsageError(f"--deadline {options.deadline:g}: give a number of seconds above 0")
-    events = request(load_config().service.socket, Request(op=options.op, deadline_s=options.deadline))
+    socket = load_config().service.socket
+    wanted = getattr(options, "containers", None)  # drain's alone
+    only = chosen_ids(_status(socket), wanted) if wanted else []
+    events = request(socket, Request(op=options.op, deadline_s=options.deadline, containers=only))
     if options.op == "reset":
         return _reset(events, options.json)
     return 0 if report(events, options.json) else 1
+
+
+def _status(socket: str) -> Status:
+    for event in request(socket, Request(op="status")):
+        if isinstance(event, Status):
+            return event
+    raise ServiceRefusedError(f"gpuckptd on {socket} sent no status")
+
+
+def chosen_ids(status: Status, words: Sequence[str]) -> list[str]:
+    """The full IDs of the recorded containers `words` name (a name, an ID, or a unique ID prefix), each once, in
+    the order given: one that names none is not found, before anything drains."""
+    chosen: list[str] = []
+    for word in words:
+        found = [cid for cid in status.recorded if status.names.get(cid) == word or cid == word]
+        found = found or [cid for cid in status.recorded if cid.startswith(word)]
+        if not found:
+            raise NotFoundError(f"{word}: no recorded container of that name or ID (gpuckpt service status lists "
+                                "them; gpuckptd drains the containers gpuckpt-hook recorded)")
+        if len(found) > 1:
+            raise UsageError(f"{word}: the ID prefix of {len(found)} recorded containers: give more of it")
+        chosen += [cid for cid in found if cid not in chosen]
+    return chosen
 
 
 def _reset(events: Iterable[Event], as_json: bool) -> int:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..hooks.main import build_parser as hook_parser
+from ..node.inventory import INVENTORY_DIR_ENV
 from ..node.paths import CONFIG_PATH_ENV
 from ..service.main import build_parser as service_parser
 from ..shim import argv
@@ -31,6 +32,7 @@ MAN_DIR = f"/usr/share/man/man{SECTION}"
 COMPLETION_DIR = "/usr/share/bash-completion/completions"  # bash-completion loads NAME's file on first use
 CONFIG = "/etc/gpuckpt/config.toml"
 DOCS = "/usr/share/doc/gpuckpt"
+DEFAULT_INVENTORY = "/run/gpuckpt/containers"  # node/inventory.py inventory_dir() with no variable set
 
 
 def runtime_parser() -> argparse.ArgumentParser:
@@ -107,7 +109,11 @@ def man_page(name: str, parser: argparse.ArgumentParser) -> str:
     ENVIRONMENT, FILES, SEE ALSO."""
     closing = exit_status_section() if name == "gpuckpt" else []
     closing += [".SH ENVIRONMENT", ".TP", roff.bold(CONFIG_PATH_ENV),
-                f"the configuration file to read instead of {roff.roff_text(CONFIG)}"]
+                f"the configuration file to read instead of {roff.roff_text(CONFIG)}",
+                ".TP", roff.bold(INVENTORY_DIR_ENV),
+                roff.roff_text(f"the container inventory's directory instead of {DEFAULT_INVENTORY}: gpuckptd drains "
+                               "and checkpoints the records there (a gpuckptd of its own, with its own "
+                               "service.socket, for some containers only)")]
     closing += [".SH FILES", ".TP", roff.bold(CONFIG),
                 "the node's configuration (every key, commented, at its default)", ".SH SEE ALSO"]
     closing += [f".BR {other} ({SECTION})," for other in sorted(COMMANDS) if other != name]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ..errors import ImageError, NotFoundError, UsageError
+from ..errors import GpuckptError, ImageError, NotFoundError, UsageError
 from ..host.direct_read import file_kind
 from ..host.fifo import open_when_peer, private_fifo, widen
 from ..host.process import Background, run
@@ -33,11 +33,13 @@ from ..node.config import ImportConfig, load_config
 from ..node.container_record import container_label, short_id
 from ..node.engines import PODMAN_CONF, RUNTIME_NAME, own_hook_paths, podman_registration
 from ..node.paths import config_path
+from ..node.podman_storage import podman_storage
 from ..node.put_back import put_back, raise_with_outcome, require_container
 from ..oci.archive import READ_BYTES, RatioGuard, decompressed, open_archive
 from ..oci.image_layout import CheckpointImageWriter, parse_target, read_layout
 from ..oci.podman_archive import (
     CONFIG_DUMP,
+    SPEC_DUMP,
     ArchiveWriter,
     NestedChecks,
     copy_checked,
@@ -248,9 +250,10 @@ def run_import(options: argparse.Namespace) -> int:
     limits = config.import_
     source, verification, vouched = _verified_source(options.archive, options.signature)  # before any staging
     started = time.monotonic()
-    graph_root = run([podman, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
-    run_root = run([podman, "info", "--format", "{{.Store.RunRoot}}"]).stdout.strip()  # its pid files
-    near = _beside_storage(graph_root)
+    refuse_from_head(podman, source, options.archive, restoring)  # a name taken: before podman's slow `info`
+    storage = podman_storage(podman)
+    graph_root, run_root = storage.graph_root, storage.run_root
+    near = storage.staging_parent
     staging = Staging(near, StagingBudget(options.archive, near, limits), limits.allow_setuid_files)
     staging.ignore_rootfs, staging.ignore_volumes = restoring.ignore_rootfs, restoring.ignore_volumes
     held = HeldOutput(spill=staging.light)  # what comes before config.dump (podman: devshm-checkpoint.tar)
@@ -315,11 +318,45 @@ def _import_phases(started: float, runtime: str, move: GpuMove | None) -> list[s
     return phases
 
 
-def _beside_storage(graph_root: str) -> str:
-    """Where to stage: beside podman's storage, on its filesystem, so the shim can rename the pages in (a copy
-    otherwise); in it when the storage is a filesystem of its own."""
-    near = os.path.dirname(graph_root)
-    return graph_root if os.stat(near).st_dev != os.stat(graph_root).st_dev else near
+HEAD_BYTES = 8 << 20  # how far into an archive's tar refuse_from_head looks for config.dump (past /dev/shm's files)
+
+
+class _HeadRead(Exception):
+    """refuse_from_head has read as far as it reads."""
+
+
+def refuse_from_head(podman: str, source: str, what: str, restoring: RestoreOptions) -> None:
+    """Without --name podman keeps the checkpointed container's name and ID: one already taken (or a pod asked
+    for against the archive's) is refused from config.dump at the archive's head (after devshm-checkpoint.tar,
+    within HEAD_BYTES), before podman's storage is asked and anything is staged (the trial of 2026-11-28 waited
+    2.8 s for it, `podman info` most of it). The head is not verified yet: only a refusal comes of it, as
+    `gpuckpt inspect` reads any archive; the checking pass decides everything else on verified bytes, and says
+    what is wrong with an archive this read cannot take."""
+    if restoring.name:
+        return  # refused before anything was read (restore_options)
+    kept: dict[str, bytes] = {}
+
+    def dumps_read(_: dict[str, bytes]) -> None:
+        raise _HeadRead
+
+    def within_head(moved: int) -> None:  # counted as read out of the compression: no bomb costs more
+        if moved > HEAD_BYTES:
+            raise _HeadRead
+
+    try:
+        with open_archive(source) as raw:
+            copy_checked(decompressed(raw), None, what, kept=kept, first=dumps_read, progress=within_head)
+    except _HeadRead:
+        pass
+    except (GpuckptError, OSError):
+        return
+    if CONFIG_DUMP not in kept or SPEC_DUMP not in kept:
+        return
+    try:
+        dumps = described_dumps(what, kept)
+    except ImageError:
+        return
+    refuse_as_config_says(podman, what, dumps.config, restoring)
 
 
 def _verified_source(target: str, signature: str | None) -> tuple[str, Verification, str]:

@@ -176,11 +176,15 @@ def test_without_name_the_archives_own_name_taken_is_refused_before_staging(arch
     original, path = archive
     sh("podman", "create", "--name", original, "--network", "none", PODMAN_IMAGE, "true")
     restored.append(original)
-    before = set(staging_leftovers())
+    before, baseline = set(staging_leftovers()), startup_s()
+    started = time.monotonic()
     result = gpuckpt_import(path, check=False)
+    elapsed = time.monotonic() - started
     assert result.returncode == 2
     assert result.stderr.strip() == f"gpuckpt import: a container with the name {original} already exists on " \
                                     "this node: refused (give --name NEW, or remove it first)"
+    # from config.dump at the archive's head, before podman's `info` (the trial of 2026-11-28b: 2.4 s)
+    assert elapsed < baseline + 1.0, f"{elapsed:.1f} s, {baseline:.1f} s to start: it was not refused at once"
     assert set(staging_leftovers()) <= before
 
 

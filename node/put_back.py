@@ -18,7 +18,7 @@ import sys
 import time
 from typing import NoReturn
 
-from ..errors import GpuckptError, ImageError, NotFoundError
+from ..errors import GpuckptError, ImageError, NotFoundError, UsageError
 from ..host.process import Background, run
 from ..host.signals import Terminated, termination_deferred
 
@@ -26,11 +26,23 @@ DRAIN_READ_BYTES = 1 << 20
 CHECKPOINT_INVENTORY = "inventory.img"  # CRIU's first image: podman restores only a checkpoint that has it
 
 
+CHECKPOINTABLE = ("running", "paused")  # the states podman's checkpoint takes a container in
+
+
 def require_container(podman: str, container: str) -> None:
-    """podman knows `container` (name or ID), before it is asked to checkpoint it: else not found (podman's own
-    checkpoint would fail as the engine failing, with its "no such container" last)."""
-    if run([podman, "container", "exists", container], check=False).returncode == 1:  # 1: none; 125: podman failed
-        raise NotFoundError(f"no container {container!r} in podman (podman ps -a lists them)")
+    """podman knows `container` (name or ID) and it runs, before it is asked to checkpoint it: else not found
+    (podman's own checkpoint would fail as the engine failing, with its "no such container" last), or one line
+    naming its state: a failed checkpoint of a stopped container would be "put back" by restoring an older
+    checkpoint podman kept, starting what its operator had left stopped (the trial of 2026-11-28b)."""
+    inspected = run([podman, "container", "inspect", "--format", "{{.State.Status}}", container], check=False)
+    if inspected.returncode != 0:
+        if run([podman, "container", "exists", container], check=False).returncode == 1:  # 1: none; 125: failed
+            raise NotFoundError(f"no container {container!r} in podman (podman ps -a lists them)")
+        return  # podman failing: its checkpoint says how
+    if (state := inspected.stdout.strip()) not in CHECKPOINTABLE:
+        raise UsageError(f"{container} is {state or 'in no state podman names'}, not running: podman checkpoints "
+                         f"only a running container (`podman start {container}` starts it; "
+                         f"`podman container restore {container}` where it was checkpointed)")
 
 
 def drain_until_ended(fifo: str, podman_run: Background, container: str, command: str = "export") -> None:

@@ -8,7 +8,7 @@ damaged record is one error naming it, never a KeyError later.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -28,6 +28,8 @@ class Request(_Message):
     op: Literal["status", "drain", "restore", "reset", "pool-take", "pool-status"]
     deadline_s: float | None = Field(default=None, gt=0, le=86_400)  # drain: start nothing after this
     checkpoint: str | None = Field(default=None, max_length=4096)  # pool-take: which checkpoint's standby
+    # drain: only these recorded containers, by full ID (the CLI resolves names), and their groups' other members
+    containers: list[Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]] = Field(default=[], max_length=4096)
 
 
 class ContainerEvent(_Message):

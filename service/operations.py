@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -89,6 +89,14 @@ def grouped(candidates: list[Candidate]) -> dict[str, list[Candidate]]:
     return groups
 
 
+def with_groups(records: list[ContainerRecord], only: Sequence[str]) -> list[ContainerRecord]:
+    """The records of `only` (full IDs), and every other recorded member of a group one of them is in."""
+    chosen = [record for record in records if record.id in only]
+    labels = {label for record in chosen if (label := through_engine.group_of(record))}
+    return chosen + [record for record in records if record not in chosen and record.engine == "podman" and labels
+                     and through_engine.group_of(record) in labels]
+
+
 def drained(archive_dir: str) -> list[DrainedContainer]:
     """The drain records in the archive directory, oldest first; a damaged one is reported and kept."""
     try:
@@ -156,17 +164,19 @@ class Operations:
             self.busy = None
             self._busy.release()
 
-    def drain(self, emit: Emit, deadline_s: float | None = None, wait: bool = False) -> Result:
+    def drain(self, emit: Emit, deadline_s: float | None = None, wait: bool = False,
+              only: Sequence[str] = ()) -> Result:
         """`wait`: after the operation under way (a preemption's or a shutdown's drain), not refused for it.
-        The deadline counts from the call."""
+        The deadline counts from the call. `only`: these recorded containers' full IDs (and every other member of
+        a group one is in), not all of them."""
         called = time.monotonic()
-        return self._exclusive("drain", emit, lambda: self._drain(emit, deadline_s, called), wait)
+        return self._exclusive("drain", emit, lambda: self._drain(emit, deadline_s, called, only), wait)
 
     def restore(self, emit: Emit) -> Result:
         return self._exclusive("restore", emit, lambda: self._restore(emit))
 
-    def _drain(self, emit: Emit, deadline_s: float | None, started: float) -> Result:
-        candidates = smallest_first(recorded())
+    def _drain(self, emit: Emit, deadline_s: float | None, started: float, only: Sequence[str] = ()) -> Result:
+        candidates = smallest_first(with_groups(recorded(), only) if only else recorded())
         archive_fd = private_directory(self.config.archive_dir)
         outcomes: dict[str, str] = {}
         counted = threading.Lock()

@@ -22,7 +22,7 @@ from ..node.container_record import container_label
 from ..oci.timestamps import utc_at, utc_now
 from .api import ContainerEvent, Event, Preemption, PreemptionState, Result
 from .cloud_notices import MAX_NOTICE_BYTES, Notice, parse_notice
-from .operations import Operations
+from .operations import Operations, drained
 from .systemd import log, notify
 
 MARGIN_S = 3.0  # what the drain leaves of the notice's time for the last checkpoint to finish
@@ -178,9 +178,10 @@ class PreemptionWatch:
         log(f"preemption cleared (noticed {cleared.noticed_at}: {cleared.source}): watching again, periodic "
             "checkpoints resume", PHASE="preemption")
         notify(f"STATUS=serving {self.config.socket}")
+        waiting = len(drained(self.config.archive_dir))  # restored already, or nothing drained: no hint
+        hint = f"; `gpuckpt service restore` brings back the {waiting} container(s) its drain left" if waiting else ""
         return Result(ok=True, message=f"preemption cleared (noticed {cleared.noticed_at}: {cleared.source}); "
-                                       "watching again, periodic checkpoints resume; `gpuckpt service restore` "
-                                       "brings back what its drain left")
+                                       f"watching again, periodic checkpoints resume{hint}")
 
     def _standing(self) -> str:
         """Which source still gives notice, as a clause; empty if none does."""

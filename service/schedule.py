@@ -22,7 +22,7 @@ from ..cuda.devices import utilization_by_uuid
 from ..errors import GpuckptError
 from ..host.safefiles import make_directories, private_directory
 from ..node.config import ServiceConfig
-from ..node.container_record import ContainerRecord, container_label
+from ..node.container_record import ContainerRecord, container_label, short_id
 from ..node.inventory import remove_record
 from ..node.suspension import read_suspension
 from ..oci.timestamps import utc_at
@@ -221,7 +221,8 @@ class Schedule:
         def drop() -> None:
             for record in missing:
                 if not through_engine.exists(record.engine, record.id) and remove_record(record.id, record.bundle):
-                    log("the container no longer exists: its record removed", **facts(record, "periodic"))
+                    log(f"the container no longer exists: its record removed ({record.engine} container "
+                        f"{short_id(record.id)})", **facts(record, "periodic"))
         if missing:
             with contextlib.suppress(GpuckptError):  # an operation under way: looked at again next time
                 self.operations.exclusive_call("record check", drop)

@@ -71,7 +71,7 @@ class Server:
         if request.op == "status":
             emit(self.status())
         elif request.op == "drain":
-            self.operations.drain(emit, request.deadline_s)
+            self.operations.drain(emit, request.deadline_s, only=request.containers)
         elif request.op == "reset":
             emit(self.preemption.reset())
         elif request.op.startswith("pool-"):

@@ -29,6 +29,7 @@ from ..host.programs import find_program
 from ..host.signals import termination_deferred
 from ..node.config import load_config
 from ..node.engines import RUNTIME_NAME, own_hook_paths
+from ..node.podman_storage import podman_storage
 from ..node.put_back import put_back, raise_with_outcome, require_container
 from ..oci.image_layout import CheckpointImageWriter, parse_target
 from ..oci.podman_archive import (
@@ -144,11 +145,6 @@ def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_conf
     program = podman()
     limits = load_config().import_
     started = time.monotonic()
-    graph_root = run([program, "info", "--format", "{{.Store.GraphRoot}}"]).stdout.strip()
-    run_root = run([program, "info", "--format", "{{.Store.RunRoot}}"]).stdout.strip()
-    near = os.path.dirname(graph_root)  # beside podman's storage, on its filesystem: the shim renames the pages in
-    if os.stat(near).st_dev != os.stat(graph_root).st_dev:
-        near = graph_root
     staging: Staging | None = None
     try:
         with store.locked():  # held while chunks are read: not through podman's restore
@@ -157,7 +153,9 @@ def restore_from(store: Store, name: str, options: RestoreOptions, *, trust_conf
             if None in small.values():
                 raise ImageError(f"{what}: not a podman checkpoint: no {CONFIG_DUMP} or {SPEC_DUMP}")
             dumps = described_dumps(what, {entry: data for entry, data in small.items() if data is not None})
-            refuse_as_config_says(program, what, dumps.config, options)
+            refuse_as_config_says(program, what, dumps.config, options)  # before podman's slow `info`
+            storage = podman_storage(program)
+            graph_root, run_root, near = storage.graph_root, storage.run_root, storage.staging_parent
             rewrite, move = options.rewrites(RUNTIME_NAME)
             if move is not None:  # planned (or refused) before a chunk is staged
                 move.config(small[CONFIG_DUMP] or b"")

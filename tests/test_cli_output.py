@@ -58,3 +58,13 @@ def test_drain_and_gpuckptd_lines_name_the_container_as_podman_ps() -> None:
     assert _line(done) == "checkpoint done    web (c0ffeec0ffee) (podman) (0.3 MiB, 1.5 s)"
     assert _line(done.model_copy(update={"name": ""})).startswith("checkpoint done    c0ffeec0ffee (podman)")
     assert label(done) == "podman container web (c0ffeec0ffee)"
+
+
+def test_a_drains_plan_counts_one_container_in_the_singular() -> None:
+    """The trial of 2026-11-28b: `gpuckpt drain` of one container began "checkpoint 1 containers"."""
+    from gpuckpt.cli.drain import _line
+    from gpuckpt.service.api import Plan
+
+    assert _line(Plan(phase="checkpoint", containers=1, bytes=31 << 20)) == \
+        "checkpoint 1 container (31.0 MiB of host memory now)"
+    assert _line(Plan(phase="restore", containers=2, bytes=1 << 20)) == "restore 2 containers (1.0 MiB of checkpoints)"

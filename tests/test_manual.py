@@ -182,3 +182,13 @@ def test_the_gpuckpt_page_has_its_exit_statuses_and_environment() -> None:
     assert "GPUCKPT_CONFIG" in page.split("ENVIRONMENT", 1)[1].split("FILES", 1)[0]
     daemon, _ = render(manual.man_page("gpuckptd", service_main.build_parser()))
     assert "EXIT STATUS" not in daemon and "GPUCKPT_CONFIG" in daemon  # gpuckpt's table is gpuckpt's
+
+
+@needs_groff
+def test_every_page_names_the_inventory_variable_a_scoped_gpuckptd_needs() -> None:
+    """The trial of 2026-11-28b scoped a gpuckptd of its own to one container with GPUCKPT_INVENTORY_DIR, found
+    only in docs/configuration.md (not on the node): the pages' ENVIRONMENT names it beside GPUCKPT_CONFIG."""
+    for name, parser in (("gpuckpt", build_parser()), ("gpuckptd", service_main.build_parser())):
+        page, warnings = render(manual.man_page(name, parser))
+        environment = page.split("ENVIRONMENT", 1)[1].split("FILES", 1)[0]
+        assert warnings == "" and "GPUCKPT_INVENTORY_DIR" in environment and "/run/gpuckpt/containers" in environment

@@ -67,3 +67,20 @@ def test_records_of_containers_the_engine_no_longer_has_are_found(service_node: 
     assert [record.id for record in through_engine.removed(recorded())] == [gone_id]
     service_node.dir.joinpath("podman").write_text("#!/bin/sh\nexit 125\n")  # podman failing: no verdict
     assert through_engine.removed(recorded()) == []
+
+
+def test_the_removed_records_line_names_the_container(service_node: Node, capfd) -> None:  # noqa: F811
+    """The trial of 2026-11-28b read "the container no longer exists: its record removed" with the ID only in
+    the journal's CONTAINER_ID field (outside systemd: at the line's end, 64 hex): the line names it by engine
+    and short ID, as `podman ps` would have (its name went with it)."""
+    from gpuckpt.node.inventory import write_record
+
+    gone_id = "e" * 64
+    write_record({"version": 1, "id": gone_id, "engine": "podman", "bundle": "/b/e", "pid": 1, "gpus": [],
+                  "created": "2026-11-28T05:00:00Z"})
+    schedule = Schedule(service_node.config, service_node.operations, utilization=dict)
+    assert schedule._drop_removed(recorded()) == {gone_id}
+    logged = [line for line in capfd.readouterr().err.splitlines() if "no longer exists" in line]
+    assert len(logged) == 1 and logged[0].startswith(
+        f"gpuckptd: the container no longer exists: its record removed (podman container {short_id(gone_id)})"), logged
+    assert gone_id not in [record.id for record in recorded()]

@@ -102,6 +102,7 @@ def test_a_notice_drains_once_is_shown_and_a_reset_watches_again(node: Path, met
     time.sleep(1.2)
     cleared = watch.reset()
     assert cleared.ok and "watching again" in cleared.message, cleared
+    assert "gpuckpt service restore" not in cleared.message  # its drain left nothing (the trial of 2026-11-28b)
     assert watch.view().state == "watching" and watch.view().source == "" and not watch.pending
 
     metadata.body = b"TRUE"  # a later notice is a preemption of its own, not ignored
