@@ -31,7 +31,7 @@ SECTION = "8"  # every command is the administrator's: they need root
 MAN_DIR = f"/usr/share/man/man{SECTION}"
 COMPLETION_DIR = "/usr/share/bash-completion/completions"  # bash-completion loads NAME's file on first use
 CONFIG = "/etc/gpuckpt/config.toml"
-DOCS = "/usr/share/doc/gpuckpt"
+DOCS = "/usr/share/doc/gpuckpt/docs"  # the packages install docs/*.md there (packaging/stage.sh)
 DEFAULT_INVENTORY = "/run/gpuckpt/containers"  # node/inventory.py inventory_dir() with no variable set
 
 

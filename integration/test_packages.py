@@ -115,6 +115,14 @@ def test_deb_has_a_manual_page_for_each_command_and_completion(packages) -> None
     assert '.SS "gpuckpt store prune"' in page and "\\-\\-keep" in page  # the parser's, walked
 
 
+def test_deb_holds_the_manual_pages_the_man_pages_name(packages) -> None:
+    """docs/PAGE.md, which the man pages, --help texts and doctor's fixes name, on the node as the tree has it."""
+    files = deb_files(packages.deb)
+    pages = sorted(path.name for path in (REPO / "docs").glob("*.md"))
+    assert pages and {f"/usr/share/doc/gpuckpt/docs/{page}" for page in pages} <= files.keys()
+    assert deb_file_text(packages.deb, "/usr/share/doc/gpuckpt/docs/node.md") == (REPO / "docs" / "node.md").read_text()
+
+
 def test_deb_control_names_the_version_dependencies_and_conffile(packages) -> None:
     fields = dict(line.split(": ", 1) for line in
                   sh("dpkg-deb", "-f", str(packages.deb), "Package", "Version", "Architecture", "Depends")

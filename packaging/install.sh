@@ -41,7 +41,10 @@ write_launcher() {  # NAME MODULE
 #!$prefix/venv/bin/python3 -IS
 import sys
 sys.path.insert(0, "$site")
-from $2 import main
+try:
+    from $2 import main
+except KeyboardInterrupt:  # Ctrl-C while the modules load: an interrupt's exit status, no traceback
+    sys.exit(130)
 sys.exit(main())
 LAUNCHER
     chmod 0755 "$tmp"

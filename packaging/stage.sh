@@ -79,7 +79,10 @@ write_launcher() {  # NAME MODULE
 #!$venv/bin/python3 -IS
 import sys
 sys.path.insert(0, "$site")
-from $2 import main
+try:
+    from $2 import main
+except KeyboardInterrupt:  # Ctrl-C while the modules load: an interrupt's exit status, no traceback
+    sys.exit(130)
 sys.exit(main())
 LAUNCHER
     chmod 0755 "$dest$bindir/$1"
@@ -167,6 +170,9 @@ mv -f "$examples/containers.conf.new" "$examples/containers.conf"
 install -m 0644 "$src/packaging/examples/README" "$src/packaging/examples/runtimeclass.yaml" \
     "$src/packaging/examples/crio-gpuckpt.conf" "$examples/"
 install -m 0644 "$src/README.md" "$dest$docdir/README.md"
+# the manual: the pages the man pages, --help texts and doctor's fixes name as docs/PAGE.md
+install -d "$dest$docdir/docs"
+install -m 0644 "$src"/docs/*.md "$dest$docdir/docs/"
 chmod 0644 "$examples"/*
 
 # --- no staging path left in any file -------------------------------------------------------
