@@ -6,12 +6,20 @@ here, not a skip, so a broken install cannot pass unnoticed.
 
 from __future__ import annotations
 
+import signal
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import ROOTFS_TAR, configured_delegate, docker_registry, remove_stale_hierarchies, sh
+from bed import (
+    ROOTFS_TAR,
+    configured_delegate,
+    docker_registry,
+    remove_left_trust_exceptions,
+    remove_stale_hierarchies,
+    sh,
+)
 
 FILES_SHOWN = 25
 
@@ -52,6 +60,20 @@ def no_stale_cgroup_hierarchy() -> Iterator[None]:
     yield
     left = remove_stale_hierarchies()
     assert not left, f"this run left cgroup v1 hierarchies mounted nowhere (removed now): {', '.join(left)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_trust_exception_left() -> Iterator[None]:
+    """A test that needs unsigned input allowed adds an exception to the node's trust policy for its own time
+    (bed.unsigned_allowed_on_node); one a run killed mid-test left would make later runs fail (an exception
+    that exists cannot be added again; one for restore:any lets through what tests expect refused), so it is
+    removed first. SIGTERM (CI's time limit, `kill`) ends the run as Ctrl-C does: the finalizers that take
+    the exceptions out run."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if removed := remove_left_trust_exceptions():
+        print(f"\nintegration: removed trust exceptions a killed test run left: {', '.join(removed)}")
+    yield
+    signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(params=["runc", "crun"])

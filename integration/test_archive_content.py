@@ -36,6 +36,7 @@ from bed import (
     edited_specs,
     sh,
     staging_leftovers,
+    unsigned_allowed_on_node,
     wait_counter,
 )
 
@@ -71,12 +72,9 @@ def exported(tmp_path_factory) -> Iterator[tuple[Path, str]]:
 def unsigned_allowed(exported) -> Iterator[None]:
     """Edited archives and images are unsigned: explicit exceptions while these tests run (archives
     in their directory, images by restore:any), so what refuses them is the content check."""
-    sources = [f"archive:{exported[0].parent}/", "restore:any"]
-    for source in sources:
-        sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test: archive content")
-    yield
-    for source in sources:
-        sh(GPUCKPT, "trust", "disallow-unsigned", source)
+    with unsigned_allowed_on_node(f"archive:{exported[0].parent}/", "restore:any",
+                                  note="integration test: archive content"):
+        yield
 
 
 def moved(archive: Path, out: str, edit: ArchiveEdit, added: tuple[str, ...] = (), form: str = "tar") -> str:
@@ -442,10 +440,9 @@ def exported_with_volume(tmp_path_factory) -> Iterator[tuple[Path, str, str]]:
 
 @pytest.fixture(scope="module")
 def volume_archives_allowed(exported_with_volume) -> Iterator[None]:
-    source = f"archive:{exported_with_volume[0].parent}/"
-    sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test: archive content (volumes)")
-    yield
-    sh(GPUCKPT, "trust", "disallow-unsigned", source)
+    with unsigned_allowed_on_node(f"archive:{exported_with_volume[0].parent}/",
+                                  note="integration test: archive content (volumes)"):
+        yield
 
 
 def test_volumes_and_dev_shm_come_back_applied_by_the_shim(exported_with_volume) -> None:
