@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -203,6 +204,48 @@ def configured_delegate(name: str, more: str = "") -> Iterator[str]:
             CONFIG.unlink()
         else:
             CONFIG.write_text(saved)
+
+
+# The note of every trust-policy exception a test run adds names the run's pytest process: what a killed run
+# left (SIGKILL, a machine stopped) is found by it and removed at the next run's start (conftest.py).
+TRUST_NOTE_MARK = re.compile(r"\[pytest pid (\d+)\]$")
+
+
+@contextlib.contextmanager
+def unsigned_allowed_on_node(*sources: str, note: str) -> Iterator[None]:
+    """The node's trust policy (/etc/gpuckpt/trust.toml, which podman's restores read through the shim) holds
+    an exception for each of `sources` (archive:PATH, restore:any) for the block: what the block added is
+    removed whatever ends it (a failure, Ctrl-C, SIGTERM; conftest.py makes SIGTERM end the run as Ctrl-C does)."""
+    added: list[str] = []
+    try:
+        for source in sources:
+            sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", f"{note} [pytest pid {os.getpid()}]")
+            added.append(source)
+        yield
+    finally:
+        failed = [f"{source}: {result.stderr.strip()}" for source in added
+                  if (result := sh(GPUCKPT, "trust", "disallow-unsigned", source, check=False)).returncode != 0]
+        assert not failed, f"trust exceptions not removed: {'; '.join(failed)}"
+
+
+def remove_left_trust_exceptions() -> list[str]:
+    """The node's trust exceptions added by a test run whose pytest process is gone, removed (named: the sources)."""
+    listed = json.loads(sh(GPUCKPT, "trust", "list", "--json").stdout)
+    removed = []
+    for exception in listed["unsigned_allowed"]:
+        mark = TRUST_NOTE_MARK.search(exception["note"])
+        if mark is None or _is_pytest(int(mark[1])):
+            continue
+        sh(GPUCKPT, "trust", "disallow-unsigned", exception["source"])
+        removed.append(exception["source"])
+    return removed
+
+
+def _is_pytest(pid: int) -> bool:
+    try:
+        return b"pytest" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 # A cgroup v1 hierarchy mounted nowhere: mounted in a private mount namespace, a cgroup made in it,

@@ -6,14 +6,27 @@ here, not a skip, so a broken install cannot pass unnoticed.
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import ROOTFS_TAR, configured_delegate, docker_registry, remove_stale_hierarchies, sh
+from bed import (
+    ROOTFS_TAR,
+    configured_delegate,
+    docker_registry,
+    remove_left_trust_exceptions,
+    remove_stale_hierarchies,
+    sh,
+)
 
 FILES_SHOWN = 25
+BUILD_SH = Path(__file__).resolve().parent.parent / "packaging" / "build.sh"
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -31,15 +44,59 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 
 
+class PackageBuild:
+    """packaging/build.sh all (lintian included) into a directory of its own, in the background: started as soon
+    as collection shows a test needs the packages, it runs (minutes, mostly one core of CI's two) while the
+    tests before that one do."""
+
+    def __init__(self) -> None:
+        self.work = Path(tempfile.mkdtemp(prefix="gpuckpt-packages-"))
+        with open(self.work / "stdout", "wb") as stdout, open(self.work / "stderr", "wb") as stderr:
+            self.process = subprocess.Popen(["bash", str(BUILD_SH), "all", str(self.work / "packages")],
+                                            stdin=subprocess.DEVNULL, stdout=stdout, stderr=stderr,
+                                            start_new_session=True)  # its group: stop() ends dpkg and rpm too
+
+    def wait(self, timeout_s: float = 900) -> tuple[Path, str]:
+        """The directory of the packages alone and build.sh's output, once it is done."""
+        try:
+            status = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"packaging/build.sh all: not done within {timeout_s} s") from None
+        stdout = (self.work / "stdout").read_text()
+        assert status == 0, f"packaging/build.sh all exited {status}:\n{stdout}\n{(self.work / 'stderr').read_text()}"
+        return self.work / "packages", stdout
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(timeout=60)
+
+
+PACKAGE_BUILD = pytest.StashKey[PackageBuild]()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if not session.config.option.collectonly and any(
+            "built_packages" in getattr(item, "fixturenames", ()) for item in session.items):
+        session.config.stash[PACKAGE_BUILD] = PackageBuild()
+
+
+@pytest.hookimpl(trylast=True)  # after the fixtures' teardown: test_systemd's machine mounts the packages
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if (build := session.config.stash.get(PACKAGE_BUILD, None)) is not None:
+        build.stop()
+        shutil.rmtree(build.work, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def built_packages(tmp_path_factory) -> tuple[Path, str]:
-    """The .deb and .rpm of this tree (packaging/build.sh all, lintian included), built once for every test that
-    installs or inspects them (test_packages, test_systemd): each build takes a minute or more. Returns the
-    directory and build.sh's output."""
-    out = tmp_path_factory.mktemp("packages")
-    built = sh("bash", str(Path(__file__).resolve().parent.parent / "packaging" / "build.sh"), "all", str(out),
-               timeout=900)
-    return out, built.stdout
+def built_packages(request: pytest.FixtureRequest) -> tuple[Path, str]:
+    """The .deb and .rpm of this tree, built once for every test that installs or inspects them (test_packages,
+    test_systemd), started in the background at collection's end (PackageBuild). Returns the directory and
+    build.sh's output."""
+    if PACKAGE_BUILD not in request.config.stash:
+        request.config.stash[PACKAGE_BUILD] = PackageBuild()
+    return request.config.stash[PACKAGE_BUILD].wait()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,6 +109,20 @@ def no_stale_cgroup_hierarchy() -> Iterator[None]:
     yield
     left = remove_stale_hierarchies()
     assert not left, f"this run left cgroup v1 hierarchies mounted nowhere (removed now): {', '.join(left)}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_trust_exception_left() -> Iterator[None]:
+    """A test that needs unsigned input allowed adds an exception to the node's trust policy for its own time
+    (bed.unsigned_allowed_on_node); one a run killed mid-test left would make later runs fail (an exception
+    that exists cannot be added again; one for restore:any lets through what tests expect refused), so it is
+    removed first. SIGTERM (CI's time limit, `kill`) ends the run as Ctrl-C does: the finalizers that take
+    the exceptions out run."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    if removed := remove_left_trust_exceptions():
+        print(f"\nintegration: removed trust exceptions a killed test run left: {', '.join(removed)}")
+    yield
+    signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.fixture(params=["runc", "crun"])

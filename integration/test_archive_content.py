@@ -36,6 +36,7 @@ from bed import (
     edited_specs,
     sh,
     staging_leftovers,
+    unsigned_allowed_on_node,
     wait_counter,
 )
 
@@ -71,12 +72,9 @@ def exported(tmp_path_factory) -> Iterator[tuple[Path, str]]:
 def unsigned_allowed(exported) -> Iterator[None]:
     """Edited archives and images are unsigned: explicit exceptions while these tests run (archives
     in their directory, images by restore:any), so what refuses them is the content check."""
-    sources = [f"archive:{exported[0].parent}/", "restore:any"]
-    for source in sources:
-        sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test: archive content")
-    yield
-    for source in sources:
-        sh(GPUCKPT, "trust", "disallow-unsigned", source)
+    with unsigned_allowed_on_node(f"archive:{exported[0].parent}/", "restore:any",
+                                  note="integration test: archive content"):
+        yield
 
 
 def moved(archive: Path, out: str, edit: ArchiveEdit, added: tuple[str, ...] = (), form: str = "tar") -> str:
@@ -234,16 +232,22 @@ def test_the_images_own_links_lead_inside_the_root_only(exported, unsigned_allow
         victim.unlink(missing_ok=True)
 
 
-@pytest.mark.hostile("real export (archive or image) whose rootfs-diff.tar is a small zstd stream of 2 GiB of zeros")
-@pytest.mark.parametrize("form", ["tar", "oci"])
-def test_a_compressed_diff_is_refused_before_it_expands(exported, unsigned_allowed, form) -> None:
-    archive, name = exported
+@pytest.fixture(scope="module")
+def zstd_bomb() -> bytes:
+    """A small zstd stream of 2 GiB of zeros (level 19: seconds of CPU), made once for both forms."""
     with io.BytesIO() as bomb:
         with zstandard.ZstdCompressor(level=19).stream_writer(bomb, closefd=False) as writer:
             chunk = bytes(64 << 20)
             for _ in range(32):
                 writer.write(chunk)
-        data = bomb.getvalue()
+        return bomb.getvalue()
+
+
+@pytest.mark.hostile("real export (archive or image) whose rootfs-diff.tar is a small zstd stream of 2 GiB of zeros")
+@pytest.mark.parametrize("form", ["tar", "oci"])
+def test_a_compressed_diff_is_refused_before_it_expands(exported, unsigned_allowed, zstd_bomb, form) -> None:
+    archive, name = exported
+    data = zstd_bomb
     assert len(data) < 200_000
     attack = moved(archive, "bomb", lambda entry, old: data if entry == "rootfs-diff.tar" else old, form=form)
     started = time.monotonic()
@@ -442,10 +446,9 @@ def exported_with_volume(tmp_path_factory) -> Iterator[tuple[Path, str, str]]:
 
 @pytest.fixture(scope="module")
 def volume_archives_allowed(exported_with_volume) -> Iterator[None]:
-    source = f"archive:{exported_with_volume[0].parent}/"
-    sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test: archive content (volumes)")
-    yield
-    sh(GPUCKPT, "trust", "disallow-unsigned", source)
+    with unsigned_allowed_on_node(f"archive:{exported_with_volume[0].parent}/",
+                                  note="integration test: archive content (volumes)"):
+        yield
 
 
 def test_volumes_and_dev_shm_come_back_applied_by_the_shim(exported_with_volume) -> None:

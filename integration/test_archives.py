@@ -19,7 +19,16 @@ from pathlib import Path
 
 import pytest
 import zstandard
-from bed import COUNTER_SOURCE, GPUCKPT, PODMAN_IMAGE, assert_continues, sh, staging_leftovers, wait_counter
+from bed import (
+    COUNTER_SOURCE,
+    GPUCKPT,
+    PODMAN_IMAGE,
+    assert_continues,
+    sh,
+    staging_leftovers,
+    unsigned_allowed_on_node,
+    wait_counter,
+)
 from podman_tars import SPEC as PODMAN_SPEC
 
 _names = itertools.count()
@@ -44,9 +53,8 @@ def unsigned_allowed(tmp_path):
     """podman's own archives and hand-made ones are unsigned: this test's directory is an explicit
     exception in the trust policy while it runs (gpuckpt import refuses them otherwise)."""
     source = f"archive:{tmp_path}/"
-    sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test")
-    yield source
-    sh(GPUCKPT, "trust", "disallow-unsigned", source)
+    with unsigned_allowed_on_node(source, note="integration test"):
+        yield source
 
 
 

@@ -26,6 +26,7 @@ from bed import (
     edited_specs,
     sh,
     staging_leftovers,
+    unsigned_allowed_on_node,
     wait_counter,
 )
 
@@ -129,9 +130,8 @@ def unsigned_allowed(tmp_path):
     """The edited archive is unsigned (its signature no longer matches): this test's directory is
     an explicit exception in the trust policy while it runs, so what refuses it is the image check."""
     source = f"archive:{tmp_path}/"
-    sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "integration test: image credentials")
-    yield source
-    sh(GPUCKPT, "trust", "disallow-unsigned", source)
+    with unsigned_allowed_on_node(source, note="integration test: image credentials"):
+        yield source
 
 
 def back_to_defaults(spec: dict) -> dict:

@@ -29,6 +29,7 @@ from bed import (
     make_bundle,
     runtime,
     sh,
+    unsigned_allowed_on_node,
     wait_counter,
 )
 
@@ -207,17 +208,17 @@ def test_unsigned_is_refused_by_default_and_restored_under_an_explicit_logged_ex
         refused = sh(GPUCKPT, "import", str(archive), check=False)
         one_line_refusal(refused, f"no signature ({archive}.sig)", f"gpuckpt trust allow-unsigned archive:{archive}")
         assert not podman_has(name)
-        sh(GPUCKPT, "trust", "allow-unsigned", source, "--note", "podman's own exports, test")
-        trust_line = next(line for line in sh(GPUCKPT, "doctor", check=False).stdout.splitlines() if "trust:" in line)
-        assert trust_line.startswith("warn ")  # an exception the operator made: not ok
-        assert "UNSIGNED accepted (logged) from:" in trust_line and source in trust_line
-        imported = sh(GPUCKPT, "import", str(archive))
+        with unsigned_allowed_on_node(source, note="podman's own exports, test"):
+            trust_line = next(line for line in sh(GPUCKPT, "doctor", check=False).stdout.splitlines()
+                              if "trust:" in line)
+            assert trust_line.startswith("warn ")  # an exception the operator made: not ok
+            assert "UNSIGNED accepted (logged) from:" in trust_line and source in trust_line
+            imported = sh(GPUCKPT, "import", str(archive))
         assert f"{archive} is unsigned: accepted because" in imported.stdout
         logged = [json.loads(line) for line in TRUST_LOG.read_text().splitlines()]
         assert {"what": str(archive), "source": source}.items() <= logged[-1].items()
         assert_continues(before, lambda: sh("podman", "exec", name, "cat", "/tmp/state").stdout)
     finally:
-        sh(GPUCKPT, "trust", "disallow-unsigned", source, check=False)
         sh("podman", "rm", "-f", "-t", "0", name, check=False)
 
 
@@ -326,11 +327,8 @@ def test_a_plain_runc_dump_is_restored_only_under_restore_any(runc_delegate, roo
         assert refused.returncode == 1 and "has no gpuckpt-dump.sig" in refused.stderr, refused.stderr
         assert "gpuckpt trust allow-unsigned restore:any" in refused.stderr
         assert runtime("state", container_id, check=False).returncode != 0  # nothing was restored
-        sh(GPUCKPT, "trust", "allow-unsigned", "restore:any", "--note", "integration test: plain runc dumps")
-        try:
+        with unsigned_allowed_on_node("restore:any", note="integration test: plain runc dumps"):
             detached(*restore, cwd=bundle)
-        finally:
-            sh(GPUCKPT, "trust", "disallow-unsigned", "restore:any")
         assert_continues(before, read_state)
         logged = [json.loads(line) for line in TRUST_LOG.read_text().splitlines()]
         assert any(entry["source"] == "restore:any" and container_id in entry["what"] for entry in logged[-5:])
