@@ -175,6 +175,9 @@ PROC_NS = {"network": "net", "ipc": "ipc", "uts": "uts", "pid": "pid", "mount": 
 # the engines' named network namespaces: podman's (netavark's, CNI's) and containerd CRI's in /run/netns, docker's in
 # /run/docker/netns; /var/run is /run
 NETNS_PATH = re.compile(r"(?:/var)?/run/(?:docker/)?netns/[A-Za-z0-9_.-]{1,200}")
+# what a pod's members join of its infra container (podman 4.3.1 pod --share: cgroup, ipc, net, pid, uts; --userns);
+# never its mount namespace
+INFRA_SHARED = frozenset({"cgroup", "ipc", "net", "pid", "uts", "user"})
 PROC_NS_PATH = re.compile(r"/proc/[1-9][0-9]{0,9}/ns/([a-z]+)")  # podman's for a pod's or container's shared ones
 
 
@@ -188,9 +191,10 @@ def namespace_path_refusals(spec: Spec, podman: Callable[[], PodmanRecord | None
     network namespace by /run/netns or /proc/PID, and its IPC and UTS namespaces, joined as well (attack30k). Only
     paths no user or container can change pass, checked for what they are now; a missing one is refused. Of
     those, one no process is in passes (podman's new network namespace for this restore, or one the operator
-    named: `--network ns:PATH`); one a process is in, only where `podman()` (its database's record of this
-    container, read only then) says podman put it: the network namespace it made for this container, or the
-    namespaces of its pod's infra container."""
+    named: `--network ns:PATH`; never a /proc/PID path, PID's own); one a process is in, only where `podman()`
+    (its database's record of this container, read only then) says podman put it: the network namespace it made
+    for this container, or the namespaces of its pod's infra container it shares (not its mount namespace). A
+    path that is not a namespace's file is refused too (/run/netns/.. is /run)."""
     refused = []
     for namespace in spec.linux.namespaces:
         path, kind = namespace.path, PROC_NS.get(namespace.type)
@@ -204,13 +208,26 @@ def namespace_path_refusals(spec: Spec, podman: Callable[[], PodmanRecord | None
         except OSError as error:
             refused.append(f"{namespace.type} ({path[:120]}: {error.strerror})")
             continue
-        if (found.st_dev, found.st_ino) == (host.st_dev, host.st_ino):
+        if found.st_dev != host.st_dev:  # nsfs: every namespace's file is on it, /run/netns/.. is not
+            refused.append(f"{namespace.type} ({path[:120]}: not a namespace)")
+        elif (found.st_dev, found.st_ino) == (host.st_dev, host.st_ino):
             refused.append(f"{namespace.type} ({path[:120]}: the host's)")
-        elif (pid := _occupant(kind, found)) and not _podmans_own(namespace.type, kind, path, podman()):
+        elif (pid := _proc_pid(path) or _occupant(kind, found)) and \
+                not _podmans_own(namespace.type, kind, path, podman()):
             refused.append(f"{namespace.type} ({path[:120]}: process {pid}'s, another container's; allowed: the "
                            "namespace podman made for this container, its pod's infra container's, or one no "
                            "process is in)")
     return refused
+
+
+def _proc_pid(path: str) -> int:
+    """The process a /proc/PID/ns/TYPE path names, 0 for another path. That process is in the namespace (it names
+    its own), whatever a scan of /proc sees a moment later: a user's process in network namespaces of its own (a
+    user namespace needs no privilege) flips between two by setns, and the scan found it in the other one, so "no
+    process is in it" let a container in with that user, who handed its root an fd of the host's / over an
+    abstract unix socket (attack30l)."""
+    found = PROC_NS_PATH.fullmatch(path)
+    return int(path.split("/")[2]) if found else 0
 
 
 def _podmans_own(namespace_type: str, kind: str, path: str, podman: PodmanRecord | None) -> bool:
@@ -219,7 +236,7 @@ def _podmans_own(namespace_type: str, kind: str, path: str, podman: PodmanRecord
     if podman is None:
         return False
     return (namespace_type == "network" and bool(podman.netns) and path == podman.netns) or \
-        (podman.infra_pid > 0 and path == f"/proc/{podman.infra_pid}/ns/{kind}")
+        (podman.infra_pid > 0 and kind in INFRA_SHARED and path == f"/proc/{podman.infra_pid}/ns/{kind}")
 
 
 def _occupant(kind: str, namespace: os.stat_result) -> int:

@@ -8,6 +8,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import time
 
 import pytest
@@ -277,3 +278,70 @@ def test_another_containers_namespaces_are_refused_unless_podman_put_them_there(
     path = f"/proc/{pid}/ns/net"
     assert namespace_path_refusals(joining("network", path), lambda: PodmanRecord(path, 0)) == []
     assert namespace_path_refusals(joining("ipc", f"/proc/{pid}/ns/ipc"), lambda: PodmanRecord(path, 0)) != []
+
+
+FLIPPER = """
+import ctypes, os, sys, time
+libc = ctypes.CDLL(None, use_errno=True)
+NEWUSER, NEWNET = 0x10000000, 0x40000000
+if libc.unshare(NEWUSER | NEWNET):
+    sys.exit("unshare: " + os.strerror(ctypes.get_errno()))
+first = os.open("/proc/self/ns/net", os.O_RDONLY)
+libc.unshare(NEWNET)
+second = os.open("/proc/self/ns/net", os.O_RDONLY)
+print("ready", flush=True)
+while True:
+    for namespace in (first, second):
+        libc.setns(namespace, NEWNET)
+        time.sleep(0.001)
+"""
+
+
+@pytest.mark.hostile("restore spec joining a user's network namespace by /proc/PID/ns/net while that process flips "
+                     "between two of its own, so the scan for processes in it finds none (attack30l: a signed "
+                     "export under the default policy restored in the user's namespace; the user handed the "
+                     "container's root an fd of the host's / over an abstract unix socket: host files written)")
+def test_a_process_flipping_between_its_namespaces_is_still_in_the_one_its_path_names() -> None:
+    flipper = subprocess.Popen([sys.executable, "-c", FLIPPER], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        if flipper.stdout.readline() != b"ready\n":
+            pytest.skip(f"no network namespaces of a process's own here: {flipper.stderr.read().decode()[:200]}")
+        path = f"/proc/{flipper.pid}/ns/net"
+        joining = spec(lambda changed: changed["linux"].update(namespaces=[{"type": "network", "path": path}]))
+        verdicts = [namespace_path_refusals(joining, lambda: PodmanRecord("", 0)) for _ in range(40)]
+    finally:
+        flipper.kill()
+        flipper.wait()
+    allowed = "allowed: the namespace podman made for this container, its pod's infra container's, or one no " \
+              "process is in"
+    assert [verdict for verdict in verdicts if verdict != [
+        f"network ({path}: process {flipper.pid}'s, another container's; {allowed})"]] == []
+
+
+@pytest.mark.hostile("restore spec naming as a namespace a file that is none (/run/netns/.. is /run), or a pod's "
+                     "infra container's mount namespace, which podman never shares")
+def test_only_namespace_files_and_what_a_pod_shares_pass() -> None:
+    if os.path.isdir("/run/netns"):
+        dotdot = spec(lambda changed: changed["linux"].update(
+            namespaces=[{"type": "network", "path": "/run/netns/.."}]))
+        assert namespace_path_refusals(dotdot) == ["network (/run/netns/..: not a namespace)"]
+    infra = subprocess.Popen(["unshare", "-Umn", "sleep", "300"])  # an infra container: mount and network its own
+    try:
+        for _ in range(200):
+            if os.stat(f"/proc/{infra.pid}/ns/mnt").st_ino != os.stat("/proc/self/ns/mnt").st_ino:
+                break
+            if infra.poll() is not None:
+                pytest.skip("unshare -Umn is not allowed here")
+            time.sleep(0.01)
+        verdicts = {}
+        for kind, name in (("mount", "mnt"), ("network", "net")):
+            path = f"/proc/{infra.pid}/ns/{name}"
+            joining = spec(lambda changed, kind=kind, path=path: changed["linux"].update(
+                namespaces=[{"type": kind, "path": path}]))
+            verdicts[kind] = namespace_path_refusals(joining, lambda: PodmanRecord("", infra.pid))
+    finally:
+        infra.kill()
+        infra.wait()
+    assert verdicts == {"network": [], "mount": [
+        f"mount (/proc/{infra.pid}/ns/mnt: process {infra.pid}'s, another container's; allowed: the namespace "
+        "podman made for this container, its pod's infra container's, or one no process is in)"]}
