@@ -1,7 +1,8 @@
 """A staged import's root filesystem diff and deletions, /dev/shm and named volumes, applied by
 the shim, each inside its own directory (host/rooted.py: the container's root, the tmpfs podman
 mounted for /dev/shm, each volume's directory) before CRIU restores its processes; podman never
-sees them.
+sees them. A leave-running dump's own copy of /dev/shm (transfer/devshm.py), signed with its images, is
+applied in place of podman's, which is of a later moment.
 
 The diff is read with the same parse and the same rules as the import checked it with
 (oci.nested_tar.EntryRules): whatever the check passed is what is applied, and what it would
@@ -32,14 +33,19 @@ from ..oci.nested_tar import (
 )
 from ..oci.spec import Spec
 from ..oci.tarstream import Data
+from .devshm import dump_devshm
 from .staging import ClaimedImport
 
 SHM = "/dev/shm"
 
 
-def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str) -> str:
-    """Every root file a staged import left, each where podman would have unpacked it; what was done."""
-    files, done = staged.root_files, []
+def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str, image_dir: str = "") -> str:
+    """Every root file a staged import left, each where podman would have unpacked it (/dev/shm from the dump's
+    copy in `image_dir` where it has one); what was done."""
+    files, done = dict(staged.root_files), []
+    if DEVSHM in files and image_dir and (at_dump := dump_devshm(image_dir)):
+        files[DEVSHM] = at_dump
+        done.append("/dev/shm as copied at the dump, not the archive's later copy")
     if ROOTFS_DIFF in files or DELETED_FILES in files:
         root = spec.rootfs(bundle)
         if not root:
