@@ -34,15 +34,23 @@ def copy_devshm(root_pid: int, image_dir: str) -> tuple[int, int]:
     """The /dev/shm of process `root_pid`'s root (the container's init), as a tar at `image_dir`/DUMP_DEVSHM; its
     (files, bytes). NotCopied, with nothing left behind, where it holds anything but regular files or more than the
     bounds."""
-    path = os.path.join(image_dir, DUMP_DEVSHM)
     try:
         with directory_in_root(root_pid, "/dev/shm", listable=True) as shm:
-            names = sorted(os.listdir(shm))
-            if len(names) > MAX_DEVSHM_FILES:
-                raise NotCopied(f"it holds {len(names)} entries, more than {MAX_DEVSHM_FILES}")
-            with os.fdopen(create_new(path), "wb") as out, tarfile.open(fileobj=out, mode="w",
-                                                                        format=tarfile.PAX_FORMAT) as tar:
-                return _write_files(tar, shm, names)
+            return copy_directory(shm, os.path.join(image_dir, DUMP_DEVSHM))
+    except OSError as error:
+        raise NotCopied(f"/dev/shm cannot be opened in its root: {error.strerror or error}") from None
+
+
+def copy_directory(directory_fd: int, path: str) -> tuple[int, int]:
+    """The regular files of the directory open at `directory_fd`, as a tar at `path`; (files, bytes). NotCopied,
+    with no tar left, where it holds anything else or more than the bounds."""
+    try:
+        names = sorted(os.listdir(directory_fd))
+        if len(names) > MAX_DEVSHM_FILES:
+            raise NotCopied(f"it holds {len(names)} entries, more than {MAX_DEVSHM_FILES}")
+        with os.fdopen(create_new(path), "wb") as out, tarfile.open(fileobj=out, mode="w",
+                                                                    format=tarfile.PAX_FORMAT) as tar:
+            return _write_files(tar, directory_fd, names)
     except (NotCopied, OSError, tarfile.TarError) as error:
         with contextlib.suppress(OSError):
             os.unlink(path)
@@ -55,11 +63,14 @@ def _write_files(tar: tarfile.TarFile, shm: int, names: list[str]) -> tuple[int,
     first_name: dict[tuple[int, int], str] = {}
     total = 0
     for name in names:
+        found = os.stat(name, dir_fd=shm, follow_symlinks=False)
+        if not stat.S_ISREG(found.st_mode):  # before any open: a device node or a FIFO is never opened
+            raise NotCopied(f"{name!r} is not a regular file")
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=shm)
         with os.fdopen(fd, "rb") as source:
             status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode):
-                raise NotCopied(f"{name!r} is not a regular file")
+            if (status.st_dev, status.st_ino) != (found.st_dev, found.st_ino) or not stat.S_ISREG(status.st_mode):
+                raise NotCopied(f"{name!r} changed while it was copied")
             info = tarfile.TarInfo(name)
             info.mode, info.uid, info.gid = stat.S_IMODE(status.st_mode), status.st_uid, status.st_gid
             info.mtime = int(status.st_mtime)
