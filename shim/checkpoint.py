@@ -5,9 +5,10 @@ argv, config, spec) refused where the operator does not allow it; the container'
 read once (host/processes.py) and judged (policy/), driver files noted; CRIU's network options and config lines
 added to the plan; the CUDA processes found and what the driver could not restore refused;
 the manifest written marked incomplete (shim/checkpoint_manifest.py); lock and checkpoint
-them (thawing a frozen container for that); the delegate's dump; with --leave-running
-restore and unlock them, and put back the link-remap names CRIU removed as it ended
-(shim/link_remap.py); the manifest marked complete and signed. A lazy dump (--lazy-pages, CPU
+them (thawing a frozen container for that); the delegate's dump, which --leave-running holds frozen
+until the link-remap names CRIU removed as it ended are put back (shim/link_remap.py) and /dev/shm is
+copied into the image (transfer/devshm.py: podman's own copy comes later, of a later moment); with
+--leave-running restore and unlock them; the manifest marked complete and signed. A lazy dump (--lazy-pages, CPU
 containers only: shim/checkpoint_lazy.py) is marked "lazy, completing" and signed when its page
 server is ready, before the engine hears of it. Each step that changes
 something registers its undo as it is done (shim/rollback.py): until the dump succeeded, any
@@ -28,7 +29,7 @@ import itertools
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import NoReturn
 
@@ -54,6 +55,7 @@ from ..policy.driver_files import driver_files_of
 from ..policy.gpu import pre_dump_refusals, unrestorable_refusals
 from ..policy.network import choose, container_policy, inspect_sockets, missing_option_hint
 from ..policy.undumpable import undumpable_refusals
+from ..transfer.devshm import NotCopied, copy_devshm
 from .argv import (
     CHECKPOINT_VALUE_FLAGS,
     RuntimeArgs,
@@ -272,7 +274,7 @@ class Checkpoint:
         if not (self.plan.leave_running and self._uses_link_remap()):
             return
         try:  # not journaled: a shim killed here leaves at most a name the next dump removes
-            remaps = put_back_link_remaps(self.plan.image_dir, self.processes, self.state.pid)
+            remaps = put_back_link_remaps(self.staging or self.plan.image_dir, self.processes, self.state.pid)
         except ImageError as error:
             raise ImageError(f"checkpoint of {self.container_id} failed: {error}; the container keeps running, its "
                              "checkpoint would not restore and is left unsigned") from None
@@ -314,14 +316,21 @@ class Checkpoint:
         inventory = self.gpus.describe_container_gpus(self.plan.spec, []) if gpu else Inventory("", 0, [])
         self._begin_manifest(inventory, started, "the container keeps running")
         lazy = self.plan.lazy_pages
-        status = self._lazy_dump(inventory, started) if lazy else self._finish_dump(self._start_dump())
+        if lazy:
+            status = self._lazy_dump(inventory, started)
+        else:
+            with self._frozen_until_copied():
+                status = self._finish_dump(self._start_dump())
+                if status == 0:
+                    self._at_the_dumps_moment()
         if status != 0:
             cause, hint = self._criu_cause(), self._failure_hint()
             if cause or hint:
                 raise DelegateError(f"checkpoint of {self.container_id} failed ({os.path.basename(self.delegate)} "
                                     f"exited {status}{cause}){hint}", status)
             return status
-        self._put_back_link_remaps()
+        if lazy:
+            self._put_back_link_remaps()
         self._complete_manifest(inventory, started, dump_s=time.monotonic() - started)
         return 0
 
@@ -349,11 +358,13 @@ class Checkpoint:
         self._begin_manifest(inventory, started, f"its CUDA processes stay suspended as {_suspended_by(record)} "
                              "left them")
         dump_started = time.monotonic()
-        status = self._finish_dump(self._start_dump())
+        with self._frozen_until_copied():
+            status = self._finish_dump(self._start_dump())
+            if status == 0:
+                self._at_the_dumps_moment()
         if status != 0:
             raise DelegateError(f"checkpoint of {self.container_id} failed; its CUDA processes stay suspended "
                                 f"as {_suspended_by(record)} left them{self._failure_hint()}", status)
-        self._put_back_link_remaps()
         if not self.plan.leave_running:
             remove_suspension(self.container_id)  # the processes are gone; their image holds them
         self._complete_manifest(inventory, started, dump_s=time.monotonic() - dump_started)
@@ -408,7 +419,9 @@ class Checkpoint:
             signals.check()
             if self._choose_staging():
                 rollback.done("staging", self._drop_staging)
-            dump_s = self._dump(signals)
+            with self._frozen_until_copied():
+                dump_s = self._dump(signals)
+                self._at_the_dumps_moment()
         except BaseException as error:  # noqa: BLE001 -- whatever it was: undone by the journal, raised as one line
             newcomers = self._new_driver_holders(cuda_pids) if isinstance(error, DelegateError) else []
             self._roll_back(rollback, error, newcomers, signals)
@@ -432,9 +445,36 @@ class Checkpoint:
             log(self.args, "info", f"{self.container_id}: GPU downtime {downtime_s:.3f} s ({len(cuda_pids)} CUDA "
                 f"process(es); dump {where}): {phases}")
             self._move_staged()
-            self._put_back_link_remaps()
         self._complete_manifest(inventory, started, dump_s=dump_s, downtime_s=downtime_s, timings=session.timings)
         return 0
+
+    @contextlib.contextmanager
+    def _frozen_until_copied(self) -> Iterator[None]:
+        """--leave-running: the container frozen from before the dump until _at_the_dumps_moment is done (CRIU
+        leaves a cgroup frozen that it found frozen); thawed after, unless the engine had frozen it."""
+        freezer = Freezer.of_process(self.state.pid) if self.plan.leave_running else None
+        if freezer is None or self.plan.frozen_by_engine or freezer.is_frozen():
+            yield
+            return
+        freezer.set_frozen(True)
+        try:
+            yield
+        finally:
+            freezer.set_frozen(False)
+
+    def _at_the_dumps_moment(self) -> None:
+        """--leave-running, the processes still frozen as dumped: CRIU's link-remap names back, then /dev/shm copied
+        into the image, which an import restores instead of the engine's later copy (transfer/devshm.py)."""
+        if not self.plan.leave_running:
+            return
+        self._put_back_link_remaps()
+        try:
+            files, size = copy_devshm(self.state.pid, self.plan.image_dir)
+        except NotCopied as why:
+            log(self.args, "warning", f"{self.container_id}: /dev/shm not copied at the dump ({why}): an import "
+                "restores the engine's copy, made after the processes ran on")
+            return
+        log(self.args, "info", f"{self.container_id}: /dev/shm copied at the dump ({files} file(s), {size} bytes)")
 
     def _release_forked_children(self, freezer: Freezer | None) -> None:
         """Forked children (DataLoader workers) let go of the driver they inherited, so CRIU can dump

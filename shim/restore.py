@@ -65,7 +65,8 @@ from ..policy.devices import device_refusals
 from ..policy.driver_files import driver_change_refusal
 from ..policy.image import check_restore
 from ..policy.spec_grants import namespace_path_refusals, podman_own_dirs, widened
-from ..transfer.root_files import apply_staged
+from ..transfer.devshm import dump_devshm
+from ..transfer.root_files import apply_staged, replace_devshm
 from ..transfer.staging import ClaimedImport, claim_staged
 from ..trust.dump_signature import DUMP_SIGNATURE, dumped_here, verify_dump
 from ..trust.keys import load_trust
@@ -152,8 +153,8 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
         # CRIU restores TCP connections, external unix sockets and locks only when asked again.
         again = [option for option in manifest.network.added_options if option.lstrip("-") not in verb.flags]
 
-    if staged is not None:  # every check passed: the container's own files, inside its root only
-        _apply_staged_root_files(args, staged, bundle, container_id)
+    # every check passed: the container's own files, inside its root only
+    _apply_root_files(args, staged, bundle, container_id, image_dir_of(verb))
     argv = delegate_argv(delegate, args, again)
     # asked by the annotation, by `gpuckpt restore --standby` (the staged import), or by a group restore
     in_standby = group_standby or standby_by_annotation or bool(staged and staged.standby)
@@ -163,11 +164,19 @@ def _restore(args: RuntimeArgs, delegate: str, verb: VerbArgs, container_id: str
                       lock=lock, standby=in_standby).run()
 
 
-def _apply_staged_root_files(args: RuntimeArgs, staged: ClaimedImport, bundle: str, container_id: str) -> None:
+def _apply_root_files(args: RuntimeArgs, staged: ClaimedImport | None, bundle: str, container_id: str,
+                      image_dir: str) -> None:
     """The imported archive's changed and deleted files, /dev/shm and volumes (podman was not given them),
-    made inside where the engine mounted each, no link followed out of it (transfer.root_files)."""
+    made inside where the engine mounted each, no link followed out of it (transfer.root_files); /dev/shm
+    from the dump's own copy where a leave-running dump made one (signed with the images, verified above),
+    also in place of what podman's own restore unpacked there."""
+    if staged is None:
+        if dump_devshm(image_dir) and (replaced := replace_devshm(read_spec(bundle), bundle, image_dir,
+                                                                  f"restore of {container_id}")):
+            log(args, "info", f"{container_id}: {replaced}")
+        return
     if staged.root_files:
-        done = apply_staged(read_spec(bundle), bundle, staged, f"restore of {container_id}")
+        done = apply_staged(read_spec(bundle), bundle, staged, f"restore of {container_id}", image_dir)
         log(args, "info", f"{container_id}: the imported archive's files applied: {done}")
 
 

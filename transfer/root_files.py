@@ -1,7 +1,8 @@
 """A staged import's root filesystem diff and deletions, /dev/shm and named volumes, applied by
 the shim, each inside its own directory (host/rooted.py: the container's root, the tmpfs podman
 mounted for /dev/shm, each volume's directory) before CRIU restores its processes; podman never
-sees them.
+sees them. A leave-running dump's own copy of /dev/shm (transfer/devshm.py), signed with its images, is
+applied in place of podman's, which is of a later moment (also where podman's own restore unpacked its copy).
 
 The diff is read with the same parse and the same rules as the import checked it with
 (oci.nested_tar.EntryRules): whatever the check passed is what is applied, and what it would
@@ -17,6 +18,7 @@ from ..errors import ImageError
 from ..host.rooted import Owner, RootedTree
 from ..host.safefiles import read_bounded
 from ..oci import tarstream
+from ..oci.bundle_layout import in_containers_storage
 from ..oci.nested_tar import (
     ALLOWED_XATTRS,
     CAPABILITY_XATTR,
@@ -32,14 +34,19 @@ from ..oci.nested_tar import (
 )
 from ..oci.spec import Spec
 from ..oci.tarstream import Data
+from .devshm import DUMP_DEVSHM, dump_devshm
 from .staging import ClaimedImport
 
 SHM = "/dev/shm"
 
 
-def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str) -> str:
-    """Every root file a staged import left, each where podman would have unpacked it; what was done."""
-    files, done = staged.root_files, []
+def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str, image_dir: str = "") -> str:
+    """Every root file a staged import left, each where podman would have unpacked it (/dev/shm from the dump's
+    copy in `image_dir` where it has one); what was done."""
+    files, done = dict(staged.root_files), []
+    if DEVSHM in files and image_dir and (at_dump := dump_devshm(image_dir)):
+        files[DEVSHM] = at_dump
+        done.append("/dev/shm as copied at the dump, not the archive's later copy")
     if ROOTFS_DIFF in files or DELETED_FILES in files:
         root = spec.rootfs(bundle)
         if not root:
@@ -68,6 +75,30 @@ def apply_staged(spec: Spec, bundle: str, staged: ClaimedImport, what: str) -> s
             count = _apply_diff(tree, path, staged.allow_setuid_files, f"{what}: {entry}")
         done.append(f"{count} entries of {entry} in {destination}")
     return "; ".join(done)
+
+
+def replace_devshm(spec: Spec, bundle: str, image_dir: str, what: str) -> str:
+    """podman's own restore (in place, or its --import) unpacked its later /dev/shm copy into the container's:
+    replaced by the dump's copy in `image_dir` where there is one, only in podman's own /dev/shm directory of
+    this bundle (GRAPHROOT/overlay-containers/ID/userdata/shm); what was done, or ""."""
+    copy = dump_devshm(image_dir)
+    directory = spec.bind_source(SHM)
+    if not copy or directory is None or directory != os.path.join(bundle, "shm") or not in_containers_storage(bundle):
+        return ""
+    try:
+        with RootedTree(directory) as tree:
+            listing = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                names = os.listdir(listing)
+            finally:
+                os.close(listing)
+            for name in names:
+                tree.remove(name)
+            count = _apply_diff(tree, copy, False, f"{what}: {DUMP_DEVSHM}")
+    except OSError as error:
+        raise ImageError(f"{what}: /dev/shm as copied at the dump cannot replace the engine's copy in {directory}: "
+                         f"{error.strerror or error}") from None
+    return f"/dev/shm as copied at the dump ({count} entries) in place of the engine's later copy"
 
 
 def _podmans_shm(directory: str, storage: str) -> bool:
