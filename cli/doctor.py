@@ -352,7 +352,8 @@ def check_preemption() -> str | None:
     reclaim wait and new notices are not watched until `gpuckpt service reset`, which only a restart did too.
     Asked wherever gpuckptd answers, under systemd or in the foreground; nothing said where it does not (as
     root, check_service says whether it should) or where only root may ask."""
-    socket_path = load_config().service.socket
+    service = load_config().service
+    socket_path = service.socket
     if os.geteuid() != 0 or not os.path.exists(socket_path):
         return None
     try:
@@ -370,9 +371,12 @@ def check_preemption() -> str | None:
         raise CheckWarned(f"gpuckptd is draining for a preemption: {when}; periodic checkpoints and idle reclaim "
                           "wait", "once its drain ends, if the node stays: gpuckpt service restore, then gpuckpt "
                           "service reset (gpuckpt service status shows the drain)")
+    # a notice file still there would only get the reset refused (service/preemption.py): named first
+    notice = (f"remove {service.preemption_file} (the notice; a reset is refused while it exists), "
+              if service.preemption_file and os.path.exists(service.preemption_file) else "")
     raise CheckWarned(f"a preemption is pending in gpuckptd: {when}; {preemption.drain or 'drain ended'}; "
                       "periodic checkpoints and idle reclaim wait and new notices are not watched",
-                      "if the node stays: gpuckpt service restore (brings back what the drain left), then "
+                      f"if the node stays: {notice}gpuckpt service restore (brings back what the drain left), then "
                       "gpuckpt service reset (watching again, without a restart)")
 
 

@@ -128,6 +128,7 @@ class Operations:
         self.config = config
         self._busy = threading.Lock()
         self.busy: str | None = None
+        self._background = False  # the operation under way is the service's own (exclusive_call), not asked
 
     def status(self) -> Status:
         records, waiting = recorded(), drained(self.config.archive_dir)
@@ -139,8 +140,17 @@ class Operations:
         return Status(recorded=[record.id for record in records], drained=[record.id for record in waiting],
                       names={cid: listed[cid] for cid in ids if cid in listed}, busy=self.busy)
 
+    def _acquire(self, wait: bool) -> bool:
+        """The lock for an asked operation: it waits for the service's own work under way (a periodic
+        checkpoint, a record check: seconds, and the operator cannot see them coming) and, with `wait`, for
+        anything; another asked drain or restore under way refuses it."""
+        while not self._busy.acquire(timeout=0.1):
+            if not wait and self.busy is not None and not self._background:
+                return False
+        return True
+
     def _exclusive(self, name: str, emit: Emit, work: Callable[[], Result], wait: bool = False) -> Result:
-        if not self._busy.acquire(blocking=wait):
+        if not self._acquire(wait):
             result = Result(ok=False, message=f"gpuckptd is busy: {self.busy} under way; try again when it ends")
             emit(result)
             return result
@@ -157,11 +167,11 @@ class Operations:
         """`work` while no other operation runs; a GpuckptError when one is under way (the caller tries later)."""
         if not self._busy.acquire(blocking=False):
             raise GpuckptError(f"gpuckptd is busy: {self.busy} under way")
-        self.busy = name
+        self.busy, self._background = name, True
         try:
             return work()
         finally:
-            self.busy = None
+            self.busy, self._background = None, False
             self._busy.release()
 
     def drain(self, emit: Emit, deadline_s: float | None = None, wait: bool = False,

@@ -138,3 +138,40 @@ def test_no_service_answering_says_nothing_of_preemption(node: Path, monkeypatch
     (node / "config.toml").write_text(f'[service]\nsocket = "{node / "absent.sock"}"\n')
     monkeypatch.setattr(doctor.os, "geteuid", lambda: 0)
     assert doctor.check_preemption() is None  # check_service says whether it should run
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="gpuckptd's socket answers only root (SO_PEERCRED): CI runs as root")
+def test_a_pending_preemption_from_a_file_still_there_says_to_remove_it_first(node: Path, monkeypatch,
+                                                                             capsys) -> None:
+    """Operator trial c: the fix said restore, then reset, and the reset was then refused because the notice file
+    was still there. The fix names the file first while it exists."""
+    monkeypatch.setattr(systemd, "JOURNAL_SOCKET", "/nonexistent/journal-socket")
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    notice = node / "preempt"
+    (node / "config.toml").write_text(f'[service]\nsocket = "{node / "api.sock"}"\narchive_dir = "{node / "archive"}"\n'
+                                      f'preemption_file = "{notice}"\n')
+    config = load_config().service
+    operations = Operations(config)
+    watch = PreemptionWatch(config, operations, threading.Event())
+    server = Server(config.socket, operations, watch, Schedule(config, operations), drains_on_stop=False)
+    server.start()
+    monkeypatch.setattr(doctor, "CHECKS", [doctor.check_preemption])
+    try:
+        notice.touch()
+        deadline = time.monotonic() + 10
+        while watch.view().state != "drained":
+            assert time.monotonic() < deadline, watch.view()
+            watch.check()
+            time.sleep(0.05)
+        assert main(["doctor"]) == 0
+        fix = capsys.readouterr().out.splitlines()[1]
+        assert fix == (f"       fix: if the node stays: remove {notice} (the notice; a reset is refused while it "
+                       "exists), gpuckpt service restore (brings back what the drain left), then gpuckpt service reset "
+                       "(watching again, without a restart)")
+        notice.unlink()
+        assert main(["doctor"]) == 0
+        assert capsys.readouterr().out.splitlines()[1] == (
+            "       fix: if the node stays: gpuckpt service restore (brings back what the drain left), then gpuckpt "
+            "service reset (watching again, without a restart)")
+    finally:
+        server.close()
