@@ -190,6 +190,34 @@ def gpu_count() -> int:
     return len(sh("nvidia-smi", "-L").stdout.strip().splitlines())
 
 
+def timed(call) -> float:
+    """Seconds `call()` took, rounded as the results give them."""
+    started = time.monotonic()
+    call()
+    return round(time.monotonic() - started, 2)
+
+
+class Gpuckptd:
+    """The node service as a process (no systemd on the GPU machine), its log in WORK/LOG_NAME."""
+
+    def __init__(self, env: dict[str, str], log_name: str = "gpuckptd.log") -> None:
+        self.env, self.log = env, WORK / log_name
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 600) -> None:  # a restore at start comes before READY
+        earlier = self.log.stat().st_size if self.log.exists() else 0
+        self.process = subprocess.Popen([GPUCKPTD], env=self.env, stderr=open(self.log, "ab"))
+        deadline = time.monotonic() + timeout_s
+        while "ready on" not in self.log.read_bytes()[earlier:].decode(errors="replace"):
+            assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=600)
+
+
 def gpu_memory_used_mib() -> int:
     return int(sh("nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits").stdout.split()[0])
 

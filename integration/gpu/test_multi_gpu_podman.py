@@ -13,7 +13,7 @@ from pathlib import Path
 
 import harness
 import pytest
-from harness import CLI, COUNTER, NCCL_KEEP, NCCL_SAFE, assert_continues, log, manifest, sh, wait_counters
+from harness import CLI, COUNTER, NCCL_KEEP, NCCL_SAFE, assert_continues, log, manifest, sh, timed, wait_counters
 
 pytestmark = pytest.mark.gpu
 
@@ -69,12 +69,6 @@ def removed(podman: harness.Podman, name: str, archive: Path) -> None:
     podman.cli("rm", "-f", name, check=False)
     archive.unlink(missing_ok=True)
     Path(f"{archive}.sig").unlink(missing_ok=True)
-
-
-def timed(call) -> float:
-    started = time.monotonic()
-    call()
-    return round(time.monotonic() - started, 2)
 
 
 @harness.nftables_network_lock()  # podman gives even --network none a netns; no iptables there

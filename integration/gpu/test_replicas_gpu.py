@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import harness
 import pytest
-from harness import CLI, COUNTER, assert_continues, gpu_memory_used_mib, log, sh, wait_counters
+from harness import CLI, COUNTER, Gpuckptd, assert_continues, gpu_memory_used_mib, log, sh, timed, wait_counters
 
 pytestmark = pytest.mark.gpu
 
@@ -36,12 +35,6 @@ def on_gpus(podman: harness.Podman, name: str) -> list[str]:
     apps = sh("nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader").stdout
     return sorted({uuid.strip() for app_pid, uuid in (line.split(",") for line in apps.strip().splitlines())
                    if app_pid.strip() == pid})
-
-
-def timed(call) -> float:
-    started = time.monotonic()
-    call()
-    return round(time.monotonic() - started, 2)
 
 
 @harness.nftables_network_lock()  # podman gives even --network none a netns; no iptables there
@@ -142,27 +135,6 @@ def test_podman_scale_out(results: dict, podman: harness.Podman) -> None:
         sh("rm", "-rf", str(store), check=False)
 
 
-class Gpuckptd:
-    """The node service as a process (no systemd here), its log in WORK."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env, self.log = env, harness.WORK / "gpuckptd-pool.log"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.log.unlink(missing_ok=True)
-        self.process = subprocess.Popen([harness.GPUCKPTD], env=self.env, stderr=open(self.log, "ab"))
-        deadline = time.monotonic() + 120
-        while "ready on" not in self.log.read_text(errors="replace"):
-            assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=600)
-
-
 def pool_state(env: dict[str, str]) -> dict:
     events = [json.loads(line) for line in sh(CLI, "pool", "status", "--json", env=env).stdout.splitlines()]
     return next(event for event in events if event.get("event") == "pool")
@@ -186,7 +158,8 @@ def test_podman_pool(results: dict, podman: harness.Podman) -> None:
     archive = Path("/var/tmp") / f"{name}.tar.zst"
     config = Path("/etc/gpuckpt/config.toml")
     original = config.read_text()
-    service = Gpuckptd(podman.env)
+    service = Gpuckptd(podman.env, "gpuckptd-pool.log")
+    service.log.unlink(missing_ok=True)
     found: dict = {}
     results["pool"] = found
     taken: list[str] = []

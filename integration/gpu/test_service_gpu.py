@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from harness import (
     CLI,
     COUNTER,
+    Gpuckptd,
     assert_continues,
     gpu_container,
     gpu_memory_used_mib,
@@ -25,27 +25,6 @@ from harness import (
 )
 
 pytestmark = pytest.mark.gpu
-
-
-class Gpuckptd:
-    """The node service as a process (no systemd here), its log in WORK."""
-
-    def __init__(self, env: dict[str, str]) -> None:
-        self.env, self.log = env, harness.WORK / "gpuckptd.log"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        earlier = self.log.stat().st_size if self.log.exists() else 0
-        self.process = subprocess.Popen([harness.GPUCKPTD], env=self.env, stderr=open(self.log, "ab"))
-        deadline = time.monotonic() + 600  # a restore at start comes before READY
-        while "ready on" not in self.log.read_bytes()[earlier:].decode(errors="replace"):
-            assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()[-2000:]
-            time.sleep(0.5)
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=600)
 
 
 @harness.nftables_network_lock()
