@@ -93,6 +93,18 @@ def sh(*argv: str, check: bool = True, timeout: float = 180, **kwargs) -> subpro
     return result
 
 
+def start_from_checkpoint(name: str, checkpoint: str, *more: str, attempts: int = 5) -> subprocess.CompletedProcess:
+    """`docker start --checkpoint`, tried again while dockerd's upload of the checkpoint into containerd's content
+    store finds the blob there already (moby#42900, a race CRIU's own docker tests retry the same way); the last
+    try's result (check its returncode)."""
+    for _ in range(attempts):
+        started = sh(DOCKER, "start", "--checkpoint", checkpoint, *more, name, check=False)
+        if not ("failed to upload checkpoint to containerd" in started.stderr and "already exists" in started.stderr):
+            return started
+        time.sleep(1)
+    return started
+
+
 class Counter:
     """The counter workload's state as read from a container: token, count, checksum."""
 

@@ -17,6 +17,7 @@ from bed import (
     assert_continues,
     configured_delegate,
     sh,
+    start_from_checkpoint,
     wait_counter,
 )
 
@@ -72,7 +73,8 @@ def test_checkpoint_create_and_start_from_it(container) -> None:
     sh(DOCKER, "checkpoint", "create", container, "cp1")
     status = sh(DOCKER, "inspect", "--format", "{{.State.Status}}", container).stdout.strip()
     assert status == "exited"
-    sh(DOCKER, "start", "--checkpoint", "cp1", container)
+    started = start_from_checkpoint(container, "cp1")
+    assert started.returncode == 0, started.stderr
     assert_continues(before, read_state)
 
 
@@ -82,7 +84,8 @@ def test_checkpoint_leave_running(container) -> None:
     sh(DOCKER, "checkpoint", "create", "--leave-running", container, "cp-live")
     assert_continues(before, read_state)
     sh(DOCKER, "stop", "-t", "1", container)
-    sh(DOCKER, "start", "--checkpoint", "cp-live", container)
+    started = start_from_checkpoint(container, "cp-live")
+    assert started.returncode == 0, started.stderr
     after = assert_continues(before, read_state)
     assert after.token == before.token
 

@@ -17,12 +17,11 @@ import json
 import os
 import socket
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from bed import COUNTER_SOURCE, DOCKER, ROOTFS_TAR, RUNTIME, assert_continues, sh, wait_counter
+from bed import COUNTER_SOURCE, DOCKER, ROOTFS_TAR, RUNTIME, assert_continues, sh, start_from_checkpoint, wait_counter
 
 GPU_DIR = Path(__file__).resolve().parents[1] / "gpu"
 sys.path.insert(0, str(GPU_DIR))
@@ -79,17 +78,6 @@ def run_counter(name: str, runtime: str, *args: str) -> None:
 
 def status(name: str) -> str:
     return sh(DOCKER, "inspect", "--format", "{{.State.Status}}", name).stdout.strip()
-
-
-def start_from_checkpoint(name: str, checkpoint: str, *more: str, attempts: int = 5):
-    """`docker start --checkpoint`, tried again while dockerd's upload of the checkpoint into containerd's content
-    store finds the blob there already (moby#42900, a race CRIU's own docker tests retry the same way)."""
-    for _ in range(attempts):
-        started = sh(DOCKER, "start", "--checkpoint", checkpoint, *more, name, check=False)
-        if not ("failed to upload checkpoint to containerd" in started.stderr and "already exists" in started.stderr):
-            return started
-        time.sleep(1)
-    return started
 
 
 class EngineAPI(http.client.HTTPConnection):
