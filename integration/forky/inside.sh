@@ -34,7 +34,7 @@ bash integration/demo-steps.sh
 # namespaces, which no isolated root can hold (its path is the forky root's, so the escape it
 # must see first fails there), and the named cgroup hierarchy it mounts is the whole machine's.
 tests=(integration/test_podman.py integration/test_archives.py integration/test_runc_level.py
-       integration/test_link_remap.py integration/test_tcp.py integration/test_registry.py
+       integration/test_link_remap.py integration/test_leave_running_shm.py integration/test_tcp.py integration/test_registry.py
        integration/test_signed_moves.py integration/test_archive_content.py integration/test_podman_network.py
        integration/forky/test_docker28.py)
 for arg in "$@"; do
