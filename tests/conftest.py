@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import signal
 import stat
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuckpt.node.config import load_config
+from gpuckpt.service import systemd
+from gpuckpt.service.operations import Operations
+from gpuckpt.service.preemption import PreemptionWatch
+from gpuckpt.service.schedule import Schedule
+from gpuckpt.service.server import Server
 from gpuckpt.trust.keys import ensure_node_key
 
 
@@ -59,3 +67,42 @@ def recording_runtime(tmp_path: Path) -> Path:
     script.write_text('#!/bin/sh\nprintf "%s\\n" "$@" > "$(dirname "$0")/argv"\nexit "${REC_STATUS:-0}"\n')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
+
+
+class ServedWatch:
+    """gpuckptd's API and preemption watch, served in-process on NODE/api.sock; its notice file NODE/preempt."""
+
+    def __init__(self, node: Path, extra: str) -> None:
+        self.notice, self.signalled = node / "preempt", threading.Event()
+        (node / "config.toml").write_text(f'[service]\nsocket = "{node / "api.sock"}"\n'
+                                          f'archive_dir = "{node / "archive"}"\n'
+                                          f'preemption_file = "{self.notice}"\n{extra}')
+        config = load_config().service
+        operations = Operations(config)
+        self.watch = PreemptionWatch(config, operations, self.signalled)
+        self.server = Server(config.socket, operations, self.watch, Schedule(config, operations), drains_on_stop=False)
+        self.server.start()
+
+    def drained(self) -> None:
+        """Wait until the notice given has drained (nothing recorded: an empty drain) and the watch says so."""
+        deadline = time.monotonic() + 10
+        while self.watch.view().state != "drained":
+            assert time.monotonic() < deadline, self.watch.view()
+            self.watch.check()
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def served_watch(node: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., ServedWatch]]:
+    """A factory of ServedWatch (extra [service] lines as its argument), its log on stderr; closed after the test."""
+    monkeypatch.setattr(systemd, "JOURNAL_SOCKET", "/nonexistent/journal-socket")
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    served: list[ServedWatch] = []
+
+    def serve(extra: str = "") -> ServedWatch:
+        served.append(ServedWatch(node, extra))
+        return served[-1]
+
+    yield serve
+    for each in served:
+        each.server.close()

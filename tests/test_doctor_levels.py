@@ -5,20 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from gpuckpt.cli import doctor
 from gpuckpt.cli.main import main
-from gpuckpt.node.config import load_config
-from gpuckpt.service import systemd
-from gpuckpt.service.operations import Operations
-from gpuckpt.service.preemption import PreemptionWatch
-from gpuckpt.service.schedule import Schedule
-from gpuckpt.service.server import Server
 from gpuckpt.trust.keys import TrustPolicy, UnsignedSource, ensure_node_key, save_policy
 
 
@@ -88,50 +80,36 @@ def test_an_old_criu_first_on_path_gets_a_fix_the_package_alone_can_follow(node,
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gpuckptd's socket answers only root (SO_PEERCRED): CI runs as root")
 def test_a_pending_preemption_is_a_warning_naming_when_its_deadline_and_the_reset(node: Path, monkeypatch,
-                                                                                  capsys) -> None:
+                                                                                  capsys, served_watch) -> None:
     """gpuckptd's own server and preemption watch on a socket of the test's: the status doctor reads is the one
     the service sends (service/api.py's Status), not a copy of it."""
-    monkeypatch.setattr(systemd, "JOURNAL_SOCKET", "/nonexistent/journal-socket")  # its log on stderr
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    (node / "config.toml").write_text(f'[service]\nsocket = "{node / "api.sock"}"\narchive_dir = "{node / "archive"}"\n'
-                                      f'preemption_file = "{node / "preempt"}"\npreemption_deadline_s = 90\n')
-    config = load_config().service
-    operations, signalled = Operations(config), threading.Event()
-    watch = PreemptionWatch(config, operations, signalled)
-    server = Server(config.socket, operations, watch, Schedule(config, operations), drains_on_stop=False)
-    server.start()
+    served = served_watch("preemption_deadline_s = 90\n")
+    watch = served.watch
     monkeypatch.setattr(doctor, "CHECKS", [doctor.check_preemption])
-    try:
-        assert main(["doctor"]) == 0
-        assert capsys.readouterr().out == f"ok     gpuckptd watches for preemption: {node / 'preempt'}, SIGUSR1\n"
+    assert main(["doctor"]) == 0
+    assert capsys.readouterr().out == f"ok     gpuckptd watches for preemption: {node / 'preempt'}, SIGUSR1\n"
 
-        signalled.set()  # SIGUSR1's notice: an empty drain (nothing recorded), then drained until a reset
-        deadline = time.monotonic() + 10
-        while watch.view().state != "drained":
-            assert time.monotonic() < deadline, watch.view()
-            watch.check()
-            time.sleep(0.05)
-        view = watch.view()
-        assert main(["doctor"]) == 0  # a warning fails nothing
-        lines = capsys.readouterr().out.splitlines()
-        assert lines[0] == (f"warn   a preemption is pending in gpuckptd: notice at {view.noticed_at} from SIGUSR1, "
-                            f"the node goes at (deadline) {view.deadline_at}; {view.drain}; periodic checkpoints and "
-                            "idle reclaim wait and new notices are not watched")
-        assert lines[1] == ("       fix: if the node stays: gpuckpt service restore (brings back what the drain left), "
-                            "then gpuckpt service reset (watching again, without a restart)")
-        assert main(["doctor", "--json"]) == 0
-        shown = json.loads(capsys.readouterr().out)
-        assert shown["warned"] == 1 and shown["checks"][0]["check"] == "preemption"
-        assert shown["checks"][0]["level"] == "warn"
-        assert f"notice at {view.noticed_at}" in shown["checks"][0]["message"]
-        assert f"(deadline) {view.deadline_at}" in shown["checks"][0]["message"]
-        assert "gpuckpt service reset" in shown["checks"][0]["fix"]
+    served.signalled.set()  # SIGUSR1's notice: an empty drain (nothing recorded), then drained until a reset
+    served.drained()
+    view = watch.view()
+    assert main(["doctor"]) == 0  # a warning fails nothing
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"warn   a preemption is pending in gpuckptd: notice at {view.noticed_at} from SIGUSR1, "
+                        f"the node goes at (deadline) {view.deadline_at}; {view.drain}; periodic checkpoints and "
+                        "idle reclaim wait and new notices are not watched")
+    assert lines[1] == ("       fix: if the node stays: gpuckpt service restore (brings back what the drain left), "
+                        "then gpuckpt service reset (watching again, without a restart)")
+    assert main(["doctor", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["warned"] == 1 and shown["checks"][0]["check"] == "preemption"
+    assert shown["checks"][0]["level"] == "warn"
+    assert f"notice at {view.noticed_at}" in shown["checks"][0]["message"]
+    assert f"(deadline) {view.deadline_at}" in shown["checks"][0]["message"]
+    assert "gpuckpt service reset" in shown["checks"][0]["fix"]
 
-        assert watch.reset().ok  # cleared: doctor says it watches again
-        assert main(["doctor"]) == 0
-        assert capsys.readouterr().out.startswith("ok     gpuckptd watches for preemption: ")
-    finally:
-        server.close()
+    assert watch.reset().ok  # cleared: doctor says it watches again
+    assert main(["doctor"]) == 0
+    assert capsys.readouterr().out.startswith("ok     gpuckptd watches for preemption: ")
 
 
 def test_no_service_answering_says_nothing_of_preemption(node: Path, monkeypatch) -> None:
@@ -142,36 +120,21 @@ def test_no_service_answering_says_nothing_of_preemption(node: Path, monkeypatch
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gpuckptd's socket answers only root (SO_PEERCRED): CI runs as root")
 def test_a_pending_preemption_from_a_file_still_there_says_to_remove_it_first(node: Path, monkeypatch,
-                                                                             capsys) -> None:
+                                                                             capsys, served_watch) -> None:
     """Operator trial c: the fix said restore, then reset, and the reset was then refused because the notice file
     was still there. The fix names the file first while it exists."""
-    monkeypatch.setattr(systemd, "JOURNAL_SOCKET", "/nonexistent/journal-socket")
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    notice = node / "preempt"
-    (node / "config.toml").write_text(f'[service]\nsocket = "{node / "api.sock"}"\narchive_dir = "{node / "archive"}"\n'
-                                      f'preemption_file = "{notice}"\n')
-    config = load_config().service
-    operations = Operations(config)
-    watch = PreemptionWatch(config, operations, threading.Event())
-    server = Server(config.socket, operations, watch, Schedule(config, operations), drains_on_stop=False)
-    server.start()
+    served = served_watch()
+    notice = served.notice
     monkeypatch.setattr(doctor, "CHECKS", [doctor.check_preemption])
-    try:
-        notice.touch()
-        deadline = time.monotonic() + 10
-        while watch.view().state != "drained":
-            assert time.monotonic() < deadline, watch.view()
-            watch.check()
-            time.sleep(0.05)
-        assert main(["doctor"]) == 0
-        fix = capsys.readouterr().out.splitlines()[1]
-        assert fix == (f"       fix: if the node stays: remove {notice} (the notice; a reset is refused while it "
-                       "exists), gpuckpt service restore (brings back what the drain left), then gpuckpt service reset "
-                       "(watching again, without a restart)")
-        notice.unlink()
-        assert main(["doctor"]) == 0
-        assert capsys.readouterr().out.splitlines()[1] == (
-            "       fix: if the node stays: gpuckpt service restore (brings back what the drain left), then gpuckpt "
-            "service reset (watching again, without a restart)")
-    finally:
-        server.close()
+    notice.touch()
+    served.drained()
+    assert main(["doctor"]) == 0
+    fix = capsys.readouterr().out.splitlines()[1]
+    assert fix == (f"       fix: if the node stays: remove {notice} (the notice; a reset is refused while it "
+                   "exists), gpuckpt service restore (brings back what the drain left), then gpuckpt service reset "
+                   "(watching again, without a restart)")
+    notice.unlink()
+    assert main(["doctor"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == (
+        "       fix: if the node stays: gpuckpt service restore (brings back what the drain left), then gpuckpt "
+        "service reset (watching again, without a restart)")

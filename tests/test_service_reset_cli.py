@@ -6,55 +6,32 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from gpuckpt.cli.main import main
-from gpuckpt.node.config import load_config
-from gpuckpt.service import systemd
-from gpuckpt.service.operations import Operations
-from gpuckpt.service.preemption import PreemptionWatch
-from gpuckpt.service.schedule import Schedule
-from gpuckpt.service.server import Server
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="gpuckptd's socket answers only root (SO_PEERCRED): CI runs as root")
-def test_a_refused_reset_is_one_line_on_stderr_with_status_3(node: Path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(systemd, "JOURNAL_SOCKET", "/nonexistent/journal-socket")  # its log on stderr
-    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
-    notice = node / "preempt"
-    (node / "config.toml").write_text(f'[service]\nsocket = "{node / "api.sock"}"\narchive_dir = "{node / "archive"}"\n'
-                                      f'preemption_file = "{notice}"\n')
-    config = load_config().service
-    operations = Operations(config)
-    watch = PreemptionWatch(config, operations, threading.Event())
-    server = Server(config.socket, operations, watch, Schedule(config, operations), drains_on_stop=False)
-    server.start()
-    try:
-        notice.touch()  # the file's notice: an empty drain (nothing recorded), then drained until a reset
-        deadline = time.monotonic() + 10
-        while watch.view().state != "drained":
-            assert time.monotonic() < deadline, watch.view()
-            watch.check()
-            time.sleep(0.05)
-        capsys.readouterr()
-        assert main(["service", "reset"]) == 3
-        out, err = capsys.readouterr()
-        assert out == ""
-        assert err == (f"gpuckpt service: not cleared: {notice} still exists (remove it), so the next tick would drain "
-                       "again; clear the preemption once it does not\n")
-        assert main(["service", "reset", "--json"]) == 3  # the service's answer on stdout, the line on stderr
-        out, err = capsys.readouterr()
-        assert json.loads(out)["ok"] is False and err.startswith("gpuckpt service: not cleared: ")
-        assert watch.view().state == "drained"
+def test_a_refused_reset_is_one_line_on_stderr_with_status_3(node: Path, capsys, served_watch) -> None:
+    served = served_watch()
+    notice, watch = served.notice, served.watch
+    notice.touch()  # the file's notice: an empty drain (nothing recorded), then drained until a reset
+    served.drained()
+    capsys.readouterr()
+    assert main(["service", "reset"]) == 3
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"gpuckpt service: not cleared: {notice} still exists (remove it), so the next tick would drain "
+                   "again; clear the preemption once it does not\n")
+    assert main(["service", "reset", "--json"]) == 3  # the service's answer on stdout, the line on stderr
+    out, err = capsys.readouterr()
+    assert json.loads(out)["ok"] is False and err.startswith("gpuckpt service: not cleared: ")
+    assert watch.view().state == "drained"
 
-        notice.unlink()
-        assert main(["service", "reset"]) == 0
-        out, err = capsys.readouterr()
-        assert out.startswith("preemption cleared (noticed ") and "gpuckpt service:" not in err
-        assert watch.view().state == "watching"
-    finally:
-        server.close()
+    notice.unlink()
+    assert main(["service", "reset"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("preemption cleared (noticed ") and "gpuckpt service:" not in err
+    assert watch.view().state == "watching"
