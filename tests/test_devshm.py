@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 import tarfile
 
 import pytest
 
+from gpuckpt.errors import ImageError
+from gpuckpt.oci.spec import Spec
 from gpuckpt.transfer import devshm
+from gpuckpt.transfer.root_files import replace_devshm
 from gpuckpt.transfer.devshm import NotCopied, copy_directory, dump_devshm
 
 
@@ -70,3 +74,56 @@ def test_past_the_bounds_leaves_no_copy(shm, tmp_path, monkeypatch):
     with pytest.raises(NotCopied, match="2 entries, more than 1"):
         _copy(shm, out)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("mode", [0o4755, 0o2755])
+def test_a_set_id_file_leaves_no_copy(shm, tmp_path, mode):
+    """A restore applies no set-user/group-ID file (attack30m F1: the copy kept 4755 and every restore of the
+    checkpoint was refused): podman's copy stands for such a /dev/shm, as before the copy existed."""
+    (shm / "tool").write_bytes(b"#!")
+    os.chmod(shm / "tool", mode)
+    out = tmp_path / devshm.DUMP_DEVSHM
+    with pytest.raises(NotCopied, match="'tool' is set-user-ID or set-group-ID"):
+        _copy(shm, out)
+    assert not out.exists()
+
+
+def _bundle_with_copies(tmp_path):
+    """A podman-shaped bundle whose /dev/shm bind is its own shm directory, and an image directory holding the
+    dump's copy (one file)."""
+    bundle = tmp_path / "overlay-containers" / ("c" * 64) / "userdata"
+    (bundle / "shm").mkdir(parents=True)
+    images = tmp_path / "images"
+    images.mkdir()
+    (tmp_path / "dumped").mkdir()
+    (tmp_path / "dumped" / "board").write_bytes(b"at the dump")
+    assert _copy(tmp_path / "dumped", images / devshm.DUMP_DEVSHM) == (1, 11)
+    spec = Spec.model_validate({"mounts": [{"destination": "/dev/shm", "type": "bind", "options": ["rbind"],
+                                            "source": str(bundle / "shm")}]})
+    return spec, bundle, images
+
+
+def test_the_dump_copy_replaces_the_engines_later_one(tmp_path):
+    spec, bundle, images = _bundle_with_copies(tmp_path)
+    (bundle / "shm" / "board").write_bytes(b"later")
+    (bundle / "shm" / "extra").write_bytes(b"written after the dump")
+    done = replace_devshm(spec, str(bundle), str(images), "restore of c")
+    assert done.startswith("/dev/shm as copied at the dump (1 entries)")
+    assert sorted(os.listdir(bundle / "shm")) == ["board"] and (bundle / "shm" / "board").read_bytes() == b"at the dump"
+
+
+def test_an_engine_copy_nested_past_the_recursion_limit_is_a_one_line_refusal(tmp_path):
+    """attack30m F2: an archive's devshm-checkpoint.tar (outside the signature) of a 1500-deep directory chain,
+    unpacked by podman, ended the shim's replacement with RecursionError (an internal error, exit 125)."""
+    spec, bundle, images = _bundle_with_copies(tmp_path)
+    deep = os.open(bundle / "shm", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(sys.getrecursionlimit() + 200):
+            os.mkdir("d", dir_fd=deep)
+            inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=deep)
+            os.close(deep)
+            deep = inner
+    finally:
+        os.close(deep)
+    with pytest.raises(ImageError, match="nests directories too deep to replace"):
+        replace_devshm(spec, str(bundle), str(images), "restore of c")

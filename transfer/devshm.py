@@ -71,6 +71,8 @@ def _write_files(tar: tarfile.TarFile, shm: int, names: list[str]) -> tuple[int,
             status = os.fstat(fd)
             if (status.st_dev, status.st_ino) != (found.st_dev, found.st_ino) or not stat.S_ISREG(status.st_mode):
                 raise NotCopied(f"{name!r} changed while it was copied")
+            if status.st_mode & (stat.S_ISUID | stat.S_ISGID):  # a restore applies no set-id file (attack30m F1)
+                raise NotCopied(f"{name!r} is set-user-ID or set-group-ID")
             info = tarfile.TarInfo(name)
             info.mode, info.uid, info.gid = stat.S_IMODE(status.st_mode), status.st_uid, status.st_gid
             info.mtime = int(status.st_mtime)
