@@ -11,8 +11,8 @@ import pytest
 from gpuckpt.errors import ImageError
 from gpuckpt.oci.spec import Spec
 from gpuckpt.transfer import devshm
-from gpuckpt.transfer.root_files import replace_devshm
 from gpuckpt.transfer.devshm import NotCopied, copy_directory, dump_devshm
+from gpuckpt.transfer.root_files import replace_devshm
 
 
 @pytest.fixture
