@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import tarfile
 
@@ -125,5 +126,8 @@ def test_an_engine_copy_nested_past_the_recursion_limit_is_a_one_line_refusal(tm
             deep = inner
     finally:
         os.close(deep)
-    with pytest.raises(ImageError, match="nests directories too deep to replace"):
-        replace_devshm(spec, str(bundle), str(images), "restore of c")
+    try:
+        with pytest.raises(ImageError, match="nests directories too deep to replace"):
+            replace_devshm(spec, str(bundle), str(images), "restore of c")
+    finally:  # rm's removal does not recurse in Python: pytest's clean-up of old temporary folders would
+        subprocess.run(["rm", "-rf", str(bundle / "shm" / "d")], check=True)
