@@ -10,6 +10,7 @@ replaced, as podman's unpacking replaces it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import shutil
@@ -101,7 +102,10 @@ class RootedTree:
         if stat.S_ISDIR(found.st_mode):
             if keep_directory:
                 return True
-            shutil.rmtree(name, dir_fd=parent_fd)  # fd-based: links inside are removed, not followed
+            try:
+                shutil.rmtree(name, dir_fd=parent_fd)  # fd-based: links inside are removed, not followed
+            except RecursionError:  # rmtree recurses per level: a chain an archive nested ~1000 deep (attack30m F2)
+                raise OSError(errno.ELOOP, "it nests directories too deep to replace") from None
         else:
             os.unlink(name, dir_fd=parent_fd)
         return False

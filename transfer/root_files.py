@@ -87,7 +87,7 @@ def replace_devshm(spec: Spec, bundle: str, image_dir: str, what: str) -> str:
         return ""
     try:
         with RootedTree(directory) as tree:
-            listing = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=tree.root_fd)  # the tree's own
             try:
                 names = os.listdir(listing)
             finally:
@@ -98,9 +98,6 @@ def replace_devshm(spec: Spec, bundle: str, image_dir: str, what: str) -> str:
     except OSError as error:
         raise ImageError(f"{what}: /dev/shm as copied at the dump cannot replace the engine's copy in {directory}: "
                          f"{error.strerror or error}") from None
-    except RecursionError:  # the engine's copy (outside the signature) nested deeper than a removal recurses
-        raise ImageError(f"{what}: the engine's /dev/shm copy in {directory} nests directories too deep to replace "
-                         "(an archive's devshm-checkpoint.tar holds the dump's files only)") from None
     return f"/dev/shm as copied at the dump ({count} entries) in place of the engine's later copy"
 
 
